@@ -1,0 +1,219 @@
+"""The store client's logic with no I/O: what to send to Redis, and how to read the replies.
+
+The sync and asyncio clients in ``feature_store.store`` differ only in how they send a list
+of commands through a pipeline; everything else is here, written once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeAlias
+
+from feature_store.errors import EncodingError, RequestError
+from feature_store.layout import decode_timestamp, encode_timestamp, entity_key
+from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
+from feature_store.serialization import Value
+
+EntityId: TypeAlias = int | str
+Command: TypeAlias = tuple[bytes | str | int, ...]
+
+
+class Status(StrEnum):
+    PRESENT = "present"
+    MISSING = "missing"
+    STALE = "stale"  # present, but its group was written longer ago than the group's max_age
+
+
+PRESENT, MISSING, STALE = Status.PRESENT, Status.MISSING, Status.STALE
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureVector:
+    """One entity's values, aligned with ``BatchResult.features``."""
+
+    entity_id: EntityId
+    values: list[Value | None]
+    statuses: list[Status]
+    ages: dict[str, int | None]  # group -> seconds since its last write (None: unknown)
+
+    @property
+    def found(self) -> bool:
+        return any(s is not MISSING for s in self.statuses)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    entity_type: str
+    features: tuple[Feature, ...]
+    rows: list[FeatureVector]
+
+    def as_dicts(self) -> list[dict[str, Value | None]]:
+        """Each entity as ``{feature: value}``; missing values are None."""
+        names = [f.name for f in self.features]
+        return [dict(zip(names, row.values, strict=True)) for row in self.rows]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """One HMGET per entity: the requested fields, then the freshness field of each group."""
+
+    entity: EntityType
+    ids: tuple[EntityId, ...]
+    keys: tuple[bytes, ...]
+    features: tuple[Feature, ...]
+    groups: tuple[FeatureGroup, ...]
+    fields: tuple[bytes, ...]
+
+    def commands(self) -> list[Command]:
+        return [("HMGET", key, *self.fields) for key in self.keys]
+
+
+def plan_read(
+    registry: Registry,
+    entity: str,
+    ids: Sequence[EntityId],
+    features: Iterable[str] = (),
+    groups: Iterable[str] = (),
+    *,
+    max_entities: int | None = None,
+) -> ReadPlan:
+    etype = registry.entity(entity)
+    if not ids:
+        raise RequestError("the request names no entity ids")
+    if max_entities is not None and len(ids) > max_entities:
+        raise RequestError(f"{len(ids)} entity ids is more than the limit of {max_entities}")
+    resolved = registry.resolve(entity, features, groups)
+    keys = []
+    for i in ids:
+        try:
+            keys.append(entity_key(etype.prefix, etype.id_type, i))
+        except RequestError as e:
+            raise RequestError(
+                f"entity type {entity!r} has {etype.id_type.value} ids: {e}"
+            ) from None
+    touched = tuple({f.group: registry.groups[f.group] for f in resolved}.values())
+    return ReadPlan(
+        entity=etype,
+        ids=tuple(ids),
+        keys=tuple(keys),
+        features=resolved,
+        groups=touched,
+        fields=tuple(f.field for f in resolved) + tuple(g.freshness_field for g in touched),
+    )
+
+
+def decode_read(
+    plan: ReadPlan, replies: Sequence[Sequence[bytes | None]], now: float | None = None
+) -> BatchResult:
+    """Typed values and statuses from the HMGET replies, in the plan's order."""
+    now_s = int(time.time() if now is None else now)
+    nfeat = len(plan.features)
+    decoders = [f.codec.decode for f in plan.features]
+    group_of = {g.name: i for i, g in enumerate(plan.groups)}
+    feature_group = [group_of[f.group] for f in plan.features]
+    single_group = len(plan.groups) == 1
+    rows = []
+    for entity_id, key, reply in zip(plan.ids, plan.keys, replies, strict=True):
+        raw = reply[:nfeat]
+        try:
+            values = [None if r is None else dec(r) for dec, r in zip(decoders, raw, strict=True)]
+        except EncodingError:
+            raise _decode_error(plan, key, raw) from None
+        statuses = [MISSING if r is None else PRESENT for r in raw]
+        ages: dict[str, int | None] = {}
+        stale_groups = []
+        for gi, (group, ts) in enumerate(zip(plan.groups, reply[nfeat:], strict=True)):
+            age = None if ts is None else max(0, now_s - decode_timestamp(ts))
+            ages[group.name] = age
+            if (
+                age is not None
+                and group.max_age_seconds is not None
+                and age > group.max_age_seconds
+            ):
+                stale_groups.append(gi)
+        if stale_groups:
+            for i, r in enumerate(raw):
+                if r is not None and (single_group or feature_group[i] in stale_groups):
+                    statuses[i] = STALE
+        rows.append(FeatureVector(entity_id, values, statuses, ages))
+    return BatchResult(plan.entity.name, plan.features, rows)
+
+
+def _decode_error(plan: ReadPlan, key: bytes, raw: Sequence[bytes | None]) -> EncodingError:
+    for f, r in zip(plan.features, raw, strict=True):
+        if r is None:
+            continue
+        try:
+            f.codec.decode(r)
+        except EncodingError as e:
+            return EncodingError(f"{key.decode(errors='replace')} feature {f.name!r}: {e}")
+    return EncodingError(f"{key.decode(errors='replace')}: undecodable value")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStats:
+    entities: int = 0
+    values_written: int = 0
+    values_removed: int = 0
+
+    def __add__(self, other: WriteStats) -> WriteStats:
+        return WriteStats(
+            self.entities + other.entities,
+            self.values_written + other.values_written,
+            self.values_removed + other.values_removed,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    commands: list[Command]
+    stats: WriteStats
+
+
+def plan_write(
+    group: FeatureGroup,
+    rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+    *,
+    now: float | None = None,
+) -> WritePlan:
+    """Commands that write one feature group's values for some entities.
+
+    A feature the row maps to None is removed (HDEL), so a snapshot never leaves yesterday's
+    value beside today's timestamp; a feature the row leaves out is not touched. Per entity
+    the order is HDEL, HSET (values and the group's timestamp in one command), EXPIRE: a
+    connection lost between them leaves old values marked with their old timestamp, or a
+    removed value, never an old value under a new timestamp. Every command is idempotent,
+    so a retried chunk gives the same state.
+    """
+    ts = encode_timestamp(int(time.time() if now is None else now))
+    entity = group.entity
+    by_name = {f.name: f for f in group.features}
+    commands: list[Command] = []
+    entities = written = removed = 0
+    for entity_id, values in rows:
+        key = entity_key(entity.prefix, entity.id_type, entity_id)
+        hset: list[bytes | str | int] = ["HSET", key]
+        hdel: list[bytes | str | int] = ["HDEL", key]
+        for name, value in values.items():
+            f = by_name.get(name)
+            if f is None:
+                raise RequestError(f"feature group {group.name!r} has no feature {name!r}")
+            if value is None:
+                hdel.append(f.field)
+                continue
+            try:
+                hset += (f.field, f.codec.encode(value))
+            except EncodingError as e:
+                raise EncodingError(f"entity {entity_id!r} feature {name!r}: {e}") from None
+        if len(hdel) > 2:
+            commands.append(tuple(hdel))
+        hset += (group.freshness_field, ts)
+        commands.append(tuple(hset))
+        commands.append(("EXPIRE", key, entity.ttl_seconds))
+        entities += 1
+        written += (len(hset) - 4) // 2
+        removed += len(hdel) - 2
+    return WritePlan(commands, WriteStats(entities, written, removed))

@@ -1,0 +1,133 @@
+"""Core subcommands: ``demo`` and ``registry``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from feature_store.embedded import EmbeddedRedis
+from feature_store.registry import default_lock_path, load_registry, write_lock
+from feature_store.settings import Settings
+from feature_store.store import FeatureStore, listpack_value_needed
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="generate sample data, write it, read a batch back and print it",
+        description="End to end on the standard shape: generate, write, read back, print.",
+    )
+    demo.add_argument("--entities", type=int, default=10_000, help="entities to write")
+    demo.add_argument("--batch", type=int, default=5, help="entities to read back")
+    demo.add_argument("--seed", type=int, default=0)
+    add_redis_args(demo)
+    demo.set_defaults(func=run_demo)
+
+    reg = sub.add_parser("registry", help="validate or lock a registry file")
+    reg_sub = reg.add_subparsers(dest="registry_command", required=True, metavar="ACTION")
+    validate = reg_sub.add_parser("validate", help="load a registry and print a summary")
+    validate.add_argument("path", type=Path)
+    validate.set_defaults(func=run_validate)
+    lock = reg_sub.add_parser("lock", help="record the registry as deployed (writes the lock)")
+    lock.add_argument("path", type=Path)
+    lock.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="record type or prefix changes of deployed features (only once no old values remain)",
+    )
+    lock.set_defaults(func=run_lock)
+
+
+def add_redis_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis-url",
+        help="redis://, rediss://, unix://; add ?cluster=true for Redis Cluster "
+        "(default: FEATURE_STORE_REDIS_URL, else an embedded redis-server)",
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, help="where the embedded Redis keeps its data (with AOF)"
+    )
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        redis_url=getattr(args, "redis_url", None), data_dir=getattr(args, "data_dir", None)
+    )
+
+
+@contextlib.contextmanager
+def redis_url(settings: Settings) -> Iterator[str]:
+    """The configured Redis URL, or an embedded redis-server's for as long as it is needed."""
+    if settings.redis_url is not None:
+        yield settings.redis_url
+        return
+    with EmbeddedRedis(settings.data_dir / "redis") as server:
+        print(f"embedded Redis at {server.url}, data in {server.data_dir}")
+        yield server.url
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from feature_store import sample
+
+    registry = sample.registry()
+    settings = settings_from(args)
+    with redis_url(settings) as url, FeatureStore.connect(url, registry) as store:
+        store.check_server()
+        t0 = time.perf_counter()
+        stats = store.write(sample.GROUP, sample.rows(args.entities, seed=args.seed))
+        elapsed = time.perf_counter() - t0
+        print(
+            f"wrote {stats.entities:,} entities, {stats.values_written:,} feature values "
+            f"in {elapsed:.2f}s ({stats.values_written / elapsed:,.0f} values/s)"
+        )
+        ids = [*range(args.batch), args.entities + 1]  # the last one does not exist
+        t0 = time.perf_counter()
+        result = store.read(sample.ENTITY, ids, groups=[sample.GROUP])
+        ms = (time.perf_counter() - t0) * 1000
+        print(f"read {len(ids)} entities x {len(result.features)} features in {ms:.2f} ms")
+        shown = ["float_00", "float_01", "float_02", "int_0", "int_list_0", "embedding_0"]
+        index = [i for i, f in enumerate(result.features) if f.name in shown]
+        for row in result.rows:
+            values = {
+                result.features[i].name: _short(row.values[i], row.statuses[i].value) for i in index
+            }
+            print(
+                orjson.dumps(
+                    {"id": row.entity_id, "age_s": row.ages[sample.GROUP], **values}
+                ).decode()
+            )
+    return 0
+
+
+def _short(value: object, status: str) -> object:
+    if value is None:
+        return status
+    if isinstance(value, list) and len(value) > 4:
+        return [*value[:4], f"... {len(value)} items"]
+    return value
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    registry = load_registry(args.path)
+    for e in registry.entities.values():
+        print(f"entity {e.name}: prefix {e.prefix!r}, {e.id_type.value} ids, ttl {e.ttl_seconds}s")
+    for g in registry.groups.values():
+        types = ", ".join(f"{f.name}:{f.codec.signature}" for f in g.features)
+        age = f"max_age {g.max_age_seconds}s" if g.max_age_seconds else "no max_age"
+        print(f"group {g.name} ({g.entity.name}, {age}): {types}")
+    print(f"hash-max-listpack-value needed: {listpack_value_needed(registry)}")
+    print(f"fingerprint {registry.fingerprint()}")
+    return 0
+
+
+def run_lock(args: argparse.Namespace) -> int:
+    registry = load_registry(args.path, check_lock=False)
+    lock = default_lock_path(args.path)
+    fp = write_lock(registry, lock, accept_changes=args.accept_changes)
+    print(f"wrote {lock} (fingerprint {fp})")
+    return 0

@@ -1,0 +1,142 @@
+"""Redis connections: one URL form for every deployment, and redis-py errors translated.
+
+Accepted URLs (redis-py's, plus one query option of ours):
+
+    redis://[[user]:password@]host:port/db      plain TCP, optional ACL user and password
+    rediss://...                                 TLS (ssl_cert_reqs, ssl_ca_certs... as query)
+    unix:///path/to/redis.sock?password=...      unix socket
+    redis://host:port?cluster=true               Redis Cluster: any node, the rest discovered
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TypeAlias
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions
+
+from feature_store.errors import ConfigError, StoreError, StoreTimeoutError, StoreUnavailableError
+
+SyncClient: TypeAlias = redis.Redis | redis.cluster.RedisCluster
+AsyncClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """A parsed Redis URL: where to connect, and whether it is a cluster."""
+
+    url: str  # without our own query options, ready for redis-py
+    cluster: bool
+    socket_timeout: float
+    connect_timeout: float
+    max_connections: int
+
+    @classmethod
+    def parse(
+        cls,
+        url: str,
+        *,
+        socket_timeout: float = 1.0,
+        connect_timeout: float = 1.0,
+        max_connections: int = 64,
+    ) -> RedisTarget:
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                f"Redis URL {_redact(url)!r}: scheme must be redis://, rediss:// or unix://"
+            )
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        cluster = False
+        kept = []
+        for k, v in query:
+            if k == "cluster":
+                if v.lower() not in _TRUE | _FALSE:
+                    raise ConfigError(f"Redis URL option cluster={v!r}: expected true or false")
+                cluster = v.lower() in _TRUE
+            else:
+                kept.append((k, v))
+        if cluster and parts.scheme == "unix":
+            raise ConfigError("Redis Cluster needs redis:// or rediss:// node addresses")
+        clean = urlunsplit(parts._replace(query=urlencode(kept)))
+        return cls(clean, cluster, socket_timeout, connect_timeout, max_connections)
+
+    def sync_client(self) -> SyncClient:
+        if self.cluster:
+            return redis.cluster.RedisCluster.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.connect_timeout,
+                max_connections=self.max_connections,
+            )
+        return redis.Redis.from_url(
+            self.url,
+            socket_timeout=self.socket_timeout,
+            socket_connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections,
+        )
+
+    def async_client(self) -> AsyncClient:
+        if self.cluster:
+            return redis.asyncio.cluster.RedisCluster.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.connect_timeout,
+                max_connections=self.max_connections,
+            )
+        return redis.asyncio.Redis.from_url(
+            self.url,
+            socket_timeout=self.socket_timeout,
+            socket_connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections,
+        )
+
+    def __str__(self) -> str:
+        return _redact(self.url) + (" (cluster)" if self.cluster else "")
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def translate(error: redis.exceptions.RedisError) -> StoreError:
+    """The project's error for a redis-py error."""
+    # AuthenticationError is a ConnectionError in redis-py: check it first
+    if isinstance(error, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        return StoreError(f"Redis refused the credentials: {error}")
+    if isinstance(error, redis.exceptions.TimeoutError):
+        return StoreTimeoutError(f"Redis did not answer in time: {error}")
+    if isinstance(
+        error,
+        redis.exceptions.ConnectionError
+        | redis.exceptions.ClusterDownError
+        | redis.exceptions.TryAgainError
+        | redis.exceptions.BusyLoadingError,
+    ):
+        return StoreUnavailableError(f"Redis is unavailable: {error}")
+    if isinstance(error, redis.exceptions.RedisClusterException) and "slot" in str(error).lower():
+        return StoreUnavailableError(f"Redis Cluster is unavailable: {error}")
+    return StoreError(f"Redis error: {error}")
+
+
+@contextlib.contextmanager
+def translated_errors() -> Iterator[None]:
+    try:
+        yield
+    except redis.exceptions.RedisError as e:
+        raise translate(e) from e
+    except OSError as e:  # a socket error that redis-py did not wrap
+        raise StoreUnavailableError(f"Redis is unavailable: {e}") from e

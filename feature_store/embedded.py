@@ -1,0 +1,296 @@
+"""A redis-server of our own, for when no Redis URL is configured, for tests and benchmarks.
+
+``EmbeddedRedis`` runs one ``redis-server`` child on a free loopback port with its data in
+a directory of ours and AOF persistence on, so features written by one run are there for
+the next. ``EmbeddedCluster`` runs several such nodes as a Redis Cluster.
+
+Both write the same config as ``feature_store/redis.conf``, including the listpack
+limits of ``layout.LISTPACK_SETTINGS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import redis
+
+from feature_store.errors import EmbeddedRedisError
+from feature_store.layout import LISTPACK_SETTINGS
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "redis-server was not found on PATH. Install it (Debian/Ubuntu: "
+    "'apt-get install -y redis-server'; macOS: 'brew install redis'), "
+    "or point the feature store at a running Redis with FEATURE_STORE_REDIS_URL."
+)
+START_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port() -> int:
+    """A free port for a cluster node: at most 55535, with its bus port (+10000) free too."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)  # below the kernel's ephemeral range
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise EmbeddedRedisError("found no free port pair for a cluster node")
+
+
+def redis_server_binary() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        raise EmbeddedRedisError(INSTALL_HINT)
+    return path
+
+
+def server_config(
+    port: int, data_dir: Path, *, persistence: bool = True, extra: Mapping[str, str] = {}
+) -> dict[str, str]:
+    """The redis.conf settings of an embedded node."""
+    cfg = {
+        "bind": "127.0.0.1",
+        "port": str(port),
+        "protected-mode": "yes",
+        "daemonize": "no",
+        "dir": str(data_dir),
+        "logfile": "redis.log",
+        "save": '""',  # AOF alone is the persistence; no RDB snapshots on a timer
+        "appendonly": "yes" if persistence else "no",
+        "appendfsync": "everysec",
+        **LISTPACK_SETTINGS,
+        **extra,
+    }
+    return cfg
+
+
+class EmbeddedRedis:
+    """One redis-server child process. Use as a context manager, or start() / stop().
+
+    If ``data_dir`` already has a live server started by another EmbeddedRedis, start()
+    attaches to it instead of starting a second one over the same files, and stop() leaves
+    it running.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        port: int | None = None,
+        persistence: bool = True,
+        extra_config: Mapping[str, str] = {},
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port
+        self.persistence = persistence
+        self.extra_config = dict(extra_config)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._state = self.data_dir / "embedded.port"
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise EmbeddedRedisError("the embedded Redis is not started")
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> str:
+        binary = redis_server_binary()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            existing = self._live_port()
+            if existing is not None:
+                self.port = existing
+                log.info("attached to the embedded Redis already running on port %d", existing)
+                return self.url
+            for attempt in range(3):  # the free port can be taken before redis binds it
+                port = self.port if self.port is not None else free_port()
+                try:
+                    self._spawn(binary, port)
+                    self._state.write_text(str(port))
+                    return self.url
+                except EmbeddedRedisError:
+                    if self.port is not None or attempt == 2 or "in use" not in self._log_tail():
+                        raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self, binary: str, port: int) -> None:
+        cfg = server_config(
+            port, self.data_dir, persistence=self.persistence, extra=self.extra_config
+        )
+        conf = self.data_dir / "redis.conf"
+        conf.write_text("".join(f"{k} {v}\n" for k, v in cfg.items()))
+        self.process = subprocess.Popen(
+            [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        )
+        self.port = port
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.process = None
+                raise EmbeddedRedisError(
+                    f"redis-server exited at start; its log ({self.data_dir / 'redis.log'}) "
+                    f"ends with:\n{self._log_tail()}"
+                )
+            if _pings(port):
+                log.info("embedded Redis on port %d, data in %s", port, self.data_dir)
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise EmbeddedRedisError(f"redis-server did not answer within {START_TIMEOUT_S}s")
+
+    def stop(self) -> None:
+        """Shut the server down, flushing the AOF. Only the process that started it does."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(redis.exceptions.RedisError):
+                redis.Redis(port=self.port or 0, socket_timeout=5).shutdown(nosave=False)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(FileNotFoundError):
+            self._state.unlink()
+
+    def kill(self) -> None:
+        """Kill the server without a clean shutdown (for fault tests)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self) -> None:
+        """Start again on the same port and data, after stop() or kill()."""
+        port = self.port
+        self.stop()
+        self.port = port
+        self.start()
+
+    def _live_port(self) -> int | None:
+        try:
+            port = int(self._state.read_text())
+        except (OSError, ValueError):
+            return None
+        return port if _pings(port) else None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.data_dir / ".start.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+
+    def _log_tail(self, lines: int = 8) -> str:
+        try:
+            text = (self.data_dir / "redis.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _pings(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.5).ping())
+    except redis.exceptions.RedisError:
+        return False
+
+
+class EmbeddedCluster:
+    """A Redis Cluster of ``masters`` nodes on loopback, no replicas."""
+
+    def __init__(self, base_dir: str | Path, masters: int = 3) -> None:
+        if masters < 3:
+            raise EmbeddedRedisError("Redis Cluster needs at least 3 masters")
+        self.base_dir = Path(base_dir).resolve()
+        self.nodes = [
+            EmbeddedRedis(
+                self.base_dir / f"node{i}",
+                port=free_cluster_port(),
+                persistence=False,
+                extra_config={
+                    "cluster-enabled": "yes",
+                    "cluster-config-file": "nodes.conf",
+                    "cluster-node-timeout": "2000",
+                },
+            )
+            for i in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"{self.nodes[0].url}?cluster=true"
+
+    def start(self) -> str:
+        try:
+            for node in self.nodes:
+                node.start()
+            self._create()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _create(self) -> None:
+        clients = [redis.Redis(port=n.port or 0) for n in self.nodes]
+        if clients[0].cluster("info").get("cluster_state") == "ok":
+            return
+        per = 16384 // len(clients)
+        for i, c in enumerate(clients):
+            last = 16383 if i == len(clients) - 1 else (i + 1) * per - 1
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, last)  # type: ignore[no-untyped-call]
+        for c in clients[1:]:
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            infos = [c.cluster("info") for c in clients]
+            if all(
+                i.get("cluster_state") == "ok" and int(i["cluster_known_nodes"]) == len(clients)
+                for i in infos
+            ):
+                return
+            time.sleep(0.05)
+        raise EmbeddedRedisError("the local Redis Cluster did not reach state ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> EmbeddedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,58 @@
+"""The feature store's exceptions, one tree for every layer.
+
+Third-party errors (redis-py, and later grpc and Spark) are translated where they enter
+the project, so callers catch these and never a library's own types::
+
+    FeatureStoreError
+    ├── ConfigError                 a setting is unknown or invalid
+    ├── RegistryError               features.yaml or its lock file is wrong (names the entry)
+    │   └── RegistryLockError       a deployed feature changed type without a rename
+    ├── EncodingError               a value cannot be encoded or decoded for its feature type
+    ├── RequestError                a read or write names unknown features, bad ids, ...
+    └── StoreError                  Redis answered with an error
+        ├── StoreUnavailableError   Redis cannot be reached (connection refused, reset, down)
+        │   └── StoreTimeoutError   Redis did not answer in time
+        └── EmbeddedRedisError      the embedded redis-server could not be started
+"""
+
+from __future__ import annotations
+
+
+class FeatureStoreError(Exception):
+    """Base of every error the feature store raises on purpose."""
+
+
+class ConfigError(FeatureStoreError):
+    """A setting is unknown or has an invalid value."""
+
+
+class RegistryError(FeatureStoreError):
+    """The registry file is malformed. The message names the file and the entry."""
+
+
+class RegistryLockError(RegistryError):
+    """The registry disagrees with what its lock file says has been deployed."""
+
+
+class EncodingError(FeatureStoreError, ValueError):
+    """A value does not fit its feature's type, or stored bytes do not decode."""
+
+
+class RequestError(FeatureStoreError, ValueError):
+    """A read or write request is invalid (unknown feature, wrong id type, empty batch...)."""
+
+
+class StoreError(FeatureStoreError):
+    """Redis returned an error, or the store client was misused."""
+
+
+class StoreUnavailableError(StoreError):
+    """Redis cannot be reached. Retrying later may succeed."""
+
+
+class StoreTimeoutError(StoreUnavailableError):
+    """Redis did not answer within the timeout."""
+
+
+class EmbeddedRedisError(StoreError):
+    """The embedded redis-server could not be found, started or stopped."""

@@ -1,0 +1,1 @@
+"""Batch ingest: the nightly PySpark job that writes feature values into Redis."""

@@ -1,0 +1,489 @@
+"""The registry: entity types and feature groups, loaded from one YAML file.
+
+Loading validates everything and every error names the file and the offending entry, e.g.
+``features.yaml: feature_groups.consumer.features.emb: unknown type 'embeding(32)'``.
+The checks are small and specific (xxh32 collisions, the lock file), so they are written
+out here rather than in a schema library whose messages would need translating anyway.
+
+A lock file beside the registry (``features.lock`` for ``features.yaml``) records what has
+been deployed: each entity type's prefix and id type, and each feature's type. Redis keeps
+the bytes of the old type until they expire, so changing a deployed feature's type in place
+is refused at load; rename the feature instead (see README "Changing a feature").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import orjson
+import yaml
+
+from feature_store.errors import EncodingError, RegistryError, RegistryLockError, RequestError
+from feature_store.layout import (
+    PREFIX_PATTERN,
+    RESERVED_NAME_PREFIX,
+    IdType,
+    feature_field,
+    freshness_field,
+)
+from feature_store.serialization import Codec, FeatureType, codec_for
+
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+FEATURE_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")
+TYPE_PATTERN = re.compile(r"^\s*([a-z_0-9]+)\s*(?:\(\s*(\d+)\s*\))?\s*$")
+DURATION_PATTERN = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+LOCK_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EntityType:
+    name: str
+    prefix: str
+    id_type: IdType
+    ttl_seconds: int
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    name: str
+    group: str
+    entity: str
+    codec: Codec
+    field: bytes
+    description: str = ""
+
+    @property
+    def type(self) -> FeatureType:
+        return self.codec.type
+
+    @property
+    def dim(self) -> int | None:
+        return self.codec.dim
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureGroup:
+    name: str
+    entity: EntityType
+    features: tuple[Feature, ...]
+    max_age_seconds: int | None
+    freshness_field: bytes
+    description: str = ""
+
+    def feature(self, name: str) -> Feature:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise RequestError(f"feature group {self.name!r} has no feature {name!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    source: str
+    entities: Mapping[str, EntityType]
+    groups: Mapping[str, FeatureGroup]
+    _by_entity: Mapping[str, Mapping[str, Feature]] = field(repr=False)
+
+    def entity(self, name: str) -> EntityType:
+        try:
+            return self.entities[name]
+        except KeyError:
+            raise RequestError(
+                f"unknown entity type {name!r}; known: {', '.join(sorted(self.entities))}"
+            ) from None
+
+    def group(self, name: str) -> FeatureGroup:
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise RequestError(
+                f"unknown feature group {name!r}; known: {', '.join(sorted(self.groups))}"
+            ) from None
+
+    def features_of(self, entity: str) -> Mapping[str, Feature]:
+        """Every feature of an entity type, by name (names are unique per entity type)."""
+        self.entity(entity)
+        return self._by_entity[entity]
+
+    def resolve(
+        self, entity: str, features: Iterable[str] = (), groups: Iterable[str] = ()
+    ) -> tuple[Feature, ...]:
+        """The features a request names, in order, without repeats.
+
+        ``features`` are feature names, or ``group:feature``; ``groups`` add all of a group's
+        features. Raises RequestError naming every unknown or foreign entry.
+        """
+        known = self.features_of(entity)
+        out: dict[str, Feature] = {}
+        unknown: list[str] = []
+        for g in groups:
+            group = self.groups.get(g)
+            if group is None or group.entity.name != entity:
+                unknown.append(f"group {g!r}")
+                continue
+            for f in group.features:
+                out.setdefault(f.name, f)
+        for ref in features:
+            group_name, _, name = ref.rpartition(":")
+            feature = known.get(name)
+            if feature is None or (group_name and feature.group != group_name):
+                unknown.append(f"feature {ref!r}")
+                continue
+            out.setdefault(feature.name, feature)
+        if unknown:
+            raise RequestError(f"entity type {entity!r} has no {', '.join(unknown)}")
+        if not out:
+            raise RequestError("the request names no features")
+        return tuple(out.values())
+
+    def fingerprint(self) -> str:
+        """A hash of what the lock file records; equal fingerprints mean compatible data."""
+        return _fingerprint(_lock_entries(self))
+
+
+def parse_duration(value: object, where: str) -> int:
+    """Seconds from an int or a string like ``90``, ``45s``, ``30m``, ``36h``, ``7d``, ``2w``."""
+    if isinstance(value, bool):
+        raise RegistryError(f"{where}: expected a duration, got {value!r}")
+    if isinstance(value, int):
+        seconds = value
+    else:
+        m = DURATION_PATTERN.match(str(value))
+        if not m:
+            raise RegistryError(
+                f"{where}: {value!r} is not a duration (use seconds, or e.g. 30m, 36h, 7d)"
+            )
+        seconds = int(m.group(1)) * _UNITS[m.group(2)]
+    if seconds <= 0:
+        raise RegistryError(f"{where}: duration must be positive, got {value!r}")
+    return seconds
+
+
+def parse_type(value: object, where: str) -> Codec:
+    """A codec from ``float``, ``embedding(32)`` or ``{type: embedding, dim: 32}``."""
+    dim: object = None
+    if isinstance(value, Mapping):
+        _check_keys(value, {"type", "dim", "description"}, where)
+        dim, value = value.get("dim"), value.get("type")
+    m = TYPE_PATTERN.match(value) if isinstance(value, str) else None
+    known = ", ".join(t.value for t in FeatureType)
+    if m is None:
+        raise RegistryError(f"{where}: unknown type {value!r}; expected one of {known}")
+    try:
+        type_ = FeatureType(m.group(1))
+    except ValueError:
+        raise RegistryError(
+            f"{where}: unknown type {value!r}; expected one of {known} (embedding needs (dim))"
+        ) from None
+    if m.group(2) is not None:
+        if dim is not None:
+            raise RegistryError(f"{where}: dimension given twice")
+        dim = int(m.group(2))
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
+        raise RegistryError(f"{where}: dim must be an integer, got {dim!r}")
+    if type_ is FeatureType.EMBEDDING and dim is None:
+        raise RegistryError(f"{where}: an embedding needs a dimension, e.g. embedding(32)")
+    if type_ is FeatureType.EMBEDDING and isinstance(dim, int) and not 1 <= dim <= 65536:
+        raise RegistryError(f"{where}: embedding dimension must be 1..65536, got {dim}")
+    try:
+        return codec_for(type_, dim)
+    except EncodingError as e:
+        raise RegistryError(f"{where}: {e}") from None
+
+
+def load_registry(
+    path: str | Path, lock_path: str | Path | None = None, *, check_lock: bool = True
+) -> Registry:
+    """Load and validate a registry file, and check it against its lock file if one exists."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RegistryError(f"{path}: cannot read the registry: {e.strerror}") from None
+    registry = parse_registry(text, source=str(path))
+    lock = Path(lock_path) if lock_path is not None else default_lock_path(path)
+    if check_lock and lock.exists():
+        check_against_lock(registry, lock)
+    return registry
+
+
+def parse_registry(text: str, source: str = "<registry>") -> Registry:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RegistryError(f"{source}: not valid YAML: {e}") from None
+    return _Builder(source).build(doc)
+
+
+class _Builder:
+    """Validates a parsed YAML document into a Registry, raising at the first bad entry."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, where: str, message: str) -> RegistryError:
+        return RegistryError(f"{self.source}: {where}: {message}")
+
+    def mapping(self, value: object, where: str) -> Mapping[str, object]:
+        if not isinstance(value, Mapping):
+            raise self.error(where, f"expected a mapping, got {type(value).__name__}")
+        for k in value:
+            if not isinstance(k, str):
+                raise self.error(where, f"key {k!r} is not a string")
+        return value
+
+    def build(self, doc: object) -> Registry:
+        if doc is None:
+            raise RegistryError(f"{self.source}: the registry is empty")
+        top = self.mapping(doc, "top level")
+        _check_keys(top, {"version", "entities", "feature_groups"}, f"{self.source}: top level")
+        if top.get("version", 1) != 1:
+            raise self.error("version", f"unsupported version {top['version']!r}; expected 1")
+        entities = self.entities(top.get("entities"))
+        groups = self.groups(top.get("feature_groups"), entities)
+        by_entity: dict[str, dict[str, Feature]] = {name: {} for name in entities}
+        for g in groups.values():
+            for f in g.features:
+                by_entity[g.entity.name][f.name] = f
+        self.check_collisions(groups)
+        return Registry(
+            source=self.source,
+            entities=MappingProxyType(entities),
+            groups=MappingProxyType(groups),
+            _by_entity=MappingProxyType({k: MappingProxyType(v) for k, v in by_entity.items()}),
+        )
+
+    def entities(self, raw: object) -> dict[str, EntityType]:
+        if raw is None:
+            raise self.error("entities", "missing; declare at least one entity type")
+        out: dict[str, EntityType] = {}
+        prefixes: dict[str, str] = {}
+        for name, spec in self.mapping(raw, "entities").items():
+            where = f"entities.{name}"
+            if not NAME_PATTERN.match(name):
+                raise self.error(where, "name must be an identifier of at most 128 characters")
+            spec = self.mapping(spec, where)
+            _check_keys(
+                spec, {"prefix", "id_type", "ttl", "description"}, f"{self.source}: {where}"
+            )
+            for required in ("prefix", "id_type", "ttl"):
+                if required not in spec:
+                    raise self.error(where, f"missing {required!r}")
+            prefix = spec["prefix"]
+            if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
+                raise self.error(
+                    f"{where}.prefix",
+                    f"{prefix!r} must be 1-32 characters of letters, digits, '_', '.', '-'",
+                )
+            if prefix in prefixes:
+                raise self.error(
+                    f"{where}.prefix", f"{prefix!r} is already the prefix of {prefixes[prefix]!r}"
+                )
+            prefixes[prefix] = name
+            try:
+                id_type = IdType(str(spec["id_type"]))
+            except ValueError:
+                raise self.error(
+                    f"{where}.id_type", f"{spec['id_type']!r} is not one of int, string"
+                ) from None
+            ttl = parse_duration(spec["ttl"], f"{self.source}: {where}.ttl")
+            out[name] = EntityType(name, prefix, id_type, ttl, str(spec.get("description", "")))
+        if not out:
+            raise self.error("entities", "declare at least one entity type")
+        return out
+
+    def groups(self, raw: object, entities: Mapping[str, EntityType]) -> dict[str, FeatureGroup]:
+        if raw is None:
+            raise self.error("feature_groups", "missing; declare at least one feature group")
+        out: dict[str, FeatureGroup] = {}
+        owner: dict[tuple[str, str], str] = {}  # (entity, feature) -> group
+        for name, spec in self.mapping(raw, "feature_groups").items():
+            where = f"feature_groups.{name}"
+            if not NAME_PATTERN.match(name):
+                raise self.error(where, "name must be an identifier of at most 128 characters")
+            spec = self.mapping(spec, where)
+            _check_keys(
+                spec, {"entity", "features", "max_age", "description"}, f"{self.source}: {where}"
+            )
+            entity = entities.get(str(spec.get("entity")))
+            if entity is None:
+                raise self.error(
+                    f"{where}.entity",
+                    f"{spec.get('entity')!r} is not a declared entity type "
+                    f"({', '.join(sorted(entities))})",
+                )
+            max_age = spec.get("max_age")
+            max_age_s = (
+                None
+                if max_age is None
+                else parse_duration(max_age, f"{self.source}: {where}.max_age")
+            )
+            raw_features = self.mapping(spec.get("features"), f"{where}.features")
+            if not raw_features:
+                raise self.error(f"{where}.features", "declare at least one feature")
+            features = []
+            for fname, ftype in raw_features.items():
+                fwhere = f"{where}.features.{fname}"
+                if not FEATURE_NAME_PATTERN.match(fname) or fname.startswith(RESERVED_NAME_PREFIX):
+                    raise self.error(
+                        fwhere,
+                        "name must start with a letter or one '_', and hold only letters, "
+                        "digits, '_' and '.' (at most 128)",
+                    )
+                if (entity.name, fname) in owner:
+                    raise self.error(
+                        fwhere,
+                        f"feature {fname!r} is already declared for entity type "
+                        f"{entity.name!r} in group {owner[entity.name, fname]!r}; "
+                        "names are unique per entity type because its groups share one hash",
+                    )
+                owner[entity.name, fname] = name
+                codec = parse_type(ftype, f"{self.source}: {fwhere}")
+                desc = ftype.get("description", "") if isinstance(ftype, Mapping) else ""
+                features.append(
+                    Feature(fname, name, entity.name, codec, feature_field(fname), str(desc))
+                )
+            out[name] = FeatureGroup(
+                name=name,
+                entity=entity,
+                features=tuple(features),
+                max_age_seconds=max_age_s,
+                freshness_field=freshness_field(name),
+                description=str(spec.get("description", "")),
+            )
+        if not out:
+            raise self.error("feature_groups", "declare at least one feature group")
+        return out
+
+    def check_collisions(self, groups: Mapping[str, FeatureGroup]) -> None:
+        seen: dict[tuple[str, bytes], str] = {}
+        for g in groups.values():
+            entries = [(f.field, f"feature_groups.{g.name}.features.{f.name}") for f in g.features]
+            entries.append((g.freshness_field, f"feature_groups.{g.name} (its freshness field)"))
+            for fld, where in entries:
+                other = seen.setdefault((g.entity.name, fld), where)
+                if other != where:
+                    raise self.error(
+                        where,
+                        f"its xxHash32 field {fld.hex()} collides with {other} in entity type "
+                        f"{g.entity.name!r}; rename one of them",
+                    )
+
+
+def _check_keys(spec: Mapping[str, object], allowed: set[str], where: str) -> None:
+    extra = sorted(set(spec) - allowed)
+    if extra:
+        raise RegistryError(
+            f"{where}: unknown key(s) {', '.join(map(repr, extra))}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+# --- lock file ---------------------------------------------------------------------------
+
+
+def default_lock_path(registry_path: str | Path) -> Path:
+    return Path(registry_path).with_suffix(".lock")
+
+
+def _lock_entries(registry: Registry) -> dict[str, dict[str, object]]:
+    return {
+        e.name: {
+            "prefix": e.prefix,
+            "id_type": e.id_type.value,
+            "features": {
+                f.name: f.codec.signature
+                for f in sorted(registry.features_of(e.name).values(), key=lambda f: f.name)
+            },
+        }
+        for e in sorted(registry.entities.values(), key=lambda e: e.name)
+    }
+
+
+def _fingerprint(entries: Mapping[str, object]) -> str:
+    return hashlib.sha256(orjson.dumps(entries, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _read_lock(lock_path: Path) -> dict[str, dict[str, object]]:
+    try:
+        doc = orjson.loads(lock_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise RegistryLockError(f"{lock_path}: cannot read the lock file: {e}") from None
+    if not isinstance(doc, dict) or doc.get("version") != LOCK_VERSION:
+        raise RegistryLockError(f"{lock_path}: not a version {LOCK_VERSION} lock file")
+    entities = doc.get("entities")
+    if not isinstance(entities, dict):
+        raise RegistryLockError(f"{lock_path}: 'entities' is missing")
+    return entities
+
+
+def lock_conflicts(registry: Registry, lock_path: Path) -> list[str]:
+    """Every way the registry contradicts what the lock file says is deployed."""
+    deployed = _read_lock(lock_path)
+    conflicts = []
+    for name, now in _lock_entries(registry).items():
+        before = deployed.get(name)
+        if not isinstance(before, dict):
+            continue  # a new entity type
+        for key in ("prefix", "id_type"):
+            if before.get(key) != now[key]:
+                conflicts.append(
+                    f"entities.{name}.{key}: changed from {before.get(key)!r} to {now[key]!r}"
+                )
+        old_features = before.get("features", {})
+        new_features = now["features"]
+        assert isinstance(old_features, dict)
+        assert isinstance(new_features, dict)
+        for fname, sig in new_features.items():
+            old = old_features.get(fname)
+            if old is not None and old != sig:
+                f = registry.features_of(name)[fname]
+                conflicts.append(
+                    f"feature_groups.{f.group}.features.{fname}: type changed from {old} to {sig}"
+                )
+    return conflicts
+
+
+def check_against_lock(registry: Registry, lock_path: Path) -> None:
+    conflicts = lock_conflicts(registry, lock_path)
+    if conflicts:
+        raise RegistryLockError(
+            f"{registry.source}: incompatible with what {lock_path} says is deployed:\n  "
+            + "\n  ".join(conflicts)
+            + "\nRedis still holds values in the old format. Rename the feature (e.g. add _v2)"
+            " so it gets a new field, or, once no old values remain, accept the change with"
+            " 'feature-store registry lock --accept-changes'."
+        )
+
+
+def write_lock(registry: Registry, lock_path: Path, *, accept_changes: bool = False) -> str:
+    """Record the registry as deployed and return its fingerprint.
+
+    Features that left the registry stay in the lock, so bringing a name back with another
+    type is still caught. Refuses conflicts unless ``accept_changes``.
+    """
+    entries = _lock_entries(registry)
+    if lock_path.exists():
+        if not accept_changes:
+            check_against_lock(registry, lock_path)
+        for name, before in _read_lock(lock_path).items():
+            now = entries.get(name)
+            if now is None:
+                entries[name] = before
+                continue
+            old_features = before.get("features", {})
+            new_features = now["features"]
+            assert isinstance(old_features, dict)
+            assert isinstance(new_features, dict)
+            now["features"] = {**old_features, **new_features}
+    fp = _fingerprint(entries)
+    doc = {"version": LOCK_VERSION, "fingerprint": fp, "entities": entries}
+    lock_path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    return fp

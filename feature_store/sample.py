@@ -1,0 +1,104 @@
+"""Deterministic sample data in the standard benchmark shape (see sample_features.yaml).
+
+Each entity's values depend only on (seed, entity id), so any slice of entities can be
+generated on its own (one Spark partition, one benchmark process) and still match.
+
+The shape follows real nightly features:
+- 40 float32 features, about 60% exactly 0.0. The non-zero ones are a mix: counts kept as
+  floats, money with two decimals, ratios k/n, and unrounded scores.
+- 5 int64 features: small counts, epoch seconds, large ids.
+- 3 int lists of 10 to 30 ids drawn with repeats from a vocabulary of 64.
+- 2 unit-length float32 embeddings of dimension 32.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Iterator
+from importlib import resources
+
+from feature_store.registry import Registry, parse_registry
+
+ENTITY = "consumer"
+GROUP = "consumer_features"
+FLOATS = [f"float_{i:02d}" for i in range(40)]
+INTS = [f"int_{i}" for i in range(5)]
+INT_LISTS = [f"int_list_{i}" for i in range(3)]
+EMBEDDINGS = [f"embedding_{i}" for i in range(2)]
+EMBEDDING_DIM = 32
+ZERO_FRACTION = 0.6
+VOCABULARY = range(1000, 1064)
+
+
+def registry_text() -> str:
+    return resources.files("feature_store").joinpath("sample_features.yaml").read_text("utf-8")
+
+
+def registry() -> Registry:
+    return parse_registry(registry_text(), source="feature_store/sample_features.yaml")
+
+
+def _float(rng: random.Random, kind: int) -> float:
+    if rng.random() < ZERO_FRACTION:
+        return 0.0
+    if kind == 0:  # a count, kept as float
+        return float(rng.randint(1, 500))
+    if kind == 1:  # money
+        return round(rng.lognormvariate(3.0, 1.0), 2)
+    if kind == 2:  # a ratio k/n
+        n = rng.randint(1, 200)
+        return rng.randint(0, n) / n
+    return rng.gauss(0.0, 1.0)  # a score: full precision
+
+
+def _embedding(rng: random.Random) -> list[float]:
+    v = [rng.gauss(0.0, 1.0) for _ in range(EMBEDDING_DIM)]
+    norm = math.sqrt(sum(x * x for x in v)) or 1.0
+    return [x / norm for x in v]
+
+
+def features(entity_id: int, seed: int = 0) -> dict[str, object]:
+    """The 50 feature values of one entity."""
+    rng = random.Random(seed * 1_000_003 + entity_id)
+    out: dict[str, object] = {name: _float(rng, i % 4) for i, name in enumerate(FLOATS)}
+    out[INTS[0]] = rng.randint(0, 1000)
+    out[INTS[1]] = rng.randint(1_600_000_000, 1_800_000_000)
+    out[INTS[2]] = rng.randint(0, 2**40)
+    out[INTS[3]] = rng.randint(-1000, 1000)
+    out[INTS[4]] = rng.choice((0, 1, 2, 3))
+    for name in INT_LISTS:
+        out[name] = [rng.choice(VOCABULARY) for _ in range(rng.randint(10, 30))]
+    for name in EMBEDDINGS:
+        out[name] = _embedding(rng)
+    return out
+
+
+def rows(n: int, seed: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str, object]]]:
+    """``(entity_id, features)`` for ids start .. start+n-1."""
+    for entity_id in range(start, start + n):
+        yield entity_id, features(entity_id, seed)
+
+
+class Zipf:
+    """Zipfian ids over [0, n) (YCSB's default request distribution, constant 0.99)."""
+
+    def __init__(self, n: int, theta: float = 0.99, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        weights = [1.0 / (i + 1) ** theta for i in range(n)]
+        total = 0.0
+        self.cdf = []
+        for w in weights:
+            total += w
+            self.cdf.append(total)
+        self.total = total
+        # scatter popular ids over the key space, as YCSB's scrambled zipfian does
+        self.order = list(range(n))
+        random.Random(seed + 1).shuffle(self.order)
+
+    def sample(self, k: int) -> list[int]:
+        return [
+            self.order[bisect.bisect_left(self.cdf, self.rng.random() * self.total)]
+            for _ in range(k)
+        ]

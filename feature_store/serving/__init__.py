@@ -1,0 +1,1 @@
+"""Serving: REST and gRPC batch lookups behind an in-process L1 cache."""

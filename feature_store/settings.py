@@ -1,0 +1,92 @@
+"""Settings: built once at startup from the environment and command-line flags.
+
+Every variable is ``FEATURE_STORE_<NAME>``. An unknown ``FEATURE_STORE_*`` variable or an
+invalid value fails at startup with a message naming it, instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from feature_store.connection import RedisTarget
+from feature_store.errors import ConfigError
+
+ENV_PREFIX = "FEATURE_STORE_"
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "feature-store"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    redis_url: str | None = None  # None: start the embedded redis-server
+    registry: Path = Path("features.yaml")
+    data_dir: Path = field(default_factory=default_data_dir)  # the embedded Redis's files
+    socket_timeout: float = 1.0  # seconds
+    connect_timeout: float = 1.0
+    max_connections: int = 64
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``FEATURE_STORE_*`` variables, then ``overrides`` that are not None."""
+        env = os.environ if env is None else env
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, object] = {}
+        for var, raw in env.items():
+            if not var.startswith(ENV_PREFIX):
+                continue
+            name = var[len(ENV_PREFIX) :].lower()
+            if name not in known:
+                raise ConfigError(
+                    f"unknown setting {var}; known: "
+                    + ", ".join(ENV_PREFIX + n.upper() for n in sorted(known))
+                )
+            values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        coerced: dict[str, Any] = {k: _coerce(k, v, cls) for k, v in values.items()}
+        return cls(**coerced).validated()
+
+    def validated(self) -> Settings:
+        for name in ("socket_timeout", "connect_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive")
+        if self.max_connections < 1:
+            raise ConfigError(f"{ENV_PREFIX}MAX_CONNECTIONS must be at least 1")
+        if self.redis_url is not None:
+            self.redis_target()  # fails now on a malformed URL
+        return self
+
+    def redis_target(self) -> RedisTarget:
+        if self.redis_url is None:
+            raise ConfigError("no Redis URL is configured")
+        return RedisTarget.parse(
+            self.redis_url,
+            socket_timeout=self.socket_timeout,
+            connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections,
+        )
+
+
+def _coerce(name: str, value: object, cls: type[Settings]) -> object:
+    kind = {f.name: f.type for f in fields(cls)}[name]
+    if not isinstance(value, str):
+        return value
+    try:
+        if kind == "float":
+            return float(value)
+        if kind == "int":
+            return int(value)
+        if kind == "Path":
+            return Path(value)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={value!r} is not a valid {kind}") from None
+    return value or None

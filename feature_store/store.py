@@ -1,0 +1,221 @@
+"""The store client: batch reads and writes of features, sync and asyncio.
+
+Both clients hand the same command lists (``feature_store.batch``) to a pipeline; only the
+``_run`` methods differ. Against Redis Cluster, redis-py's cluster pipeline splits the
+commands by node and sends each node its share in one round trip.
+
+    store = FeatureStore.connect("redis://127.0.0.1:6379", load_registry("features.yaml"))
+    result = store.read("consumer", [1, 2, 3], groups=["consumer_features"])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
+from typing import Generic, TypeVar
+
+from feature_store.batch import (
+    BatchResult,
+    Command,
+    EntityId,
+    ReadPlan,
+    WriteStats,
+    decode_read,
+    plan_read,
+    plan_write,
+)
+from feature_store.connection import AsyncClient, RedisTarget, SyncClient, translated_errors
+from feature_store.layout import max_encoded_size
+from feature_store.registry import Registry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK = 500  # entities per write pipeline: ~50k fields, a few MB on the wire
+
+C = TypeVar("C")
+
+
+def _chunks(
+    rows: Iterable[tuple[EntityId, Mapping[str, object]]], size: int
+) -> Iterable[list[tuple[EntityId, Mapping[str, object]]]]:
+    it = iter(rows)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def listpack_value_needed(registry: Registry) -> int:
+    """The ``hash-max-listpack-value`` that keeps every bounded value of the registry compact."""
+    sizes = [max_encoded_size(f.type, f.dim) for g in registry.groups.values() for f in g.features]
+    return max([64, *(s for s in sizes if s is not None)])
+
+
+class _Base(Generic[C]):
+    def __init__(self, registry: Registry, client: C, *, max_entities: int | None = None) -> None:
+        self.registry = registry
+        self.client = client
+        self.max_entities = max_entities
+
+    def plan(
+        self,
+        entity: str,
+        ids: Sequence[EntityId],
+        features: Iterable[str] = (),
+        groups: Iterable[str] = (),
+    ) -> ReadPlan:
+        return plan_read(
+            self.registry, entity, ids, features, groups, max_entities=self.max_entities
+        )
+
+    def _check_listpack(self, configured: Mapping[bytes | str, bytes | str]) -> None:
+        needed = listpack_value_needed(self.registry)
+        for value in configured.values():
+            if int(value) < needed:
+                log.warning(
+                    "Redis hash-max-listpack-value is %s but this registry's values need %d: "
+                    "entity hashes will use the hashtable encoding, about 3x the memory. "
+                    "Set it as in feature_store/redis.conf.",
+                    int(value),
+                    needed,
+                )
+
+
+class FeatureStore(_Base[SyncClient]):
+    """Blocking client, for Spark executors, scripts and tests."""
+
+    @classmethod
+    def connect(cls, url: str | RedisTarget, registry: Registry) -> FeatureStore:
+        target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
+        return cls(registry, target.sync_client())
+
+    def _run(self, commands: list[Command]) -> list[object]:
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for cmd in commands:
+                pipe.execute_command(*cmd)
+            return pipe.execute()
+
+    def read(
+        self,
+        entity: str,
+        ids: Sequence[EntityId],
+        features: Iterable[str] = (),
+        groups: Iterable[str] = (),
+    ) -> BatchResult:
+        plan = self.plan(entity, ids, features, groups)
+        return decode_read(plan, self._run(plan.commands()))  # type: ignore[arg-type]
+
+    def write(
+        self,
+        group: str,
+        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        *,
+        chunk_size: int = DEFAULT_CHUNK,
+        now: float | None = None,
+    ) -> WriteStats:
+        g = self.registry.group(group)
+        total = WriteStats()
+        for chunk in _chunks(rows, chunk_size):
+            plan = plan_write(g, chunk, now=now)
+            self._run(plan.commands)
+            total += plan.stats
+        return total
+
+    def ping(self) -> bool:
+        with translated_errors():
+            return bool(self.client.ping())
+
+    def check_server(self) -> None:
+        """Warn if the server's listpack limit would bloat this registry's hashes."""
+        with translated_errors():
+            cfg = self.client.config_get("hash-max-listpack-value")
+        self._check_listpack(_flatten_config(cfg))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> FeatureStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncFeatureStore(_Base[AsyncClient]):
+    """asyncio client, for the serving path."""
+
+    @classmethod
+    def connect(cls, url: str | RedisTarget, registry: Registry) -> AsyncFeatureStore:
+        target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
+        return cls(registry, target.async_client())
+
+    async def _run(self, commands: list[Command]) -> list[object]:
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for cmd in commands:
+                pipe.execute_command(*cmd)
+            return await pipe.execute()
+
+    async def run_plan(self, plan: ReadPlan) -> list[Sequence[bytes | None]]:
+        """The raw HMGET replies of a plan: for callers that cache or decode on their own."""
+        return await self._run(plan.commands())  # type: ignore[return-value]
+
+    async def read(
+        self,
+        entity: str,
+        ids: Sequence[EntityId],
+        features: Iterable[str] = (),
+        groups: Iterable[str] = (),
+    ) -> BatchResult:
+        plan = self.plan(entity, ids, features, groups)
+        return decode_read(plan, await self.run_plan(plan))
+
+    async def write(
+        self,
+        group: str,
+        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        *,
+        chunk_size: int = DEFAULT_CHUNK,
+        now: float | None = None,
+    ) -> WriteStats:
+        g = self.registry.group(group)
+        total = WriteStats()
+        for chunk in _chunks(rows, chunk_size):
+            plan = plan_write(g, chunk, now=now)
+            await self._run(plan.commands)
+            total += plan.stats
+        return total
+
+    async def ping(self) -> bool:
+        with translated_errors():
+            return bool(await self.client.ping())
+
+    async def check_server(self) -> None:
+        with translated_errors():
+            cfg = await self.client.config_get("hash-max-listpack-value")
+        self._check_listpack(_flatten_config(cfg))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncFeatureStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _flatten_config(cfg: object) -> dict[bytes | str, bytes | str]:
+    """CONFIG GET's reply as name -> value; a cluster client answers per node."""
+    if not isinstance(cfg, dict):
+        return {}
+    out: dict[bytes | str, bytes | str] = {}
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            out.update({f"{k}:{kk!r}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+__all__ = ["AsyncFeatureStore", "FeatureStore", "listpack_value_needed"]

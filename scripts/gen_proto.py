@@ -1,0 +1,71 @@
+"""Generate the Python code for proto/ into feature_store/proto/.
+
+    python scripts/gen_proto.py           # regenerate
+    python scripts/gen_proto.py --check   # exit 1 if the committed code is stale
+
+The output depends only on the .proto sources and the grpcio-tools version, so
+tests/unit/test_proto_generated.py can run --check and catch a forgotten regeneration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_DIR = ROOT / "proto"
+OUT_PACKAGE = "feature_store/proto"
+GRPC_PROTOS = {"serving.proto"}  # the files that declare a service
+
+
+def generate(out_root: Path) -> list[Path]:
+    sources = sorted(PROTO_DIR.rglob("*.proto"))
+    for src in sources:
+        rel = src.relative_to(PROTO_DIR)
+        args = [
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"--python_out={out_root}",
+            f"--pyi_out={out_root}",
+        ]
+        if src.name in GRPC_PROTOS:
+            args.append(f"--grpc_python_out={out_root}")
+        if protoc.main([*args, str(rel)]) != 0:
+            raise SystemExit(f"protoc failed on {rel}")
+    generated = sorted((out_root / OUT_PACKAGE).rglob("*_pb2*.py*"))
+    for directory in {p.parent for p in generated} | {out_root / OUT_PACKAGE}:
+        init = directory / "__init__.py"
+        while init.parent != out_root and not init.exists():
+            init.write_text("")
+            init = init.parent.parent / "__init__.py"
+    return generated
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args()
+    if not args.check:
+        generate(ROOT)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = generate(Path(tmp))
+        stale = []
+        for path in fresh:
+            committed = ROOT / path.relative_to(tmp)
+            if not committed.exists() or not filecmp.cmp(path, committed, shallow=False):
+                stale.append(str(committed.relative_to(ROOT)))
+        if stale:
+            print("stale generated code (run: python scripts/gen_proto.py):", *stale, sep="\n  ")
+            return 1
+    print("generated protobuf code is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
