@@ -85,7 +85,7 @@ def run_demo(args: argparse.Namespace) -> int:
             f"wrote {stats.entities:,} entities, {stats.values_written:,} feature values "
             f"in {elapsed:.2f}s ({stats.values_written / elapsed:,.0f} values/s)"
         )
-        ids = [*range(args.batch), args.entities + 1]  # the last one does not exist
+        ids = [*range(args.batch), -1]  # sample ids start at 0: -1 was never written
         t0 = time.perf_counter()
         result = store.read(sample.ENTITY, ids, groups=[sample.GROUP])
         ms = (time.perf_counter() - t0) * 1000

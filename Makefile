@@ -1,0 +1,31 @@
+# make demo   set up, then run the end-to-end demo on an embedded Redis
+# make test   set up, then lint + typecheck + all tests (what CI runs)
+VENV := .venv/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint typecheck pytest proto format
+
+setup:
+	./scripts/setup.sh
+
+demo: setup
+	$(VENV)/feature-store demo
+
+test: setup lint typecheck pytest
+
+lint:
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+
+typecheck:
+	$(VENV)/mypy
+
+pytest:
+	$(VENV)/pytest -q $(PYTEST_ARGS)
+
+proto:
+	$(VENV)/python scripts/gen_proto.py
+
+format:
+	$(VENV)/ruff format .
+	$(VENV)/ruff check --fix .
