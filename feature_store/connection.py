@@ -21,6 +21,8 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
+from redis.backoff import ConstantBackoff
+from redis.retry import Retry
 
 from feature_store.errors import ConfigError, StoreError, StoreTimeoutError, StoreUnavailableError
 
@@ -40,6 +42,7 @@ class RedisTarget:
     socket_timeout: float
     connect_timeout: float
     max_connections: int
+    retries: int = 1
 
     @classmethod
     def parse(
@@ -49,6 +52,7 @@ class RedisTarget:
         socket_timeout: float = 1.0,
         connect_timeout: float = 1.0,
         max_connections: int = 64,
+        retries: int = 1,
     ) -> RedisTarget:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
@@ -67,8 +71,10 @@ class RedisTarget:
                 kept.append((k, v))
         if cluster and parts.scheme == "unix":
             raise ConfigError("Redis Cluster needs redis:// or rediss:// node addresses")
-        clean = urlunsplit(parts._replace(query=urlencode(kept)))
-        return cls(clean, cluster, socket_timeout, connect_timeout, max_connections)
+        clean = (
+            url if len(kept) == len(query) else urlunsplit(parts._replace(query=urlencode(kept)))
+        )
+        return cls(clean, cluster, socket_timeout, connect_timeout, max_connections, retries)
 
     def sync_client(self) -> SyncClient:
         if self.cluster:
@@ -77,12 +83,14 @@ class RedisTarget:
                 socket_timeout=self.socket_timeout,
                 socket_connect_timeout=self.connect_timeout,
                 max_connections=self.max_connections,
+                retry=self._retry(),
             )
         return redis.Redis.from_url(
             self.url,
             socket_timeout=self.socket_timeout,
             socket_connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
+            retry=self._retry(),
         )
 
     def async_client(self) -> AsyncClient:
@@ -92,13 +100,21 @@ class RedisTarget:
                 socket_timeout=self.socket_timeout,
                 socket_connect_timeout=self.connect_timeout,
                 max_connections=self.max_connections,
+                retry=self._retry(),
             )
         return redis.asyncio.Redis.from_url(
             self.url,
             socket_timeout=self.socket_timeout,
             socket_connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
+            retry=self._retry(),
         )
+
+    def _retry(self) -> Retry:
+        # redis-py 8 retries 10 times with exponential backoff by default: about 5 s before
+        # a dead Redis surfaces. One quick retry covers a pooled connection that went stale
+        # across a Redis restart; callers that want more (the Spark job) retry on their own.
+        return Retry(ConstantBackoff(0.01), self.retries)
 
     def __str__(self) -> str:
         return _redact(self.url) + (" (cluster)" if self.cluster else "")

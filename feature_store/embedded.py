@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from feature_store.errors import EmbeddedRedisError
 from feature_store.layout import LISTPACK_SETTINGS
@@ -145,16 +147,17 @@ class EmbeddedRedis:
         )
         conf = self.data_dir / "redis.conf"
         conf.write_text("".join(f"{k} {v}\n" for k, v in cfg.items()))
-        self.process = subprocess.Popen(
-            [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-        )
+        with open(self.data_dir / "redis.stderr", "wb") as stderr:  # errors before the log opens
+            self.process = subprocess.Popen(
+                [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
+            )
         self.port = port
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.process = None
                 raise EmbeddedRedisError(
-                    f"redis-server exited at start; its log ({self.data_dir / 'redis.log'}) "
+                    f"redis-server exited at start; its output (in {self.data_dir}) "
                     f"ends with:\n{self._log_tail()}"
                 )
             if _pings(port):
@@ -165,13 +168,14 @@ class EmbeddedRedis:
         raise EmbeddedRedisError(f"redis-server did not answer within {START_TIMEOUT_S}s")
 
     def stop(self) -> None:
-        """Shut the server down, flushing the AOF. Only the process that started it does."""
+        """Shut the server down, flushing the AOF. Only the EmbeddedRedis that started it does."""
         proc, self.process = self.process, None
         if proc is None:
             return
         if proc.poll() is None:
-            with contextlib.suppress(redis.exceptions.RedisError):
-                redis.Redis(port=self.port or 0, socket_timeout=5).shutdown(nosave=False)
+            # SIGTERM is Redis's graceful shutdown (the AOF is flushed and fsynced), and unlike
+            # the SHUTDOWN command it needs no password.
+            proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -207,11 +211,15 @@ class EmbeddedRedis:
             yield
 
     def _log_tail(self, lines: int = 8) -> str:
-        try:
-            text = (self.data_dir / "redis.log").read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        tails = []
+        for name in ("redis.stderr", "redis.log"):
+            try:
+                text = (self.data_dir / name).read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                tails.append("\n".join(text.splitlines()[-lines:]))
+        return "\n".join(tails) or "(no output)"
 
     def __enter__(self) -> EmbeddedRedis:
         self.start()
@@ -222,10 +230,15 @@ class EmbeddedRedis:
 
 
 def _pings(port: int) -> bool:
+    client = redis.Redis(
+        port=port, socket_connect_timeout=0.2, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
     try:
-        return bool(redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.5).ping())
+        return bool(client.ping())
     except redis.exceptions.RedisError:
         return False
+    finally:
+        client.close()
 
 
 class EmbeddedCluster:

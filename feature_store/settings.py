@@ -31,6 +31,7 @@ class Settings:
     socket_timeout: float = 1.0  # seconds
     connect_timeout: float = 1.0
     max_connections: int = 64
+    redis_retries: int = 1  # quick retries of a failed Redis call, before it is an error
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -59,6 +60,8 @@ class Settings:
         for name in ("socket_timeout", "connect_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive")
+        if self.redis_retries < 0:
+            raise ConfigError(f"{ENV_PREFIX}REDIS_RETRIES must be 0 or more")
         if self.max_connections < 1:
             raise ConfigError(f"{ENV_PREFIX}MAX_CONNECTIONS must be at least 1")
         if self.redis_url is not None:
@@ -73,6 +76,7 @@ class Settings:
             socket_timeout=self.socket_timeout,
             connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
+            retries=self.redis_retries,
         )
 
 

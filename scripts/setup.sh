@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)  # for PySpark
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS test certificates
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian's packages"
   sudo_cmd=""

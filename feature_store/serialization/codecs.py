@@ -36,6 +36,9 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 _F32 = struct.Struct("<f")
 _FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+_NORMAL_PRECISIONS = ("%.6g", "%.7g", "%.8g", "%.9g")  # 9 digits always round-trip
+_ALL_PRECISIONS = tuple(f"%.{p}g" for p in range(1, 10))
 
 
 class FeatureType(StrEnum):
@@ -89,9 +92,10 @@ def _as_float(value: object) -> float:
 
 def to_float32(x: float) -> float:
     """Round a float to the nearest float32 (returned widened to a Python float)."""
-    if abs(x) > _FLOAT32_MAX and not math.isinf(x):
-        raise EncodingError(f"{x!r} is outside the float32 range")
-    return float(_F32.unpack(_F32.pack(x))[0])
+    try:
+        return float(_F32.unpack(_F32.pack(x))[0])
+    except OverflowError:  # rounds past the largest float32
+        raise EncodingError(f"{x!r} is outside the float32 range") from None
 
 
 def encode_float32(value: object) -> bytes:
@@ -103,9 +107,10 @@ def encode_float32(value: object) -> bytes:
     if f == 0.0:  # underflowed to zero in float32
         return b"-0" if math.copysign(1.0, f) < 0 else b"0"
     # The first precision whose rounding survives a float32 round trip is the shortest:
-    # a float32's round-trip interval is narrower than the 6-digit grid, so any string
-    # of 6 digits or fewer that round-trips is exactly what %.6g prints.
-    for fmt in ("%.6g", "%.7g", "%.8g", "%.9g"):  # 9 significant digits always round-trip
+    # a normal float32's round-trip interval is narrower than the 6-digit grid, so any
+    # string of 6 digits or fewer that round-trips is exactly what %.6g prints. Subnormals
+    # have fewer bits and need the search from one digit.
+    for fmt in _NORMAL_PRECISIONS if abs(f) >= _FLOAT32_MIN_NORMAL else _ALL_PRECISIONS:
         s = fmt % f
         if _F32.unpack(_F32.pack(float(s)))[0] == f:
             break
@@ -200,7 +205,7 @@ def _float_values(value: object) -> list[float]:
     out = [_as_float(v) for v in items]
     for x in out:
         if abs(x) > _FLOAT32_MAX and not math.isinf(x):
-            raise EncodingError(f"{x!r} is outside the float32 range")
+            to_float32(x)  # raises unless it rounds to the largest float32
     return out
 
 
