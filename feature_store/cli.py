@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from feature_store.errors import FeatureStoreError
 
-COMMAND_MODULES = ("feature_store.commands",)
+COMMAND_MODULES = ("feature_store.commands", "feature_store.serving.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
