@@ -1,0 +1,206 @@
+"""The markdown table of a YCSB run, shaped like the production report's, plus ratios."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import ycsb_output
+
+BATCH = "BATCH_READ"
+
+
+class MeasuredLike(Protocol):
+    output: ycsb_output.Output
+    store_cpu_s: float
+    api_cpu_s: float | None
+    wall_s: float
+
+
+class SettingsLike(Protocol):
+    records: int
+    operations: int
+    target: int
+    threads: int
+    batch_keys: int
+    batch_fields: int
+
+
+@dataclass
+class RowResult:
+    name: str
+    label: str
+    load: MeasuredLike | None = None
+    runs: dict[str, MeasuredLike] = field(default_factory=dict)
+    not_run: str | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def batch(self, run: str) -> ycsb_output.Operation | None:
+        m = self.runs.get(run)
+        return None if m is None else m.output.operations.get(BATCH)
+
+    def cpu_us_per_lookup(self, run: str, lookups_per_batch: int) -> float | None:
+        m, op = self.runs.get(run), self.batch(run)
+        if m is None or op is None:
+            return None
+        return m.store_cpu_s * 1e6 / (sum(op.returns.values()) * lookups_per_batch)
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return ((done.stdout or done.stderr).strip().splitlines() or ["unknown"])[0]
+
+
+def environment(postgres_version: str | None) -> list[str]:
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return [
+        f"{os.cpu_count()} cores ({cpu}), Linux {platform.release()}, all on loopback",
+        _first_line(["redis-server", "--version"]),
+        _first_line(["java", "-version"]) + ", YCSB core 0.17.0, Jedis 5.1.3, pgjdbc 42.7.3",
+        postgres_version or "PostgreSQL not run",
+    ]
+
+
+def _lat(op: ycsb_output.Operation | None) -> str:
+    if op is None:
+        return "-"
+    return (
+        f"{op.ms('AverageLatency(us)'):.2f} / {op.ms('95thPercentileLatency(us)'):.2f} / "
+        f"{op.ms('99thPercentileLatency(us)'):.2f}"
+    )
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(rows: list[RowResult], s: SettingsLike) -> list[str]:
+    lookups = s.batch_keys * s.batch_fields
+    out = [
+        f"| row | write {s.records:,} rows (s) | 95/5 batch read avg / p95 / p99 (ms) "
+        f"| 100% batch read avg / p95 / p99 (ms) | 95/5 update avg (ms) "
+        f"| throughput 95/5 / read (ops/s) | store CPU per lookup, read (µs) "
+        f"| store CPU, read (% of a core) | API CPU per batch, read (ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.not_run or r.error:
+            why = f"not run: {r.not_run}" if r.not_run else "FAILED (see below)"
+            out.append(f"| {r.label} | {why} |  |  |  |  |  |  |  |")
+            continue
+        load = f"{r.load.output.runtime_s:.2f}" if r.load else "- (reads the hash row's data)"
+        mix, read = r.runs.get("mix"), r.runs.get("read")
+        update = mix.output.operations.get("UPDATE") if mix else None
+        upd = f"{update.ms('AverageLatency(us)'):.2f}" if update else "-"
+        tput = (
+            f"{mix.output.throughput:.0f} / {read.output.throughput:.0f}" if mix and read else "-"
+        )
+        cpu_pct = read.store_cpu_s / read.output.runtime_s * 100 if read else None
+        api = None
+        if read and read.api_cpu_s is not None:
+            api = read.api_cpu_s * 1000 / read.output.count(BATCH)
+        out.append(
+            f"| {r.label} | {load} | {_lat(r.batch('mix'))} | {_lat(r.batch('read'))} | {upd} "
+            f"| {tput} | {_num(r.cpu_us_per_lookup('read', lookups), '.3f')} "
+            f"| {_num(cpu_pct, '.0f')} | {_num(api, '.2f')} |"
+        )
+    return out
+
+
+def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
+    """Each comparison the table is for, as a ratio of two rows of this run."""
+    lookups = s.batch_keys * s.batch_fields
+
+    def ok(name: str) -> RowResult | None:
+        r = rows.get(name)
+        return r if r is not None and not r.error and not r.not_run and r.runs else None
+
+    def ms(name: str, metric: str) -> float:
+        r = ok(name)
+        op = r.batch("read") if r else None
+        return op.ms(metric) if op else 0.0
+
+    def cpu(name: str) -> float:
+        r = ok(name)
+        return (r.cpu_us_per_lookup("read", lookups) or 0.0) if r else 0.0
+
+    avg, p99 = "AverageLatency(us)", "99thPercentileLatency(us)"
+    out = []
+    pairs = [("flat", "hash"), ("flat-pipeline", "hash"), ("flat-cluster", "hash-cluster")]
+    pairs.append(("postgres", "hash"))
+    for other, base in pairs:
+        if not (ok(other) and ok(base) and ms(base, avg) and ms(base, p99)):
+            continue
+        line = (
+            f"- {other} / {base}, 100% batch read: "
+            f"avg latency x{ms(other, avg) / ms(base, avg):.2f}"
+            f", p99 x{ms(other, p99) / ms(base, p99):.2f}"
+        )
+        if cpu(base):
+            line += f", store CPU per lookup x{cpu(other) / cpu(base):.2f}"
+        out.append(line + f" (above 1: {base} is better)")
+    if ok("serving") and ok("hash") and ms("hash", avg):
+        out.append(
+            "- serving / hash, 100% batch read: "
+            f"avg latency x{ms('serving', avg) / ms('hash', avg):.2f}"
+            f" (+{ms('serving', avg) - ms('hash', avg):.2f} ms per batch of {lookups:,} lookups), "
+            f"p99 +{ms('serving', p99) - ms('hash', p99):.2f} ms"
+        )
+    return out
+
+
+def render(
+    args: argparse.Namespace,
+    rows: list[RowResult],
+    s: SettingsLike,
+    sizes: str,
+    env: list[str],
+) -> str:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    target = f"{s.target} ops/s" if s.target else "none (as fast as possible)"
+    lines = [
+        f"# YCSB: batch reads of {s.batch_keys} keys x {s.batch_fields} fields",
+        "",
+        f"Command: `{args.command}` ({now})",
+        "",
+        *[f"- {e}" for e in env],
+        f"- {s.records:,} records of 10 fields; {s.operations:,} operations per run; "
+        f"target {target}; {s.threads} client threads; zipfian requests",
+        f"- value sizes from benchmarks/ycsb/histogram.py: {sizes}",
+        "- this machine's 2 cores are shared with other work: figures are noisy, compare the "
+        "ratios of one run rather than absolute numbers across runs",
+        "",
+        *table(rows, s),
+        "",
+        "Latencies are YCSB's, per operation (one batch read of "
+        f"{s.batch_keys * s.batch_fields:,} lookups, or one update of a whole record), "
+        "measured in the client. Store CPU is utime+stime of the server processes over the "
+        "100% read run, including everything else the server did meanwhile.",
+        "",
+    ]
+    rat = ratios({r.name: r for r in rows}, s)
+    if rat:
+        lines += ["Ratios (same run):", "", *rat, ""]
+    notes = [(r, n) for r in rows for n in r.notes]
+    failures = [r for r in rows if r.error]
+    if notes:
+        lines += ["Notes:", "", *[f"- {r.name}: {n}" for r, n in notes], ""]
+    if failures:
+        lines += ["Failures:", ""]
+        for r in failures:
+            lines += [f"- {r.name}:", "", "```", (r.error or "").strip(), "```", ""]
+    return "\n".join(lines)

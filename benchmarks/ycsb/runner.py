@@ -1,0 +1,405 @@
+"""One command for the whole YCSB comparison: ``benchmarks/ycsb/run`` (see docs/ycsb.md).
+
+Builds the Maven module, writes the value-size histogram, starts Redis (embedded), a
+3-master Redis Cluster, PostgreSQL and the serving API on loopback, then for every row of
+the table loads the records (timed) and runs the 100% batch-read and 95/5 workloads at the
+same target ops/s and thread count, recording the store's CPU around each run. Writes the
+markdown table and the raw YCSB output, and exits non-zero if any operation failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO))
+
+import histogram  # noqa: E402
+import report  # noqa: E402
+import servers  # noqa: E402
+import ycsb_output  # noqa: E402
+
+from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port  # noqa: E402
+from feature_store.registry import parse_registry  # noqa: E402
+
+WORKLOADS = {"read": "batchread", "mix": "batchmix"}  # table column -> workload file
+ENTITY, GROUP, PREFIX = "ycsb_user", "ycsb", "u"
+PACKAGE = "featurestore.ycsb"
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    name: str
+    label: str
+    db: str  # binding class
+    store: str  # "redis", "cluster" or "postgres": whose CPU is measured
+    props: dict[str, str] = field(default_factory=dict)
+    loads: bool = True  # False: reads the records the row before it loaded
+
+
+ROWS = [
+    RowSpec("hash", "Redis, hash per entity (project layout)", "HashClient", "redis"),
+    RowSpec(
+        "serving",
+        "serving API (REST) on the hash layout",
+        "ServingClient",
+        "redis",
+        loads=False,
+    ),
+    RowSpec("flat", "Redis, flat strings, MGET", "FlatClient", "redis", {"flat.batch": "mget"}),
+    RowSpec(
+        "flat-pipeline",
+        "Redis, flat strings, pipelined GETs",
+        "FlatClient",
+        "redis",
+        {"flat.batch": "pipeline"},
+    ),
+    RowSpec("hash-cluster", "Redis Cluster (3 masters), hash", "HashClient", "cluster"),
+    RowSpec(
+        "flat-cluster", "Redis Cluster (3 masters), flat, pipelined GETs", "FlatClient", "cluster"
+    ),
+    RowSpec("postgres", "PostgreSQL, key-value table, IN (...)", "PostgresClient", "postgres"),
+]
+ROW_NAMES = [r.name for r in ROWS]
+
+# PostgreSQL may lose the last commits on a crash, as Redis's AOF with everysec may lose the
+# last second: both durable to the OS, fsync in the background.
+POSTGRES_SETTINGS = {"synchronous_commit": "off", "max_connections": "50"}
+
+
+def registry_text(fields: int) -> str:
+    features = "".join(f"      field{i}: string\n" for i in range(fields))
+    return (
+        "# Written by benchmarks/ycsb/run: YCSB's records as a feature group.\n"
+        "version: 1\n"
+        "entities:\n"
+        f"  {ENTITY}:\n"
+        f"    prefix: {PREFIX}\n"
+        "    id_type: string\n"
+        "    ttl: 7d\n"
+        "feature_groups:\n"
+        f"  {GROUP}:\n"
+        f"    entity: {ENTITY}\n"
+        "    features:\n" + features
+    )
+
+
+# --- building and invoking YCSB ---------------------------------------------------------
+
+
+def build(quiet: bool = True) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise servers.ServerError("Maven (mvn) was not found; install it (apt-get install maven)")
+    cmd = [mvn, "-B", "-q", "package"] if quiet else [mvn, "-B", "package"]
+    print("building the YCSB module (mvn package) ...", flush=True)
+    done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=1200)
+    if done.returncode != 0:
+        raise servers.ServerError(f"mvn package failed:\n{(done.stdout + done.stderr)[-4000:]}")
+
+
+def classpath() -> str:
+    return f"{HERE / 'target' / 'classes'}{os.pathsep}{HERE / 'target' / 'lib' / '*'}"
+
+
+def ycsb_command(
+    db: str, phase: str, workload: str, props: dict[str, str], threads: int, target: int
+) -> list[str]:
+    cmd = ["java", "-Xms256m", "-Xmx1g", "-cp", classpath(), "site.ycsb.Client"]
+    cmd += ["-load" if phase == "load" else "-t", "-db", f"{PACKAGE}.{db}"]
+    cmd += ["-P", str(HERE / "workloads" / workload), "-threads", str(threads)]
+    if target > 0:
+        cmd += ["-target", str(target)]
+    for k, v in props.items():
+        cmd += ["-p", f"{k}={v}"]
+    return cmd
+
+
+@dataclass
+class Measured:
+    output: ycsb_output.Output
+    store_cpu_s: float
+    api_cpu_s: float | None
+    wall_s: float
+
+
+@dataclass
+class Settings:
+    records: int
+    operations: int
+    target: int
+    threads: int
+    batch_keys: int
+    batch_fields: int
+    histogram: Path
+    timeout_s: int
+    raw_dir: Path
+
+
+def run_ycsb(
+    spec: RowSpec,
+    phase: str,
+    s: Settings,
+    props: dict[str, str],
+    store_pids: list[int],
+    api_pid: int | None,
+) -> Measured:
+    workload = WORKLOADS.get(phase, "batchread")
+    all_props = {
+        "recordcount": str(s.records),
+        "operationcount": str(s.operations),
+        "batchkeys": str(s.batch_keys),
+        "batchfields": str(s.batch_fields),
+        "fieldlengthhistogram": str(s.histogram),
+        "maxexecutiontime": str(s.timeout_s),
+        "fs.prefix": PREFIX,
+        "fs.group": GROUP,
+        "fs.entity": ENTITY,
+        **spec.props,
+        **props,
+    }
+    target = 0 if phase == "load" else s.target  # the load runs flat out: it is timed
+    cmd = ycsb_command(spec.db, phase, workload, all_props, s.threads, target)
+    raw = s.raw_dir / f"{spec.name}.{phase}.txt"
+    cpu0 = servers.cpu_seconds(store_pids)
+    api0 = servers.cpu_seconds([api_pid]) if api_pid else None
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s + 120)
+    except subprocess.TimeoutExpired as e:
+        raise ycsb_output.YCSBRunFailed(f"YCSB did not finish within {s.timeout_s + 120} s") from e
+    wall = time.monotonic() - t0
+    time.sleep(0.5)  # let PostgreSQL reap the backends of the closed connections
+    cpu1 = servers.cpu_seconds(store_pids)
+    api1 = servers.cpu_seconds([api_pid]) if api_pid else None
+    raw.write_text(
+        f"$ {shlex.join(cmd)}\n# exit {done.returncode}\n\n{done.stdout}\n"
+        f"# ---- stderr ----\n{done.stderr}"
+    )
+    expected = s.records if phase == "load" else s.operations
+    if done.returncode != 0:
+        raise ycsb_output.YCSBRunFailed(
+            f"YCSB exited {done.returncode}; see {raw}\n{done.stderr[-1500:]}"
+        )
+    out = ycsb_output.check(done.stdout, expected, done.stderr)
+    api_cpu = None if api0 is None or api1 is None else api1 - api0
+    return Measured(out, cpu1 - cpu0, api_cpu, wall)
+
+
+# --- the servers ---------------------------------------------------------------------------
+
+
+def flush(url_ports: list[int]) -> None:
+    for port in url_ports:
+        redis.Redis(port=port).flushall()
+
+
+@contextlib.contextmanager
+def started(what: str, enter: Callable[[], object], leave: Callable[[], object]) -> Iterator[None]:
+    t0 = time.monotonic()
+    enter()
+    print(f"{what} started in {time.monotonic() - t0:.1f} s", flush=True)
+    try:
+        yield
+    finally:
+        leave()
+
+
+def run_all(args: argparse.Namespace) -> int:
+    rows = [r for r in ROWS if r.name in args.rows]
+    results_dir: Path = args.results_dir
+    raw_dir = results_dir / "ycsb" / args.name
+    if raw_dir.exists():
+        shutil.rmtree(raw_dir)
+    raw_dir.mkdir(parents=True)
+    work = Path(tempfile.mkdtemp(prefix="ycsb-run-"))
+    hist = raw_dir / "fieldlength.hist"
+    sizes = histogram.write_histogram(hist, entities=args.histogram_entities)
+    print(f"value sizes: {sizes}", flush=True)
+    if not args.skip_build:
+        build()
+    settings = Settings(
+        records=args.records,
+        operations=args.operations,
+        target=args.target,
+        threads=args.threads,
+        batch_keys=args.batch_keys,
+        batch_fields=args.batch_fields,
+        histogram=hist,
+        timeout_s=args.max_seconds,
+        raw_dir=raw_dir,
+    )
+    registry_file = work / "features.yaml"
+    registry_file.write_text(registry_text(10))
+    parse_registry(registry_file.read_text(), source=str(registry_file))  # fails early if bad
+
+    results: dict[str, report.RowResult] = {}
+    needs = {r.store for r in rows}
+    serving_help, serving_why = (None, "not requested")
+    if "serving" in args.rows:
+        serving_help, serving_why = servers.serving_help()
+    servers.ensure_redis_server()
+    with contextlib.ExitStack() as stack:
+        single = EmbeddedRedis(work / "redis", port=free_port(), persistence=True)
+        stack.enter_context(started("Redis", single.start, single.stop))
+        cluster = None
+        if "cluster" in needs:
+            cluster = EmbeddedCluster(work / "cluster", masters=3)
+            stack.enter_context(started("Redis Cluster (3 masters)", cluster.start, cluster.stop))
+        pg = None
+        if "postgres" in needs:
+            pg = servers.Postgres(free_port(), POSTGRES_SETTINGS)
+            stack.enter_context(started(pg.version(), pg.start, pg.stop))
+        env_info = report.environment(pg.version() if pg else None)
+
+        for spec in rows:
+            result = report.RowResult(spec.name, spec.label)
+            results[spec.name] = result
+            if spec.name == "serving" and serving_help is None:
+                result.not_run = serving_why
+                print(f"[serving] not run: {serving_why}", flush=True)
+                continue
+            if not spec.loads and "hash" not in results:
+                result.not_run = "it reads the records the hash row loads; run that row too"
+                continue
+            try:
+                run_row(spec, settings, result, single, cluster, pg, serving_help, args, work)
+            except (ycsb_output.YCSBRunFailed, servers.ServerError) as e:
+                result.error = str(e)
+                print(f"[{spec.name}] FAILED: {e}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+    table = report.render(args, list(results.values()), settings, sizes, env_info)
+    out = results_dir / f"{args.name}.md"
+    out.write_text(table)
+    print("\n" + table)
+    print(f"wrote {out} and the raw YCSB output in {raw_dir}/")
+    failed = [r.name for r in results.values() if r.error]
+    if failed:
+        print(f"FAILED rows: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_row(
+    spec: RowSpec,
+    s: Settings,
+    result: report.RowResult,
+    single: EmbeddedRedis,
+    cluster: EmbeddedCluster | None,
+    pg: servers.Postgres | None,
+    serving_help: str | None,
+    args: argparse.Namespace,
+    work: Path,
+) -> None:
+    props: dict[str, str] = {}
+    api_pid = None
+    with contextlib.ExitStack() as stack:
+        if spec.store == "postgres":
+            assert pg is not None
+            props = {"postgres.url": pg.jdbc_url, "postgres.user": servers.Postgres.USER}
+            store_pids = [pg.pid]
+        elif spec.store == "cluster":
+            assert cluster is not None
+            ports = [n.port or 0 for n in cluster.nodes]
+            store_pids = [n.process.pid for n in cluster.nodes if n.process is not None]
+            props = {"redis.port": str(ports[0]), "redis.cluster": "true"}
+            if spec.loads:
+                flush(ports)
+        else:
+            assert single.process is not None
+            assert single.port is not None
+            store_pids = [single.process.pid]
+            props = {"redis.port": str(single.port)}
+            if spec.loads:
+                flush([single.port])
+        if spec.name == "serving":
+            assert serving_help is not None
+            port = free_port()
+            cmd = servers.serving_command(
+                serving_help, port, work / "features.yaml", single.url, args.serving_workers
+            )
+            env = {
+                "FEATURE_STORE_REDIS_URL": single.url,
+                "FEATURE_STORE_REGISTRY": str(work / "features.yaml"),
+            }
+            serving = servers.Serving(cmd, port, env, s.raw_dir / "serving.server.log")
+            stack.enter_context(serving.running())
+            api_pid = serving.pid
+            props = {"serving.url": serving.url}
+            result.notes.append(f"`{shlex.join(cmd[1:])}`")
+        if spec.loads:
+            print(f"[{spec.name}] load {s.records:,} records ...", flush=True)
+            result.load = run_ycsb(spec, "load", s, props, store_pids, api_pid)
+        for column in WORKLOADS:
+            print(f"[{spec.name}] {WORKLOADS[column]} {s.operations:,} operations ...", flush=True)
+            result.runs[column] = run_ycsb(spec, column, s, props, store_pids, api_pid)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="benchmarks/ycsb/run",
+        description="Build, start the servers, load and run every binding x workload, "
+        "and write the table to benchmarks/results/. See docs/ycsb.md.",
+    )
+    p.add_argument("--records", type=int, default=10_000, help="records (entities) to load")
+    p.add_argument("--operations", type=int, default=10_000, help="operations per workload run")
+    p.add_argument(
+        "--target", type=int, default=125, help="target ops/s of every run (0: as fast as possible)"
+    )
+    p.add_argument("--threads", type=int, default=4, help="YCSB client threads")
+    p.add_argument("--batch-keys", type=int, default=100, help="keys per batch read (K)")
+    p.add_argument("--batch-fields", type=int, default=10, help="fields per key (F)")
+    p.add_argument(
+        "--rows",
+        default=",".join(ROW_NAMES),
+        help=f"comma-separated rows to run, of: {', '.join(ROW_NAMES)}",
+    )
+    p.add_argument("--serving-workers", type=int, default=1, help="workers of feature-store serve")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI mode: 1,000 records, 1,000 operations per run, 2 threads, no target",
+    )
+    p.add_argument("--name", help="result name: <results-dir>/<name>.md (default ycsb, ycsb_smoke)")
+    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--histogram-entities", type=int, default=2000)
+    p.add_argument("--max-seconds", type=int, default=900, help="bound of each YCSB run")
+    p.add_argument("--skip-build", action="store_true", help="use the classes already built")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.records, args.operations, args.threads, args.target = 1000, 1000, 2, 0
+    args.name = args.name or ("ycsb_smoke" if args.smoke else "ycsb")
+    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = sorted(set(args.rows) - set(ROW_NAMES))
+    if unknown:
+        p.error(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(ROW_NAMES)}")
+    args.command = "benchmarks/ycsb/run " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run_all(args)
+    except servers.ServerError as e:
+        print(f"benchmarks/ycsb/run: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
