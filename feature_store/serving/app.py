@@ -1,0 +1,284 @@
+"""The REST API (FastAPI): batch get, push write, registry, health, readiness, metrics.
+
+The contract is in docs/serving.md. Bodies are parsed with orjson and checked by hand so
+that every bad request gets a 4xx whose message names the problem, and answers are
+serialized with orjson straight from the cached values: no per-value model objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import cast
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic.json_schema import models_json_schema
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from feature_store.batch import EntityId
+from feature_store.errors import FeatureStoreError
+from feature_store.serving import schemas
+from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.runtime import ServingRuntime, tune_gc
+from feature_store.serving.service import (
+    MalformedRequestError,
+    Problem,
+    problem,
+    row_statuses,
+)
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+API = "rest"
+
+
+class JSONBody(Response):
+    media_type = JSON
+
+
+def error_response(p: Problem, retry_after: float | None = None) -> Response:
+    headers = {}
+    if p.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if retry_after is not None and p.status == 503:
+        headers["Retry-After"] = str(max(1, round(retry_after)))
+    body = orjson.dumps({"error": {"code": p.code, "message": p.message}})
+    return JSONBody(body, status_code=p.status, headers=headers)
+
+
+def _field(body: Mapping[str, object], name: str, kind: type, default: object = None) -> object:
+    value = body.get(name, default)
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise MalformedRequestError(
+            f"'{name}' must be {'an array' if kind is list else 'a ' + kind.__name__}"
+        )
+    return value
+
+
+def _strings(body: Mapping[str, object], name: str) -> list[str]:
+    items = cast(list[object], _field(body, name, list, []))
+    for item in items:
+        if not isinstance(item, str):
+            raise MalformedRequestError(f"'{name}' must be an array of strings, got {item!r}")
+    return cast(list[str], items)
+
+
+def _ids(body: Mapping[str, object]) -> list[EntityId]:
+    if "ids" not in body:
+        raise MalformedRequestError("'ids' is required: an array of entity ids")
+    return cast(list[EntityId], _field(body, "ids", list))
+
+
+def _parse(raw: bytes, limit: int) -> dict[str, object]:
+    if len(raw) > limit:
+        raise MalformedRequestError(f"the body is larger than the limit of {limit} bytes")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise MalformedRequestError(f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise MalformedRequestError("the body must be a JSON object")
+    return body
+
+
+def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> FastAPI:
+    """The app of one worker. With ``grpc_port``, its lifespan also runs the gRPC server."""
+    settings = runtime.settings
+    service = runtime.service
+    metrics = runtime.metrics
+    auth = Authenticator(settings.read_keys, settings.admin_keys)
+    observe = metrics.requests.labels
+    entities_served = metrics.entities.labels(API)
+    registry_body = orjson.dumps(service.describe_registry())
+    body_limit = settings.max_body_bytes
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        grpc_server = None
+        if grpc_port is not None:
+            from feature_store.serving.grpc_server import start_grpc_server
+
+            grpc_server = await start_grpc_server(runtime, settings.host, grpc_port)
+        tune_gc(settings)
+        try:
+            yield
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=1.0)
+            await runtime.stop()
+
+    app = FastAPI(
+        title="Feature store serving API",
+        version="1",
+        description="Batch feature lookups behind an in-process cache, push writes, registry.",
+        lifespan=lifespan,
+        default_response_class=JSONBody,
+    )
+
+    def fail(error: BaseException, method: str, t0: float, *, writing: bool = False) -> Response:
+        if not isinstance(error, FeatureStoreError):
+            log.exception("unexpected error in %s", method)
+        p = problem(error, writing=writing)
+        observe(API, method, str(p.status)).observe(time.perf_counter() - t0)
+        retry = runtime.reader.breaker.retry_after if p.status == 503 else None
+        return error_response(p, retry)
+
+    @app.post(
+        "/v1/features/get",
+        summary="Batch get of features for many entities",
+        response_class=JSONBody,
+        responses=_responses(schemas.GetFeaturesResponse, 400, 401, 403, 413, 503),
+        openapi_extra=_request_body("GetFeaturesRequest"),
+    )
+    async def get_features(request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            role = auth.require(request.headers.get("authorization"), Role.READ)
+            body = _parse(await request.body(), body_limit)
+            entity = _field(body, "entity_type", str)
+            bypass = _field(body, "bypass_cache", bool, False)
+            if bypass and role < Role.ADMIN:
+                raise AuthError("bypass_cache needs an admin API key", 403)
+            lookup = await service.lookup(
+                cast(str, entity),
+                _ids(body),
+                _strings(body, "features"),
+                _strings(body, "groups"),
+                bypass=bool(bypass),
+            )
+        except Exception as e:
+            return fail(e, "get", t0)
+        proj, now = lookup.projection, lookup.now
+        results = []
+        for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
+            values, statuses, ages = row_statuses(proj, resolved, now)
+            results.append({"id": entity_id, "values": values, "statuses": statuses, "ages": ages})
+        content = orjson.dumps(
+            {"entity_type": proj.entity.name, "features": proj.names, "results": results}
+        )
+        entities_served.inc(len(results))
+        observe(API, "get", "200").observe(time.perf_counter() - t0)
+        return JSONBody(content)
+
+    @app.post(
+        "/v1/features/write",
+        summary="Push write of feature values of one group",
+        response_class=JSONBody,
+        responses=_responses(schemas.WriteFeaturesResponse, 400, 401, 403, 413, 503),
+        openapi_extra=_request_body("WriteFeaturesRequest"),
+    )
+    async def write_features(request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            auth.require(request.headers.get("authorization"), Role.ADMIN)
+            body = _parse(await request.body(), body_limit)
+            group = cast(str, _field(body, "group", str))
+            raw_rows = cast(list[object], _field(body, "rows", list))
+            rows: list[tuple[EntityId, Mapping[str, object]]] = []
+            for i, row in enumerate(raw_rows):
+                if not isinstance(row, dict) or "id" not in row:
+                    raise MalformedRequestError(f"rows[{i}] must be an object with 'id'")
+                values = row.get("values")
+                if not isinstance(values, dict):
+                    raise MalformedRequestError(f"rows[{i}].values must be an object")
+                rows.append((row["id"], values))
+            stats = await service.write(group, rows)
+        except Exception as e:
+            return fail(e, "write", t0, writing=True)
+        observe(API, "write", "200").observe(time.perf_counter() - t0)
+        return JSONBody(
+            orjson.dumps(
+                {
+                    "entities": stats.entities,
+                    "values_written": stats.values_written,
+                    "values_removed": stats.values_removed,
+                }
+            )
+        )
+
+    @app.get(
+        "/v1/registry",
+        summary="Entity types and feature groups with typed features",
+        response_class=JSONBody,
+        responses=_responses(schemas.RegistryResponse, 401),
+    )
+    async def get_registry(request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            auth.require(request.headers.get("authorization"), Role.READ)
+        except AuthError as e:
+            return fail(e, "registry", t0)
+        return JSONBody(registry_body)
+
+    @app.get("/healthz", summary="Liveness: the process answers")
+    async def healthz() -> Response:
+        return JSONBody(b'{"status":"ok"}')
+
+    @app.get("/readyz", summary="Readiness: Redis answers a PING")
+    async def readyz() -> Response:
+        circuit = runtime.reader.breaker.state.value
+        if await runtime.ready():
+            return JSONBody(orjson.dumps({"status": "ready", "redis": "ok", "circuit": circuit}))
+        return JSONBody(
+            orjson.dumps({"status": "unavailable", "redis": "unreachable", "circuit": circuit}),
+            status_code=503,
+        )
+
+    @app.get("/metrics", summary="Prometheus metrics of this worker")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        code = codes.get(exc.status_code, "http_error")
+        return error_response(Problem(exc.status_code, code, str(exc.detail)))
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _request_body(model: str) -> dict[str, object]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{model}"}}},
+        }
+    }
+
+
+def _responses(model: type, *errors: int) -> dict[int | str, dict[str, object]]:
+    out: dict[int | str, dict[str, object]] = {200: {"model": model}}
+    for status in errors:
+        out[status] = {"model": schemas.ErrorResponse}
+    return out
+
+
+def _openapi(app: FastAPI) -> Callable[[], dict[str, object]]:
+    def build() -> dict[str, object]:
+        if app.openapi_schema is None:
+            doc = get_openapi(
+                title=app.title, version=app.version, routes=app.routes, description=app.description
+            )
+            _, defs = models_json_schema(
+                [(m, "validation") for m in schemas.MODELS],
+                ref_template="#/components/schemas/{model}",
+            )
+            components = doc.setdefault("components", {})
+            components.setdefault("schemas", {}).update(defs.get("$defs", {}))
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            doc["security"] = [{"bearer": []}, {}]
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    return build

@@ -1,0 +1,186 @@
+"""The L1 cache's storage: entity-group entries in an LRU bounded by bytes and entries.
+
+The unit cached is one entity's whole feature group (every feature of the group plus the
+group's write timestamp), keyed by (group, entity key). Any request for any subset of a
+group's features is then served from one entry, and the statuses are computed per request
+from the timestamp, so that a value turns stale in the cache exactly when it would in Redis.
+
+Expired entries are not dropped at once: they stay (evictable as usual) for
+``max_stale`` seconds so that a Redis failure can still be answered with them, marked stale.
+
+This is a small OrderedDict LRU rather than a library (cachetools et al.) because it needs
+three things those do not combine: a byte bound with per-entry sizes, entries kept past
+their TTL for stale-on-error, and XFetch's per-entry recompute time.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from feature_store.serialization import Value
+
+CacheKey = tuple[str, bytes]  # (group name, entity key)
+
+_ENTRY_OVERHEAD = 200  # the entry object, its key tuple and the OrderedDict slot
+_SCALAR = 32  # a boxed float/int plus its slot in the values tuple
+
+
+@dataclass(slots=True)
+class Entry:
+    """One entity's values of one group. ``values`` None: the entity has none (negative)."""
+
+    values: tuple[Value | None, ...] | None
+    written_at: int | None  # unix seconds of the group's last write, from Redis
+    expires_at: float  # monotonic seconds
+    cost: float  # seconds the load took: XFetch's delta
+    size: int
+    wire: tuple[bytes, ...] | None = None  # each value protobuf-encoded, made on first use
+
+    @property
+    def negative(self) -> bool:
+        return self.values is None
+
+
+def value_size(value: Value | None) -> int:
+    """An estimate of a decoded value's bytes in this process (cheap, not sys.getsizeof)."""
+    if value is None or isinstance(value, int | float):
+        return 8 if value is None else _SCALAR
+    if isinstance(value, str):
+        return 56 + len(value)
+    return 56 + 32 * len(value)  # list: slot + boxed float/int per item
+
+
+def entry_size(values: Sequence[Value | None] | None) -> int:
+    if values is None:
+        return _ENTRY_OVERHEAD
+    return _ENTRY_OVERHEAD + 56 + sum(value_size(v) for v in values)
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters since start. Kept as plain ints: Prometheus reads them at scrape time."""
+
+    hits: int = 0
+    negative_hits: int = 0
+    misses: int = 0
+    deduplicated: int = 0  # misses that joined a read already in flight
+    coalesced: int = 0  # keys that shared a round trip with other keys (saved round trips)
+    round_trips: int = 0  # pipelines sent to Redis
+    keys_loaded: int = 0
+    early_refreshes: int = 0
+    stale_serves: int = 0  # entries served stale because Redis failed or the circuit was open
+    failed_loads: int = 0
+    evictions: int = 0
+    invalidations: int = 0
+    bypasses: int = 0
+
+
+@dataclass
+class LRUCache:
+    """Entries by key, least recently used first; bounded by bytes and by count."""
+
+    max_bytes: int
+    max_entries: int
+    ttl: float
+    negative_ttl: float
+    jitter: float
+    max_stale: float
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+    stats: CacheStats = field(default_factory=CacheStats)
+    bytes: int = 0
+    _entries: OrderedDict[CacheKey, Entry] = field(default_factory=OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: CacheKey) -> Entry | None:
+        """The entry, fresh or expired (callers compare ``expires_at``), and mark it used."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def peek(self, key: CacheKey) -> Entry | None:
+        return self._entries.get(key)
+
+    def stale_fallback(self, key: CacheKey, now: float) -> Entry | None:
+        """An entry that may still be served, marked stale, while Redis is failing."""
+        entry = self._entries.get(key)
+        if entry is None or now - entry.expires_at > self.max_stale:
+            return None
+        return entry
+
+    def lifetime(self, negative: bool) -> float:
+        base = self.negative_ttl if negative else self.ttl
+        if self.jitter:
+            base *= 1.0 + self.jitter * (self.rng.random() - 0.5)
+        return base
+
+    def put(
+        self,
+        key: CacheKey,
+        values: tuple[Value | None, ...] | None,
+        written_at: int | None,
+        cost: float,
+        now: float | None = None,
+    ) -> Entry:
+        now = self.clock() if now is None else now
+        ttl = self.lifetime(values is None)
+        entry = Entry(values, written_at, now + ttl, cost, entry_size(values))
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+        if ttl > 0:  # a negative TTL of 0 means: do not cache missing entities
+            self._entries[key] = entry
+            self.bytes += entry.size
+            self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        entries = self._entries
+        while self.bytes > self.max_bytes or len(entries) > self.max_entries:
+            _, old = entries.popitem(last=False)
+            self.bytes -= old.size
+            self.stats.evictions += 1
+
+    def discard(self, key: CacheKey) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self.bytes -= entry.size
+        return True
+
+    def expire_all(self, now: float | None = None) -> None:
+        """Make every entry due for reload while keeping it for stale-on-error.
+
+        Used when invalidation messages may have been missed (the subscription dropped):
+        clearing would send every key to Redis at once, expiring lets them reload as asked.
+        """
+        now = self.clock() if now is None else now
+        for entry in self._entries.values():
+            entry.expires_at = min(entry.expires_at, now)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+
+def should_refresh_early(entry: Entry, now: float, beta: float, rng: random.Random) -> bool:
+    """XFetch (Vattani et al., "Optimal Probabilistic Cache Stampede Prevention").
+
+    Refresh before expiry with a probability that rises as expiry nears, scaled by how long
+    a load takes (``cost``): one caller of a hot key reloads it slightly early, and the key
+    never expires under load.
+    """
+    if beta <= 0:
+        return False
+    u = rng.random()
+    if u <= 0.0:
+        return True
+    return now - entry.cost * beta * math.log(u) >= entry.expires_at

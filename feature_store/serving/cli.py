@@ -1,0 +1,148 @@
+"""``feature-store serve``: the REST API (uvicorn) and the gRPC API of one or more workers.
+
+Imports nothing heavy at module level: fastapi, uvicorn and grpc load inside ``run_serve``.
+
+Every worker process runs the REST app and, in the app's lifespan, a gRPC server on the
+same gRPC port (SO_REUSEPORT lets the kernel spread connections over the workers), and has
+its own L1 cache. With ``--workers 1`` (the default) everything runs in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+
+from feature_store.commands import add_redis_args, redis_url, settings_from
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from feature_store.registry import Registry
+
+SAMPLE = "sample"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve features over REST and gRPC",
+        description="Serve batch feature lookups over REST (uvicorn) and gRPC, behind an "
+        "in-process L1 cache. Settings come from these flags, then FEATURE_SERVING_* and "
+        "FEATURE_STORE_* variables (docs/serving.md). API keys: FEATURE_SERVING_READ_KEYS and "
+        "FEATURE_SERVING_ADMIN_KEYS, comma-separated.",
+    )
+    p.add_argument(
+        "--registry",
+        help=f"the registry file (default: FEATURE_STORE_REGISTRY, else features.yaml); "
+        f"'{SAMPLE}' serves the built-in sample registry",
+    )
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="REST port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 50051)")
+    p.add_argument("--no-grpc", action="store_true", help="do not serve gRPC")
+    p.add_argument("--workers", type=int, help="worker processes (default 1)")
+    p.add_argument("--no-cache", action="store_true", help="disable the L1 cache")
+    p.add_argument("--cache-ttl", type=float, help="L1 TTL in seconds (default 30)")
+    p.add_argument("--cache-max-bytes", type=int, help="L1 bound in bytes (default 256 MiB)")
+    p.add_argument("--max-entities", type=int, help="entity ids per request (default 1000)")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    add_redis_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from feature_store.serving.config import WORKER_ENV, ServingSettings
+
+    core = settings_from(args)
+    registry_path = args.registry if args.registry is not None else str(core.registry)
+    serving = ServingSettings.from_env(
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        workers=args.workers,
+        cache=False if args.no_cache else None,
+        cache_ttl=args.cache_ttl,
+        cache_max_bytes=args.cache_max_bytes,
+        max_entities=args.max_entities,
+    )
+    if args.no_grpc:
+        serving = dataclasses.replace(serving, grpc_port=None)
+    _load(registry_path)  # fail now, with the registry's own message, not in a worker
+    import uvicorn
+
+    with redis_url(core) as url:
+        config = {
+            "serving": orjson.loads(serving.to_json()),
+            "redis_url": url,
+            "registry": registry_path,
+            "socket_timeout": core.socket_timeout,
+            "connect_timeout": core.connect_timeout,
+            "max_connections": core.max_connections,
+        }
+        grpc_note = f", gRPC on {serving.host}:{serving.grpc_port}" if serving.grpc_port else ""
+        print(
+            f"serving REST on http://{serving.host}:{serving.port}{grpc_note}, "
+            f"{serving.workers} worker(s), Redis {url}",
+            flush=True,
+        )
+        if serving.workers == 1:
+            app = _app_from_config(config)
+            uvicorn.run(
+                app,
+                host=serving.host,
+                port=serving.port,
+                log_level=args.log_level,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+        else:
+            os.environ[WORKER_ENV] = orjson.dumps(config).decode()
+            uvicorn.run(
+                "feature_store.serving.cli:worker_app",
+                factory=True,
+                host=serving.host,
+                port=serving.port,
+                workers=serving.workers,
+                log_level=args.log_level,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+    return 0
+
+
+def _load(path: str) -> Registry:
+    from feature_store import sample
+    from feature_store.registry import load_registry
+
+    if path == SAMPLE:
+        return sample.registry()
+    return load_registry(Path(path))
+
+
+def _app_from_config(config: dict[str, object]) -> FastAPI:
+    from feature_store.connection import RedisTarget
+    from feature_store.serving.app import create_app
+    from feature_store.serving.config import ServingSettings
+    from feature_store.serving.runtime import ServingRuntime
+
+    serving = ServingSettings.from_json(orjson.dumps(config["serving"]).decode())
+    target = RedisTarget.parse(
+        str(config["redis_url"]),
+        socket_timeout=float(config["socket_timeout"]),  # type: ignore[arg-type]
+        connect_timeout=float(config["connect_timeout"]),  # type: ignore[arg-type]
+        max_connections=int(config["max_connections"]),  # type: ignore[call-overload]
+    )
+    runtime = ServingRuntime(_load(str(config["registry"])), target, serving)
+    return create_app(runtime, grpc_port=serving.grpc_port)
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of ``serve --workers N`` (uvicorn's factory)."""
+    from feature_store.serving.config import WORKER_ENV
+
+    return _app_from_config(orjson.loads(os.environ[WORKER_ENV]))

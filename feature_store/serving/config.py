@@ -1,0 +1,184 @@
+"""Settings of the serving process: ports, limits, the L1 cache, Redis trouble, API keys.
+
+Built once at startup from ``FEATURE_SERVING_*`` environment variables and the flags of
+``feature-store serve``, then injected. The Redis URL, registry path and connection
+settings stay in the core ``feature_store.settings.Settings`` (``FEATURE_STORE_*``); this
+prefix is separate so that the core keeps rejecting unknown ``FEATURE_STORE_*`` names.
+An unknown ``FEATURE_SERVING_*`` variable or an invalid value fails at startup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import orjson
+
+from feature_store.errors import ConfigError
+
+ENV_PREFIX = "FEATURE_SERVING_"
+# How `serve --workers N` hands the parent's settings to its worker processes.
+WORKER_ENV = "_FEATURE_SERVING_WORKER_CONFIG"
+
+
+@dataclass(frozen=True, slots=True)
+class ServingSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_port: int | None = 50051  # None: no gRPC server
+    workers: int = 1
+
+    # request limits
+    max_entities: int = 1000
+    max_features: int = 1000
+    max_body_bytes: int = 8 * 1024 * 1024
+
+    # L1 cache
+    cache: bool = True
+    cache_ttl: float = 30.0  # seconds a loaded entity group is served without asking Redis
+    cache_jitter: float = 0.1  # TTL varies by +-5% so that keys loaded together expire apart
+    cache_negative_ttl: float = 2.0  # for entities with no value in the group
+    cache_max_bytes: int = 256 * 1024 * 1024
+    cache_max_entries: int = 1_000_000
+    cache_max_stale: float = 300.0  # how long past expiry a value may be served if Redis fails
+    xfetch_beta: float = 1.0  # >1 refreshes hot keys earlier, 0 disables early refresh
+    invalidation: bool = True  # publish and follow push-write invalidations
+    invalidation_channel: str = "feature_store:invalidate"
+
+    # Redis trouble
+    redis_timeout_min: float = 0.05  # floor of the adaptive timeout
+    redis_timeout_max: float = 1.0  # cap of the adaptive timeout (and the first timeout)
+    redis_timeout_percentile: float = 99.9
+    redis_timeout_factor: float = 3.0  # timeout = percentile of observed latency x factor
+    breaker_failures: int = 5  # failures within the window that open the circuit
+    breaker_window: float = 10.0
+    breaker_open: float = 0.5  # first open period; doubles per failed probe up to the max
+    breaker_open_max: float = 10.0
+
+    # auth: no keys at all means no auth
+    read_keys: tuple[str, ...] = ()
+    admin_keys: tuple[str, ...] = ()  # writes and cache bypass; also allowed to read
+
+    # garbage collection of the serving worker (see docs/serving.md, "GC")
+    gc_freeze: bool = True
+    gc_threshold: tuple[int, int, int] = (50_000, 50, 1000)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServingSettings:
+        """Settings from ``FEATURE_SERVING_*`` variables, then ``overrides`` that are not None."""
+        env = os.environ if env is None else env
+        known = {f.name for f in fields(cls)}
+        values: dict[str, object] = {}
+        for var, raw in env.items():
+            if not var.startswith(ENV_PREFIX):
+                continue
+            name = var[len(ENV_PREFIX) :].lower()
+            if name not in known:
+                raise ConfigError(
+                    f"unknown setting {var}; known: "
+                    + ", ".join(ENV_PREFIX + n.upper() for n in sorted(known))
+                )
+            values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"unknown serving setting(s): {', '.join(sorted(unknown))}")
+        coerced: dict[str, Any] = {k: _coerce(k, v) for k, v in values.items()}
+        return cls(**coerced).validated()
+
+    def validated(self) -> ServingSettings:
+        def fail(name: str, message: str) -> ConfigError:
+            return ConfigError(f"{ENV_PREFIX}{name.upper()} {message}")
+
+        for name in ("port", "workers", "max_entities", "max_features", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise fail(name, "must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise fail("port", "must be a TCP port")
+        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
+            raise fail("grpc_port", "must be a TCP port")
+        for name in ("cache_ttl", "redis_timeout_min", "redis_timeout_max", "breaker_open"):
+            if getattr(self, name) <= 0:
+                raise fail(name, "must be positive")
+        for name in ("cache_negative_ttl", "cache_max_stale", "xfetch_beta", "breaker_window"):
+            if getattr(self, name) < 0:
+                raise fail(name, "must not be negative")
+        if not 0 <= self.cache_jitter < 1:
+            raise fail("cache_jitter", "must be in [0, 1)")
+        if self.cache_max_bytes < 1 or self.cache_max_entries < 1:
+            raise ConfigError(
+                f"{ENV_PREFIX}CACHE_MAX_BYTES and {ENV_PREFIX}CACHE_MAX_ENTRIES must be positive"
+            )
+        if self.redis_timeout_min > self.redis_timeout_max:
+            raise fail("redis_timeout_min", "must not exceed FEATURE_SERVING_REDIS_TIMEOUT_MAX")
+        if not 50 <= self.redis_timeout_percentile < 100:
+            raise fail("redis_timeout_percentile", "must be in [50, 100)")
+        if self.breaker_failures < 1:
+            raise fail("breaker_failures", "must be at least 1")
+        if self.breaker_open_max < self.breaker_open:
+            raise fail("breaker_open_max", "must be at least FEATURE_SERVING_BREAKER_OPEN")
+        for name in ("read_keys", "admin_keys"):
+            for key in getattr(self, name):
+                if len(key) < 8 or any(c.isspace() or c == "," for c in key):
+                    raise fail(name, "entries must be 8+ characters without spaces or commas")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.read_keys or self.admin_keys)
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> ServingSettings:
+        raw = orjson.loads(text)
+        coerced: dict[str, Any] = {k: _coerce(k, v) for k, v in raw.items()}
+        return cls(**coerced).validated()
+
+
+_KINDS = {f.name: str(f.type) for f in fields(ServingSettings)}
+
+
+def _coerce(name: str, value: object) -> object:
+    kind = _KINDS.get(name)
+    if kind is None:
+        raise ConfigError(f"unknown serving setting {name!r}")
+    var = f"{ENV_PREFIX}{name.upper()}"
+    if kind.startswith("tuple[str"):
+        if isinstance(value, str):
+            return tuple(k.strip() for k in value.split(",") if k.strip())
+        if isinstance(value, list | tuple):
+            return tuple(str(v) for v in value)
+    if kind.startswith("tuple[int"):
+        parts = value.split(",") if isinstance(value, str) else value
+        try:
+            t = tuple(int(p) for p in parts)  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{var}={value!r}: expected three integers like 50000,50,1000"
+            ) from None
+        if len(t) != 3 or min(t) < 1:
+            raise ConfigError(f"{var}={value!r}: expected three positive integers")
+        return t
+    if not isinstance(value, str):
+        return value
+    try:
+        if kind == "bool":
+            low = value.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind == "float":
+            return float(value)
+        if kind == "int":
+            return int(value)
+        if kind == "int | None":
+            return None if value.strip().lower() in ("", "none", "off") else int(value)
+    except ValueError:
+        raise ConfigError(f"{var}={value!r} is not a valid {kind}") from None
+    return value

@@ -1,0 +1,122 @@
+"""Invalidation of L1 entries across serving instances, over Redis pub/sub.
+
+A push write publishes ``{"origin": <instance>, "group": <group>, "keys": [<entity key>...]}``
+on one channel; every instance (every worker process) follows the channel on a dedicated
+connection and drops those entries. Pub/sub delivers at most once: while the subscription
+is down (Redis restarting, a network blip) messages are lost, so after every
+(re)subscription the instance expires its whole cache. Entries then reload on next use,
+and stay available for stale-on-error in the meantime.
+
+Writes that do not go through the serving API (the nightly ingest, library writes) are not
+published; they become visible within the cache TTL. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+
+import orjson
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.client import PubSub
+
+from feature_store.connection import RedisTarget, translated_errors
+from feature_store.serving.cache import CacheKey
+from feature_store.serving.service import Publisher
+
+log = logging.getLogger(__name__)
+
+RETRY_MIN, RETRY_MAX = 0.2, 5.0
+
+
+def pubsub_client(target: RedisTarget) -> redis.asyncio.Redis:
+    """A plain connection for pub/sub. In a cluster PUBLISH reaches every node, so the node
+    the URL names will do."""
+    return redis.asyncio.Redis.from_url(target.url, socket_connect_timeout=target.connect_timeout)
+
+
+class RedisPublisher(Publisher):
+    def __init__(self, client: redis.asyncio.Redis, channel: str, origin: str) -> None:
+        self.client = client
+        self.channel = channel
+        self.origin = origin
+
+    async def publish(self, group: str, keys: Sequence[bytes]) -> None:
+        message = orjson.dumps(
+            {"origin": self.origin, "group": group, "keys": [k.decode() for k in keys]}
+        )
+        with translated_errors():
+            await self.client.publish(self.channel, message)
+
+
+class InvalidationListener:
+    """Follows the channel in a background task, reconnecting forever with backoff."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        channel: str,
+        invalidate: Callable[[list[CacheKey]], object],
+        invalidate_all: Callable[[], object],
+    ) -> None:
+        self.client = client
+        self.channel = channel
+        self.invalidate = invalidate
+        self.invalidate_all = invalidate_all
+        self.origin = uuid.uuid4().hex
+        self.subscribed = asyncio.Event()
+        self.received = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.aclose()
+
+    async def _run(self) -> None:
+        delay = RETRY_MIN
+        first = True
+        while True:
+            pubsub: PubSub = self.client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                if not first:
+                    # messages published while we were away are lost: reload everything
+                    self.invalidate_all()
+                    log.info("invalidation channel back; cached entries expired")
+                first = False
+                self.subscribed.set()
+                delay = RETRY_MIN
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
+                    if message is not None and message.get("type") == "message":
+                        self._apply(message["data"])
+            except (redis.exceptions.RedisError, OSError) as e:
+                self.subscribed.clear()
+                first = False
+                log.warning("invalidation channel lost (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _apply(self, data: bytes) -> None:
+        try:
+            doc = orjson.loads(data)
+            group = doc["group"]
+            keys = [(group, k.encode()) for k in doc["keys"]]
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            log.warning("ignored a malformed invalidation message: %r", data[:200])
+            return
+        self.received += 1
+        self.invalidate(keys)

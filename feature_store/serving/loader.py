@@ -1,0 +1,371 @@
+"""The L1 read path: cache hits, single-flight, coalescing, stale-on-error, early refresh.
+
+``CachedReader.get(keys)`` answers (group, entity key) pairs:
+
+1. A fresh entry is a hit. A hot entry near expiry may also start one background reload
+   (XFetch), which the caller does not wait for.
+2. A miss on a key that is already being loaded waits for that load (single-flight, the
+   "debouncer"): a thousand concurrent misses on one key cost one Redis read.
+3. Other misses are queued. The first miss of an event-loop tick schedules a flush with
+   ``loop.call_soon``, so every miss queued by the requests running in that tick goes to
+   Redis in one pipeline (coalescing). Groups of one entity share one HMGET.
+4. Loads run in tasks the reader owns, and callers wait through ``asyncio.shield``: a
+   caller that is cancelled (client gone, deadline) does not cancel the read that other
+   callers share.
+5. If the read fails, or the circuit breaker is open, a key with an expired entry younger
+   than ``max_stale`` is answered with it, marked stale; any other key raises the error.
+
+Invalidation drops the entry and disowns a load in flight for the key, so a read that
+started before a write cannot put the pre-write value back into the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from feature_store.batch import Command
+from feature_store.errors import (
+    EncodingError,
+    StoreError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
+from feature_store.layout import decode_timestamp
+from feature_store.registry import FeatureGroup, Registry
+from feature_store.serialization import Value
+from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
+from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_size, should_refresh_early
+
+log = logging.getLogger(__name__)
+
+
+class RoundTrip(Protocol):
+    """Sends commands to Redis in one pipeline and returns the replies, in order."""
+
+    async def __call__(self, commands: list[Command]) -> list[object]: ...
+
+
+class CircuitOpenError(StoreUnavailableError):
+    """Redis failed repeatedly; reads fail fast until a probe succeeds."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """What one group's HMGET asks for and how its reply decodes."""
+
+    group: FeatureGroup
+    fields: tuple[bytes, ...]  # every feature field, then the freshness field
+    decoders: tuple[Callable[[bytes], Value], ...]
+
+    @classmethod
+    def of(cls, group: FeatureGroup) -> GroupSpec:
+        return cls(
+            group,
+            (*(f.field for f in group.features), group.freshness_field),
+            tuple(f.codec.decode for f in group.features),
+        )
+
+    def decode(self, key: bytes, reply: Sequence[bytes | None]) -> tuple[Value | None, ...] | None:
+        raw, ts = reply[:-1], reply[-1]
+        if ts is None and all(r is None for r in raw):
+            return None  # nothing of this group is stored for the entity
+        try:
+            return tuple(
+                None if r is None else d(r) for d, r in zip(self.decoders, raw, strict=True)
+            )
+        except EncodingError:
+            for f, r in zip(self.group.features, raw, strict=True):
+                if r is not None:
+                    try:
+                        f.codec.decode(r)
+                    except EncodingError as e:
+                        raise EncodingError(
+                            f"{key.decode(errors='replace')} feature {f.name!r}: {e}"
+                        ) from None
+            raise
+
+    @staticmethod
+    def written_at(reply: Sequence[bytes | None]) -> int | None:
+        ts = reply[-1]
+        return None if ts is None else decode_timestamp(ts)
+
+
+class Resolved(NamedTuple):
+    entry: Entry
+    stale: bool  # served from an expired entry because Redis failed
+
+
+class _Load:
+    __slots__ = ("future", "key", "store")
+
+    def __init__(self, key: CacheKey, future: asyncio.Future[Entry], store: bool) -> None:
+        self.key = key
+        self.future = future
+        self.store = store  # False once invalidated, and for bypass loads
+
+
+def _consume(future: asyncio.Future[Entry]) -> None:
+    """Mark the exception of a load nobody awaited (early refresh) as retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+class CachedReader:
+    """Reads entity groups through the L1 cache. ``cache=None`` reads Redis every time."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        round_trip: RoundTrip,
+        *,
+        cache: LRUCache | None,
+        breaker: CircuitBreaker | None = None,
+        timeout: AdaptiveTimeout | None = None,
+        xfetch_beta: float = 1.0,
+        on_round_trip: Callable[[float, int], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.specs = {name: GroupSpec.of(g) for name, g in registry.groups.items()}
+        self.round_trip = round_trip
+        self.cache = cache
+        self.breaker = breaker or CircuitBreaker()
+        self.timeout = timeout or AdaptiveTimeout()
+        self.beta = xfetch_beta
+        self.on_round_trip = on_round_trip
+        self.rng = rng or random.Random()
+        self.clock = cache.clock if cache is not None else time.monotonic
+        self._inflight: dict[CacheKey, _Load] = {}
+        self._pending: list[_Load] = []
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def stats(self) -> object:
+        return self.cache.stats if self.cache is not None else None
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def get(self, keys: Sequence[CacheKey], *, bypass: bool = False) -> list[Resolved]:
+        if self.cache is None:
+            return await self._direct(keys)
+        cache = self.cache
+        stats = cache.stats
+        now = self.clock()
+        out: list[Resolved | None] = [None] * len(keys)
+        waits: list[tuple[int, CacheKey, asyncio.Future[Entry]]] = []
+        if bypass:
+            stats.bypasses += len(keys)
+        inflight = self._inflight
+        for i, key in enumerate(keys):
+            if not bypass:
+                entry = cache.get(key)
+                if entry is not None and now < entry.expires_at:
+                    out[i] = Resolved(entry, False)
+                    if entry.values is None:
+                        stats.negative_hits += 1
+                    else:
+                        stats.hits += 1
+                        if key not in inflight and should_refresh_early(
+                            entry, now, self.beta, self.rng
+                        ):
+                            stats.early_refreshes += 1
+                            self._schedule(key, store=True)
+                    continue
+                load = inflight.get(key)
+                if load is not None:
+                    stats.deduplicated += 1
+                    waits.append((i, key, load.future))
+                    continue
+            stats.misses += 1
+            waits.append((i, key, self._schedule(key, store=not bypass).future))
+        if waits:
+            await self._wait(waits, out, now)
+        return out  # type: ignore[return-value]  # every slot is filled above
+
+    async def _wait(
+        self,
+        waits: list[tuple[int, CacheKey, asyncio.Future[Entry]]],
+        out: list[Resolved | None],
+        now: float,
+    ) -> None:
+        futures = [f for _, _, f in waits]
+        # shield: cancelling this caller must not cancel loads other callers wait for
+        if len(futures) == 1:
+            with contextlib.suppress(Exception):  # looked at below, per key
+                await asyncio.shield(futures[0])
+        else:
+            await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
+        for i, key, future in waits:
+            error = future.exception()
+            if error is None:
+                out[i] = Resolved(future.result(), False)
+                continue
+            if isinstance(error, StoreError) and self.cache is not None:
+                fallback = self.cache.stale_fallback(key, now)
+                if fallback is not None:
+                    self.cache.stats.stale_serves += 1
+                    out[i] = Resolved(fallback, True)
+                    continue
+            raise error
+
+    def _schedule(self, key: CacheKey, *, store: bool) -> _Load:
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)
+        load = _Load(key, future, store)
+        if store:
+            self._inflight[key] = load
+        if not self.breaker.allow():
+            self._fail([load], CircuitOpenError("Redis is unavailable (circuit open)"))
+            return load
+        self._pending.append(load)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return load
+
+    def _flush(self) -> None:
+        """Runs one loop tick after the first miss: send every queued miss at once."""
+        self._flush_scheduled = False
+        loads, self._pending = self._pending, []
+        if not loads:
+            return
+        task = asyncio.get_running_loop().create_task(self._load(loads))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, loads: list[_Load]) -> None:
+        by_entity: dict[bytes, list[_Load]] = {}
+        for load in loads:
+            by_entity.setdefault(load.key[1], []).append(load)
+        commands: list[Command] = []
+        for entity_key, group_loads in by_entity.items():
+            fields: list[bytes] = []
+            for load in group_loads:
+                fields += self.specs[load.key[0]].fields
+            commands.append(("HMGET", entity_key, *fields))
+        try:
+            replies, cost = await self._send(commands, len(loads))
+        except StoreError as error:
+            self._fail(loads, error)
+            return
+        except BaseException:  # cancelled at shutdown: nobody may wait forever
+            self._fail(loads, StoreUnavailableError("the serving process is shutting down"))
+            raise
+        cache = self.cache
+        if cache is not None:
+            stats = cache.stats
+            stats.round_trips += 1
+            stats.keys_loaded += len(loads)
+            stats.coalesced += len(loads) - 1
+        now = self.clock()
+        for group_loads, reply in zip(by_entity.values(), replies, strict=True):
+            offset = 0
+            for load in group_loads:
+                spec = self.specs[load.key[0]]
+                part = reply[offset : offset + len(spec.fields)]  # type: ignore[index]
+                offset += len(spec.fields)
+                self._finish(load, spec, part, cost, now)
+
+    def _finish(
+        self, load: _Load, spec: GroupSpec, part: Sequence[bytes | None], cost: float, now: float
+    ) -> None:
+        if self._inflight.get(load.key) is load:
+            del self._inflight[load.key]
+        try:
+            values = spec.decode(load.key[1], part)
+        except EncodingError as e:
+            load.future.set_exception(e)
+            return
+        written_at = GroupSpec.written_at(part)
+        if load.store and self.cache is not None:
+            entry = self.cache.put(load.key, values, written_at, cost, now)
+        else:
+            entry = Entry(values, written_at, now, cost, entry_size(values))
+        load.future.set_result(entry)
+
+    def _fail(self, loads: Iterable[_Load], error: BaseException) -> None:
+        if self.cache is not None:
+            self.cache.stats.failed_loads += 1
+        for load in loads:
+            if self._inflight.get(load.key) is load:
+                del self._inflight[load.key]
+            if not load.future.done():
+                load.future.set_exception(error)
+
+    async def _send(self, commands: list[Command], nkeys: int) -> tuple[list[object], float]:
+        """One round trip under the adaptive timeout, reported to the circuit breaker."""
+        timeout = self.timeout.current
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout):
+                replies = await self.round_trip(commands)
+        except TimeoutError:
+            self.breaker.failure()
+            raise StoreTimeoutError(
+                f"Redis did not answer within {timeout * 1000:.0f} ms"
+            ) from None
+        except StoreUnavailableError:
+            self.breaker.failure()
+            raise
+        elapsed = time.perf_counter() - t0
+        self.breaker.success()
+        self.timeout.observe(elapsed)
+        if self.on_round_trip is not None:
+            self.on_round_trip(elapsed, nkeys)
+        return replies, elapsed
+
+    async def _direct(self, keys: Sequence[CacheKey]) -> list[Resolved]:
+        """Without a cache: one pipeline per request, no sharing (the L1-off baseline)."""
+        if not self.breaker.allow():
+            raise CircuitOpenError("Redis is unavailable (circuit open)")
+        commands: list[Command] = [
+            ("HMGET", entity_key, *self.specs[group].fields) for group, entity_key in keys
+        ]
+        replies, cost = await self._send(commands, len(keys))
+        now = self.clock()
+        out = []
+        for (group, entity_key), reply in zip(keys, replies, strict=True):
+            part: Sequence[bytes | None] = reply  # type: ignore[assignment]
+            values = self.specs[group].decode(entity_key, part)
+            entry = Entry(values, GroupSpec.written_at(part), now, cost, 0)
+            out.append(Resolved(entry, False))
+        return out
+
+    # --- invalidation and shutdown -------------------------------------------------------
+
+    def invalidate(self, keys: Iterable[CacheKey]) -> int:
+        """Drop entries, and keep loads in flight for them from filling the cache."""
+        if self.cache is None:
+            return 0
+        dropped = 0
+        for key in keys:
+            dropped += self.cache.discard(key)
+            load = self._inflight.pop(key, None)
+            if load is not None:
+                load.store = False
+        self.cache.stats.invalidations += dropped
+        return dropped
+
+    def invalidate_all(self) -> None:
+        """After missed invalidations: every entry reloads on next use, stale-on-error kept."""
+        if self.cache is not None:
+            self.cache.expire_all()
+            for load in self._inflight.values():
+                load.store = False
+            self._inflight.clear()
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

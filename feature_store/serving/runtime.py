@@ -1,0 +1,135 @@
+"""One serving worker's parts, built from settings and wired together.
+
+The FastAPI app and the gRPC server of a worker share one runtime, hence one L1 cache,
+one Redis connection pool and one circuit breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+from feature_store.batch import Command
+from feature_store.connection import RedisTarget, translated_errors
+from feature_store.errors import StoreError
+from feature_store.registry import Registry
+from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
+from feature_store.serving.cache import LRUCache
+from feature_store.serving.config import ServingSettings
+from feature_store.serving.invalidation import InvalidationListener, RedisPublisher, pubsub_client
+from feature_store.serving.loader import CachedReader
+from feature_store.serving.metrics import ServingMetrics
+from feature_store.serving.service import FeatureService, Writer
+from feature_store.store import AsyncFeatureStore
+
+log = logging.getLogger(__name__)
+
+
+class ServingRuntime:
+    def __init__(self, registry: Registry, target: RedisTarget, settings: ServingSettings) -> None:
+        self.registry = registry
+        self.target = target
+        self.settings = settings
+        self.store = AsyncFeatureStore.connect(target, registry)
+        client = self.store.client
+
+        async def round_trip(commands: list[Command]) -> list[object]:
+            with translated_errors():
+                pipe = client.pipeline(transaction=False)
+                for cmd in commands:
+                    pipe.execute_command(*cmd)
+                replies: list[object] = await pipe.execute()
+                return replies
+
+        cache = (
+            LRUCache(
+                max_bytes=settings.cache_max_bytes,
+                max_entries=settings.cache_max_entries,
+                ttl=settings.cache_ttl,
+                negative_ttl=settings.cache_negative_ttl,
+                jitter=settings.cache_jitter,
+                max_stale=settings.cache_max_stale,
+            )
+            if settings.cache
+            else None
+        )
+        self.reader = CachedReader(
+            registry,
+            round_trip,
+            cache=cache,
+            breaker=CircuitBreaker(
+                settings.breaker_failures,
+                settings.breaker_window,
+                settings.breaker_open,
+                settings.breaker_open_max,
+            ),
+            timeout=AdaptiveTimeout(
+                settings.redis_timeout_min,
+                settings.redis_timeout_max,
+                settings.redis_timeout_percentile,
+                settings.redis_timeout_factor,
+            ),
+            xfetch_beta=settings.xfetch_beta,
+        )
+        self.listener: InvalidationListener | None = None
+        publisher = None
+        if settings.invalidation and settings.cache:
+            self.listener = InvalidationListener(
+                pubsub_client(target),
+                settings.invalidation_channel,
+                self.reader.invalidate,
+                self.reader.invalidate_all,
+            )
+            publisher = RedisPublisher(
+                pubsub_client(target), settings.invalidation_channel, self.listener.origin
+            )
+        self._publisher = publisher
+        self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
+        self.metrics = ServingMetrics(self.reader)
+
+    async def start(self) -> None:
+        if self.listener is not None:
+            self.listener.start()
+        try:
+            async with asyncio.timeout(self.settings.redis_timeout_max * 2):
+                await self.store.check_server()
+        except (StoreError, TimeoutError) as e:
+            # serving starts anyway: readiness reports Redis, and reads recover when it is back
+            log.warning("Redis is not reachable at startup: %s", e)
+        if self.listener is not None:
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.listener.subscribed.wait()
+            except TimeoutError:
+                log.warning("not yet subscribed to the invalidation channel")
+
+    async def ready(self) -> bool:
+        try:
+            async with asyncio.timeout(min(0.5, self.settings.redis_timeout_max)):
+                return await self.store.ping()
+        except (StoreError, TimeoutError):
+            return False
+
+    async def stop(self) -> None:
+        await self.reader.close()
+        if self.listener is not None:
+            await self.listener.stop()
+        if self._publisher is not None:
+            await self._publisher.client.aclose()
+        await self.store.close()
+
+
+def tune_gc(settings: ServingSettings) -> None:
+    """Keep full collections off the request path (DESIGN.md, "Garbage collection").
+
+    Called once the worker has loaded everything it keeps for its lifetime: freezing moves
+    those objects out of the collector's view, and the higher thresholds make collections
+    of young objects rarer (most request garbage is freed by reference counting anyway).
+    """
+    if not settings.gc_freeze:
+        return
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*settings.gc_threshold)
+    log.info("gc frozen (%d objects), thresholds %s", gc.get_freeze_count(), settings.gc_threshold)

@@ -1,0 +1,104 @@
+"""Pydantic models of the REST API, for its OpenAPI document only.
+
+Requests are parsed with orjson and checked by hand (``feature_store.serving.app``): the
+checks give the messages the API promises, and they cost a fraction of model validation
+on the hot path. These models describe the same contract for /docs and client generators.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+JsonValue = float | int | bool | str | list[float] | list[int] | None
+
+
+class GetFeaturesRequest(BaseModel):
+    entity_type: str = Field(examples=["consumer"])
+    ids: list[int | str] = Field(
+        description="entity ids, int or string as the entity type declares", examples=[[1, 2]]
+    )
+    features: list[str] = Field(
+        default=[],
+        description="feature names, or 'group:feature'",
+        examples=[["float_00", "consumer_features:int_0"]],
+    )
+    groups: list[str] = Field(default=[], description="feature groups: all of their features")
+    bypass_cache: bool = Field(default=False, description="skip the L1 cache (admin keys only)")
+
+
+class FeatureRow(BaseModel):
+    id: int | str
+    values: list[JsonValue] = Field(description="aligned with 'features'; null when missing")
+    statuses: list[str] = Field(description="present, missing or stale, per value")
+    ages: dict[str, int | None] = Field(
+        description="per group: seconds since its last write, null when unknown"
+    )
+
+
+class GetFeaturesResponse(BaseModel):
+    entity_type: str
+    features: list[str] = Field(description="the resolved feature names, in order")
+    results: list[FeatureRow]
+
+
+class WriteRow(BaseModel):
+    id: int | str
+    values: dict[str, JsonValue] = Field(description="feature -> value; null removes it")
+
+
+class WriteFeaturesRequest(BaseModel):
+    group: str = Field(examples=["consumer_features"])
+    rows: list[WriteRow]
+
+
+class WriteFeaturesResponse(BaseModel):
+    entities: int
+    values_written: int
+    values_removed: int
+
+
+class FeatureInfo(BaseModel):
+    name: str
+    type: str
+    dim: int | None
+    description: str
+
+
+class EntityTypeInfo(BaseModel):
+    name: str
+    prefix: str
+    id_type: str
+    ttl_seconds: int
+    description: str
+
+
+class FeatureGroupInfo(BaseModel):
+    name: str
+    entity_type: str
+    max_age_seconds: int | None
+    description: str
+    features: list[FeatureInfo]
+
+
+class RegistryResponse(BaseModel):
+    entities: list[EntityTypeInfo]
+    groups: list[FeatureGroupInfo]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(examples=["unknown_feature"])
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+MODELS: tuple[type[BaseModel], ...] = (
+    GetFeaturesRequest,
+    GetFeaturesResponse,
+    WriteFeaturesRequest,
+    WriteFeaturesResponse,
+    RegistryResponse,
+    ErrorResponse,
+)
