@@ -15,7 +15,11 @@ from collections.abc import Sequence
 
 from feature_store.errors import FeatureStoreError
 
-COMMAND_MODULES = ("feature_store.commands", "feature_store.serving.cli")
+COMMAND_MODULES = (
+    "feature_store.commands",
+    "feature_store.serving.cli",
+    "feature_store.ingest.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
