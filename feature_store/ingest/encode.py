@@ -1,0 +1,359 @@
+"""Arrow record batches to the write commands of ``batch.plan_write``, column at a time.
+
+``plan_write`` encodes value by value from Python dicts. For a nightly refresh that is
+most of the job's time, so this module produces the same commands from Arrow columns:
+
+* Every value is still encoded by the feature's shared codec (``Feature.codec.encode``);
+  nothing here formats a value itself. The stored bytes are the codecs' by construction,
+  and tests compare the commands with ``plan_write``'s for the same rows.
+* Float columns are encoded once per distinct value: the column's IEEE bit patterns are
+  deduplicated with numpy and each distinct pattern goes through the codec once (and is
+  remembered across batches). Keying on bits, not on float equality, keeps ``-0.0`` apart
+  from ``0.0`` and makes NaN a key like any other. Most float features are zero or a few
+  recurring values, so this removes most codec calls.
+* Rows are assembled in a numpy object matrix and turned into argument lists in one
+  ``tolist()`` call instead of a Python loop per value.
+
+Per entity the commands are plan_write's: HDEL of the null cells (if any), HSET of the
+values plus the group's freshness field, EXPIRE with the entity type's TTL.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from feature_store.batch import Command
+from feature_store.errors import EncodingError, RequestError
+from feature_store.ingest.spec import BadReason, ColumnSpec, Source
+from feature_store.layout import IdType, encode_timestamp, entity_key
+from feature_store.registry import Feature, FeatureGroup
+from feature_store.serialization import FeatureType
+
+MEMO_LIMIT = 1 << 20  # distinct float encodings remembered per column before starting over
+
+_FLOAT_TYPES = (FeatureType.FLOAT, FeatureType.DOUBLE)
+_LIST_TYPES = (FeatureType.EMBEDDING, FeatureType.FLOAT_LIST, FeatureType.INT_LIST)
+_TRUE_TEXT = {"true", "1", "t", "yes"}
+_FALSE_TEXT = {"false", "0", "f", "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    index: int  # row position in the batch
+    reason: BadReason
+    detail: str
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """The good rows of one batch, ready to write, and the bad ones with their reasons."""
+
+    keys: list[bytes] = field(default_factory=list)
+    hset: list[list[bytes]] = field(default_factory=list)  # field, value, ..., freshness, ts
+    hdel: list[list[bytes]] = field(default_factory=list)  # fields of null cells, or []
+    values_written: int = 0
+    values_removed: int = 0
+    bad: list[BadRow] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def commands(self, ttl_seconds: int, start: int = 0, stop: int | None = None) -> list[Command]:
+        """The commands of entities ``start:stop``, in plan_write's order."""
+        out: list[Command] = []
+        end = len(self.keys) if stop is None else stop
+        for key, hset, hdel in zip(
+            self.keys[start:end], self.hset[start:end], self.hdel[start:end], strict=True
+        ):
+            if hdel:
+                out.append(("HDEL", key, *hdel))
+            out.append(("HSET", key, *hset))
+            out.append(("EXPIRE", key, ttl_seconds))
+        return out
+
+
+class FloatMemos:
+    """Encoded floats by codec type, width and IEEE bit pattern, bounded in entries.
+
+    One instance can serve every task of a Python worker: the encoding of a value depends
+    only on the codec's type, never on the feature.
+    """
+
+    def __init__(self, limit: int = MEMO_LIMIT) -> None:
+        self.limit = limit
+        self._memos: dict[tuple[FeatureType, int], dict[int, bytes | EncodingError]] = {}
+
+    def get(self, type_: FeatureType, width: int) -> dict[int, bytes | EncodingError]:
+        memo = self._memos.setdefault((type_, width), {})
+        if len(memo) > self.limit:  # scores with full precision rarely repeat
+            memo.clear()
+        return memo
+
+
+class _ColumnResult:
+    __slots__ = ("errors", "values")
+
+    def __init__(self, values: Sequence[bytes | None], errors: dict[int, tuple[BadReason, str]]):
+        self.values = values
+        self.errors = errors
+
+
+class BatchEncoder:
+    """Encodes Arrow batches of one feature group. Keeps per-column memos between batches."""
+
+    def __init__(
+        self,
+        group: FeatureGroup,
+        id_column: str,
+        columns: Sequence[ColumnSpec],
+        written_at: int,
+        *,
+        id_source: Source = Source.NATIVE,
+        memos: FloatMemos | None = None,
+    ) -> None:
+        by_name = {f.name: f for f in group.features}
+        order = {f.name: i for i, f in enumerate(group.features)}
+        # group order, so that a row's HSET matches plan_write's for a dict in that order
+        self.columns = sorted(columns, key=lambda c: order[c.feature])
+        self.features = [by_name[c.feature] for c in self.columns]
+        self.group = group
+        self.id_column = id_column
+        self.id_source = id_source
+        self.freshness = [group.freshness_field, encode_timestamp(written_at)]
+        self.memos = FloatMemos() if memos is None else memos
+
+    def encode(self, batch: pa.RecordBatch) -> EncodedBatch:
+        n = batch.num_rows
+        out = EncodedBatch()
+        if n == 0:
+            return out
+        keys, bad = self._keys(batch.column(self.id_column))
+        results = []
+        any_null = np.zeros(n, dtype=bool)
+        for spec, feature in zip(self.columns, self.features, strict=True):
+            array = batch.column(spec.column)
+            result = _encode_column(array, feature, spec.source, self.memos)
+            for i, (reason, detail) in result.errors.items():
+                bad.setdefault(i, (reason, f"column {spec.column!r}: {detail}"))
+            if array.null_count:
+                any_null |= array.is_null().to_numpy(zero_copy_only=False)
+            results.append(result.values)
+
+        k = len(results)
+        matrix = np.empty((n, 2 * k + 2), dtype=object)
+        for j, (feature, values) in enumerate(zip(self.features, results, strict=True)):
+            matrix[:, 2 * j] = feature.field
+            matrix[:, 2 * j + 1] = values
+        matrix[:, 2 * k] = self.freshness[0]
+        matrix[:, 2 * k + 1] = self.freshness[1]
+        rows: list[list[bytes]] = matrix.tolist()
+
+        null_rows = set(np.flatnonzero(any_null).tolist())
+        for i, (row, key) in enumerate(zip(rows, keys, strict=True)):
+            if i in bad or key is None:
+                continue
+            if i in null_rows:
+                hset: list[bytes] = []
+                hdel: list[bytes] = []
+                for j in range(0, 2 * k, 2):
+                    if row[j + 1] is None:
+                        hdel.append(row[j])
+                    else:
+                        hset += (row[j], row[j + 1])
+                hset += self.freshness
+                row = hset
+                out.values_removed += len(hdel)
+                out.values_written += len(hset) // 2 - 1
+            else:
+                hdel = []
+                out.values_written += k
+            out.keys.append(key)
+            out.hset.append(row)
+            out.hdel.append(hdel)
+        out.bad = [BadRow(i, reason, detail) for i, (reason, detail) in sorted(bad.items())]
+        return out
+
+    def _keys(self, array: pa.Array) -> tuple[list[bytes | None], dict[int, tuple[BadReason, str]]]:
+        entity = self.group.entity
+        bad: dict[int, tuple[BadReason, str]] = {}
+        keys: list[bytes | None] = []
+        for i, raw in enumerate(array.to_pylist()):
+            if raw is None:
+                bad[i] = (BadReason.NULL_ID, f"column {self.id_column!r} is null")
+                keys.append(None)
+                continue
+            value: object = raw
+            if self.id_source is Source.TEXT and entity.id_type is IdType.INT:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    bad[i] = (BadReason.INVALID_ID, f"id {raw!r} is not an integer")
+                    keys.append(None)
+                    continue
+            try:
+                keys.append(entity_key(entity.prefix, entity.id_type, value))
+            except RequestError as e:
+                bad[i] = (BadReason.INVALID_ID, str(e))
+                keys.append(None)
+        return keys, bad
+
+
+def _encode_column(
+    array: pa.Array, feature: Feature, source: Source, memos: FloatMemos
+) -> _ColumnResult:
+    if source is Source.TEXT:
+        return _encode_values(array.to_pylist(), feature, _parser(feature.type))
+    if feature.type in _FLOAT_TYPES and pa.types.is_floating(array.type):
+        return _encode_floats(array, feature, memos)
+    return _encode_values(_cells(array), feature, None)
+
+
+def _cells(array: pa.Array) -> list[object]:
+    """The column as Python values. Lists go through numpy: ``to_pylist`` is far slower."""
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        return array.to_pylist()  # type: ignore[no-any-return]
+    flat = array.flatten()  # the children of this (possibly sliced) array only
+    items = flat.to_pylist() if flat.null_count else flat.to_numpy(zero_copy_only=False).tolist()
+    offsets = array.offsets.to_numpy()
+    offsets = (offsets - offsets[0]).tolist()
+    cells: list[object] = [items[a:b] for a, b in itertools.pairwise(offsets)]
+    if array.null_count:
+        for i in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)).tolist():
+            cells[i] = None
+    return cells
+
+
+def _encode_floats(array: pa.Array, feature: Feature, memos: FloatMemos) -> _ColumnResult:
+    """Encode each distinct IEEE bit pattern once (see the module docstring)."""
+    if array.type == pa.float16():
+        array = array.cast(pa.float32())
+    float_dtype = np.float32 if array.type == pa.float32() else np.float64
+    bits_dtype = np.uint32 if float_dtype is np.float32 else np.uint64
+    n = len(array)
+    bits = np.frombuffer(array.buffers()[1], dtype=bits_dtype, count=array.offset + n)
+    bits = bits[array.offset :]
+    uniq, inverse = np.unique(bits, return_inverse=True)
+    memo = memos.get(feature.type, bits.itemsize)
+    encode = feature.codec.encode
+    encoded = np.empty(len(uniq), dtype=object)
+    failed = False
+    for j, (pattern, value) in enumerate(
+        zip(uniq.tolist(), uniq.view(float_dtype).tolist(), strict=True)
+    ):
+        got = memo.get(pattern)
+        if got is None:
+            try:
+                got = encode(value)
+            except EncodingError as e:
+                got = e
+            memo[pattern] = got
+        if isinstance(got, EncodingError):
+            failed = True
+        encoded[j] = got
+    values = encoded[inverse.reshape(-1)]
+    if array.null_count:
+        values[array.is_null().to_numpy(zero_copy_only=False)] = None
+    errors: dict[int, tuple[BadReason, str]] = {}
+    if failed:
+        for i, v in enumerate(values.tolist()):
+            if isinstance(v, EncodingError):
+                errors[i] = (BadReason.INVALID_VALUE, str(v))
+                values[i] = None
+    return _ColumnResult(values, errors)
+
+
+def _encode_values(
+    cells: list[object], feature: Feature, parse: Callable[[str], object] | None
+) -> _ColumnResult:
+    encode = feature.codec.encode
+    if parse is None:
+        try:  # the common case: every cell encodes
+            return _ColumnResult([None if v is None else encode(v) for v in cells], {})
+        except EncodingError:
+            pass
+    values: list[bytes | None] = []
+    errors: dict[int, tuple[BadReason, str]] = {}
+    for i, cell in enumerate(cells):
+        if cell is None:
+            values.append(None)
+            continue
+        value = cell
+        if parse is not None:
+            try:
+                value = parse(str(cell))
+            except ValueError as e:
+                errors[i] = (BadReason.UNPARSEABLE_VALUE, f"{_short(cell)}: {e}")
+                values.append(None)
+                continue
+        try:
+            values.append(encode(value))
+        except EncodingError as e:
+            errors[i] = (_reason(feature, value), str(e))
+            values.append(None)
+    return _ColumnResult(values, errors)
+
+
+def _reason(feature: Feature, value: object) -> BadReason:
+    if (
+        feature.type is FeatureType.EMBEDDING
+        and isinstance(value, list)
+        and len(value) != feature.dim
+    ):
+        return BadReason.WRONG_EMBEDDING_DIM
+    return BadReason.INVALID_VALUE
+
+
+def _parser(type_: FeatureType) -> Callable[[str], object]:
+    if type_ in _FLOAT_TYPES:
+        return _parse_float
+    if type_ is FeatureType.INT:
+        return _parse_int
+    if type_ is FeatureType.BOOL:
+        return _parse_bool
+    if type_ in _LIST_TYPES:
+        return _parse_list
+    return str
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("not an integer") from None
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE_TEXT:
+        return True
+    if low in _FALSE_TEXT:
+        return False
+    raise ValueError("not a boolean (true/false/1/0)")
+
+
+def _parse_list(text: str) -> list[object]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ValueError("not a JSON list") from None
+    if not isinstance(value, list):
+        raise ValueError("not a JSON list")
+    return value
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

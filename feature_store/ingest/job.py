@@ -1,0 +1,397 @@
+"""The nightly ingest job: a DataFrame of one feature group's values into Redis.
+
+    read input -> check its schema against the registry (nothing written on a mismatch)
+    -> check Redis answers -> per partition (mapInArrow): encode, write in chunks, retried
+    -> sum the tasks' statistics -> quarantine bad rows to parquet -> report
+
+Spark and Redis errors are translated here into the project's error tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from feature_store.connection import RedisTarget, translated_errors
+from feature_store.errors import FeatureStoreError, RequestError, StoreError, StoreUnavailableError
+from feature_store.ingest.report import IngestReport, Outcome, Thresholds, Timings
+from feature_store.ingest.schema import ColumnPlan, plan_columns
+from feature_store.ingest.spec import RetrySpec, TaskSpec
+from feature_store.ingest.task import (
+    DETAIL,
+    EXTRA,
+    KIND,
+    REASON,
+    STATS,
+    Counters,
+    write_partition,
+)
+from feature_store.registry import Registry, load_registry
+from feature_store.store import FeatureStore
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("parquet", "csv", "json", "orc")
+DEFAULT_SPARK_CONF: dict[str, str] = {
+    "spark.ui.showConsoleProgress": "false",  # the job prints its own progress line
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+}
+_SPARK_TYPES: dict[pa.DataType, T.DataType] = {
+    pa.string(): T.StringType(),
+    pa.int64(): T.LongType(),
+    pa.float64(): T.DoubleType(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IngestJob:
+    """One run's inputs. ``mapping`` renames input columns to features (column -> feature)."""
+
+    registry: Path
+    group: str
+    input: str
+    id_column: str
+    redis_url: str
+    format: str = "parquet"
+    read_options: Mapping[str, str] = field(default_factory=dict)
+    mapping: Mapping[str, str] = field(default_factory=dict)
+    chunk_size: int = 500
+    retry: RetrySpec = field(default_factory=RetrySpec)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    quarantine: str | None = None  # default: quarantine/<group>-<UTC time>
+    report_path: Path | None = None
+    allow_missing_features: bool = False
+    ignore_extra_columns: bool = False
+    written_at: int | None = None  # default: the job's start time
+    partitions: int | None = None  # repartition the input first; None keeps Spark's split
+    socket_timeout: float = 5.0
+    connect_timeout: float = 2.0
+    progress_interval: float = 10.0
+    profile_dir: str | None = None  # cProfile dumps, one per task
+
+
+def spark_session(
+    master: str | None = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "feature-store-ingest",
+) -> SparkSession:
+    """A session with the job's defaults; ``master=None`` keeps spark-submit's."""
+    if master is not None and master.startswith("local"):
+        # local workers must run this interpreter, which has feature_store installed
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in {**DEFAULT_SPARK_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_ingest(
+    spark: SparkSession, job: IngestJob, progress: Callable[[str], None] | None = None
+) -> IngestReport:
+    """Run the job. Writes the JSON report if asked, also when the job fails.
+
+    Raises RequestError (input/schema), StoreError (Redis) or FeatureStoreError (Spark)
+    when the job fails; the report says ``failed`` and the exception carries the cause.
+    """
+    started = time.monotonic()
+    if job.chunk_size < 1:
+        raise RequestError("--chunk-size must be at least 1")
+    registry = load_registry(job.registry)
+    group = registry.group(job.group)
+    target = RedisTarget.parse(
+        job.redis_url, socket_timeout=job.socket_timeout, connect_timeout=job.connect_timeout
+    )
+    df = read_input(spark, job)
+    plan = plan_columns(
+        df.schema,
+        group,
+        job.id_column,
+        job.mapping,
+        allow_missing=job.allow_missing_features,
+        ignore_extra=job.ignore_extra_columns,
+    )
+    run_ids = _check_redis(target, registry)  # fails here, before any write, if Redis is down
+    written_at = int(time.time()) if job.written_at is None else job.written_at
+    spec = TaskSpec(
+        registry_text=job.registry.read_text(encoding="utf-8"),
+        registry_source=str(job.registry),
+        group=group.name,
+        id_column=plan.id_column,
+        id_source=plan.id_source,
+        columns=plan.columns,
+        redis_url=job.redis_url,
+        written_at=written_at,
+        chunk_size=job.chunk_size,
+        retry=job.retry,
+        socket_timeout=job.socket_timeout,
+        connect_timeout=job.connect_timeout,
+        profile_dir=job.profile_dir,
+    )
+    quarantine = job.quarantine or os.path.join(
+        "quarantine", f"{group.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    )
+    base = {
+        "group": group.name,
+        "input": job.input,
+        "target": str(target),
+        "written_at": written_at,
+        "chunk_size": job.chunk_size,
+    }
+    try:
+        report = _execute(spark, df, plan, spec, job, quarantine, base, started, progress)
+    except FeatureStoreError as e:
+        failed = _failed_report(base, started, str(e))
+        if job.report_path is not None:
+            failed.write(job.report_path)
+        raise
+    if run_ids and _run_ids(target) != run_ids:
+        report = _with_warning(
+            report,
+            "Redis restarted during the job: with appendfsync other than 'always' writes "
+            "acknowledged just before a crash can be lost; re-run the job (it is idempotent) "
+            "to restore them",
+        )
+    if job.report_path is not None:
+        report.write(job.report_path)
+    return report
+
+
+def read_input(spark: SparkSession, job: IngestJob) -> DataFrame:
+    if job.format not in FORMATS:
+        raise RequestError(f"unknown input format {job.format!r}; use one of {', '.join(FORMATS)}")
+    options = dict(job.read_options)
+    if job.format == "csv":
+        options.setdefault("header", "true")
+    try:
+        return spark.read.format(job.format).options(**options).load(job.input)
+    except Exception as e:  # AnalysisException and friends: path missing, bad format
+        raise RequestError(
+            f"cannot read {job.format} input {job.input!r}: {_first_line(e)}"
+        ) from None
+
+
+def _execute(
+    spark: SparkSession,
+    df: DataFrame,
+    plan: ColumnPlan,
+    spec: TaskSpec,
+    job: IngestJob,
+    quarantine: str,
+    base: Mapping[str, object],
+    started: float,
+    progress: Callable[[str], None] | None,
+) -> IngestReport:
+    selected = df.select(*[F.col(f"`{c}`") for c in plan.input_columns])
+    if job.partitions is not None:
+        selected = selected.repartition(job.partitions)
+    out_schema = T.StructType(
+        [T.StructField(f.name, f.dataType, True) for f in selected.schema.fields]
+        + [T.StructField(name, _spark_type(t), True) for name, t in EXTRA]
+    )
+    arrow_schema = to_arrow_schema(out_schema)
+    sc = spark.sparkContext
+    counters = Counters(sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
+    result = selected.mapInArrow(partial(write_partition, spec, arrow_schema, counters), out_schema)
+    result = result.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        with (
+            _spark_errors(counters),
+            _progress(spark, counters, progress, job.progress_interval, started),
+        ):
+            sums = (
+                result.where(F.col(KIND) == "stats")
+                .agg(
+                    F.count(F.lit(1)).alias("tasks"),
+                    *[F.sum(name).alias(name) for name, _ in STATS],
+                )
+                .collect()[0]
+            )
+        with _spark_errors(counters):
+            bad_rows = result.where(F.col(KIND) == "bad")
+            by_reason = {
+                r[REASON]: int(r["count"]) for r in bad_rows.groupBy(REASON).count().collect()
+            }
+            if by_reason:
+                bad_rows.select(*plan.input_columns, REASON, DETAIL).write.mode(
+                    "overwrite"
+                ).parquet(quarantine)
+    finally:
+        result.unpersist()
+
+    elapsed = time.monotonic() - started
+    rows = int(sums["_ingest_rows"] or 0)
+    bad = sum(by_reason.values())
+    written = int(sums["_ingest_written"] or 0)
+    over = job.thresholds.exceeded(bad, rows)
+    return IngestReport(
+        outcome=Outcome.BAD_ROWS_OVER_THRESHOLD if over else Outcome.SUCCEEDED,
+        rows_read=rows,
+        entities_written=int(sums["_ingest_entities"] or 0),
+        values_written=written,
+        values_removed=int(sums["_ingest_removed"] or 0),
+        bad_rows=bad,
+        bad_rows_by_reason=dict(sorted(by_reason.items())),
+        elapsed_seconds=round(elapsed, 3),
+        values_per_second=round(written / elapsed, 1) if elapsed > 0 else 0.0,
+        chunks=int(sums["_ingest_chunks"] or 0),
+        retries=int(sums["_ingest_retries"] or 0),
+        tasks=int(sums["tasks"]),
+        quarantine=quarantine if bad else None,
+        task_seconds=Timings(
+            read=round(float(sums["_ingest_read_s"] or 0.0), 3),
+            encode=round(float(sums["_ingest_encode_s"] or 0.0), 3),
+            redis=round(float(sums["_ingest_redis_s"] or 0.0), 3),
+        ),
+        message=over,
+        **base,  # type: ignore[arg-type]
+    )
+
+
+def _spark_type(t: pa.DataType) -> T.DataType:
+    return _SPARK_TYPES[t]
+
+
+def _check_redis(target: RedisTarget, registry: Registry) -> set[str]:
+    """Fail now if Redis does not answer; warn about its listpack limit; its run ids."""
+    with FeatureStore.connect(target, registry) as store:
+        store.ping()
+        store.check_server()
+    return _run_ids(target)
+
+
+def _run_ids(target: RedisTarget) -> set[str]:
+    """The run_id of every server behind the target: it changes when a server restarts."""
+    client = target.sync_client()
+    try:
+        with translated_errors():
+            info = client.info("server")
+    except StoreError:
+        return set()
+    finally:
+        client.close()
+    infos = info.values() if "run_id" not in info else [info]
+    return {str(i.get("run_id")) for i in infos if isinstance(i, dict)}
+
+
+@contextlib.contextmanager
+def _spark_errors(counters: Counters) -> Iterator[None]:
+    """Spark's exceptions (a failed task, the JVM) as the project's errors."""
+    try:
+        yield
+    except FeatureStoreError:
+        raise
+    except Exception as e:
+        text = str(e)
+        partial_counts = (
+            f" (tasks that finished before the failure wrote {counters.values.value:,} values "
+            f"of {counters.entities.value:,} entities; the run is not complete)"
+        )
+        for name, error in (
+            ("StoreTimeoutError", StoreUnavailableError),
+            ("StoreUnavailableError", StoreUnavailableError),
+            ("StoreError", StoreError),
+        ):
+            line = _line_with(text, f"{name}: ")
+            if line is not None:
+                raise error(f"the ingest job failed: {line}{partial_counts}") from None
+        raise FeatureStoreError(
+            f"the ingest job failed in Spark: {_first_line(e)}{partial_counts}"
+        ) from e
+
+
+def _line_with(text: str, marker: str) -> str | None:
+    for line in text.splitlines():
+        if marker in line:
+            return line[line.index(marker) :].strip()
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _progress(
+    spark: SparkSession,
+    counters: Counters,
+    emit: Callable[[str], None] | None,
+    interval: float,
+    started: float,
+) -> Iterator[None]:
+    """A line every ``interval`` seconds while the Spark job runs: tasks done and rate."""
+    if emit is None or interval <= 0:
+        yield
+        return
+    stop = threading.Event()
+    tracker = spark.sparkContext.statusTracker()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            done = total = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            elapsed = time.monotonic() - started
+            values = counters.values.value
+            emit(
+                f"ingest: {elapsed:.0f}s, tasks {done}/{total}, finished tasks wrote "
+                f"{counters.rows.value:,} rows, {values:,} values "
+                f"({values / max(elapsed, 1e-9):,.0f} values/s)"
+            )
+
+    thread = threading.Thread(target=loop, name="ingest-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _failed_report(base: Mapping[str, object], started: float, message: str) -> IngestReport:
+    return IngestReport(
+        outcome=Outcome.FAILED,
+        rows_read=0,
+        entities_written=0,
+        values_written=0,
+        values_removed=0,
+        bad_rows=0,
+        bad_rows_by_reason={},
+        elapsed_seconds=round(time.monotonic() - started, 3),
+        values_per_second=0.0,
+        chunks=0,
+        retries=0,
+        tasks=0,
+        quarantine=None,
+        message=message,
+        **base,  # type: ignore[arg-type]
+    )
+
+
+def _with_warning(report: IngestReport, warning: str) -> IngestReport:
+    from dataclasses import replace
+
+    return replace(report, warnings=(*report.warnings, warning))

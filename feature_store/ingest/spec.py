@@ -1,0 +1,73 @@
+"""What the driver tells each Spark task: plain, picklable data and no Spark objects.
+
+A task rebuilds the registry from its text rather than receiving the parsed objects, so
+the only things shipped to executors are strings and numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Source(StrEnum):
+    """How a column's cells reach the codec."""
+
+    NATIVE = "native"  # a Spark type that maps onto the feature type
+    TEXT = "text"  # a string column (CSV, or JSON text for lists) parsed per cell
+
+
+class BadReason(StrEnum):
+    """Why a row was quarantined instead of written."""
+
+    NULL_ID = "null_id"
+    INVALID_ID = "invalid_id"  # not an int64 / empty string / unparseable int id text
+    WRONG_EMBEDDING_DIM = "wrong_embedding_dim"
+    UNPARSEABLE_VALUE = "unparseable_value"  # text that is not a number / JSON list / bool
+    INVALID_VALUE = "invalid_value"  # parsed, but outside the type (int64 or float32 range)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnSpec:
+    """One input column and the registry feature it feeds."""
+
+    column: str
+    feature: str
+    source: Source = Source.NATIVE
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySpec:
+    """Exponential backoff with equal jitter for chunks that meet StoreUnavailableError.
+
+    The n-th retry waits between half and all of ``min(max_delay, base_delay * 2**n)``
+    seconds, so ``retries`` bounds both the attempts and the total wait.
+    """
+
+    retries: int = 8
+    base_delay: float = 0.1
+    max_delay: float = 10.0
+
+    def max_total_wait(self) -> float:
+        return float(
+            sum(min(self.max_delay, self.base_delay * 2**n) for n in range(1, self.retries + 1))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """Everything a partition writer needs, sent once per task."""
+
+    registry_text: str
+    registry_source: str
+    group: str
+    id_column: str
+    id_source: Source
+    columns: tuple[ColumnSpec, ...]
+    redis_url: str
+    written_at: int  # unix seconds: the snapshot's freshness timestamp, the same for every row
+    chunk_size: int = 500
+    retry: RetrySpec = field(default_factory=RetrySpec)
+    socket_timeout: float = 5.0
+    connect_timeout: float = 2.0
+    profile_dir: str | None = None  # if set, each task writes a cProfile dump there
