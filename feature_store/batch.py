@@ -56,9 +56,20 @@ class BatchResult:
         return [dict(zip(names, row.values, strict=True)) for row in self.rows]
 
 
+# A request for more than this share of an entity hash's fields reads the whole hash.
+# In a listpack each HMGET field is a scan of the hash, and on the standard shape
+# (51 fields) HMGET of ~27 fields costs the server what one HGETALL does; see
+# benchmarks/results/memory.md.
+WHOLE_HASH_SHARE = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
-    """One HMGET per entity: the requested fields, then the freshness field of each group."""
+    """One command per entity for the requested fields and each touched group's freshness.
+
+    ``commands()`` is an HMGET of ``fields``, or an HGETALL when the request wants most of
+    the hash (``whole_hash``); ``align()`` turns either reply into values in ``fields`` order.
+    """
 
     entity: EntityType
     ids: tuple[EntityId, ...]
@@ -66,9 +77,26 @@ class ReadPlan:
     features: tuple[Feature, ...]
     groups: tuple[FeatureGroup, ...]
     fields: tuple[bytes, ...]
+    whole_hash: bool = False
 
     def commands(self) -> list[Command]:
+        if self.whole_hash:
+            return [("HGETALL", key) for key in self.keys]
         return [("HMGET", key, *self.fields) for key in self.keys]
+
+    def align(self, replies: Sequence[object]) -> list[Sequence[bytes | None]]:
+        """Replies of ``commands()`` as lists of raw values in ``fields`` order."""
+        if not self.whole_hash:
+            return replies  # type: ignore[return-value]
+        fields = self.fields
+        out: list[Sequence[bytes | None]] = []
+        for reply in replies:
+            if not isinstance(reply, dict):  # a client without response callbacks: pairs
+                it = iter(reply)  # type: ignore[call-overload]
+                reply = dict(zip(it, it, strict=True))
+            get = reply.get
+            out.append([get(f) for f in fields])
+        return out
 
 
 def plan_read(
@@ -95,23 +123,27 @@ def plan_read(
                 f"entity type {entity!r} has {etype.id_type.value} ids: {e}"
             ) from None
     touched = tuple({f.group: registry.groups[f.group] for f in resolved}.values())
+    fields = tuple(f.field for f in resolved) + tuple(g.freshness_field for g in touched)
+    groups_of_entity = sum(1 for g in registry.groups.values() if g.entity.name == entity)
+    hash_size = len(registry.features_of(entity)) + groups_of_entity
     return ReadPlan(
         entity=etype,
         ids=tuple(ids),
         keys=tuple(keys),
         features=resolved,
         groups=touched,
-        fields=tuple(f.field for f in resolved) + tuple(g.freshness_field for g in touched),
+        fields=fields,
+        whole_hash=len(fields) > WHOLE_HASH_SHARE * hash_size,
     )
 
 
 def decode_read(
     plan: ReadPlan, replies: Sequence[Sequence[bytes | None]], now: float | None = None
 ) -> BatchResult:
-    """Typed values and statuses from the HMGET replies, in the plan's order."""
+    """Typed values and statuses from aligned replies (``plan.align``), in the plan's order."""
     now_s = int(time.time() if now is None else now)
     nfeat = len(plan.features)
-    decoders = [f.codec.decode for f in plan.features]
+    decoders = [f.codec.fast_decode for f in plan.features]
     group_of = {g.name: i for i, g in enumerate(plan.groups)}
     feature_group = [group_of[f.group] for f in plan.features]
     single_group = len(plan.groups) == 1
@@ -120,7 +152,7 @@ def decode_read(
         raw = reply[:nfeat]
         try:
             values = [None if r is None else dec(r) for dec, r in zip(decoders, raw, strict=True)]
-        except EncodingError:
+        except ValueError:  # EncodingError is one; fast decoders raise plain ValueError
             raise _decode_error(plan, key, raw) from None
         statuses = [MISSING if r is None else PRESENT for r in raw]
         ages: dict[str, int | None] = {}

@@ -103,7 +103,7 @@ class FeatureStore(_Base[SyncClient]):
         groups: Iterable[str] = (),
     ) -> BatchResult:
         plan = self.plan(entity, ids, features, groups)
-        return decode_read(plan, self._run(plan.commands()))  # type: ignore[arg-type]
+        return decode_read(plan, plan.align(self._run(plan.commands())))
 
     def write(
         self,
@@ -157,8 +157,8 @@ class AsyncFeatureStore(_Base[AsyncClient]):
             return await pipe.execute()
 
     async def run_plan(self, plan: ReadPlan) -> list[Sequence[bytes | None]]:
-        """The raw HMGET replies of a plan: for callers that cache or decode on their own."""
-        return await self._run(plan.commands())  # type: ignore[return-value]
+        """A plan's raw values, aligned with ``plan.fields``: for callers that decode later."""
+        return plan.align(await self._run(plan.commands()))
 
     async def read(
         self,

@@ -60,6 +60,10 @@ class Codec:
     dim: int | None
     encode: Callable[[object], bytes] = field(repr=False, compare=False)
     decode: Callable[[bytes], Value] = field(repr=False, compare=False)
+    # The same decoding for hot loops: may raise ValueError instead of EncodingError, and
+    # for float and int is the builtin itself, which saves a Python call per value.
+    # Callers that catch ValueError redo the value with ``decode`` for the message.
+    fast_decode: Callable[[bytes], Value] = field(repr=False, compare=False)
 
     @property
     def signature(self) -> str:
@@ -235,7 +239,7 @@ def _embedding_codec(dim: int) -> Codec:
             raise EncodingError(f"stored embedding has dimension {len(values)}, expected {dim}")
         return values
 
-    return Codec(FeatureType.EMBEDDING, dim, encode, decode)
+    return Codec(FeatureType.EMBEDDING, dim, encode, decode, decode)
 
 
 def encode_int_list(value: object) -> bytes:
@@ -252,15 +256,19 @@ def decode_int_list(data: bytes) -> list[int]:
 
 
 _SIMPLE: dict[FeatureType, Codec] = {
-    FeatureType.FLOAT: Codec(FeatureType.FLOAT, None, encode_float32, decode_float),
-    FeatureType.DOUBLE: Codec(FeatureType.DOUBLE, None, encode_double, decode_float),
-    FeatureType.INT: Codec(FeatureType.INT, None, encode_int, decode_int),
-    FeatureType.BOOL: Codec(FeatureType.BOOL, None, encode_bool, decode_bool),
-    FeatureType.STRING: Codec(FeatureType.STRING, None, encode_string, decode_string),
-    FeatureType.FLOAT_LIST: Codec(
-        FeatureType.FLOAT_LIST, None, encode_float_list, decode_float_list
+    FeatureType.FLOAT: Codec(FeatureType.FLOAT, None, encode_float32, decode_float, float),
+    FeatureType.DOUBLE: Codec(FeatureType.DOUBLE, None, encode_double, decode_float, float),
+    FeatureType.INT: Codec(FeatureType.INT, None, encode_int, decode_int, int),
+    FeatureType.BOOL: Codec(FeatureType.BOOL, None, encode_bool, decode_bool, decode_bool),
+    FeatureType.STRING: Codec(
+        FeatureType.STRING, None, encode_string, decode_string, decode_string
     ),
-    FeatureType.INT_LIST: Codec(FeatureType.INT_LIST, None, encode_int_list, decode_int_list),
+    FeatureType.FLOAT_LIST: Codec(
+        FeatureType.FLOAT_LIST, None, encode_float_list, decode_float_list, decode_float_list
+    ),
+    FeatureType.INT_LIST: Codec(
+        FeatureType.INT_LIST, None, encode_int_list, decode_int_list, decode_int_list
+    ),
 }
 
 

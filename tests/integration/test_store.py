@@ -71,17 +71,25 @@ async def test_async_client_reads_what_sync_wrote(url: str, sample_registry: Reg
     assert again.rows[0].values == [1.5]
 
 
-def test_a_batch_is_one_hmget_per_entity(redis_url: str, sample_registry: Registry) -> None:
+@pytest.mark.parametrize(
+    ("features", "command"),
+    [(["int_0", "float_01"], "hmget"), (sample.FLOATS, "hgetall")],
+)
+def test_a_batch_is_one_command_per_entity(
+    redis_url: str, sample_registry: Registry, features: list[str], command: str
+) -> None:
     """No extra commands per batch; counted by the server, not by the code under test."""
     admin = redis.Redis.from_url(redis_url)
     with FeatureStore.connect(redis_url, sample_registry) as store:
         store.write(sample.GROUP, sample.rows(100))
         admin.config_resetstat()
-        store.read(sample.ENTITY, list(range(100)), groups=[sample.GROUP])
+        result = store.read(sample.ENTITY, list(range(100)), features)
     stats = admin.info("commandstats")
-    assert stats["cmdstat_hmget"]["calls"] == 100
     ours = {k for k in stats if not k.startswith(("cmdstat_config", "cmdstat_info"))}
-    assert ours == {"cmdstat_hmget"}
+    assert ours == {f"cmdstat_{command}"}
+    assert stats[f"cmdstat_{command}"]["calls"] == 100
+    assert list(result.as_dicts()[7]) == features  # only what was asked, in that order
+    assert as_float32(result.as_dicts()[7]) == {k: expected(7)[k] for k in features}
 
 
 def test_null_removes_the_field_and_omitted_is_untouched(store: FeatureStore) -> None:

@@ -39,7 +39,27 @@ def test_plan_reads_requested_fields_then_one_freshness_field_per_group() -> Non
         freshness_field("daily"),
         freshness_field("live"),
     )
-    assert plan.commands()[0] == ("HMGET", b"u:1", *plan.fields)
+
+
+def test_a_small_part_of_the_hash_is_an_hmget() -> None:
+    # user's hash: 4 features + 2 freshness fields; 1 feature + 1 freshness is a third
+    plan = plan_read(REG, "user", [1, 2], ["b"])
+    assert not plan.whole_hash
+    assert plan.commands() == [
+        ("HMGET", b"u:1", field_name("b"), freshness_field("daily")),
+        ("HMGET", b"u:2", field_name("b"), freshness_field("daily")),
+    ]
+    assert plan.align([[b"1", b"5"]]) == [[b"1", b"5"]]
+
+
+def test_most_of_the_hash_is_an_hgetall_aligned_to_the_fields() -> None:
+    plan = plan_read(REG, "user", [1, 2], ["b", "c"])  # 4 of 6 fields
+    assert plan.whole_hash
+    assert plan.commands() == [("HGETALL", b"u:1"), ("HGETALL", b"u:2")]
+    whole = {field_name("c"): b"x", freshness_field("live"): b"9", field_name("a"): b"0"}
+    pairs = [field_name("b"), b"3", freshness_field("daily"), b"7"]
+    assert plan.align([whole, pairs]) == [[None, b"x", None, b"9"], [b"3", None, b"7", None]]
+    assert plan.align([{}]) == [[None, None, None, None]]
 
 
 @pytest.mark.parametrize(
