@@ -121,6 +121,31 @@ def table(rows: list[RowResult], s: SettingsLike) -> list[str]:
     return out
 
 
+def cpu_table(rows: list[RowResult]) -> list[str]:
+    """Store (and API) CPU seconds of every run, and as a share of one core over the run."""
+    out = [
+        "| row | load: store CPU (s) | 95/5: store CPU (s, % of a core) "
+        "| read: store CPU (s, % of a core) | 95/5 / read: API CPU (s) |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(m: MeasuredLike | None) -> str:
+        if m is None:
+            return "-"
+        return f"{m.store_cpu_s:.2f} ({m.store_cpu_s / m.output.runtime_s:.0%})"
+
+    for r in rows:
+        if r.error or r.not_run:
+            continue
+        mix, read = r.runs.get("mix"), r.runs.get("read")
+        api = "-"
+        if mix and read and mix.api_cpu_s is not None and read.api_cpu_s is not None:
+            api = f"{mix.api_cpu_s:.2f} / {read.api_cpu_s:.2f}"
+        load = f"{r.load.store_cpu_s:.2f}" if r.load else "-"
+        out.append(f"| {r.label} | {load} | {cell(mix)} | {cell(read)} | {api} |")
+    return out
+
+
 def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
     """Each comparison the table is for, as a ratio of two rows of this run."""
     lookups = s.batch_keys * s.batch_fields
@@ -153,12 +178,14 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
         if cpu(base):
             line += f", store CPU per lookup x{cpu(other) / cpu(base):.2f}"
         out.append(line + f" (above 1: {base} is better)")
-    if ok("serving") and ok("hash") and ms("hash", avg):
+    for api in ("serving", "serving-nocache"):
+        if not (ok(api) and ok("hash") and ms("hash", avg)):
+            continue
         out.append(
-            "- serving / hash, 100% batch read: "
-            f"avg latency x{ms('serving', avg) / ms('hash', avg):.2f}"
-            f" (+{ms('serving', avg) - ms('hash', avg):.2f} ms per batch of {lookups:,} lookups), "
-            f"p99 +{ms('serving', p99) - ms('hash', p99):.2f} ms"
+            f"- {api} / hash, 100% batch read: "
+            f"avg latency x{ms(api, avg) / ms('hash', avg):.2f}"
+            f" (+{ms(api, avg) - ms('hash', avg):.2f} ms per batch of {lookups:,} lookups), "
+            f"p99 +{ms(api, p99) - ms('hash', p99):.2f} ms"
         )
     return out
 
@@ -192,6 +219,7 @@ def render(
         "100% read run, including everything else the server did meanwhile.",
         "",
     ]
+    lines += ["CPU of every run:", "", *cpu_table(rows), ""]
     rat = ratios({r.name: r for r in rows}, s)
     if rat:
         lines += ["Ratios (same run):", "", *rat, ""]

@@ -48,17 +48,26 @@ class RowSpec:
     db: str  # binding class
     store: str  # "redis", "cluster" or "postgres": whose CPU is measured
     props: dict[str, str] = field(default_factory=dict)
-    loads: bool = True  # False: reads the records the row before it loaded
+    loads: bool = True  # False: reads the records the hash row loaded
+    serve_flags: tuple[str, ...] = ()  # extra options of feature-store serve
 
 
 ROWS = [
     RowSpec("hash", "Redis, hash per entity (project layout)", "HashClient", "redis"),
     RowSpec(
         "serving",
-        "serving API (REST) on the hash layout",
+        "serving API (REST), L1 cache on (default)",
         "ServingClient",
         "redis",
         loads=False,
+    ),
+    RowSpec(
+        "serving-nocache",
+        "serving API (REST), --no-cache",
+        "ServingClient",
+        "redis",
+        loads=False,
+        serve_flags=("--no-cache",),
     ),
     RowSpec("flat", "Redis, flat strings, MGET", "FlatClient", "redis", {"flat.batch": "mget"}),
     RowSpec(
@@ -222,7 +231,7 @@ def started(what: str, enter: Callable[[], object], leave: Callable[[], object])
 def run_all(args: argparse.Namespace) -> int:
     rows = [r for r in ROWS if r.name in args.rows]
     results_dir: Path = args.results_dir
-    raw_dir = results_dir / "ycsb" / args.name
+    raw_dir = results_dir / args.name  # benchmarks/results/ycsb/ for the full run
     if raw_dir.exists():
         shutil.rmtree(raw_dir)
     raw_dir.mkdir(parents=True)
@@ -250,7 +259,7 @@ def run_all(args: argparse.Namespace) -> int:
     results: dict[str, report.RowResult] = {}
     needs = {r.store for r in rows}
     serving_help, serving_why = (None, "not requested")
-    if "serving" in args.rows:
+    if any(r.db == "ServingClient" for r in rows):
         serving_help, serving_why = servers.serving_help()
     servers.ensure_redis_server()
     with contextlib.ExitStack() as stack:
@@ -269,7 +278,7 @@ def run_all(args: argparse.Namespace) -> int:
         for spec in rows:
             result = report.RowResult(spec.name, spec.label)
             results[spec.name] = result
-            if spec.name == "serving" and serving_help is None:
+            if spec.db == "ServingClient" and serving_help is None:
                 result.not_run = serving_why
                 print(f"[serving] not run: {serving_why}", flush=True)
                 continue
@@ -327,12 +336,16 @@ def run_row(
             props = {"redis.port": str(single.port)}
             if spec.loads:
                 flush([single.port])
-        if spec.name == "serving":
+        if spec.db == "ServingClient":
             assert serving_help is not None
             port = free_port()
             cmd = servers.serving_command(
                 serving_help, port, work / "features.yaml", single.url, args.serving_workers
             )
+            missing = [f for f in spec.serve_flags if f not in serving_help]
+            if missing:
+                raise servers.ServerError(f"feature-store serve has no {', '.join(missing)}")
+            cmd += spec.serve_flags
             env = {
                 "FEATURE_STORE_REDIS_URL": single.url,
                 "FEATURE_STORE_REGISTRY": str(work / "features.yaml"),
@@ -341,7 +354,12 @@ def run_row(
             stack.enter_context(serving.running())
             api_pid = serving.pid
             props = {"serving.url": serving.url}
-            result.notes.append(f"`{shlex.join(cmd[1:])}`")
+            shown = [a for a in cmd[2:] if a.startswith("--")]
+            shown = [a for a in shown if a not in ("--host", "--port", "--registry", "--redis-url")]
+            result.notes.append(
+                f"`feature-store serve {' '.join(shown)}` with the run's registry and Redis "
+                f"(`--workers {args.serving_workers}` unless --serving-workers says otherwise)"
+            )
         if spec.loads:
             print(f"[{spec.name}] load {s.records:,} records ...", flush=True)
             result.load = run_ycsb(spec, "load", s, props, store_pids, api_pid)

@@ -230,7 +230,9 @@ def serving_command(
     for option, value in wanted.items():
         if option in help_text:
             cmd += [option, value]
-    if "--grpc-port" in help_text:
+    if "--no-grpc" in help_text:  # the bindings speak REST; a gRPC port could collide
+        cmd.append("--no-grpc")
+    elif "--grpc-port" in help_text:
         from feature_store.embedded import free_port
 
         cmd += ["--grpc-port", str(free_port())]

@@ -1,0 +1,184 @@
+"""CI smoke run of the YCSB harness (benchmarks/ycsb/run --smoke): every row of the table at a
+small size, with no failed operation; plus the harness's own checks and the hash binding's
+layout read back through the project's store client."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import redis
+
+from feature_store.batch import Status
+from feature_store.registry import parse_registry
+from feature_store.store import FeatureStore
+
+REPO = Path(__file__).resolve().parents[2]
+YCSB = REPO / "benchmarks" / "ycsb"
+SMOKE_RECORDS = SMOKE_OPERATIONS = 1000  # what --smoke runs
+
+
+def _module(name: str) -> ModuleType:
+    """A module of benchmarks/ycsb, which is a directory of scripts, not a package."""
+    if str(YCSB) not in sys.path:
+        sys.path.insert(0, str(YCSB))
+    spec = importlib.util.spec_from_file_location(name, YCSB / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ycsb_output = _module("ycsb_output")
+histogram = _module("histogram")
+servers = _module("servers")
+runner = _module("runner")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Runs the whole harness once in smoke mode; yields (results dir, its output)."""
+    results = tmp_path_factory.mktemp("ycsb-results")
+    done = subprocess.run(
+        [str(YCSB / "run"), "--smoke", "--results-dir", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    output = f"{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"benchmarks/ycsb/run --smoke failed:\n{output[-6000:]}"
+    return results, output
+
+
+def _raw(results: Path, row: str, phase: str) -> tuple[str, str]:
+    text = (results / "ycsb_smoke" / f"{row}.{phase}.txt").read_text()
+    stdout, _, stderr = text.partition("# ---- stderr ----")
+    return stdout, stderr
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("row", runner.ROW_NAMES)
+def test_smoke_row_has_no_failed_operations(smoke: tuple[Path, str], row: str) -> None:
+    results, _ = smoke
+    spec = next(r for r in runner.ROWS if r.name == row)
+    if spec.db == "ServingClient":
+        help_text, why = servers.serving_help()
+        if help_text is None:
+            pytest.skip(f"serving row not run: {why}")
+    phases = (["load"] if spec.loads else []) + ["read", "mix"]
+    for phase in phases:
+        stdout, stderr = _raw(results, row, phase)
+        expected = SMOKE_RECORDS if phase == "load" else SMOKE_OPERATIONS
+        out = ycsb_output.check(stdout, expected, stderr)  # raises on any failed operation
+        if phase == "read":
+            assert out.count("BATCH_READ") == SMOKE_OPERATIONS
+        if phase == "mix":
+            assert out.count("BATCH_READ") + out.count("UPDATE") == SMOKE_OPERATIONS
+            assert out.count("UPDATE") > 0
+    table = (results / "ycsb_smoke.md").read_text()
+    assert spec.label in table
+
+
+@pytest.mark.timeout(900)
+def test_smoke_table_has_every_row(smoke: tuple[Path, str]) -> None:
+    results, output = smoke
+    table = (results / "ycsb_smoke.md").read_text()
+    assert "FAILED" not in table, output[-4000:]
+    for spec in runner.ROWS:
+        assert f"| {spec.label} |" in table
+
+
+GOOD = """\
+[OVERALL], RunTime(ms), 900
+[OVERALL], Throughput(ops/sec), 1111.1
+[BATCH_READ], Operations, 95
+[BATCH_READ], AverageLatency(us), 1325.65
+[BATCH_READ], Return=OK, 95
+[UPDATE], Return=OK, 5
+"""
+
+
+def test_check_accepts_a_clean_run() -> None:
+    out = ycsb_output.check(GOOD, 100)
+    assert out.count("BATCH_READ") == 95
+    assert out.operations["BATCH_READ"].ms("AverageLatency(us)") == pytest.approx(1.32565)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "message"),
+    [
+        (GOOD.replace("[UPDATE], Return=OK, 5", "[UPDATE], Return=ERROR, 5"), 100, "ERROR"),
+        (GOOD + "[BATCH_READ], Return=NOT_FOUND, 1\n", 101, "NOT_FOUND"),
+        (GOOD + "[BATCH_READ-FAILED], AverageLatency(us), 5\n", 100, "FAILED"),
+        (GOOD, 1000, "1000 were asked for"),  # threads that died in init() run nothing
+        ("", 100, "did not finish"),
+    ],
+)
+def test_check_rejects_failed_or_missing_operations(text: str, expected: int, message: str) -> None:
+    with pytest.raises(ycsb_output.YCSBRunFailed, match=message):
+        ycsb_output.check(text, expected)
+
+
+def test_histogram_is_what_ycsb_reads(tmp_path: Path) -> None:
+    path = tmp_path / "hist"
+    histogram.write_histogram(path, entities=200)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "BlockSize\t1"
+    buckets = [tuple(map(int, line.split("\t"))) for line in lines[1:]]
+    assert [b for b, _ in buckets] == list(range(len(buckets)))  # contiguous from 0
+    assert buckets[-1][1] == 0  # the folded last bucket is empty
+    # YCSB's HistogramGenerator returns (i + 1) bytes for bucket i: the mean it draws is
+    # the mean of the real encoded sizes.
+    sizes = histogram.encoded_sizes(200, 0)
+    real_mean = sum(k * n for k, n in sizes.items()) / sum(sizes.values())
+    drawn_mean = sum((b + 1) * n for b, n in buckets) / sum(n for _, n in buckets)
+    assert drawn_mean == pytest.approx(real_mean)
+    assert buckets[0][1] > 0  # zero floats: "0" is one byte
+
+
+@pytest.mark.timeout(600)
+def test_hash_binding_writes_the_project_layout(redis_url: str, tmp_path: Path) -> None:
+    """Records loaded by the Java hash binding read back through the project's store client."""
+    if not (YCSB / "target" / "classes" / "featurestore").exists():
+        runner.build()
+    hist = tmp_path / "hist"
+    histogram.write_histogram(hist, entities=50)
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    cmd = runner.ycsb_command(
+        "HashClient",
+        "load",
+        "batchread",
+        {
+            "recordcount": "50",
+            "operationcount": "1",
+            "fieldlengthhistogram": str(hist),
+            "redis.port": port,
+            "fs.prefix": runner.PREFIX,
+            "fs.group": runner.GROUP,
+        },
+        threads=1,
+        target=0,
+    )
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    ycsb_output.check(done.stdout, 50, done.stderr)
+
+    r = redis.Redis.from_url(redis_url)
+    keys = sorted(k.decode() for k in r.scan_iter(match=f"{runner.PREFIX}:*"))
+    assert len(keys) == 50
+    assert all(0 < r.ttl(k) <= 7 * 86400 for k in keys)
+    ids = [k.split(":", 1)[1] for k in keys]
+    registry = parse_registry(runner.registry_text(10))
+    with FeatureStore.connect(redis_url, registry) as store:
+        result = store.read(runner.ENTITY, ids, groups=[runner.GROUP])
+    assert len(result.features) == 10
+    for row in result.rows:
+        assert row.statuses == [Status.PRESENT] * 10
+        assert row.ages[runner.GROUP] is not None
+        assert 0 <= row.ages[runner.GROUP] < 600
+        assert all(isinstance(v, str) for v in row.values)
