@@ -8,13 +8,18 @@ take the same arguments, but keep the master that spark-submit was given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from feature_store.commands import add_redis_args, redis_url, settings_from
 from feature_store.errors import FeatureStoreError, RequestError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LOCAL_MASTER = "local[*]"
 
@@ -144,7 +149,7 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
 
 
 def run_ingest_command(args: argparse.Namespace) -> int:
-    from feature_store.ingest.job import IngestJob, run_ingest, spark_session
+    from feature_store.ingest.job import IngestJob, run_ingest
     from feature_store.ingest.report import Thresholds
     from feature_store.ingest.spec import RetrySpec
 
@@ -179,11 +184,8 @@ def run_ingest_command(args: argparse.Namespace) -> int:
             progress_interval=args.progress_interval,
             profile_dir=args.profile_dir,
         )
-        spark = spark_session(args.master, conf)
-        try:
+        with _session(args.master, conf, "feature-store-ingest") as spark:
             report = run_ingest(spark, job, progress=_stderr)
-        finally:
-            spark.stop()
     print(report.summary())
     return report.exit_code
 
@@ -191,12 +193,8 @@ def run_ingest_command(args: argparse.Namespace) -> int:
 def run_generate_command(args: argparse.Namespace) -> int:
     from feature_store import sample
     from feature_store.ingest.generate import ID_COLUMN, write_sample
-    from feature_store.ingest.job import spark_session
 
-    spark = spark_session(
-        args.master, _pairs(args.conf, "--conf"), app_name="feature-store-generate"
-    )
-    try:
+    with _session(args.master, _pairs(args.conf, "--conf"), "feature-store-generate") as spark:
         write_sample(
             spark,
             args.output,
@@ -207,8 +205,6 @@ def run_generate_command(args: argparse.Namespace) -> int:
             format=args.format,
             overwrite=args.overwrite,
         )
-    finally:
-        spark.stop()
     if args.registry_out is not None:
         args.registry_out.write_text(sample.registry_text(), encoding="utf-8")
     last = args.start + args.entities - 1
@@ -218,6 +214,22 @@ def run_generate_command(args: argparse.Namespace) -> int:
         f"group {sample.GROUP!r}"
     )
     return 0
+
+
+@contextlib.contextmanager
+def _session(master: str | None, conf: dict[str, str], app_name: str) -> Iterator[SparkSession]:
+    """A Spark session for one command; one that was already running is left running."""
+    from pyspark.sql import SparkSession
+
+    from feature_store.ingest.job import spark_session
+
+    existing = SparkSession.getActiveSession()
+    spark = spark_session(master, conf, app_name=app_name)
+    try:
+        yield spark
+    finally:
+        if existing is None:
+            spark.stop()
 
 
 def _stderr(line: str) -> None:

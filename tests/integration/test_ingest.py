@@ -1,0 +1,371 @@
+"""The ingest job end to end: real Spark local[2], real redis-server, one Spark session.
+
+The session is shared by every test here (starting one costs ~20 s), and each test uses
+small inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from feature_store import sample
+from feature_store.batch import plan_write
+from feature_store.cli import main
+from feature_store.embedded import EmbeddedRedis
+from feature_store.errors import RequestError, StoreUnavailableError
+from feature_store.ingest.generate import ID_COLUMN, sample_frame
+from feature_store.ingest.job import IngestJob, run_ingest, spark_session
+from feature_store.ingest.report import Outcome, Thresholds
+from feature_store.ingest.spec import RetrySpec
+from feature_store.registry import Registry, load_registry
+from feature_store.store import FeatureStore
+
+pytestmark = pytest.mark.spark
+
+WRITTEN_AT = 1_800_000_000
+N = 300  # entities of the small inputs
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(
+        "local[2]",
+        {
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+        },
+        app_name="feature-store-ingest-tests",
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def sample_input(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("ingest") / "sample.parquet")
+    sample_frame(spark, N, seed=7, partitions=2).write.parquet(path)
+    return path
+
+
+def _job(registry_file: Path, input_path: str, url: str, **kw: object) -> IngestJob:
+    options: dict[str, object] = {
+        "group": sample.GROUP,
+        "id_column": ID_COLUMN,
+        "written_at": WRITTEN_AT,
+        "chunk_size": 64,
+        "progress_interval": 0,
+    }
+    options.update(kw)
+    return IngestJob(registry=registry_file, input=input_path, redis_url=url, **options)  # type: ignore[arg-type]
+
+
+def _expected(registry: Registry, ids: range, seed: int = 7) -> dict[int, dict[str, object]]:
+    """What the store must return: each value through its codec (float32 rounding)."""
+    group = registry.group(sample.GROUP)
+    out = {}
+    for i in ids:
+        values = sample.features(i, seed)
+        out[i] = {f.name: f.codec.decode(f.codec.encode(values[f.name])) for f in group.features}
+    return out
+
+
+def _read_back(url: str, registry: Registry, ids: list[int]) -> dict[int, dict[str, object]]:
+    with FeatureStore.connect(url, registry) as store:
+        result = store.read(sample.ENTITY, ids, groups=[sample.GROUP])
+    return dict(zip(ids, result.as_dicts(), strict=True))
+
+
+def _dump(url: str) -> dict[bytes, dict[bytes, bytes]]:
+    with redis.Redis.from_url(url) as client:
+        return {key: client.hgetall(key) for key in client.scan_iter(count=1000)}
+
+
+def test_values_read_back_exactly_and_bytes_match_plan_write(
+    spark: SparkSession, sample_input: str, registry_file: Path, redis_url: str
+) -> None:
+    registry = load_registry(registry_file)
+    report = run_ingest(spark, _job(registry_file, sample_input, redis_url))
+
+    assert report.outcome is Outcome.SUCCEEDED
+    assert (report.rows_read, report.entities_written) == (N, N)
+    assert report.values_written == N * 50
+    assert report.values_removed == 0 and report.bad_rows == 0
+    assert report.values_per_second > 0
+
+    ids = list(range(N))
+    assert _read_back(redis_url, registry, ids) == _expected(registry, range(N))
+
+    # the raw bytes are those plan_write produces for the same (float32-rounded) rows
+    group = registry.group(sample.GROUP)
+    rows = sample_frame(spark, N, seed=7).where(F.col(ID_COLUMN).isin(0, 1, 150, 299)).collect()
+    plain = [(r[ID_COLUMN], {f.name: r[f.name] for f in group.features}) for r in rows]
+    plan = plan_write(group, plain, now=WRITTEN_AT)
+    with redis.Redis.from_url(redis_url) as client:
+        for cmd in plan.commands:
+            if cmd[0] == "HSET":
+                expected = dict(zip(cmd[2::2], cmd[3::2], strict=True))
+                assert client.hgetall(cmd[1]) == expected
+            elif cmd[0] == "EXPIRE":
+                assert 0 < client.ttl(cmd[1]) <= group.entity.ttl_seconds
+
+
+def test_nulls_remove_fields_and_a_rerun_is_idempotent(
+    spark: SparkSession, sample_input: str, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    registry = load_registry(registry_file)
+    run_ingest(spark, _job(registry_file, sample_input, redis_url))
+
+    # tonight: every third entity has no float_01 and no embedding_1
+    df = spark.read.parquet(sample_input)
+    nullable = ("float_01", "embedding_1")
+    tonight = df.select(
+        *[
+            F.when(F.col(ID_COLUMN) % 3 == 0, F.lit(None)).otherwise(F.col(c)).alias(c)
+            if c in nullable
+            else F.col(c)
+            for c in df.columns
+        ]
+    )
+    path = str(tmp_path / "tonight.parquet")
+    tonight.write.parquet(path)
+    report = run_ingest(spark, _job(registry_file, path, redis_url))
+    nulled = len(range(0, N, 3))
+    assert report.values_removed == 2 * nulled
+    assert report.values_written == N * 50 - 2 * nulled
+
+    got = _read_back(redis_url, registry, list(range(N)))
+    expected = _expected(registry, range(N))
+    for i in range(N):
+        if i % 3 == 0:
+            expected[i].update({c: None for c in nullable})
+    assert got == expected
+
+    before = _dump(redis_url)
+    again = run_ingest(spark, _job(registry_file, path, redis_url))
+    assert again.outcome is Outcome.SUCCEEDED
+    assert _dump(redis_url) == before
+    assert len(before) == N
+
+
+def _write_jsonl(path: Path, rows: list[Mapping[str, object]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+SMALL_REGISTRY = """\
+version: 1
+entities:
+  user:
+    prefix: u
+    id_type: int
+    ttl: 1d
+feature_groups:
+  user_features:
+    entity: user
+    features:
+      score: float
+      visits: int
+      tags: int_list
+      vec: embedding(3)
+"""
+
+
+def test_bad_rows_are_quarantined_counted_and_fail_the_threshold(
+    spark: SparkSession, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry_path = tmp_path / "features.yaml"
+    registry_path.write_text(SMALL_REGISTRY)
+    good = {"score": 0.5, "visits": "3", "tags": [1, 2, 2], "vec": [0.1, 0.2, 0.3]}
+    rows = [
+        {"user_id": 1, **good},
+        {"user_id": 2, **good, "visits": "many"},  # unparseable
+        {"user_id": 3, **good, "vec": [0.1, 0.2]},  # wrong dimension
+        {"user_id": None, **good},  # null id
+        {"user_id": 5, **good, "score": None},  # good: the null removes the field
+        {"user_id": 6, **good, "visits": "99999999999999999999"},  # beyond int64
+    ]
+    _write_jsonl(tmp_path / "in.json", rows)
+    quarantine = tmp_path / "quarantine"
+    report_path = tmp_path / "report.json"
+    args = [
+        "ingest",
+        "--registry",
+        str(registry_path),
+        "--group",
+        "user_features",
+        "--input",
+        str(tmp_path / "in.json"),
+        "--format",
+        "json",
+        "--id-column",
+        "user_id",
+        "--redis-url",
+        redis_url,
+        "--quarantine",
+        str(quarantine),
+        "--report",
+        str(report_path),
+        "--progress-interval",
+        "0",
+    ]
+    assert main(args) == 1  # over the default threshold of 0 bad rows
+    out = capsys.readouterr().out
+    assert "bad_rows_over_threshold" in out
+
+    report = json.loads(report_path.read_text())
+    assert report["outcome"] == "bad_rows_over_threshold"
+    assert report["bad_rows_by_reason"] == {
+        "invalid_value": 1,
+        "null_id": 1,
+        "unparseable_value": 1,
+        "wrong_embedding_dim": 1,
+    }
+    assert (report["rows_read"], report["entities_written"], report["bad_rows"]) == (6, 2, 4)
+    assert report["values_written"] == 4 + 3 and report["values_removed"] == 1
+
+    bad = pq.read_table(quarantine).to_pylist()
+    by_id = {r["user_id"]: r for r in bad}
+    assert set(by_id) == {2, 3, None, 6}
+    assert by_id[2]["_ingest_reason"] == "unparseable_value"
+    assert "visits" in by_id[2]["_ingest_detail"] and by_id[2]["visits"] == "many"
+    assert by_id[3]["_ingest_reason"] == "wrong_embedding_dim" and by_id[3]["vec"] == [0.1, 0.2]
+
+    registry = load_registry(registry_path)
+    with FeatureStore.connect(redis_url, registry) as store:
+        result = store.read("user", [1, 2, 3, 5, 6], groups=["user_features"])
+    assert [r.found for r in result.rows] == [True, False, False, True, False]
+    assert result.as_dicts()[0] == {
+        "score": 0.5,
+        "visits": 3,
+        "tags": [1, 2, 2],
+        "vec": pytest.approx([0.1, 0.2, 0.3], rel=1e-6),
+    }
+    assert result.as_dicts()[3]["score"] is None
+
+    # a tolerance of 4 bad rows lets the same input succeed
+    assert main([*args, "--max-bad-rows", "4"]) == 0
+
+
+def test_schema_mismatch_stops_before_touching_redis(
+    spark: SparkSession, sample_input: str, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    df: DataFrame = spark.read.parquet(sample_input)
+    wrong = df.withColumn("int_3", F.col("embedding_0"))  # an array where an int belongs
+    path = str(tmp_path / "wrong.parquet")
+    wrong.write.parquet(path)
+    with pytest.raises(RequestError, match=r"column 'int_3' has type array<float>"):
+        run_ingest(spark, _job(registry_file, path, redis_url))
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.dbsize() == 0
+
+
+@pytest.mark.cluster
+def test_redis_cluster_target(
+    spark: SparkSession, sample_input: str, registry_file: Path, cluster_url: str
+) -> None:
+    registry = load_registry(registry_file)
+    report = run_ingest(spark, _job(registry_file, sample_input, cluster_url))
+    assert report.outcome is Outcome.SUCCEEDED and report.entities_written == N
+    assert _read_back(cluster_url, registry, list(range(N))) == _expected(registry, range(N))
+
+
+FAULT_N = 6000
+
+
+@pytest.fixture(scope="module")
+def fault_input(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("fault") / "sample.parquet")
+    sample_frame(spark, FAULT_N, seed=7, partitions=2).write.parquet(path)
+    return path
+
+
+def _kill_when_keys(server: EmbeddedRedis, keys: int, outage: float | None) -> threading.Thread:
+    """Kill the server once it holds ``keys`` keys; restart it ``outage`` seconds later."""
+    state: dict[str, object] = {}
+
+    def chaos() -> None:
+        client = redis.Redis(port=server.port or 0, socket_timeout=1)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if client.dbsize() >= keys:
+                    break
+            except redis.RedisError:
+                pass
+            time.sleep(0.002)
+        state["keys_at_kill"] = client.dbsize()
+        server.kill()
+        state["killed"] = True
+        if outage is not None:
+            time.sleep(outage)
+            server.restart()
+
+    thread = threading.Thread(target=chaos, name="redis-chaos")
+    thread.state = state  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def test_redis_killed_mid_job_retries_and_finishes(
+    spark: SparkSession, fault_input: str, registry_file: Path, tmp_path: Path
+) -> None:
+    registry = load_registry(registry_file)
+    # appendfsync always: every acknowledged write survives the kill
+    with EmbeddedRedis(tmp_path / "redis", extra_config={"appendfsync": "always"}) as server:
+        chaos = _kill_when_keys(server, 300, outage=1.5)
+        job = _job(
+            registry_file,
+            fault_input,
+            server.url,
+            chunk_size=20,
+            retry=RetrySpec(retries=12, base_delay=0.05, max_delay=1.0),
+        )
+        report = run_ingest(spark, job)
+        chaos.join()
+        state = chaos.state  # type: ignore[attr-defined]
+        assert state.get("killed") and int(state["keys_at_kill"]) < FAULT_N
+        assert report.outcome is Outcome.SUCCEEDED
+        assert report.retries >= 1
+        assert report.entities_written == FAULT_N
+        ids = list(range(FAULT_N))
+        assert _read_back(server.url, registry, ids) == _expected(registry, range(FAULT_N))
+
+
+def test_outage_beyond_the_retry_bound_fails_clearly(
+    spark: SparkSession, fault_input: str, registry_file: Path, tmp_path: Path
+) -> None:
+    report_path = tmp_path / "report.json"
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        chaos = _kill_when_keys(server, 300, outage=None)
+        job = _job(
+            registry_file,
+            fault_input,
+            server.url,
+            chunk_size=20,
+            retry=RetrySpec(retries=2, base_delay=0.05, max_delay=0.1),
+            report_path=report_path,
+        )
+        with pytest.raises(StoreUnavailableError, match="after 2 retries"):
+            run_ingest(spark, job)
+        chaos.join()
+        assert chaos.state.get("killed")  # type: ignore[attr-defined]
+        server.restart()  # so that the context manager can stop it
+    report = json.loads(report_path.read_text())
+    assert report["outcome"] == "failed"
+    assert "after 2 retries" in report["message"]
+
+
+def test_thresholds_by_fraction() -> None:
+    assert Thresholds(None, 0.1).exceeded(10, 100) is None
+    assert "fraction" in (Thresholds(None, 0.1).exceeded(11, 100) or "")
+    assert Thresholds(None, None).exceeded(10**6, 10**6) is None
