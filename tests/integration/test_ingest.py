@@ -100,7 +100,8 @@ def test_values_read_back_exactly_and_bytes_match_plan_write(
     assert report.outcome is Outcome.SUCCEEDED
     assert (report.rows_read, report.entities_written) == (N, N)
     assert report.values_written == N * 50
-    assert report.values_removed == 0 and report.bad_rows == 0
+    assert report.values_removed == 0
+    assert report.bad_rows == 0
     assert report.values_per_second > 0
 
     ids = list(range(N))
@@ -231,14 +232,17 @@ def test_bad_rows_are_quarantined_counted_and_fail_the_threshold(
         "wrong_embedding_dim": 1,
     }
     assert (report["rows_read"], report["entities_written"], report["bad_rows"]) == (6, 2, 4)
-    assert report["values_written"] == 4 + 3 and report["values_removed"] == 1
+    assert report["values_written"] == 4 + 3
+    assert report["values_removed"] == 1
 
     bad = pq.read_table(quarantine).to_pylist()
     by_id = {r["user_id"]: r for r in bad}
     assert set(by_id) == {2, 3, None, 6}
     assert by_id[2]["_ingest_reason"] == "unparseable_value"
-    assert "visits" in by_id[2]["_ingest_detail"] and by_id[2]["visits"] == "many"
-    assert by_id[3]["_ingest_reason"] == "wrong_embedding_dim" and by_id[3]["vec"] == [0.1, 0.2]
+    assert "visits" in by_id[2]["_ingest_detail"]
+    assert by_id[2]["visits"] == "many"
+    assert by_id[3]["_ingest_reason"] == "wrong_embedding_dim"
+    assert by_id[3]["vec"] == [0.1, 0.2]
 
     registry = load_registry(registry_path)
     with FeatureStore.connect(redis_url, registry) as store:
@@ -275,7 +279,8 @@ def test_redis_cluster_target(
 ) -> None:
     registry = load_registry(registry_file)
     report = run_ingest(spark, _job(registry_file, sample_input, cluster_url))
-    assert report.outcome is Outcome.SUCCEEDED and report.entities_written == N
+    assert report.outcome is Outcome.SUCCEEDED
+    assert report.entities_written == N
     assert _read_back(cluster_url, registry, list(range(N))) == _expected(registry, range(N))
 
 
@@ -333,7 +338,8 @@ def test_redis_killed_mid_job_retries_and_finishes(
         report = run_ingest(spark, job)
         chaos.join()
         state = chaos.state  # type: ignore[attr-defined]
-        assert state.get("killed") and int(state["keys_at_kill"]) < FAULT_N
+        assert state.get("killed")
+        assert int(state["keys_at_kill"]) < FAULT_N
         assert report.outcome is Outcome.SUCCEEDED
         assert report.retries >= 1
         assert report.entities_written == FAULT_N
