@@ -201,10 +201,15 @@ class FeatureClient(_RestBase):
 
 
 class AsyncFeatureClient(_RestBase):
-    """asyncio REST client (httpx.AsyncClient)."""
+    """asyncio REST client (httpx.AsyncClient); at most ``max_connections`` at once."""
 
     def __init__(
-        self, base_url: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_connections: int = 32,
     ) -> None:
         import httpx
 
@@ -214,7 +219,9 @@ class AsyncFeatureClient(_RestBase):
             base_url=self.base_url,
             headers=self.headers,
             timeout=timeout,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
     async def _post(self, path: str, body: bytes) -> bytes:

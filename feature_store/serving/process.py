@@ -1,0 +1,113 @@
+"""Run ``feature-store serve`` as a child process on free loopback ports.
+
+For tests and benchmarks, which need a real server in its own process (its own event loop
+and GIL), and for trying the API from a script:
+
+    with ServingProcess(redis_url, registry="sample") as server:
+        FeatureClient(server.rest_url).get(...)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+from feature_store.embedded import free_port
+from feature_store.errors import FeatureStoreError
+
+START_TIMEOUT_S = 30.0
+
+
+class ServingProcess:
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        registry: str | Path = "sample",
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        grpc: bool = True,
+        log_path: Path | None = None,
+    ) -> None:
+        self.redis_url = redis_url
+        self.registry = str(registry)
+        self.args = list(args)
+        self.env = dict(env or {})
+        self.grpc = grpc
+        self.log_path = log_path
+        self.port = free_port()
+        self.grpc_port = free_port() if grpc else None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        if self.grpc_port is None:
+            raise FeatureStoreError("this server runs without gRPC")
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> ServingProcess:
+        command = [
+            sys.executable,
+            "-m",
+            "feature_store.cli",
+            "serve",
+            "--registry",
+            self.registry,
+            "--redis-url",
+            self.redis_url,
+            "--port",
+            str(self.port),
+            *(["--grpc-port", str(self.grpc_port)] if self.grpc_port else ["--no-grpc"]),
+            *self.args,
+        ]
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("FEATURE_SERVING_", "FEATURE_STORE_"))
+        }
+        env.update(self.env)
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise FeatureStoreError(
+                    f"feature-store serve exited with {self.process.returncode}: {command}"
+                )
+            try:
+                if httpx.get(f"{self.rest_url}/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise FeatureStoreError(f"feature-store serve did not start within {START_TIMEOUT_S}s")
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> ServingProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

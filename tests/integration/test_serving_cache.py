@@ -1,0 +1,222 @@
+"""The L1 cache on real Redis: single-flight, coalescing, cancellation, negative caching,
+invalidation, bypass. Redis reads are counted by the server (INFO commandstats)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+
+from feature_store import sample
+from feature_store.connection import RedisTarget
+from feature_store.layout import entity_key
+from feature_store.serving.cache import CacheKey
+from feature_store.serving.client import AsyncGrpcFeatureClient, FeatureClient
+from feature_store.serving.config import ServingSettings
+from feature_store.serving.process import ServingProcess
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.store import FeatureStore
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+REGISTRY = sample.registry()
+
+
+def hmget_calls(url: str) -> int:
+    """HMGET commands the Redis server has executed since its stats were reset."""
+    with redis.Redis.from_url(url) as client:
+        stats = client.info("commandstats").get("cmdstat_hmget")
+    return int(stats["calls"]) if stats else 0
+
+
+def reset_stats(url: str) -> None:
+    with redis.Redis.from_url(url) as client:
+        client.config_resetstat()
+
+
+def key(entity_id: int) -> CacheKey:
+    return (GROUP, entity_key("c", REGISTRY.entities[ENTITY].id_type, entity_id))
+
+
+def write_sample(url: str, n: int = 100) -> None:
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(n))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def runtime(redis_url: str) -> AsyncIterator[ServingRuntime]:
+    settings = ServingSettings(invalidation=False, cache_negative_ttl=5.0, xfetch_beta=0.0)
+    rt = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
+    await rt.start()
+    yield rt
+    await rt.stop()
+
+
+async def test_a_thousand_concurrent_misses_on_one_key_make_one_redis_read(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    write_sample(redis_url, 10)
+    reset_stats(redis_url)
+    results = await asyncio.gather(*(runtime.reader.get([key(3)]) for _ in range(1000)))
+    assert hmget_calls(redis_url) == 1
+    assert {id(r[0].entry) for r in results} == {id(results[0][0].entry)}
+    stats = runtime.reader.cache.stats  # type: ignore[union-attr]
+    assert (stats.misses, stats.deduplicated, stats.round_trips) == (1, 999, 1)
+    assert results[0][0].entry.values is not None
+    assert results[0][0].entry.values[0] == sample.features(3)["float_00"]
+
+
+async def test_misses_of_concurrent_requests_share_one_round_trip(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    write_sample(redis_url, 100)
+    reset_stats(redis_url)
+    requests = [[key(i), key(i + 1)] for i in range(0, 100, 2)]
+    results = await asyncio.gather(*(runtime.reader.get(r) for r in requests))
+    stats = runtime.reader.cache.stats  # type: ignore[union-attr]
+    assert stats.round_trips == 1  # 50 requests, 100 keys, one pipeline
+    assert stats.coalesced == 99
+    assert hmget_calls(redis_url) == 100
+    assert all(r.entry.values is not None for pair in results for r in pair)
+    # all cached now: the same requests again cost nothing
+    await asyncio.gather(*(runtime.reader.get(r) for r in requests))
+    assert hmget_calls(redis_url) == 100
+    assert stats.hits == 100
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shared_read(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    write_sample(redis_url, 10)
+    reset_stats(redis_url)
+    first = asyncio.ensure_future(runtime.reader.get([key(5)]))
+    second = asyncio.ensure_future(runtime.reader.get([key(5)]))
+    await asyncio.sleep(0)  # both are waiting on the one load now
+    first.cancel()
+    resolved = await second
+    assert first.cancelled()
+    assert resolved[0].entry.values is not None
+    assert hmget_calls(redis_url) == 1
+    assert runtime.reader.cache.peek(key(5)) is not None  # type: ignore[union-attr]
+
+
+async def test_missing_entities_are_cached_with_their_own_ttl(redis_url: str) -> None:
+    clock = Clock()
+    settings = ServingSettings(
+        invalidation=False, cache_negative_ttl=2.0, cache_ttl=60.0, cache_jitter=0.0
+    )
+    rt = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
+    assert rt.reader.cache is not None
+    rt.reader.cache.clock = rt.reader.clock = clock
+    try:
+        reset_stats(redis_url)
+        for _ in range(3):
+            (r,) = await rt.reader.get([key(777)])
+            assert r.entry.negative
+        assert hmget_calls(redis_url) == 1
+        assert rt.reader.cache.stats.negative_hits == 2
+        clock.now += 2.5  # past the negative TTL, far from the positive one
+        await rt.reader.get([key(777)])
+        assert hmget_calls(redis_url) == 2
+    finally:
+        await rt.stop()
+
+
+async def test_invalidate_drops_the_entry_and_a_racing_read_cannot_refill_it(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    write_sample(redis_url, 10)
+    reader = runtime.reader
+    assert reader.cache is not None
+    await reader.get([key(1)])
+    assert reader.cache.peek(key(1)) is not None
+    # a read in flight when a write invalidates the key must not store its older value
+    reader.cache.discard(key(1))
+    pending = asyncio.ensure_future(reader.get([key(1)]))
+    await asyncio.sleep(0)
+    reader.invalidate([key(1)])
+    await pending
+    assert reader.cache.peek(key(1)) is None
+
+
+async def test_bypass_reads_redis_and_sees_writes_made_elsewhere(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    write_sample(redis_url, 10)
+    service = runtime.service
+    before = await service.lookup(ENTITY, [2], ["int_0"])
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, [(2, {"int_0": 424242})])  # not through serving: no invalidation
+    cached = await service.lookup(ENTITY, [2], ["int_0"])
+    assert cached.entries[0][0].entry is before.entries[0][0].entry
+    fresh = await service.lookup(ENTITY, [2], ["int_0"], bypass=True)
+    values = fresh.entries[0][0].entry.values
+    assert values is not None
+    assert values[sample.INTS.index("int_0") + len(sample.FLOATS)] == 424242
+
+
+# --- through real servers ----------------------------------------------------------------
+
+
+@pytest.fixture
+def two_servers(redis_url: str) -> Iterator[tuple[ServingProcess, ServingProcess]]:
+    with (
+        ServingProcess(redis_url, args=["--cache-ttl", "600"], grpc=False) as a,
+        ServingProcess(redis_url, args=["--cache-ttl", "600"], grpc=False) as b,
+    ):
+        yield a, b
+
+
+async def test_stampede_on_a_cold_entity_reads_redis_once(redis_url: str) -> None:
+    """1,000 concurrent calls on one HTTP/2 channel: they arrive together, as in a stampede."""
+    write_sample(redis_url, 10)
+    with ServingProcess(redis_url) as server:
+        reset_stats(redis_url)
+        async with AsyncGrpcFeatureClient(server.grpc_target, timeout=60) as client:
+            results = await asyncio.gather(
+                *(client.get(ENTITY, [7], groups=[GROUP]) for _ in range(1000))
+            )
+        assert hmget_calls(redis_url) == 1
+        with FeatureClient(server.rest_url, timeout=5) as rest:
+            again = rest.get(ENTITY, [7], groups=[GROUP]).rows[0]
+        assert (again.values, again.statuses) == (
+            results[0].rows[0].values,
+            results[0].rows[0].statuses,
+        )
+        assert hmget_calls(redis_url) == 1
+    want = sample.features(7)["float_05"]
+    assert all(r.as_dicts()[0]["float_05"] == want for r in results)
+
+
+def test_push_write_invalidates_the_cache_of_every_instance(
+    two_servers: tuple[ServingProcess, ServingProcess], redis_url: str
+) -> None:
+    a, b = two_servers
+    write_sample(redis_url, 10)
+    with FeatureClient(a.rest_url, timeout=5) as ca, FeatureClient(b.rest_url, timeout=5) as cb:
+        old = sample.features(4)["int_0"]
+        assert ca.get(ENTITY, [4], features=["int_0"]).rows[0].values == [old]
+        assert cb.get(ENTITY, [4], features=["int_0"]).rows[0].values == [old]
+        # a write that bypasses serving is not seen while cached: b really caches
+        with FeatureStore.connect(redis_url, sample.registry()) as store:
+            store.write(GROUP, [(4, {"int_0": -1})])
+        assert cb.get(ENTITY, [4], features=["int_0"]).rows[0].values == [old]
+        ca.write(GROUP, [(4, {"int_0": 99})])
+        assert ca.get(ENTITY, [4], features=["int_0"]).rows[0].values == [99]
+        seen = None
+        for _ in range(200):  # pub/sub delivery is asynchronous: poll, bounded
+            seen = cb.get(ENTITY, [4], features=["int_0"]).rows[0].values
+            if seen == [99]:
+                break
+            time.sleep(0.02)
+        assert seen == [99]

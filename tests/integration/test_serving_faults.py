@@ -1,0 +1,155 @@
+"""Redis going away under a serving process: stale values or a fast 503, then recovery.
+
+The server gets its own redis-server, which the test kills and restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.serving.client import (
+    FeatureClient,
+    GrpcFeatureClient,
+    ServingUnavailableError,
+)
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+# A short TTL so the cached entry is expired when Redis dies; it stays servable (stale).
+SERVER_ENV = {
+    "FEATURE_SERVING_CACHE_TTL": "0.2",
+    "FEATURE_SERVING_CACHE_JITTER": "0",
+    "FEATURE_SERVING_CACHE_MAX_STALE": "600",
+    "FEATURE_SERVING_BREAKER_FAILURES": "3",
+    "FEATURE_SERVING_BREAKER_OPEN": "0.2",
+    "FEATURE_SERVING_BREAKER_OPEN_MAX": "0.5",
+}
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(tmp_path / "redis", persistence=True) as server:
+        yield server
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_redis_killed_gives_stale_values_or_503_then_recovers(own_redis: EmbeddedRedis) -> None:
+    with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(20))
+    with (
+        ServingProcess(own_redis.url, env=SERVER_ENV) as server,
+        # the client's timeout bounds every call below: a hang fails the test
+        FeatureClient(server.rest_url, timeout=5) as client,
+        GrpcFeatureClient(server.grpc_target, timeout=5) as grpc_client,
+    ):
+        warm = client.get(ENTITY, [1, 2], features=["float_00", "int_0"])
+        assert [s.value for s in warm.rows[0].statuses] == ["present", "present"]
+
+        own_redis.kill()
+        time.sleep(0.3)  # past the cache TTL: the entries are expired but kept
+
+        for _ in range(5):  # enough failures to open the circuit
+            stale = client.get(ENTITY, [1, 2], features=["float_00", "int_0"])
+            assert stale.rows[0].values == warm.rows[0].values
+            assert [s.value for s in stale.rows[0].statuses] == ["stale", "stale"]
+        grpc_stale = grpc_client.get(ENTITY, [1], features=["float_00", "int_0"])
+        assert [s.value for s in grpc_stale.rows[0].statuses] == ["stale", "stale"]
+
+        # never cached: no value to fall back on, so a 503 (UNAVAILABLE over gRPC)
+        r = httpx.post(
+            f"{server.rest_url}/v1/features/get",
+            json={"entity_type": ENTITY, "ids": [3], "features": ["float_00"]},
+            timeout=5,
+        )
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "redis_unavailable"
+        assert "Retry-After" in r.headers
+        with pytest.raises(ServingUnavailableError):
+            grpc_client.get(ENTITY, [4], features=["float_00"])
+        assert httpx.get(f"{server.rest_url}/readyz", timeout=5).status_code == 503
+        metrics = httpx.get(f"{server.rest_url}/metrics", timeout=5).text
+        assert metric(metrics, "feature_serving_circuit_opened_total") >= 1
+        assert metric(metrics, "feature_serving_cache_stale_serves_total") >= 10
+
+        own_redis.restart()
+        recovered = None
+        for _ in range(250):  # the breaker probes again within its open period: bounded poll
+            try:
+                recovered = client.get(ENTITY, [3], features=["float_00"])
+                break
+            except ServingUnavailableError:
+                time.sleep(0.02)
+        assert recovered is not None
+        assert recovered.rows[0].values == [sample.features(3)["float_00"]]
+        fresh = client.get(ENTITY, [1, 2], features=["float_00", "int_0"])
+        assert [s.value for s in fresh.rows[0].statuses] == ["present", "present"]
+        assert httpx.get(f"{server.rest_url}/readyz", timeout=5).status_code == 200
+
+
+def test_without_a_cache_a_dead_redis_is_a_fast_503(own_redis: EmbeddedRedis) -> None:
+    with (
+        ServingProcess(own_redis.url, args=["--no-cache"], env=SERVER_ENV) as server,
+        FeatureClient(server.rest_url, timeout=5) as client,
+    ):
+        own_redis.kill()
+        for _ in range(6):
+            with pytest.raises(ServingUnavailableError):
+                client.get(ENTITY, [1], features=["float_00"])
+        metrics = httpx.get(f"{server.rest_url}/metrics", timeout=5).text
+        assert metric(metrics, "feature_serving_circuit_opened_total") >= 1
+        own_redis.restart()
+        for _ in range(250):
+            try:
+                result = client.get(ENTITY, [1], features=["float_00"])
+                break
+            except ServingUnavailableError:
+                time.sleep(0.02)
+        else:
+            raise AssertionError("serving did not recover after Redis came back")
+        assert [s.value for s in result.rows[0].statuses] == ["missing"]
+
+
+def test_a_hung_redis_costs_the_adaptive_timeout_not_a_hang(own_redis: EmbeddedRedis) -> None:
+    """SIGSTOP: connections stay open but nothing answers, the worst case for a caller."""
+    with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(5))
+    assert own_redis.process is not None
+    pid = own_redis.process.pid
+    env = {**SERVER_ENV, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.3"}
+    with (
+        ServingProcess(own_redis.url, env=env) as server,
+        FeatureClient(server.rest_url, timeout=5) as client,
+    ):
+        warm = client.get(ENTITY, [1], features=["int_0"])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.3)
+            stale = client.get(ENTITY, [1], features=["int_0"])
+            assert stale.rows[0].values == warm.rows[0].values
+            assert [s.value for s in stale.rows[0].statuses] == ["stale"]
+            with pytest.raises(ServingUnavailableError):
+                client.get(ENTITY, [2], features=["int_0"])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(250):
+            result = client.get(ENTITY, [1], features=["int_0"])
+            if result.rows[0].statuses[0].value == "present":
+                break
+            time.sleep(0.02)
+        assert [s.value for s in result.rows[0].statuses] == ["present"]

@@ -1,0 +1,131 @@
+"""The gRPC API against a real server: same answers as REST, errors, health, reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
+from feature_store.serving.client import (
+    AsyncGrpcFeatureClient,
+    FeatureClient,
+    GrpcFeatureClient,
+    ServingRequestError,
+)
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+
+
+@pytest.fixture(scope="module")
+def server(redis_server: EmbeddedRedis) -> Iterator[ServingProcess]:
+    with ServingProcess(redis_server.url, args=["--no-cache", "--max-entities", "50"]) as s:
+        yield s
+
+
+@pytest.fixture
+def data(redis_url: str) -> None:
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(30))
+
+
+@pytest.mark.usefixtures("data")
+def test_grpc_answers_like_rest(server: ServingProcess) -> None:
+    features = ["float_00", "float_07", "int_2", "int_3", "int_list_1", "embedding_0"]
+    ids = [0, 5, 29, 31337]
+    with (
+        GrpcFeatureClient(server.grpc_target, timeout=5) as g,
+        FeatureClient(server.rest_url, timeout=5) as r,
+    ):
+        for kwargs in ({"features": features}, {"groups": [GROUP]}):
+            via_grpc = g.get(ENTITY, ids, **kwargs)  # type: ignore[arg-type]
+            via_rest = r.get(ENTITY, ids, **kwargs)  # type: ignore[arg-type]
+            assert via_grpc.features == via_rest.features
+            for a, b in zip(via_grpc.rows, via_rest.rows, strict=True):
+                assert a.id == b.id
+                assert a.values == b.values
+                assert a.statuses == b.statuses
+                assert a.ages.keys() <= b.ages.keys()
+    assert via_grpc.rows[3].values == [None] * len(via_grpc.features)
+    # int3 holds negative numbers: the varint encoding of int64 must survive them
+    assert via_grpc.as_dicts()[1]["int_3"] == sample.features(5)["int_3"]
+
+
+@pytest.mark.usefixtures("data")
+async def test_async_grpc_client_reads_and_writes(server: ServingProcess) -> None:
+    async with AsyncGrpcFeatureClient(server.grpc_target, timeout=5) as client:
+        stats = await client.write(
+            GROUP, [(3, {"float_00": 2.5, "int_list_0": [1, 2, 3], "int_0": None})]
+        )
+        assert (stats.entities, stats.values_written, stats.values_removed) == (1, 2, 1)
+        result = await client.get(ENTITY, [3], features=["float_00", "int_list_0", "int_0"])
+        assert result.rows[0].values == [2.5, [1, 2, 3], None]
+        assert [s.value for s in result.rows[0].statuses] == ["present", "present", "missing"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"entity_type": ENTITY, "ids": [], "features": ["float_00"]}, "empty_batch"),
+        (
+            {"entity_type": ENTITY, "ids": list(range(51)), "features": ["float_00"]},
+            "batch_too_large",
+        ),
+        ({"entity_type": ENTITY, "ids": ["a"], "features": ["float_00"]}, "invalid_id"),
+        ({"entity_type": ENTITY, "ids": [1], "features": ["nope"]}, "unknown_feature"),
+        ({"entity_type": "shop", "ids": [1], "features": ["x"]}, "unknown_entity_type"),
+    ],
+)
+def test_grpc_bad_requests_are_invalid_argument(
+    server: ServingProcess, kwargs: dict[str, object], code: str
+) -> None:
+    with (
+        GrpcFeatureClient(server.grpc_target, timeout=5) as client,
+        pytest.raises(ServingRequestError) as err,
+    ):
+        client.get(**kwargs)  # type: ignore[arg-type]
+    assert err.value.code == code
+    # and at the wire level, the status is INVALID_ARGUMENT
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = FeatureServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as rpc:
+            stub.GetFeatures(
+                pb.GetFeaturesRequest(
+                    entity_type=ENTITY, int_ids=[1], string_ids=["a"], features=["float_00"]
+                ),
+                timeout=5,
+            )
+        assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_health_and_reflection(server: ServingProcess) -> None:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(
+            health_pb2.HealthCheckRequest(service="feature_store.v1.FeatureService"), timeout=5
+        )
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = {s.name for r in responses for s in r.list_services_response.service}
+    assert "feature_store.v1.FeatureService" in names
+    assert "grpc.health.v1.Health" in names
+
+
+def test_registry_over_grpc(server: ServingProcess) -> None:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = FeatureServiceStub(channel)  # type: ignore[no-untyped-call]
+        reg = stub.GetRegistry(pb.GetRegistryRequest(), timeout=5)
+    assert reg.entities[0].name == ENTITY
+    dims = {f.name: f.dim for f in reg.groups[0].features}
+    assert dims["embedding_1"] == 32
