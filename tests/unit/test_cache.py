@@ -1,0 +1,138 @@
+"""The L1 cache's storage and early-refresh rule, on a controlled clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from feature_store.serving.cache import Entry, LRUCache, entry_size, should_refresh_early
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(clock: Clock, **overrides: float) -> LRUCache:
+    args: dict[str, float] = {
+        "max_bytes": 1_000_000,
+        "max_entries": 1000,
+        "ttl": 10.0,
+        "negative_ttl": 1.0,
+        "jitter": 0.0,
+        "max_stale": 60.0,
+    }
+    args.update(overrides)
+    return LRUCache(clock=clock, rng=random.Random(1), **args)  # type: ignore[arg-type]
+
+
+def key(i: int) -> tuple[str, bytes]:
+    return ("g", f"c:{i}".encode())
+
+
+def test_entries_expire_after_the_ttl_and_missing_ones_after_the_negative_ttl() -> None:
+    clock = Clock()
+    cache = make(clock)
+    pos = cache.put(key(1), (1.0, 2), 123, 0.001)
+    neg = cache.put(key(2), None, None, 0.001)
+    assert pos.expires_at == 110.0
+    assert neg.expires_at == 101.0
+    assert neg.negative
+    assert not pos.negative
+
+
+def test_jitter_spreads_expiry_within_its_band() -> None:
+    clock = Clock()
+    cache = make(clock, jitter=0.2)
+    expiries = {cache.put(key(i), (1.0,), 1, 0.0).expires_at for i in range(200)}
+    assert len(expiries) > 100
+    assert min(expiries) >= 100 + 10 * 0.9
+    assert max(expiries) <= 100 + 10 * 1.1
+
+
+def test_bound_in_entries_evicts_the_least_recently_used() -> None:
+    clock = Clock()
+    cache = make(clock, max_entries=3)
+    for i in range(3):
+        cache.put(key(i), (float(i),), 1, 0.0)
+    cache.get(key(0))  # used: key(1) is now the oldest
+    cache.put(key(3), (3.0,), 1, 0.0)
+    assert cache.peek(key(1)) is None
+    assert cache.peek(key(0)) is not None
+    assert len(cache) == 3
+    assert cache.stats.evictions == 1
+
+
+def test_bound_in_bytes_holds_and_accounting_balances() -> None:
+    clock = Clock()
+    values = tuple([0.5] * 32 for _ in range(4))  # four embeddings
+    size = entry_size(values)
+    cache = make(clock, max_bytes=size * 5 + 10)
+    for i in range(20):
+        cache.put(key(i), values, 1, 0.0)
+        assert cache.bytes <= cache.max_bytes
+    assert len(cache) == 5
+    cache.put(key(19), (1.0,), 1, 0.0)  # replacing an entry frees its old size
+    for i in range(15, 20):
+        cache.discard(key(i))
+    assert cache.bytes == 0
+    assert len(cache) == 0
+
+
+def test_expired_entries_serve_as_stale_fallback_within_max_stale() -> None:
+    clock = Clock()
+    cache = make(clock, max_stale=30.0)
+    cache.put(key(1), (1.0,), 1, 0.0)
+    clock.now += 20  # expired 10 s ago
+    assert cache.stale_fallback(key(1), clock.now) is not None
+    clock.now += 25  # expired 35 s ago
+    assert cache.stale_fallback(key(1), clock.now) is None
+    assert cache.stale_fallback(key(2), clock.now) is None
+
+
+def test_expire_all_keeps_entries_for_stale_fallback() -> None:
+    clock = Clock()
+    cache = make(clock)
+    cache.put(key(1), (1.0,), 1, 0.0)
+    cache.expire_all()
+    entry = cache.peek(key(1))
+    assert entry is not None
+    assert entry.expires_at == clock.now
+    assert cache.stale_fallback(key(1), clock.now) is entry
+
+
+def test_zero_negative_ttl_does_not_cache_missing_entities() -> None:
+    cache = make(Clock(), negative_ttl=0.0)
+    cache.put(key(1), None, None, 0.0)
+    assert cache.peek(key(1)) is None
+    assert cache.bytes == 0
+
+
+def entry(expires_at: float, cost: float) -> Entry:
+    return Entry((1.0,), 1, expires_at, cost, 100)
+
+
+def test_xfetch_never_refreshes_far_from_expiry_and_always_after_it() -> None:
+    rng = random.Random(3)
+    far = entry(expires_at=1000.0, cost=0.001)
+    assert not any(should_refresh_early(far, 900.0, 1.0, rng) for _ in range(10_000))
+    assert all(should_refresh_early(far, 1000.0, 1.0, rng) for _ in range(1000))
+
+
+def test_xfetch_probability_rises_near_expiry_and_with_cost() -> None:
+    rng = random.Random(4)
+
+    def rate(now: float, cost: float, beta: float = 1.0) -> float:
+        e = entry(expires_at=10.0, cost=cost)
+        return sum(should_refresh_early(e, now, beta, rng) for _ in range(20_000)) / 20_000
+
+    # P(refresh) = exp(-(expiry - now) / (cost * beta))
+    assert rate(9.9, 0.1) == pytest.approx(0.368, abs=0.02)
+    assert rate(9.8, 0.1) == pytest.approx(0.135, abs=0.02)
+    assert rate(9.8, 0.2) == pytest.approx(0.368, abs=0.02)
+    assert rate(9.8, 0.1, beta=2.0) == pytest.approx(0.368, abs=0.02)
+    assert rate(9.0, 0.1, beta=0.0) == 0.0
