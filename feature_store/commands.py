@@ -10,7 +10,10 @@ from pathlib import Path
 
 import orjson
 
+from feature_store.batch import EntityId
 from feature_store.embedded import EmbeddedRedis
+from feature_store.errors import RequestError
+from feature_store.layout import IdType
 from feature_store.registry import default_lock_path, load_registry, write_lock
 from feature_store.settings import Settings
 from feature_store.store import FeatureStore, listpack_value_needed
@@ -28,6 +31,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_redis_args(demo)
     demo.set_defaults(func=run_demo)
 
+    get = sub.add_parser(
+        "get",
+        help="read features of some entities and print them, one JSON line per entity",
+        description="Read a batch in one round trip and print values, statuses and ages.",
+    )
+    get.add_argument("entity", help="entity type, e.g. consumer")
+    get.add_argument("ids", nargs="+", help="entity ids")
+    get.add_argument("-f", "--features", nargs="*", default=[], help="feature names")
+    get.add_argument("-g", "--groups", nargs="*", default=[], help="feature groups")
+    get.add_argument("--registry", type=Path, help="registry file (default: features.yaml)")
+    add_redis_args(get)
+    get.set_defaults(func=run_get)
+
     reg = sub.add_parser("registry", help="validate or lock a registry file")
     reg_sub = reg.add_subparsers(dest="registry_command", required=True, metavar="ACTION")
     validate = reg_sub.add_parser("validate", help="load a registry and print a summary")
@@ -41,6 +57,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="record type or prefix changes of deployed features (only once no old values remain)",
     )
     lock.set_defaults(func=run_lock)
+    sample_cmd = reg_sub.add_parser(
+        "sample", help="print the registry of the standard benchmark shape (sample data)"
+    )
+    sample_cmd.set_defaults(func=run_sample)
 
 
 def add_redis_args(parser: argparse.ArgumentParser) -> None:
@@ -56,18 +76,21 @@ def add_redis_args(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings.from_env(
-        redis_url=getattr(args, "redis_url", None), data_dir=getattr(args, "data_dir", None)
+        redis_url=getattr(args, "redis_url", None),
+        data_dir=getattr(args, "data_dir", None),
+        registry=getattr(args, "registry", None),
     )
 
 
 @contextlib.contextmanager
-def redis_url(settings: Settings) -> Iterator[str]:
+def redis_url(settings: Settings, *, quiet: bool = False) -> Iterator[str]:
     """The configured Redis URL, or an embedded redis-server's for as long as it is needed."""
     if settings.redis_url is not None:
         yield settings.redis_url
         return
     with EmbeddedRedis(settings.data_dir / "redis") as server:
-        print(f"embedded Redis at {server.url}, data in {server.data_dir}")
+        if not quiet:
+            print(f"embedded Redis at {server.url}, data in {server.data_dir}")
         yield server.url
 
 
@@ -101,6 +124,41 @@ def run_demo(args: argparse.Namespace) -> int:
                     {"id": row.entity_id, "age_s": row.ages[sample.GROUP], **values}
                 ).decode()
             )
+    return 0
+
+
+def run_get(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    registry = load_registry(settings.registry)
+    entity = registry.entity(args.entity)
+    ids: list[EntityId] = (
+        [_int_id(i) for i in args.ids] if entity.id_type is IdType.INT else list(args.ids)
+    )
+    with redis_url(settings, quiet=True) as url, FeatureStore.connect(url, registry) as store:
+        result = store.read(args.entity, ids, args.features, args.groups)
+    names = [f.name for f in result.features]
+    for row in result.rows:
+        line = {
+            "id": row.entity_id,
+            "values": dict(zip(names, row.values, strict=True)),
+            "statuses": dict(zip(names, (s.value for s in row.statuses), strict=True)),
+            "ages": row.ages,
+        }
+        print(orjson.dumps(line).decode())
+    return 0
+
+
+def _int_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise RequestError(f"entity id {text!r} is not an integer") from None
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    from feature_store import sample
+
+    print(sample.registry_text(), end="")
     return 0
 
 

@@ -70,3 +70,25 @@ def test_malformed_registry_exits_2_naming_the_entry(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "features.embedding_0: unknown type 'embeding(32)'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_get_prints_values_statuses_and_ages(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path)]
+    assert cli("demo", "--entities", "20", "--batch", "1", *data).returncode == 0
+    registry = tmp_path / "features.yaml"
+    out = cli("registry", "sample")
+    registry.write_text(out.stdout)
+    out = cli("get", "consumer", "4", "999", "-f", "int_0", "--registry", str(registry), *data)
+    assert out.returncode == 0, out.stderr
+    found, missing = (orjson.loads(line) for line in out.stdout.splitlines())
+    assert found["values"] == {"int_0": sample.features(4)["int_0"]}
+    assert found["statuses"] == {"int_0": "present"}
+    assert missing == {
+        "id": 999,
+        "values": {"int_0": None},
+        "statuses": {"int_0": "missing"},
+        "ages": {"consumer_features": None},
+    }
+    out = cli("get", "consumer", "4", "-f", "nope", "--registry", str(registry), *data)
+    assert out.returncode == 2
+    assert "entity type 'consumer' has no feature 'nope'" in out.stderr
