@@ -11,7 +11,7 @@ commands by node and sends each node its share in one round trip.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -20,6 +20,7 @@ from feature_store.batch import (
     Command,
     EntityId,
     ReadPlan,
+    WritePlan,
     WriteStats,
     decode_read,
     plan_read,
@@ -67,6 +68,18 @@ class _Base(Generic[C]):
             self.registry, entity, ids, features, groups, max_entities=self.max_entities
         )
 
+    def _write_plans(
+        self,
+        group: str,
+        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        chunk_size: int,
+        now: float | None,
+    ) -> Iterator[WritePlan]:
+        """One plan per chunk of rows; the clients run each as one pipeline."""
+        g = self.registry.group(group)
+        for chunk in _chunks(rows, chunk_size):
+            yield plan_write(g, chunk, now=now)
+
     def _check_listpack(self, configured: Mapping[bytes | str, bytes | str]) -> None:
         needed = listpack_value_needed(self.registry)
         for value in configured.values():
@@ -113,10 +126,8 @@ class FeatureStore(_Base[SyncClient]):
         chunk_size: int = DEFAULT_CHUNK,
         now: float | None = None,
     ) -> WriteStats:
-        g = self.registry.group(group)
         total = WriteStats()
-        for chunk in _chunks(rows, chunk_size):
-            plan = plan_write(g, chunk, now=now)
+        for plan in self._write_plans(group, rows, chunk_size, now):
             self._run(plan.commands)
             total += plan.stats
         return total
@@ -178,10 +189,8 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         chunk_size: int = DEFAULT_CHUNK,
         now: float | None = None,
     ) -> WriteStats:
-        g = self.registry.group(group)
         total = WriteStats()
-        for chunk in _chunks(rows, chunk_size):
-            plan = plan_write(g, chunk, now=now)
+        for plan in self._write_plans(group, rows, chunk_size, now):
             await self._run(plan.commands)
             total += plan.stats
         return total
