@@ -44,6 +44,7 @@ class ServingSettings:
     cache_max_entries: int = 1_000_000
     cache_max_stale: float = 300.0  # how long past expiry a value may be served if Redis fails
     xfetch_beta: float = 1.0  # >1 refreshes hot keys earlier, 0 disables early refresh
+    single_flight: bool = True  # off only to measure what the debouncer saves
     invalidation: bool = True  # publish and follow push-write invalidations
     invalidation_channel: str = "feature_store:invalidate"
 

@@ -27,74 +27,25 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
-from feature_store.batch import Command
 from feature_store.errors import (
     EncodingError,
     StoreError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
-from feature_store.layout import decode_timestamp
-from feature_store.registry import FeatureGroup, Registry
-from feature_store.serialization import Value
+from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
 from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_size, should_refresh_early
+from feature_store.serving.roundtrip import Read, Reply, RoundTrip
+from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 
 
-class RoundTrip(Protocol):
-    """Sends commands to Redis in one pipeline and returns the replies, in order."""
-
-    async def __call__(self, commands: list[Command]) -> list[object]: ...
-
-
 class CircuitOpenError(StoreUnavailableError):
     """Redis failed repeatedly; reads fail fast until a probe succeeds."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """What one group's HMGET asks for and how its reply decodes."""
-
-    group: FeatureGroup
-    fields: tuple[bytes, ...]  # every feature field, then the freshness field
-    decoders: tuple[Callable[[bytes], Value], ...]
-
-    @classmethod
-    def of(cls, group: FeatureGroup) -> GroupSpec:
-        return cls(
-            group,
-            (*(f.field for f in group.features), group.freshness_field),
-            tuple(f.codec.decode for f in group.features),
-        )
-
-    def decode(self, key: bytes, reply: Sequence[bytes | None]) -> tuple[Value | None, ...] | None:
-        raw, ts = reply[:-1], reply[-1]
-        if ts is None and all(r is None for r in raw):
-            return None  # nothing of this group is stored for the entity
-        try:
-            return tuple(
-                None if r is None else d(r) for d, r in zip(self.decoders, raw, strict=True)
-            )
-        except EncodingError:
-            for f, r in zip(self.group.features, raw, strict=True):
-                if r is not None:
-                    try:
-                        f.codec.decode(r)
-                    except EncodingError as e:
-                        raise EncodingError(
-                            f"{key.decode(errors='replace')} feature {f.name!r}: {e}"
-                        ) from None
-            raise
-
-    @staticmethod
-    def written_at(reply: Sequence[bytes | None]) -> int | None:
-        ts = reply[-1]
-        return None if ts is None else decode_timestamp(ts)
 
 
 class Resolved(NamedTuple):
@@ -129,6 +80,7 @@ class CachedReader:
         breaker: CircuitBreaker | None = None,
         timeout: AdaptiveTimeout | None = None,
         xfetch_beta: float = 1.0,
+        single_flight: bool = True,
         on_round_trip: Callable[[float, int], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -139,6 +91,7 @@ class CachedReader:
         self.breaker = breaker or CircuitBreaker()
         self.timeout = timeout or AdaptiveTimeout()
         self.beta = xfetch_beta
+        self.single_flight = single_flight
         self.on_round_trip = on_round_trip
         self.rng = rng or random.Random()
         self.clock = cache.clock if cache is not None else time.monotonic
@@ -157,6 +110,8 @@ class CachedReader:
     async def get(self, keys: Sequence[CacheKey], *, bypass: bool = False) -> list[Resolved]:
         if self.cache is None:
             return await self._direct(keys)
+        if not self.single_flight:
+            return await self._unshared(keys, bypass)
         cache = self.cache
         stats = cache.stats
         now = self.clock()
@@ -246,14 +201,13 @@ class CachedReader:
         by_entity: dict[bytes, list[_Load]] = {}
         for load in loads:
             by_entity.setdefault(load.key[1], []).append(load)
-        commands: list[Command] = []
-        for entity_key, group_loads in by_entity.items():
-            fields: list[bytes] = []
-            for load in group_loads:
-                fields += self.specs[load.key[0]].fields
-            commands.append(("HMGET", entity_key, *fields))
+        specs = self.specs
+        reads: list[Read] = [
+            (entity_key, [specs[load.key[0]] for load in group_loads])
+            for entity_key, group_loads in by_entity.items()
+        ]
         try:
-            replies, cost = await self._send(commands, len(loads))
+            replies, cost = await self._send(reads, len(loads))
         except StoreError as error:
             self._fail(loads, error)
             return
@@ -271,7 +225,7 @@ class CachedReader:
             offset = 0
             for load in group_loads:
                 spec = self.specs[load.key[0]]
-                part = reply[offset : offset + len(spec.fields)]  # type: ignore[index]
+                part = reply[offset : offset + len(spec.fields)]
                 offset += len(spec.fields)
                 self._finish(load, spec, part, cost, now)
 
@@ -301,13 +255,13 @@ class CachedReader:
             if not load.future.done():
                 load.future.set_exception(error)
 
-    async def _send(self, commands: list[Command], nkeys: int) -> tuple[list[object], float]:
+    async def _send(self, reads: list[Read], nkeys: int) -> tuple[list[Reply], float]:
         """One round trip under the adaptive timeout, reported to the circuit breaker."""
         timeout = self.timeout.current
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(timeout):
-                replies = await self.round_trip(commands)
+                replies = await self.round_trip(reads)
         except TimeoutError:
             self.breaker.failure()
             raise StoreTimeoutError(
@@ -323,20 +277,39 @@ class CachedReader:
             self.on_round_trip(elapsed, nkeys)
         return replies, elapsed
 
+    async def _unshared(self, keys: Sequence[CacheKey], bypass: bool) -> list[Resolved]:
+        """The cache without the debouncer: each request reads its own misses (a baseline)."""
+        assert self.cache is not None
+        cache, now = self.cache, self.clock()
+        out: list[Resolved | None] = [None] * len(keys)
+        misses = []
+        for i, key in enumerate(keys):
+            entry = None if bypass else cache.get(key)
+            if entry is not None and now < entry.expires_at:
+                cache.stats.hits += 1
+                out[i] = Resolved(entry, False)
+            else:
+                cache.stats.misses += 1
+                misses.append(i)
+        if misses:
+            loaded = await self._direct([keys[i] for i in misses])
+            cache.stats.round_trips += 1
+            for i, resolved in zip(misses, loaded, strict=True):
+                e = resolved.entry
+                out[i] = Resolved(cache.put(keys[i], e.values, e.written_at, e.cost), False)
+        return out  # type: ignore[return-value]
+
     async def _direct(self, keys: Sequence[CacheKey]) -> list[Resolved]:
         """Without a cache: one pipeline per request, no sharing (the L1-off baseline)."""
         if not self.breaker.allow():
             raise CircuitOpenError("Redis is unavailable (circuit open)")
-        commands: list[Command] = [
-            ("HMGET", entity_key, *self.specs[group].fields) for group, entity_key in keys
-        ]
-        replies, cost = await self._send(commands, len(keys))
+        reads: list[Read] = [(entity_key, [self.specs[group]]) for group, entity_key in keys]
+        replies, cost = await self._send(reads, len(keys))
         now = self.clock()
         out = []
         for (group, entity_key), reply in zip(keys, replies, strict=True):
-            part: Sequence[bytes | None] = reply  # type: ignore[assignment]
-            values = self.specs[group].decode(entity_key, part)
-            entry = Entry(values, GroupSpec.written_at(part), now, cost, 0)
+            values = self.specs[group].decode(entity_key, reply)
+            entry = Entry(values, GroupSpec.written_at(reply), now, cost, 0)
             out.append(Resolved(entry, False))
         return out
 

@@ -10,8 +10,7 @@ import asyncio
 import gc
 import logging
 
-from feature_store.batch import Command
-from feature_store.connection import RedisTarget, translated_errors
+from feature_store.connection import RedisTarget
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
@@ -20,6 +19,7 @@ from feature_store.serving.config import ServingSettings
 from feature_store.serving.invalidation import InvalidationListener, RedisPublisher, pubsub_client
 from feature_store.serving.loader import CachedReader
 from feature_store.serving.metrics import ServingMetrics
+from feature_store.serving.roundtrip import round_trip_for
 from feature_store.serving.service import FeatureService, Writer
 from feature_store.store import AsyncFeatureStore
 
@@ -33,15 +33,7 @@ class ServingRuntime:
         self.settings = settings
         self.store = AsyncFeatureStore.connect(target, registry)
         client = self.store.client
-
-        async def round_trip(commands: list[Command]) -> list[object]:
-            with translated_errors():
-                pipe = client.pipeline(transaction=False)
-                for cmd in commands:
-                    pipe.execute_command(*cmd)
-                replies: list[object] = await pipe.execute()
-                return replies
-
+        round_trip = round_trip_for(client)
         cache = (
             LRUCache(
                 max_bytes=settings.cache_max_bytes,
@@ -71,6 +63,7 @@ class ServingRuntime:
                 settings.redis_timeout_factor,
             ),
             xfetch_beta=settings.xfetch_beta,
+            single_flight=settings.single_flight,
         )
         self.listener: InvalidationListener | None = None
         publisher = None

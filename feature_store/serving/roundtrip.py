@@ -1,0 +1,81 @@
+"""Sending the read path's HMGETs to Redis: one pipelined round trip per call.
+
+The loader hands over (entity key, groups) pairs. A group's fields never change, so
+their RESP encoding is made once (``GroupSpec.packed_fields``) and a command costs one
+bytes join. redis-py's generic ``pack_command`` re-encodes all 51 arguments of every
+HMGET and cost more CPU than everything else on the path (about 100 us per entity);
+the packed form is written on a pooled connection and the replies read in order.
+
+Against Redis Cluster the commands go through redis-py's cluster pipeline instead, which
+routes each key to its node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Protocol
+
+import redis.asyncio
+import redis.asyncio.cluster
+
+from feature_store.connection import AsyncClient, translated_errors
+from feature_store.serving.spec import GroupSpec
+
+Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
+Reply = list[bytes | None]
+
+
+class RoundTrip(Protocol):
+    """One HMGET per read, all in one round trip; the replies in order."""
+
+    async def __call__(self, reads: Sequence[Read]) -> list[Reply]: ...
+
+
+def pack(reads: Sequence[Read]) -> bytes:
+    parts = []
+    for key, specs in reads:
+        nfields = sum(len(s.fields) for s in specs)
+        parts.append(b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%b\r\n" % (nfields + 2, len(key), key))
+        parts.extend(s.packed_fields for s in specs)
+    return b"".join(parts)
+
+
+class PackedRoundTrip:
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.pool = client.connection_pool
+
+    async def __call__(self, reads: Sequence[Read]) -> list[Reply]:
+        data = pack(reads)
+        with translated_errors():
+            conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.send_packed_command(data, check_health=False)
+                replies: list[Reply] = [await conn.read_response() for _ in reads]
+            except BaseException:
+                # cancelled or failed halfway: unread replies would poison the connection
+                with contextlib.suppress(Exception):
+                    await conn.disconnect()
+                raise
+            finally:
+                await self.pool.release(conn)
+        return replies
+
+
+class PipelineRoundTrip:
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def __call__(self, reads: Sequence[Read]) -> list[Reply]:
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key, specs in reads:
+                pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
+            replies: list[Reply] = await pipe.execute()
+        return replies
+
+
+def round_trip_for(client: AsyncClient) -> RoundTrip:
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return PipelineRoundTrip(client)
+    return PackedRoundTrip(client)

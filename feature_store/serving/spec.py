@@ -1,0 +1,53 @@
+"""What one feature group's read asks Redis for, and how its reply decodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from feature_store.errors import EncodingError
+from feature_store.layout import decode_timestamp
+from feature_store.registry import FeatureGroup
+from feature_store.serialization import Value
+
+
+def _resp(fields: Sequence[bytes]) -> bytes:
+    return b"".join(b"$%d\r\n%b\r\n" % (len(f), f) for f in fields)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    group: FeatureGroup
+    fields: tuple[bytes, ...]  # every feature field, then the freshness field
+    packed_fields: bytes  # the same, RESP-encoded once
+    decoders: tuple[Callable[[bytes], Value], ...]
+
+    @classmethod
+    def of(cls, group: FeatureGroup) -> GroupSpec:
+        fields = (*(f.field for f in group.features), group.freshness_field)
+        return cls(group, fields, _resp(fields), tuple(f.codec.fast_decode for f in group.features))
+
+    def decode(self, key: bytes, reply: Sequence[bytes | None]) -> tuple[Value | None, ...] | None:
+        """The group's values, or None when the entity has nothing of this group."""
+        raw = reply[:-1]
+        if reply[-1] is None and all(r is None for r in raw):
+            return None
+        try:
+            return tuple(
+                [None if r is None else d(r) for d, r in zip(self.decoders, raw, strict=True)]
+            )
+        except ValueError:  # fast decoders raise plain ValueError; find the culprit
+            for f, r in zip(self.group.features, raw, strict=True):
+                if r is not None:
+                    try:
+                        f.codec.decode(r)
+                    except EncodingError as e:
+                        raise EncodingError(
+                            f"{key.decode(errors='replace')} feature {f.name!r}: {e}"
+                        ) from None
+            raise EncodingError(f"{key.decode(errors='replace')}: undecodable value") from None
+
+    @staticmethod
+    def written_at(reply: Sequence[bytes | None]) -> int | None:
+        ts = reply[-1]
+        return None if ts is None else decode_timestamp(ts)
