@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
+import snappy
 
 from feature_store.batch import Command
 from feature_store.errors import EncodingError, RequestError
@@ -35,7 +36,10 @@ from feature_store.layout import IdType, encode_timestamp, entity_key
 from feature_store.registry import Feature, FeatureGroup
 from feature_store.serialization import FeatureType
 
-MEMO_LIMIT = 1 << 20  # distinct float encodings remembered per column before starting over
+MEMO_LIMIT = 1 << 20
+_FLOAT32_MAX = float(
+    np.finfo(np.float32).max
+)  # distinct float encodings remembered per column before starting over
 
 _FLOAT_TYPES = (FeatureType.FLOAT, FeatureType.DOUBLE)
 _LIST_TYPES = (FeatureType.EMBEDDING, FeatureType.FLOAT_LIST, FeatureType.INT_LIST)
@@ -211,7 +215,141 @@ def _encode_column(
         return _encode_values(array.to_pylist(), feature, _parser(feature.type))
     if feature.type in _FLOAT_TYPES and pa.types.is_floating(array.type):
         return _encode_floats(array, feature, memos)
+    if feature.type is FeatureType.EMBEDDING:
+        result = _encode_embeddings(array, feature)
+        if result is not None:
+            return result
+    if feature.type is FeatureType.INT_LIST:
+        result = _encode_int_lists(array, feature)
+        if result is not None:
+            return result
     return _encode_values(_cells(array), feature, None)
+
+
+def _list_parts(array: pa.Array) -> tuple[np.ndarray, list[int]] | None:
+    """A list column's flat values and offsets (from 0), or None if any item is null."""
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        return None
+    flat = array.flatten()
+    if flat.null_count:
+        return None
+    offsets = array.offsets.to_numpy()
+    return flat.to_numpy(zero_copy_only=False), (offsets - offsets[0]).tolist()
+
+
+def _encode_embeddings(array: pa.Array, feature: Feature) -> _ColumnResult | None:
+    """Packed float32 protobuf bytes of a whole column at once, or None to use the codec.
+
+    A FloatList of packed floats is a fixed header (tag, byte length) then the values as
+    little-endian float32; the header is taken from the codec's own output. Columns with
+    NaN (whose payload bits protobuf may not keep), values past the float32 range or
+    null items go through the codec instead. Rows of the wrong dimension go through the
+    codec too, which reports them. The first row is checked against the codec.
+    """
+    parts = _list_parts(array)
+    if parts is None or not pa.types.is_floating(array.type.value_type):
+        return None
+    flat, offsets = parts
+    if flat.dtype != np.float32:
+        finite = flat[np.isfinite(flat)]
+        if finite.size and float(np.abs(finite).max()) > _FLOAT32_MAX:
+            return None
+        flat = flat.astype(np.float32)
+    if np.isnan(flat).any():
+        return None
+    dim = feature.dim or 0
+    encode = feature.codec.encode
+    header = encode([0.0] * dim)[: -4 * dim]
+    raw = flat.astype("<f4", copy=False).tobytes()
+    values: list[bytes | None] = []
+    errors: dict[int, tuple[BadReason, str]] = {}
+    for i, (a, b) in enumerate(itertools.pairwise(offsets)):
+        if b - a == dim:
+            values.append(header + raw[4 * a : 4 * b])
+        else:
+            values.append(None)
+            try:
+                encode(flat[a:b].tolist())
+            except EncodingError as e:
+                errors[i] = (BadReason.WRONG_EMBEDDING_DIM, str(e))
+    return _checked(array, feature, values, errors)
+
+
+def _encode_int_lists(array: pa.Array, feature: Feature) -> _ColumnResult | None:
+    """Snappy-compressed packed-varint IntList bytes, varints made by numpy.
+
+    Protobuf writes a packed ``repeated int64`` as tag, byte length, then each value's
+    two's complement as a base-128 varint (10 bytes for negatives). The varints of the
+    whole column are built at once; each row then costs one slice and one Snappy call.
+    Empty lists and unsigned 64-bit columns go through the codec. The first row is
+    checked against the codec.
+    """
+    parts = _list_parts(array)
+    value_type = array.type.value_type if parts is not None else None
+    if parts is None or not pa.types.is_integer(value_type) or value_type == pa.uint64():
+        return None
+    flat, offsets = parts
+    words = flat.astype(np.int64).view(np.uint64)
+    sizes = np.ones(len(words), dtype=np.int64)
+    for k in range(1, 10):
+        sizes += words >= np.uint64(1 << (7 * k))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    out = np.zeros(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+    for k in range(10):
+        has = sizes > k
+        if not has.any():
+            break
+        byte = (words[has] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        more = (sizes[has] > k + 1).astype(np.uint64) << np.uint64(7)
+        out[starts[has] + k] = (byte | more).astype(np.uint8)
+    payload = out.tobytes()
+    byte_offsets = [0, *ends.tolist()]
+    compress = snappy.compress
+    encode = feature.codec.encode
+    values: list[bytes | None] = []
+    for a, b in itertools.pairwise(offsets):
+        if a == b:
+            values.append(encode([]))
+            continue
+        body = payload[byte_offsets[a] : byte_offsets[b]]
+        values.append(bytes(compress(b"\x0a" + _varint(len(body)) + body)))
+    return _checked(array, feature, values, {})
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _checked(
+    array: pa.Array,
+    feature: Feature,
+    values: list[bytes | None],
+    errors: dict[int, tuple[BadReason, str]],
+) -> _ColumnResult:
+    """Refuse to write if the column-wise bytes of the first good row differ from the codec's."""
+    for i, value in enumerate(values):
+        if value is not None and not array[i].is_valid:
+            values[i] = None
+            continue
+        if value is not None:
+            expected = feature.codec.encode(array[i].as_py())
+            if value != expected:
+                raise EncodingError(
+                    f"column-wise encoding of feature {feature.name!r} differs from its codec "
+                    f"({value[:40]!r} != {expected[:40]!r}); refusing to write"
+                )
+            break
+    if array.null_count:
+        for i in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)).tolist():
+            values[i] = None
+            errors.pop(i, None)
+    return _ColumnResult(values, errors)
 
 
 def _cells(array: pa.Array) -> list[object]:

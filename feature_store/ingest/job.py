@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from feature_store.registry import Registry, load_registry
 from feature_store.store import FeatureStore
 
 log = logging.getLogger(__name__)
+_CAUSE = re.compile(r"^[\w.]+(Error|Exception): ")
 
 FORMATS = ("parquet", "csv", "json", "orc")
 DEFAULT_SPARK_CONF: dict[str, str] = {
@@ -315,8 +317,17 @@ def _spark_errors(counters: Counters) -> Iterator[None]:
             if line is not None:
                 raise error(f"the ingest job failed: {line}{partial_counts}") from None
         raise FeatureStoreError(
-            f"the ingest job failed in Spark: {_first_line(e)}{partial_counts}"
+            f"the ingest job failed in Spark: {_cause_line(text) or _first_line(e)}{partial_counts}"
         ) from e
+
+
+def _cause_line(text: str) -> str | None:
+    """The last ``SomeError: message`` line of a (Python worker) traceback in ``text``."""
+    found = None
+    for line in text.splitlines():
+        if _CAUSE.match(line.strip()):
+            found = line.strip()
+    return found
 
 
 def _line_with(text: str, marker: str) -> str | None:
