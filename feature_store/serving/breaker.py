@@ -105,7 +105,7 @@ class AdaptiveTimeout:
 
     def __init__(
         self,
-        floor: float = 0.05,
+        floor: float = 0.1,
         cap: float = 1.0,
         percentile: float = 99.9,
         factor: float = 3.0,

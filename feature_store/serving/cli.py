@@ -20,9 +20,8 @@ import orjson
 from feature_store.commands import add_redis_args, redis_url, settings_from
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from feature_store.registry import Registry
+    from feature_store.serving.app import FastPath
 
 SAMPLE = "sample"
 
@@ -124,7 +123,7 @@ def _load(path: str) -> Registry:
     return load_registry(Path(path))
 
 
-def _app_from_config(config: dict[str, object]) -> FastAPI:
+def _app_from_config(config: dict[str, object]) -> FastPath:
     from feature_store.connection import RedisTarget
     from feature_store.serving.app import create_app
     from feature_store.serving.config import ServingSettings
@@ -141,7 +140,7 @@ def _app_from_config(config: dict[str, object]) -> FastAPI:
     return create_app(runtime, grpc_port=serving.grpc_port)
 
 
-def worker_app() -> FastAPI:
+def worker_app() -> FastPath:
     """The app of one worker process of ``serve --workers N`` (uvicorn's factory)."""
     from feature_store.serving.config import WORKER_ENV
 

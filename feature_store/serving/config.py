@@ -49,7 +49,7 @@ class ServingSettings:
     invalidation_channel: str = "feature_store:invalidate"
 
     # Redis trouble
-    redis_timeout_min: float = 0.05  # floor of the adaptive timeout
+    redis_timeout_min: float = 0.1  # floor of the adaptive timeout
     redis_timeout_max: float = 1.0  # cap of the adaptive timeout (and the first timeout)
     redis_timeout_percentile: float = 99.9
     redis_timeout_factor: float = 3.0  # timeout = percentile of observed latency x factor

@@ -81,8 +81,31 @@ _ENCODERS: dict[FeatureType, Callable[[Value], bytes]] = {
 }
 
 
+_FLOAT_RECORD = struct.Struct("<BBBd")  # values record (tag 2, length 9), float_value tag, double
+
+
+def _float_record(v: Value) -> bytes:
+    return _FLOAT_RECORD.pack(0x12, 9, 0x09, v)
+
+
+def _int_record(v: Value) -> bytes:
+    if type(v) is int and 0 <= v < 0x80:
+        return bytes((0x12, 2, 0x10, v))
+    return record(0x12, _int(v))
+
+
 def value_encoders(features: Sequence[Feature]) -> list[Callable[[Value], bytes]]:
-    return [_ENCODERS[f.type] for f in features]
+    """Per feature: a value -> its whole ``FeatureRow.values`` record (tag 2)."""
+    out: list[Callable[[Value], bytes]] = []
+    for f in features:
+        if f.type in (FeatureType.FLOAT, FeatureType.DOUBLE):
+            out.append(_float_record)
+        elif f.type is FeatureType.INT:
+            out.append(_int_record)
+        else:
+            enc = _ENCODERS[f.type]
+            out.append(lambda v, enc=enc: record(0x12, enc(v)))  # type: ignore[misc]
+    return out
 
 
 def entry_values(entry: Entry, encoders: Sequence[Callable[[Value], bytes]]) -> tuple[bytes, ...]:
@@ -93,8 +116,10 @@ def entry_values(entry: Entry, encoders: Sequence[Callable[[Value], bytes]]) -> 
             wire = (MISSING_VALUE,) * len(encoders)
         else:
             wire = tuple(
-                MISSING_VALUE if v is None else record(0x12, enc(v))
-                for enc, v in zip(encoders, entry.values, strict=True)
+                [
+                    MISSING_VALUE if v is None else enc(v)
+                    for enc, v in zip(encoders, entry.values, strict=True)
+                ]
             )
         entry.wire = wire
     return wire
