@@ -220,23 +220,24 @@ def _execute(
             _spark_errors(counters),
             _progress(spark, counters, progress, job.progress_interval, started),
         ):
-            sums = (
-                result.where(F.col(KIND) == "stats")
+            # one pass: a row per kind and reason (stats rows have no reason)
+            groups = (
+                result.groupBy(KIND, REASON)
                 .agg(
-                    F.count(F.lit(1)).alias("tasks"),
+                    F.count(F.lit(1)).alias("n"),
                     *[F.sum(name).alias(name) for name, _ in STATS],
                 )
-                .collect()[0]
+                .collect()
             )
-        with _spark_errors(counters):
-            bad_rows = result.where(F.col(KIND) == "bad")
-            by_reason = {
-                r[REASON]: int(r["count"]) for r in bad_rows.groupBy(REASON).count().collect()
-            }
-            if by_reason:
-                bad_rows.select(*plan.input_columns, REASON, DETAIL).write.mode(
-                    "overwrite"
-                ).parquet(quarantine)
+        by_reason = {r[REASON]: int(r["n"]) for r in groups if r[KIND] == "bad"}
+        stats = [r for r in groups if r[KIND] == "stats"]
+        sums = stats[0].asDict() if stats else {name: 0 for name, _ in STATS}
+        sums["tasks"] = int(stats[0]["n"]) if stats else 0
+        if by_reason:
+            with _spark_errors(counters):
+                result.where(F.col(KIND) == "bad").select(
+                    *plan.input_columns, REASON, DETAIL
+                ).write.mode("overwrite").parquet(quarantine)
     finally:
         result.unpersist()
 
