@@ -236,8 +236,8 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def submit_main(argv: Sequence[str] | None = None) -> int:
-    """The spark-submit entry point: same subcommands, the master comes from spark-submit."""
+def submit_parser() -> argparse.ArgumentParser:
+    """The spark-submit parser: same subcommands, the master comes from spark-submit."""
     parser = argparse.ArgumentParser(
         prog="feature_store.ingest", description="Feature store ingest job (spark-submit)."
     )
@@ -245,7 +245,12 @@ def submit_main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_ingest(sub, default_master=None)
     _add_generate(sub, default_master=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def submit_main(argv: Sequence[str] | None = None) -> int:
+    """The spark-submit entry point."""
+    args = submit_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
