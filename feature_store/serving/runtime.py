@@ -10,7 +10,9 @@ import asyncio
 import gc
 import logging
 
-from feature_store.connection import RedisTarget
+import redis.asyncio
+
+from feature_store.connection import AsyncClient, RedisTarget
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
@@ -31,7 +33,7 @@ class ServingRuntime:
         self.registry = registry
         self.target = target
         self.settings = settings
-        self.store = AsyncFeatureStore.connect(target, registry)
+        self.store = AsyncFeatureStore(registry, _client(target))
         client = self.store.client
         round_trip = round_trip_for(client)
         cache = (
@@ -111,6 +113,25 @@ class ServingRuntime:
         if self._publisher is not None:
             await self._publisher.client.aclose()
         await self.store.close()
+
+
+def _client(target: RedisTarget) -> AsyncClient:
+    """The store client's connections; on a single node, a pool that waits when all are busy.
+
+    redis-py's default pool raises at once when ``max_connections`` are in use, which under
+    a burst of misses (the cache off, many bypasses) turns into 503s and opens the circuit
+    although Redis is healthy. Waiting instead is bounded by the adaptive timeout.
+    """
+    if target.cluster:
+        return target.async_client()
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        target.url,
+        max_connections=target.max_connections,
+        timeout=None,
+        socket_timeout=target.socket_timeout,
+        socket_connect_timeout=target.connect_timeout,
+    )
+    return redis.asyncio.Redis.from_pool(pool)  # the client owns and closes the pool
 
 
 def tune_gc(settings: ServingSettings) -> None:
