@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from feature_store.commands import add_redis_args, redis_url, settings_from
+from feature_store.errors import ConfigError
 
 if TYPE_CHECKING:
     from feature_store.registry import Registry
@@ -72,6 +74,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.no_grpc:
         serving = dataclasses.replace(serving, grpc_port=None)
     _load(registry_path)  # fail now, with the registry's own message, not in a worker
+    if serving.grpc_port is not None and importlib.util.find_spec("grpc_health") is None:
+        raise ConfigError(
+            "gRPC serving needs the grpc extra (pip install 'feature-store[grpc]'); "
+            "or pass --no-grpc"
+        )
     import uvicorn
 
     with redis_url(core) as url:
