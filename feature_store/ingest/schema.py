@@ -66,8 +66,11 @@ def plan_columns(
     features = {f.name: f for f in group.features}
 
     reserved = [c for c in types if c.startswith(RESERVED_PREFIX)]
-    if reserved:
-        problems.append(f"column(s) {_names(reserved)} use the reserved prefix {RESERVED_PREFIX!r}")
+    if reserved and not ignore_extra:  # e.g. a quarantine's reason columns
+        problems.append(
+            f"column(s) {_names(reserved)} use the job's reserved prefix {RESERVED_PREFIX!r} "
+            "(pass --ignore-extra-columns to skip them)"
+        )
     if id_column not in types:
         raise RequestError(
             f"the input has no id column {id_column!r}; its columns are {_names(types)}"
@@ -84,7 +87,7 @@ def plan_columns(
             problems.append(f"columns {target[name]!r} and {column!r} both map to feature {name!r}")
         else:
             target[name] = column
-    ignored = []
+    ignored = [c for c in reserved if ignore_extra]
     for column in types:
         if column == id_column or column in mapping or column.startswith(RESERVED_PREFIX):
             continue

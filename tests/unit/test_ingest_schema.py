@@ -120,6 +120,10 @@ def test_missing_features_and_extra_columns() -> None:
     reserved = T.StructType([*sample_schema().fields, T.StructField("_ingest_x", T.StringType())])
     with pytest.raises(RequestError, match="reserved prefix"):
         plan_columns(reserved, _group(), "consumer_id")
+    # a quarantine (input columns + _ingest_reason/_detail) can be ingested again
+    assert plan_columns(reserved, _group(), "consumer_id", ignore_extra=True).ignored == (
+        "_ingest_x",
+    )
 
 
 def test_thresholds() -> None:
