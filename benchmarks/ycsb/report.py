@@ -98,10 +98,11 @@ def table(rows: list[RowResult], s: SettingsLike) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        if r.not_run or r.error:
+        if r.not_run or (r.error and not r.runs):
             why = f"not run: {r.not_run}" if r.not_run else "FAILED (see below)"
             out.append(f"| {r.label} | {why} |  |  |  |  |  |  |  |")
             continue
+        label = f"{r.label} (**had failed operations**, see below)" if r.error else r.label
         load = f"{r.load.output.runtime_s:.2f}" if r.load else "- (reads the hash row's data)"
         mix, read = r.runs.get("mix"), r.runs.get("read")
         update = mix.output.operations.get("UPDATE") if mix else None
@@ -114,7 +115,7 @@ def table(rows: list[RowResult], s: SettingsLike) -> list[str]:
         if read and read.api_cpu_s is not None:
             api = read.api_cpu_s * 1000 / read.output.count(BATCH)
         out.append(
-            f"| {r.label} | {load} | {_lat(r.batch('mix'))} | {_lat(r.batch('read'))} | {upd} "
+            f"| {label} | {load} | {_lat(r.batch('mix'))} | {_lat(r.batch('read'))} | {upd} "
             f"| {tput} | {_num(r.cpu_us_per_lookup('read', lookups), '.3f')} "
             f"| {_num(cpu_pct, '.0f')} | {_num(api, '.2f')} |"
         )
@@ -135,7 +136,7 @@ def cpu_table(rows: list[RowResult]) -> list[str]:
         return f"{m.store_cpu_s:.2f} ({m.store_cpu_s / m.output.runtime_s:.0%})"
 
     for r in rows:
-        if r.error or r.not_run:
+        if r.not_run or not r.runs:
             continue
         mix, read = r.runs.get("mix"), r.runs.get("read")
         api = "-"
@@ -152,7 +153,11 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
 
     def ok(name: str) -> RowResult | None:
         r = rows.get(name)
-        return r if r is not None and not r.error and not r.not_run and r.runs else None
+        return r if r is not None and not r.not_run and r.batch("read") else None
+
+    def flag(*names: str) -> str:
+        failed = [n for n in names if (r := rows.get(n)) is not None and r.error]
+        return f" [{', '.join(failed)}: had failed operations]" if failed else ""
 
     def ms(name: str, metric: str) -> float:
         r = ok(name)
@@ -177,7 +182,7 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
         )
         if cpu(base):
             line += f", store CPU per lookup x{cpu(other) / cpu(base):.2f}"
-        out.append(line + f" (above 1: {base} is better)")
+        out.append(line + f" (above 1: {base} is better){flag(other, base)}")
     for api in ("serving", "serving-nocache"):
         if not (ok(api) and ok("hash") and ms("hash", avg)):
             continue
@@ -185,7 +190,7 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
             f"- {api} / hash, 100% batch read: "
             f"avg latency x{ms(api, avg) / ms('hash', avg):.2f}"
             f" (+{ms(api, avg) - ms('hash', avg):.2f} ms per batch of {lookups:,} lookups), "
-            f"p99 +{ms(api, p99) - ms('hash', p99):.2f} ms"
+            f"p99 +{ms(api, p99) - ms('hash', p99):.2f} ms{flag(api, 'hash')}"
         )
     return out
 

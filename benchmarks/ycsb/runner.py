@@ -204,9 +204,21 @@ def run_ycsb(
         raise ycsb_output.YCSBRunFailed(
             f"YCSB exited {done.returncode}; see {raw}\n{done.stderr[-1500:]}"
         )
-    out = ycsb_output.check(done.stdout, expected, done.stderr)
     api_cpu = None if api0 is None or api1 is None else api1 - api0
+    try:
+        out = ycsb_output.check(done.stdout, expected, done.stderr)
+    except ycsb_output.YCSBRunFailed as e:
+        measured = None if e.output is None else Measured(e.output, cpu1 - cpu0, api_cpu, wall)
+        raise PhaseFailed(f"{phase}: {e} (raw output: {raw})", measured) from e
     return Measured(out, cpu1 - cpu0, api_cpu, wall)
+
+
+class PhaseFailed(Exception):
+    """A load or run with failed operations; ``measured`` holds its figures if it finished."""
+
+    def __init__(self, message: str, measured: Measured | None) -> None:
+        super().__init__(message)
+        self.measured = measured
 
 
 # --- the servers ---------------------------------------------------------------------------
@@ -256,6 +268,21 @@ def run_all(args: argparse.Namespace) -> int:
     registry_file.write_text(registry_text(10))
     parse_registry(registry_file.read_text(), source=str(registry_file))  # fails early if bad
 
+    try:
+        return _run_rows(args, rows, settings, work, registry_file, sizes, raw_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_rows(
+    args: argparse.Namespace,
+    rows: list[RowSpec],
+    settings: Settings,
+    work: Path,
+    registry_file: Path,
+    sizes: str,
+    raw_dir: Path,
+) -> int:
     results: dict[str, report.RowResult] = {}
     needs = {r.store for r in rows}
     serving_help, serving_why = (None, "not requested")
@@ -280,7 +307,7 @@ def run_all(args: argparse.Namespace) -> int:
             results[spec.name] = result
             if spec.db == "ServingClient" and serving_help is None:
                 result.not_run = serving_why
-                print(f"[serving] not run: {serving_why}", flush=True)
+                print(f"[{spec.name}] not run: {serving_why}", flush=True)
                 continue
             if not spec.loads and "hash" not in results:
                 result.not_run = "it reads the records the hash row loads; run that row too"
@@ -290,10 +317,9 @@ def run_all(args: argparse.Namespace) -> int:
             except (ycsb_output.YCSBRunFailed, servers.ServerError) as e:
                 result.error = str(e)
                 print(f"[{spec.name}] FAILED: {e}", flush=True)
-    shutil.rmtree(work, ignore_errors=True)
 
     table = report.render(args, list(results.values()), settings, sizes, env_info)
-    out = results_dir / f"{args.name}.md"
+    out = args.results_dir / f"{args.name}.md"
     out.write_text(table)
     print("\n" + table)
     print(f"wrote {out} and the raw YCSB output in {raw_dir}/")
@@ -354,18 +380,34 @@ def run_row(
             stack.enter_context(serving.running())
             api_pid = serving.pid
             props = {"serving.url": serving.url}
-            shown = [a for a in cmd[2:] if a.startswith("--")]
-            shown = [a for a in shown if a not in ("--host", "--port", "--registry", "--redis-url")]
+            per_run = ("--host", "--port", "--registry", "--redis-url", "--grpc-port")
+            shown = [
+                a for i, a in enumerate(cmd[2:]) if a not in per_run and cmd[1 + i] not in per_run
+            ]
             result.notes.append(
-                f"`feature-store serve {' '.join(shown)}` with the run's registry and Redis "
-                f"(`--workers {args.serving_workers}` unless --serving-workers says otherwise)"
+                f"`feature-store serve {' '.join(shown)}` on a free loopback port, with the "
+                "run's registry (entity ycsb_user, group ycsb of field0..field9: string) and Redis"
             )
+        failures = []
         if spec.loads:
             print(f"[{spec.name}] load {s.records:,} records ...", flush=True)
-            result.load = run_ycsb(spec, "load", s, props, store_pids, api_pid)
+            try:
+                result.load = run_ycsb(spec, "load", s, props, store_pids, api_pid)
+            except PhaseFailed as e:
+                # the runs would read records that are not there: stop this row
+                raise ycsb_output.YCSBRunFailed(str(e)) from e
         for column in WORKLOADS:
             print(f"[{spec.name}] {WORKLOADS[column]} {s.operations:,} operations ...", flush=True)
-            result.runs[column] = run_ycsb(spec, column, s, props, store_pids, api_pid)
+            try:
+                result.runs[column] = run_ycsb(spec, column, s, props, store_pids, api_pid)
+            except PhaseFailed as e:
+                # keep what it measured, marked as failed, and still run the other workload
+                print(f"[{spec.name}] FAILED: {e}", flush=True)
+                failures.append(str(e))
+                if e.measured is not None:
+                    result.runs[column] = e.measured
+        if failures:
+            result.error = "\n".join(failures)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -16,6 +16,10 @@ LINE = re.compile(r"^\[([^\]]+)\], ([^,]+), (.+)$")
 class YCSBRunFailed(Exception):
     """A YCSB run had failed, missing or unexpected operations."""
 
+    def __init__(self, message: str, output: Output | None = None) -> None:
+        super().__init__(message)
+        self.output = output  # what the run did measure, if it finished
+
 
 @dataclass
 class Operation:
@@ -82,5 +86,6 @@ def check(text: str, expected_ops: int, stderr: str = "") -> Output:
     if problems:
         tail = "\n".join(stderr.strip().splitlines()[-15:])
         detail = f"\nstderr ends with:\n{tail}" if tail else ""
-        raise YCSBRunFailed("; ".join(problems) + detail)
+        finished = out if "OVERALL" in out.operations else None
+        raise YCSBRunFailed("; ".join(problems) + detail, finished)
     return out

@@ -121,7 +121,12 @@ public class ServingClient extends DB implements BatchReader {
         JsonNode statuses = r.get("statuses");
         Map<String, ByteIterator> row = new HashMap<>(names.size() * 2);
         for (int i = 0; i < names.size(); i++) {
-          if (!"present".equals(statuses.get(i).asText())) {
+          String valueStatus = statuses.get(i).asText();
+          if (!"present".equals(valueStatus)) {
+            if (status.isOk()) {
+              Errors.report("serving", "entity " + r.get("id") + " feature " + names.get(i)
+                  + " is " + valueStatus + " (ages " + r.get("ages") + ")");
+            }
             status = Status.NOT_FOUND;
           } else {
             row.put(names.get(i).asText(), new StringByteIterator(values.get(i).asText()));
