@@ -18,6 +18,7 @@ from typing import Protocol
 
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.exceptions
 
 from feature_store.connection import AsyncClient, translated_errors
 from feature_store.serving.spec import GroupSpec
@@ -48,17 +49,25 @@ class PackedRoundTrip:
     async def __call__(self, reads: Sequence[Read]) -> list[Reply]:
         data = pack(reads)
         with translated_errors():
-            conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
             try:
-                await conn.send_packed_command(data, check_health=False)
-                replies: list[Reply] = [await conn.read_response() for _ in reads]
-            except BaseException:
-                # cancelled or failed halfway: unread replies would poison the connection
-                with contextlib.suppress(Exception):
-                    await conn.disconnect()
-                raise
-            finally:
-                await self.pool.release(conn)
+                return await self._send(data, len(reads))
+            except (redis.exceptions.ConnectionError, OSError):
+                # A pooled connection that died with a Redis restart fails on first use;
+                # the reads are idempotent, so one retry on a fresh connection is safe.
+                return await self._send(data, len(reads))
+
+    async def _send(self, data: bytes, count: int) -> list[Reply]:
+        conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await conn.send_packed_command(data, check_health=False)
+            replies: list[Reply] = [await conn.read_response() for _ in range(count)]
+        except BaseException:
+            # cancelled or failed halfway: unread replies would poison the connection
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            raise
+        finally:
+            await self.pool.release(conn)
         return replies
 
 

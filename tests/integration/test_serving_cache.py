@@ -220,3 +220,33 @@ def test_push_write_invalidates_the_cache_of_every_instance(
                 break
             time.sleep(0.02)
         assert seen == [99]
+
+
+async def test_rest_stampede_of_a_thousand_connections_reads_redis_once(redis_url: str) -> None:
+    """1,000 keep-alive connections send the same request together (HTTP/1.1, no client lib)."""
+    write_sample(redis_url, 10)
+    body = b'{"entity_type": "consumer", "ids": [8], "groups": ["consumer_features"]}'
+    request = (
+        b"POST /v1/features/get HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    with ServingProcess(redis_url, grpc=False) as server:
+        conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(1000)]
+        reset_stats(redis_url)
+
+        async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            answer = await reader.readexactly(length)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            return answer
+
+        try:
+            answers = await asyncio.gather(*(one(r, w) for r, w in conns))
+        finally:
+            for _, w in conns:
+                w.close()
+            await asyncio.gather(*(w.wait_closed() for _, w in conns), return_exceptions=True)
+        assert hmget_calls(redis_url) == 1
+    assert len(set(answers)) == 1

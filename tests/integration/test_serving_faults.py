@@ -5,6 +5,7 @@ The server gets its own redis-server, which the test kills and restarts.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -15,13 +16,16 @@ import httpx
 import pytest
 
 from feature_store import sample
+from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.client import (
     FeatureClient,
     GrpcFeatureClient,
     ServingUnavailableError,
 )
+from feature_store.serving.config import ServingSettings
 from feature_store.serving.process import ServingProcess
+from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
 
 GROUP, ENTITY = sample.GROUP, sample.ENTITY
@@ -153,3 +157,33 @@ def test_a_hung_redis_costs_the_adaptive_timeout_not_a_hang(own_redis: EmbeddedR
                 break
             time.sleep(0.02)
         assert [s.value for s in result.rows[0].statuses] == ["present"]
+
+
+async def test_losing_the_invalidation_channel_expires_the_cache(own_redis: EmbeddedRedis) -> None:
+    """Invalidations published while the subscription was down are lost: reload everything."""
+    with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(3))
+    rt = ServingRuntime(
+        sample.registry(), RedisTarget.parse(own_redis.url), ServingSettings(cache_ttl=600)
+    )
+    await rt.start()
+    try:
+        assert rt.listener is not None
+        assert rt.listener.subscribed.is_set()
+        await rt.service.lookup(ENTITY, [1, 2], ["int_0"])
+        cache = rt.reader.cache
+        assert cache is not None
+        assert all(e.expires_at > cache.clock() + 500 for e in cache._entries.values())
+        own_redis.kill()
+        for _ in range(500):  # bounded: the listener notices the lost connection
+            if not rt.listener.subscribed.is_set():
+                break
+            await asyncio.sleep(0.01)
+        own_redis.restart()
+        await asyncio.wait_for(rt.listener.subscribed.wait(), 30)
+        assert len(cache) == 2  # kept, for stale-on-error
+        assert all(e.expires_at <= cache.clock() for e in cache._entries.values())
+        again = await rt.service.lookup(ENTITY, [1], ["int_0"])
+        assert again.entries[0][0].entry.expires_at > cache.clock() + 500  # reloaded
+    finally:
+        await rt.stop()
