@@ -101,7 +101,11 @@ class CircuitBreaker:
 
 
 class AdaptiveTimeout:
-    """The timeout of the next Redis round trip, from the last ``samples`` latencies."""
+    """The timeout of the next Redis round trip, from the last ``samples`` latencies.
+
+    One per size class of round trip (``AdaptiveTimeouts``): a pipeline of 1,000 HMGETs
+    takes longer than one of 10, and a timeout learnt on small reads must not cut large ones.
+    """
 
     def __init__(
         self,
@@ -133,3 +137,38 @@ class AdaptiveTimeout:
         ordered = sorted(self._latencies)
         rank = min(len(ordered) - 1, int(len(ordered) * self.percentile / 100.0))
         return min(self.cap, max(self.floor, ordered[rank] * self.factor))
+
+
+class AdaptiveTimeouts:
+    """Adaptive timeouts by the number of keys in a round trip: up to 10, 100, 1000, more."""
+
+    LIMITS = (10, 100, 1000)
+
+    def __init__(
+        self,
+        floor: float = 0.1,
+        cap: float = 1.0,
+        percentile: float = 99.9,
+        factor: float = 3.0,
+    ) -> None:
+        self.cap = cap
+        self.classes = [
+            AdaptiveTimeout(floor, cap, percentile, factor) for _ in range(len(self.LIMITS) + 1)
+        ]
+
+    def _index(self, keys: int) -> int:
+        for i, limit in enumerate(self.LIMITS):
+            if keys <= limit:
+                return i
+        return len(self.LIMITS)
+
+    def for_keys(self, keys: int) -> float:
+        return self.classes[self._index(keys)].current
+
+    def observe(self, seconds: float, keys: int) -> None:
+        self.classes[self._index(keys)].observe(seconds)
+
+    def labelled(self) -> list[tuple[str, float]]:
+        """(size class label, current timeout), for metrics."""
+        labels = [f"le{limit}" for limit in self.LIMITS] + [f"gt{self.LIMITS[-1]}"]
+        return [(label, t.current) for label, t in zip(labels, self.classes, strict=True)]

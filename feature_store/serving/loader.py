@@ -36,9 +36,9 @@ from feature_store.errors import (
     StoreUnavailableError,
 )
 from feature_store.registry import Registry
-from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
+from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_size, should_refresh_early
-from feature_store.serving.roundtrip import Read, Reply, RoundTrip
+from feature_store.serving.roundtrip import ConnectionWaitTimeout, Read, Reply, RoundTrip
 from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class CachedReader:
         *,
         cache: LRUCache | None,
         breaker: CircuitBreaker | None = None,
-        timeout: AdaptiveTimeout | None = None,
+        timeout: AdaptiveTimeouts | None = None,
         xfetch_beta: float = 1.0,
         single_flight: bool = True,
         on_round_trip: Callable[[float, int], None] | None = None,
@@ -89,7 +89,7 @@ class CachedReader:
         self.round_trip = round_trip
         self.cache = cache
         self.breaker = breaker or CircuitBreaker()
-        self.timeout = timeout or AdaptiveTimeout()
+        self.timeout = timeout or AdaptiveTimeouts()
         self.beta = xfetch_beta
         self.single_flight = single_flight
         self.on_round_trip = on_round_trip
@@ -256,12 +256,17 @@ class CachedReader:
                 load.future.set_exception(error)
 
     async def _send(self, reads: list[Read], nkeys: int) -> tuple[list[Reply], float]:
-        """One round trip under the adaptive timeout, reported to the circuit breaker."""
-        timeout = self.timeout.current
+        """One round trip under the adaptive timeout, reported to the circuit breaker.
+
+        Waiting for a free pooled connection is local overload, not Redis failing: it is
+        bounded separately and does not count against the breaker.
+        """
+        timeout = self.timeout.for_keys(nkeys)
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(timeout):
-                replies = await self.round_trip(reads)
+            replies = await self.round_trip(reads, timeout)
+        except ConnectionWaitTimeout:
+            raise
         except TimeoutError:
             self.breaker.failure()
             raise StoreTimeoutError(
@@ -272,7 +277,7 @@ class CachedReader:
             raise
         elapsed = time.perf_counter() - t0
         self.breaker.success()
-        self.timeout.observe(elapsed)
+        self.timeout.observe(elapsed, nkeys)
         if self.on_round_trip is not None:
             self.on_round_trip(elapsed, nkeys)
         return replies, elapsed

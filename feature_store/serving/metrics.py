@@ -80,11 +80,14 @@ class ServingCollector(Collector):
         opened = CounterMetricFamily(f"{PREFIX}_circuit_opened", "times the circuit opened")
         opened.add_metric([], breaker.opened)
         yield opened
-        yield GaugeMetricFamily(
+        timeouts = GaugeMetricFamily(
             f"{PREFIX}_redis_timeout_seconds",
-            "the current adaptive timeout of a Redis round trip",
-            value=self.reader.timeout.current,
+            "the current adaptive timeout of a Redis round trip, by keys per round trip",
+            labels=["keys"],
         )
+        for label, value in self.reader.timeout.labelled():
+            timeouts.add_metric([label], value)
+        yield timeouts
 
 
 class ServingMetrics:

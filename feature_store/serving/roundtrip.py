@@ -12,6 +12,7 @@ routes each key to its node.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 from typing import Protocol
@@ -21,16 +22,25 @@ import redis.asyncio.cluster
 import redis.exceptions
 
 from feature_store.connection import AsyncClient, translated_errors
+from feature_store.errors import StoreTimeoutError
 from feature_store.serving.spec import GroupSpec
 
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
 Reply = list[bytes | None]
+CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
+
+
+class ConnectionWaitTimeout(StoreTimeoutError):
+    """Every pooled connection stayed busy: the worker is overloaded, Redis may be fine."""
 
 
 class RoundTrip(Protocol):
-    """One HMGET per read, all in one round trip; the replies in order."""
+    """One HMGET per read, all in one round trip; the replies in order.
 
-    async def __call__(self, reads: Sequence[Read]) -> list[Reply]: ...
+    ``answer_within`` (seconds) bounds the exchange with Redis (TimeoutError when it passes).
+    """
+
+    async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]: ...
 
 
 def pack(reads: Sequence[Read]) -> bytes:
@@ -46,23 +56,31 @@ class PackedRoundTrip:
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.pool = client.connection_pool
 
-    async def __call__(self, reads: Sequence[Read]) -> list[Reply]:
+    async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         data = pack(reads)
         with translated_errors():
             try:
-                return await self._send(data, len(reads))
+                return await self._send(data, len(reads), answer_within)
             except (redis.exceptions.ConnectionError, OSError):
                 # A pooled connection that died with a Redis restart fails on first use;
                 # the reads are idempotent, so one retry on a fresh connection is safe.
-                return await self._send(data, len(reads))
+                return await self._send(data, len(reads), answer_within)
 
-    async def _send(self, data: bytes, count: int) -> list[Reply]:
-        conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+    async def _send(self, data: bytes, count: int, answer_within: float) -> list[Reply]:
         try:
-            await conn.send_packed_command(data, check_health=False)
-            replies: list[Reply] = [await conn.read_response() for _ in range(count)]
+            async with asyncio.timeout(CONNECTION_WAIT):
+                conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+        except TimeoutError:
+            raise ConnectionWaitTimeout(
+                f"no free Redis connection within {CONNECTION_WAIT:.0f} s (worker overloaded; "
+                "see FEATURE_STORE_MAX_CONNECTIONS)"
+            ) from None
+        try:
+            async with asyncio.timeout(answer_within):
+                await conn.send_packed_command(data, check_health=False)
+                replies: list[Reply] = [await conn.read_response() for _ in range(count)]
         except BaseException:
-            # cancelled or failed halfway: unread replies would poison the connection
+            # timed out, cancelled or failed halfway: unread replies would poison it
             with contextlib.suppress(Exception):
                 await conn.disconnect()
             raise
@@ -75,12 +93,13 @@ class PipelineRoundTrip:
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
 
-    async def __call__(self, reads: Sequence[Read]) -> list[Reply]:
+    async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         with translated_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for key, specs in reads:
-                pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
-            replies: list[Reply] = await pipe.execute()
+            async with asyncio.timeout(answer_within):
+                pipe = self.client.pipeline(transaction=False)
+                for key, specs in reads:
+                    pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
+                replies: list[Reply] = await pipe.execute()
         return replies
 
 

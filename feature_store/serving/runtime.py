@@ -15,7 +15,7 @@ import redis.asyncio
 from feature_store.connection import AsyncClient, RedisTarget
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
-from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker
+from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.cache import LRUCache
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.invalidation import InvalidationListener, RedisPublisher, pubsub_client
@@ -58,7 +58,7 @@ class ServingRuntime:
                 settings.breaker_open,
                 settings.breaker_open_max,
             ),
-            timeout=AdaptiveTimeout(
+            timeout=AdaptiveTimeouts(
                 settings.redis_timeout_min,
                 settings.redis_timeout_max,
                 settings.redis_timeout_percentile,
@@ -120,7 +120,7 @@ def _client(target: RedisTarget) -> AsyncClient:
 
     redis-py's default pool raises at once when ``max_connections`` are in use, which under
     a burst of misses (the cache off, many bypasses) turns into 503s and opens the circuit
-    although Redis is healthy. Waiting instead is bounded by the adaptive timeout.
+    although Redis is healthy. Waiting instead is bounded (roundtrip.CONNECTION_WAIT).
     """
     if target.cluster:
         return target.async_client()

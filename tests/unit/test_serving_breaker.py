@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.serving.breaker import AdaptiveTimeout, CircuitBreaker, CircuitState
+from feature_store.serving.breaker import (
+    AdaptiveTimeout,
+    AdaptiveTimeouts,
+    CircuitBreaker,
+    CircuitState,
+)
 
 
 class Clock:
@@ -86,3 +91,14 @@ def test_adaptive_timeout_follows_the_percentile_within_floor_and_cap() -> None:
     for _ in range(3000):
         t.observe(1.0)
     assert t.current == 0.5  # cap
+
+
+def test_timeouts_are_learnt_per_size_of_round_trip() -> None:
+    t = AdaptiveTimeouts(floor=0.001, cap=1.0, percentile=99, factor=2)
+    for _ in range(200):
+        t.observe(0.002, 10)
+        t.observe(0.050, 1000)
+    assert t.for_keys(1) == pytest.approx(0.004)
+    assert t.for_keys(500) == pytest.approx(0.1)
+    assert t.for_keys(50) == 1.0  # nothing learnt for this size yet: the cap
+    assert dict(t.labelled())["le10"] == pytest.approx(0.004)
