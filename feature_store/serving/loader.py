@@ -99,11 +99,6 @@ class CachedReader:
         self._pending: list[_Load] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._closed = False
-
-    @property
-    def stats(self) -> object:
-        return self.cache.stats if self.cache is not None else None
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -342,7 +337,6 @@ class CachedReader:
             self._inflight.clear()
 
     async def close(self) -> None:
-        self._closed = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

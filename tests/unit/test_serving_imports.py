@@ -24,3 +24,11 @@ def test_the_client_module_imports_neither_transport_until_used() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_package_exports_its_public_names() -> None:
+    import feature_store.serving as serving
+    import feature_store.serving.client as client
+
+    assert set(client.__all__) <= set(serving.__all__)
+    assert all(hasattr(serving, name) for name in serving.__all__)
