@@ -83,20 +83,58 @@ def ceiling(url: str, data: str, entities: int, chunk: int) -> tuple[float, int]
     return values / elapsed, values
 
 
+# (label, file suffix, function): cumulative time of these calls inside the tasks
+ENTRY_POINTS = (
+    ("task total (mapInArrow function)", "ingest/task.py", "_write_partition"),
+    ("  encode: BatchEncoder.encode", "ingest/encode.py", "encode"),
+    ("    float columns (memo + numpy)", "ingest/encode.py", "_encode_floats"),
+    ("      of which shared codec encode_float32", "serialization/codecs.py", "encode_float32"),
+    ("    int columns (shared codec per value)", "ingest/encode.py", "_encode_values"),
+    ("    int_list columns (numpy varints + snappy)", "ingest/encode.py", "_encode_int_lists"),
+    ("    embedding columns (float32 buffer)", "ingest/encode.py", "_encode_embeddings"),
+    ("    entity keys", "ingest/encode.py", "_keys"),
+    ("  redis: ChunkWriter.write", "ingest/writer.py", "write"),
+    ("    command tuples (EncodedBatch.commands)", "ingest/encode.py", "commands"),
+    ("    one pipeline round trip (_send_packed)", "ingest/writer.py", "_send_packed"),
+    ("      of which hiredis.pack_command", "~", "<built-in method hiredis.hiredis.pack_command>"),
+    ("      of which sendall", "~", "<method 'sendall' of '_socket.socket' objects>"),
+    (
+        "      of which waiting for replies (recv)",
+        "~",
+        "<method 'recv_into' of '_socket.socket' objects>",
+    ),
+    ("  quarantine + stats batches", "ingest/task.py", "_stats"),
+)
+
+
 def profile_summary(profile_dir: str, top: int) -> str:
     files = glob.glob(os.path.join(profile_dir, "*.prof"))
     stats = pstats.Stats(*files, stream=sys.stdout)
-    buckets: dict[str, float] = defaultdict(float)
-    rows = []
-    for (filename, line, func), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        buckets[_bucket(filename, func)] += tottime
-        rows.append((tottime, f"{_short(filename)}:{line}({func})"))
-    total = sum(buckets.values())
-    out = [f"cProfile of {len(files)} tasks, {total:.1f}s of Python time (own time per bucket):"]
-    for name, t in sorted(buckets.items(), key=lambda kv: -kv[1]):
-        out.append(f"  {name:<46}{t:8.1f}s  {t / total:6.1%}")
+    table = stats.stats  # type: ignore[attr-defined]
+    cum: dict[str, float] = defaultdict(float)
+    for label, suffix, func in ENTRY_POINTS:
+        for (filename, _line, name), (_cc, _nc, _tt, ct, _callers) in table.items():
+            if name == func and filename.endswith(suffix if suffix != "~" else "~"):
+                cum[label] += ct
+    total = cum[ENTRY_POINTS[0][0]] or 1.0
+    out = [
+        f"cProfile of {len(files)} tasks (cumulative seconds; cProfile inflates Python-heavy "
+        "parts):"
+    ]
+    for label, _suffix, _func in ENTRY_POINTS:
+        out.append(f"  {label:<50}{cum[label]:8.1f}s  {cum[label] / total:6.1%}")
+    top_level = [
+        label for label, _s, _f in ENTRY_POINTS if label.startswith("  ") and label[2] != " "
+    ]
+    rest = total - sum(cum[label] for label in top_level)
+    out.append(
+        f"  {'  rest: Arrow batches from Spark, counters':<50}{rest:8.1f}s  {rest / total:6.1%}"
+    )
+    rows = sorted(
+        ((v[2], f"{_short(k[0])}:{k[1]}({k[2]})") for k, v in table.items()), reverse=True
+    )
     out.append(f"top {top} functions by own time:")
-    for t, name in sorted(rows, reverse=True)[:top]:
+    for t, name in rows[:top]:
         out.append(f"  {t:8.2f}s  {t / total:6.1%}  {name}")
     return "\n".join(out)
 
@@ -106,25 +144,6 @@ def _short(filename: str) -> str:
         if marker in filename:
             return filename[filename.index(marker) :]
     return filename
-
-
-def _bucket(filename: str, func: str) -> str:
-    if (
-        "feature_store/serialization" in filename
-        or "protobuf" in filename
-        or "snappy" in filename + func
-        or "SerializeToString" in func
-    ):
-        return "encode: shared codecs (serialization, protobuf, snappy)"
-    if "feature_store/ingest/encode" in filename or "numpy" in filename:
-        return "encode: column-wise assembly (ingest/encode.py, numpy)"
-    if "/redis/" in filename or "hiredis" in filename + func or "socket" in func:
-        return "redis: redis-py pipeline (pack, send, parse replies)"
-    if "pyarrow" in filename + func or "pyspark" in filename or "serializers" in filename:
-        return "spark: Arrow batches in/out of the worker"
-    if func.startswith("<method 'tolist'") or func.startswith("<method 'to_pylist'"):
-        return "encode: column-wise assembly (ingest/encode.py, numpy)"
-    return "other Python"
 
 
 def run_job(spark: object, data: str, url: str, chunk: int, **kw: object) -> IngestReport:
@@ -185,7 +204,7 @@ def main() -> int:
         report = run_job(spark, data, server.url, args.chunk_size)
     print(report.summary())
 
-    profile_dir = str(base / "profile")
+    profile_dir = str(base / "task-profiles")
     with fresh_redis(base, "profile") as server:
         profiled = run_job(spark, small, server.url, args.chunk_size, profile_dir=profile_dir)
     spark.stop()

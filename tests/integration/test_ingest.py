@@ -23,7 +23,7 @@ from feature_store.batch import plan_write
 from feature_store.cli import main
 from feature_store.embedded import EmbeddedRedis
 from feature_store.errors import RequestError, StoreUnavailableError
-from feature_store.ingest.generate import ID_COLUMN, sample_frame
+from feature_store.ingest.generate import ID_COLUMN, sample_frame, write_sample
 from feature_store.ingest.job import IngestJob, run_ingest, spark_session
 from feature_store.ingest.report import Outcome, Thresholds
 from feature_store.ingest.spec import RetrySpec
@@ -157,6 +157,18 @@ def test_nulls_remove_fields_and_a_rerun_is_idempotent(
     assert again.outcome is Outcome.SUCCEEDED
     assert _dump(redis_url) == before
     assert len(before) == N
+
+
+def test_csv_input_from_generate_reads_back_exactly(
+    spark: SparkSession, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    path = str(tmp_path / "sample.csv")
+    write_sample(spark, path, 40, seed=7, partitions=1, format="csv")
+    report = run_ingest(spark, _job(registry_file, path, redis_url, format="csv"))
+    assert report.outcome is Outcome.SUCCEEDED
+    assert report.entities_written == 40
+    registry = load_registry(registry_file)
+    assert _read_back(redis_url, registry, list(range(40))) == _expected(registry, range(40))
 
 
 def _write_jsonl(path: Path, rows: list[Mapping[str, object]]) -> None:
