@@ -40,6 +40,7 @@ class Entry:
     cost: float  # seconds the load took: XFetch's delta
     size: int
     wire: tuple[bytes, ...] | None = None  # each value protobuf-encoded, made on first use
+    json: tuple[bytes, bytes, bytes] | None = None  # values, statuses fresh / stale, as JSON
 
     @property
     def negative(self) -> bool:

@@ -72,6 +72,8 @@ def test_redis_killed_gives_stale_values_or_503_then_recovers(own_redis: Embedde
             stale = client.get(ENTITY, [1, 2], features=["float_00", "int_0"])
             assert stale.rows[0].values == warm.rows[0].values
             assert [s.value for s in stale.rows[0].statuses] == ["stale", "stale"]
+        whole = client.get(ENTITY, [1], groups=[GROUP]).rows[0]
+        assert [s.value for s in whole.statuses] == ["stale"] * 50
         grpc_stale = grpc_client.get(ENTITY, [1], features=["float_00", "int_0"])
         assert [s.value for s in grpc_stale.rows[0].statuses] == ["stale", "stale"]
 

@@ -20,6 +20,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 GROUP, ENTITY = sample.GROUP, sample.ENTITY
+NAMES = [f.name for f in sample.registry().groups[GROUP].features]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,14 @@ def test_values_older_than_max_age_read_stale(http: httpx.Client, redis_url: str
     assert row["statuses"] == ["stale"]
     assert row["values"][0] is not None
     assert row["ages"][GROUP] >= 3 * 86400
+    whole = http.post(
+        "/v1/features/get", json={"entity_type": ENTITY, "ids": [0, 99], "groups": [GROUP]}
+    ).json()["results"]
+    assert whole[0]["statuses"] == ["stale"] * 50
+    assert whole[0]["values"] == expected(redis_url, [0], [f"{GROUP}:{n}" for n in NAMES])[0]
+    assert whole[1]["statuses"] == ["missing"] * 50
+    assert whole[1]["values"] == [None] * 50
+    assert whole[1]["ages"] == {GROUP: None}
 
 
 def test_push_write_then_read_and_null_removes(http: httpx.Client, redis_url: str) -> None:
