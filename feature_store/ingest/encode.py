@@ -86,7 +86,9 @@ class FloatMemos:
     """Encoded floats by codec type, width and IEEE bit pattern, bounded in entries.
 
     One instance can serve every task of a Python worker: the encoding of a value depends
-    only on the codec's type, never on the feature.
+    only on the codec's type, never on the feature. A full memo keeps what it has and
+    takes no more: the values that recur (zero, counts, prices) come early and stay,
+    while full-precision scores, which never repeat, would only churn it.
     """
 
     def __init__(self, limit: int = MEMO_LIMIT) -> None:
@@ -94,10 +96,7 @@ class FloatMemos:
         self._memos: dict[tuple[FeatureType, int], dict[int, bytes | EncodingError]] = {}
 
     def get(self, type_: FeatureType, width: int) -> dict[int, bytes | EncodingError]:
-        memo = self._memos.setdefault((type_, width), {})
-        if len(memo) > self.limit:  # scores with full precision rarely repeat
-            memo.clear()
-        return memo
+        return self._memos.setdefault((type_, width), {})
 
 
 class _ColumnResult:
@@ -378,6 +377,7 @@ def _encode_floats(array: pa.Array, feature: Feature, memos: FloatMemos) -> _Col
     bits = bits[array.offset :]
     uniq, inverse = np.unique(bits, return_inverse=True)
     memo = memos.get(feature.type, bits.itemsize)
+    room = memos.limit - len(memo)
     encode = feature.codec.encode
     encoded = np.empty(len(uniq), dtype=object)
     failed = False
@@ -390,7 +390,9 @@ def _encode_floats(array: pa.Array, feature: Feature, memos: FloatMemos) -> _Col
                 got = encode(value)
             except EncodingError as e:
                 got = e
-            memo[pattern] = got
+            if room > 0:
+                memo[pattern] = got
+                room -= 1
         if isinstance(got, EncodingError):
             failed = True
         encoded[j] = got

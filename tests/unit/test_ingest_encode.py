@@ -319,11 +319,20 @@ def test_sliced_batches_encode_their_own_rows() -> None:
     assert encoded.commands(group.entity.ttl_seconds) == expected.commands
 
 
-def test_float_memo_is_bounded() -> None:
-    memos = FloatMemos(limit=10)
-    memo = memos.get(_small().feature("f").type, 4)
-    memo.update({i: b"x" for i in range(11)})
-    assert memos.get(_small().feature("f").type, 4) == {}
+def test_float_memo_is_bounded_and_keeps_what_it_has() -> None:
+    group = _small()
+    memos = FloatMemos(limit=3)
+    spec = [ColumnSpec("f", "f")]
+    enc = BatchEncoder(group, "id", spec, WRITTEN_AT, memos=memos)
+    cells = [0.0, 1.0, 2.0, 3.0, 4.0, 0.0]
+    batch = pa.RecordBatch.from_pydict(
+        {"id": pa.array(range(6), pa.int64()), "f": pa.array(cells, pa.float32())}
+    )
+    out = enc.encode(batch)
+    assert [h[1] for h in out.hset] == [b"0", b"1", b"2", b"3", b"4", b"0"]
+    memo = memos.get(group.feature("f").type, 4)
+    assert len(memo) == 3
+    assert 0 in memo  # the first (most common) values stay
 
 
 def test_struct_sanity_float32_max_is_the_codecs() -> None:
