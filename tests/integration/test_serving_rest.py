@@ -27,7 +27,10 @@ NAMES = [f.name for f in sample.registry().groups[GROUP].features]
 def server(redis_server: EmbeddedRedis) -> Iterator[ServingProcess]:
     # No L1 here: every test flushes Redis, and this module checks the API contract.
     with ServingProcess(
-        redis_server.url, args=["--no-cache", "--max-entities", "50"], grpc=False
+        redis_server.url,
+        args=["--no-cache", "--max-entities", "50"],
+        env={"FEATURE_SERVING_MAX_BODY_BYTES": "4096"},
+        grpc=False,
     ) as s:
         yield s
 

@@ -1,0 +1,124 @@
+"""Requests across several feature groups of one entity type, and XFetch early refresh."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+from feature_store.connection import RedisTarget
+from feature_store.registry import Registry, parse_registry
+from feature_store.serving.config import ServingSettings
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.service import row_statuses
+from feature_store.store import FeatureStore
+
+REGISTRY_TEXT = """
+version: 1
+entities:
+  shop:
+    prefix: s
+    id_type: string
+    ttl: 7d
+feature_groups:
+  daily:
+    entity: shop
+    max_age: 1d
+    features:
+      orders: int
+      rating: float
+      tags: int_list
+  realtime:
+    entity: shop
+    max_age: 10m
+    features:
+      open: bool
+      queue: int
+      name: string
+"""
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return parse_registry(REGISTRY_TEXT)
+
+
+@pytest.fixture
+async def runtime(redis_url: str, registry: Registry) -> AsyncIterator[ServingRuntime]:
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), ServingSettings(invalidation=False))
+    await rt.start()
+    yield rt
+    await rt.stop()
+
+
+def hmget_calls(url: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        stats = client.info("commandstats").get("cmdstat_hmget")
+    return int(stats["calls"]) if stats else 0
+
+
+async def test_features_of_two_groups_one_read_per_entity_and_per_group_staleness(
+    runtime: ServingRuntime, redis_url: str, registry: Registry
+) -> None:
+    now = time.time()
+    with FeatureStore.connect(redis_url, registry) as store:
+        store.write("daily", [("a", {"orders": 5, "rating": 4.5, "tags": [1, 2]})], now=now)
+        # written 20 minutes ago: past realtime's max_age of 10 minutes
+        store.write("realtime", [("a", {"open": True, "queue": 3})], now=now - 1200)
+        store.write("realtime", [("b", {"open": False, "name": "bee"})], now=now)
+        store.client.config_resetstat()
+    lookup = await runtime.service.lookup(
+        "shop", ["a", "b", "c"], ["queue", "daily:rating", "name", "tags", "open"]
+    )
+    assert hmget_calls(redis_url) == 3  # one HMGET per entity covers both groups
+    proj = lookup.projection
+    assert proj.names == ("queue", "rating", "name", "tags", "open")
+    rows = [row_statuses(proj, r, lookup.now) for r in lookup.entries]
+    values_a, statuses_a, ages_a = rows[0]
+    assert values_a == [3, 4.5, None, [1, 2], True]
+    assert statuses_a == ["stale", "present", "missing", "present", "stale"]
+    assert ages_a["realtime"] is not None
+    assert ages_a["realtime"] >= 1200
+    assert ages_a["daily"] is not None
+    assert ages_a["daily"] < 60
+    values_b, statuses_b, ages_b = rows[1]
+    assert values_b == [None, None, "bee", None, False]
+    assert statuses_b == ["missing", "missing", "present", "missing", "present"]
+    assert ages_b["daily"] is None
+    assert rows[2][1] == ["missing"] * 5
+    # all cached now, for both groups
+    await runtime.service.lookup("shop", ["a", "b", "c"], ["queue", "rating"])
+    assert hmget_calls(redis_url) == 3
+
+
+async def test_xfetch_refreshes_a_hot_entry_before_it_expires(
+    redis_url: str, registry: Registry
+) -> None:
+    settings = ServingSettings(invalidation=False, xfetch_beta=1e6, cache_jitter=0.0)
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
+    try:
+        with FeatureStore.connect(redis_url, registry) as store:
+            store.write("daily", [("x", {"orders": 1})])
+        first = await rt.service.lookup("shop", ["x"], ["orders"])
+        entry = first.entries[0][0].entry
+        with FeatureStore.connect(redis_url, registry) as store:
+            store.write("daily", [("x", {"orders": 2})])
+        # a huge beta makes the refresh certain; the caller still gets the cached entry
+        hit = await rt.service.lookup("shop", ["x"], ["orders"])
+        assert hit.entries[0][0].entry is entry
+        cache = rt.reader.cache
+        assert cache is not None
+        assert cache.stats.early_refreshes == 1
+        for _ in range(200):  # the refresh runs in the background: bounded wait
+            refreshed = cache.peek(("daily", b"s:x"))
+            if refreshed is not entry:
+                break
+            await asyncio.sleep(0.01)
+        assert refreshed is not None
+        assert refreshed.values is not None
+        assert refreshed.values[0] == 2
+    finally:
+        await rt.stop()
