@@ -274,6 +274,8 @@ class AsyncFeatureClient(_RestBase):
 # --- gRPC ------------------------------------------------------------------------------
 
 _GRPC_STATUS = {1: Status.PRESENT, 2: Status.MISSING, 3: Status.STALE}
+# answers for 1,000 entities with embeddings can pass gRPC's default 4 MiB limit
+_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 256 * 1024 * 1024),)
 
 
 def _grpc_request(
@@ -400,7 +402,7 @@ class GrpcFeatureClient(_GrpcBase):
 
         super().__init__(api_key, timeout)
         self._grpc = grpc
-        self.channel = grpc.insecure_channel(target)
+        self.channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self.stub = FeatureServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     def get(
@@ -451,7 +453,7 @@ class AsyncGrpcFeatureClient(_GrpcBase):
 
         super().__init__(api_key, timeout)
         self._grpc = grpc
-        self.channel = grpc.aio.insecure_channel(target)
+        self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self.stub = FeatureServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     async def get(

@@ -41,6 +41,7 @@ _STATUS = {
     413: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+MAX_MESSAGE = 256 * 1024 * 1024
 _Head = tuple[bytes, list[list[Callable[[Value], bytes]]]]
 
 
@@ -244,7 +245,14 @@ class GrpcServer:
 
 async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> GrpcServer:
     """Serve on host:port (0: a free port). SO_REUSEPORT lets several workers share it."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 1),
+            # 1,000 entities x many features, embeddings included, can pass gRPC's 4 MiB
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", runtime.settings.max_body_bytes),
+        ]
+    )
     servicer = FeatureServicer(runtime)
     server.add_generic_rpc_handlers((servicer.handler(),))
     health_servicer = health.aio.HealthServicer()

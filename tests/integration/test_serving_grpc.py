@@ -129,3 +129,19 @@ def test_registry_over_grpc(server: ServingProcess) -> None:
     assert reg.entities[0].name == ENTITY
     dims = {f.name: f.dim for f in reg.groups[0].features}
     assert dims["embedding_1"] == 32
+
+
+def test_a_full_batch_of_1000_entities_over_both_apis(redis_url: str) -> None:
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(1000))
+    ids = list(range(1000))
+    with (
+        ServingProcess(redis_url) as server,
+        GrpcFeatureClient(server.grpc_target, timeout=30) as g,
+        FeatureClient(server.rest_url, timeout=30) as r,
+    ):
+        via_grpc = g.get(ENTITY, ids, groups=[GROUP])
+        via_rest = r.get(ENTITY, ids, groups=[GROUP])
+    assert [row.id for row in via_grpc.rows] == ids
+    assert [row.values for row in via_grpc.rows] == [row.values for row in via_rest.rows]
+    assert via_rest.as_dicts()[999]["int_1"] == sample.features(999)["int_1"]
