@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 
 import orjson
@@ -67,7 +66,6 @@ class InvalidationListener:
         self.channel = channel
         self.invalidate = invalidate
         self.invalidate_all = invalidate_all
-        self.origin = uuid.uuid4().hex
         self.subscribed = asyncio.Event()
         self.received = 0
         self._task: asyncio.Task[None] | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import uuid
 
 import redis.asyncio
 
@@ -69,16 +70,18 @@ class ServingRuntime:
         )
         self.listener: InvalidationListener | None = None
         publisher = None
-        if settings.invalidation and settings.cache:
-            self.listener = InvalidationListener(
-                pubsub_client(target),
-                settings.invalidation_channel,
-                self.reader.invalidate,
-                self.reader.invalidate_all,
-            )
+        if settings.invalidation:
+            # an instance without a cache still tells the others about its writes
             publisher = RedisPublisher(
-                pubsub_client(target), settings.invalidation_channel, self.listener.origin
+                pubsub_client(target), settings.invalidation_channel, uuid.uuid4().hex
             )
+            if settings.cache:
+                self.listener = InvalidationListener(
+                    pubsub_client(target),
+                    settings.invalidation_channel,
+                    self.reader.invalidate,
+                    self.reader.invalidate_all,
+                )
         self._publisher = publisher
         self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
         self.metrics = ServingMetrics(self.reader)

@@ -256,3 +256,26 @@ async def test_rest_stampede_of_a_thousand_connections_reads_redis_once(redis_ur
         orjson.dumps([rows[0]["values"], rows[0]["statuses"]])
     }
     assert rows[0]["statuses"] == ["present"] * 50
+
+
+def test_a_write_through_an_instance_without_cache_still_invalidates_the_others(
+    redis_url: str,
+) -> None:
+    write_sample(redis_url, 10)
+    with (
+        ServingProcess(redis_url, args=["--no-cache"], grpc=False) as writer,
+        ServingProcess(redis_url, args=["--cache-ttl", "600"], grpc=False) as reader,
+        FeatureClient(writer.rest_url, timeout=5) as cw,
+        FeatureClient(reader.rest_url, timeout=5) as cr,
+    ):
+        assert cr.get(ENTITY, [6], features=["int_0"]).rows[0].values == [
+            sample.features(6)["int_0"]
+        ]
+        cw.write(GROUP, [(6, {"int_0": 4242})])
+        seen = None
+        for _ in range(200):  # pub/sub delivery is asynchronous: poll, bounded
+            seen = cr.get(ENTITY, [6], features=["int_0"]).rows[0].values
+            if seen == [4242]:
+                break
+            time.sleep(0.02)
+        assert seen == [4242]
