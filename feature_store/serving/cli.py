@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import importlib.util
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ from feature_store.errors import ConfigError
 if TYPE_CHECKING:
     from feature_store.registry import Registry
     from feature_store.serving.app import FastPath
+    from feature_store.serving.config import ServingSettings
+    from feature_store.settings import Settings
 
 SAMPLE = "sample"
 
@@ -57,7 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from feature_store.serving.config import WORKER_ENV, ServingSettings
+    from feature_store.serving.config import ServingSettings
 
     core = settings_from(args)
     registry_path = args.registry if args.registry is not None else str(core.registry)
@@ -79,7 +82,29 @@ def run_serve(args: argparse.Namespace) -> int:
             "gRPC serving needs the grpc extra (pip install 'feature-store[grpc]'); "
             "or pass --no-grpc"
         )
+    # uvicorn re-raises SIGTERM after its graceful shutdown; with the default handler that
+    # kills the process before the embedded Redis below is stopped. Exit cleanly instead.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _serve(args, core, serving, registry_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _serve(
+    args: argparse.Namespace,
+    core: Settings,
+    serving: ServingSettings,
+    registry_path: str,
+) -> None:
     import uvicorn
+
+    from feature_store.serving.config import WORKER_ENV
 
     with redis_url(core) as url:
         config = {
@@ -118,7 +143,6 @@ def run_serve(args: argparse.Namespace) -> int:
                 access_log=False,
                 timeout_graceful_shutdown=5,
             )
-    return 0
 
 
 def _load(path: str) -> Registry:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 
 from feature_store.cli import build_parser
@@ -82,6 +83,11 @@ def test_serve_without_a_redis_url_uses_an_embedded_redis(tmp_path: Path) -> Non
     )
     assert out.stdout.strip().endswith("ok"), out.stderr
     assert (tmp_path / "redis" / "redis.conf").exists()
+    # SIGTERM stops the embedded Redis too (uvicorn re-raises the signal after shutdown)
+    match = re.search(r"embedded Redis at (redis://127\.0\.0\.1:\d+)", out.stdout)
+    assert match, out.stdout
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis.from_url(match.group(1), socket_connect_timeout=1).ping()
 
 
 def test_serve_with_two_workers_answers_rest_and_grpc(redis_url: str) -> None:
