@@ -244,9 +244,10 @@ def run_all(args: argparse.Namespace) -> int:
     rows = [r for r in ROWS if r.name in args.rows]
     results_dir: Path = args.results_dir
     raw_dir = results_dir / args.name  # benchmarks/results/ycsb/ for the full run
-    if raw_dir.exists():
-        shutil.rmtree(raw_dir)
-    raw_dir.mkdir(parents=True)
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    for old in raw_dir.iterdir():  # the previous run's files; other runs' directories stay
+        if old.is_file() and old.suffix in (".txt", ".hist", ".log"):
+            old.unlink()
     work = Path(tempfile.mkdtemp(prefix="ycsb-run-"))
     hist = raw_dir / "fieldlength.hist"
     sizes = histogram.write_histogram(hist, entities=args.histogram_entities)
@@ -448,7 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.rows) - set(ROW_NAMES))
     if unknown:
         p.error(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(ROW_NAMES)}")
-    args.command = "benchmarks/ycsb/run " + shlex.join(sys.argv[1:] if argv is None else argv)
+    given = shlex.join(sys.argv[1:] if argv is None else argv)
+    args.command = f"benchmarks/ycsb/run {given}".strip()
     return args
 
 
