@@ -181,12 +181,6 @@ def run_ingest(
 def read_input(spark: SparkSession, job: IngestJob) -> DataFrame:
     if job.format not in FORMATS:
         raise RequestError(f"unknown input format {job.format!r}; use one of {', '.join(FORMATS)}")
-    if (
-        "://" not in job.input
-        and not any(c in job.input for c in "*?[{")
-        and not (os.path.exists(job.input))
-    ):  # a local path: say so before Spark logs a stack trace about it
-        raise RequestError(f"input {job.input!r} does not exist")
     options = dict(job.read_options)
     if job.format == "csv":
         options.setdefault("header", "true")
