@@ -108,7 +108,7 @@ class _ColumnResult:
 
 
 class BatchEncoder:
-    """Encodes Arrow batches of one feature group. Keeps per-column memos between batches."""
+    """Encodes Arrow batches of one feature group; float encodings are memoized in ``memos``."""
 
     def __init__(
         self,
