@@ -1,4 +1,4 @@
-# make demo   set up, then run the end-to-end demo on an embedded Redis
+# make demo   set up, then run the main job end to end on an embedded Redis
 # make test   set up, then lint + typecheck + all tests (what CI runs)
 VENV := .venv/bin
 PYTEST_ARGS ?=
@@ -9,7 +9,7 @@ setup:
 	./scripts/setup.sh
 
 demo: setup
-	$(VENV)/feature-store demo
+	./scripts/demo.sh
 
 test: setup lint typecheck pytest
 
