@@ -88,15 +88,27 @@ class ReadPlan:
         """Replies of ``commands()`` as lists of raw values in ``fields`` order."""
         if not self.whole_hash:
             return replies  # type: ignore[return-value]
-        fields = self.fields
-        out: list[Sequence[bytes | None]] = []
-        for reply in replies:
-            if not isinstance(reply, dict):  # a client without response callbacks: pairs
-                it = iter(reply)  # type: ignore[call-overload]
-                reply = dict(zip(it, it, strict=True))
-            get = reply.get
-            out.append([get(f) for f in fields])
-        return out
+        return [align_hash(reply, self.fields) for reply in replies]
+
+
+def reads_whole_hash(wanted_fields: int, hash_fields: int) -> bool:
+    """Whether reading ``wanted_fields`` of a hash of ``hash_fields`` is cheaper by HGETALL."""
+    return wanted_fields > WHOLE_HASH_SHARE * hash_fields
+
+
+def hash_fields(registry: Registry, entity: str) -> int:
+    """The fields an entity's hash can hold: every feature, and each group's freshness."""
+    groups = sum(1 for g in registry.groups.values() if g.entity.name == entity)
+    return len(registry.features_of(entity)) + groups
+
+
+def align_hash(reply: object, fields: Sequence[bytes]) -> list[bytes | None]:
+    """An HGETALL reply (a dict, or the raw field/value list) as values in ``fields`` order."""
+    if not isinstance(reply, dict):  # a connection without response callbacks: pairs
+        it = iter(reply)  # type: ignore[call-overload]
+        reply = dict(zip(it, it, strict=True))
+    get = reply.get
+    return [get(f) for f in fields]
 
 
 def plan_read(
@@ -124,8 +136,6 @@ def plan_read(
             ) from None
     touched = tuple({f.group: registry.groups[f.group] for f in resolved}.values())
     fields = tuple(f.field for f in resolved) + tuple(g.freshness_field for g in touched)
-    groups_of_entity = sum(1 for g in registry.groups.values() if g.entity.name == entity)
-    hash_size = len(registry.features_of(entity)) + groups_of_entity
     return ReadPlan(
         entity=etype,
         ids=tuple(ids),
@@ -133,7 +143,7 @@ def plan_read(
         features=resolved,
         groups=touched,
         fields=fields,
-        whole_hash=len(fields) > WHOLE_HASH_SHARE * hash_size,
+        whole_hash=reads_whole_hash(len(fields), hash_fields(registry, entity)),
     )
 
 

@@ -85,7 +85,7 @@ class CachedReader:
         rng: random.Random | None = None,
     ) -> None:
         self.registry = registry
-        self.specs = {name: GroupSpec.of(g) for name, g in registry.groups.items()}
+        self.specs = {name: GroupSpec.of(g, registry) for name, g in registry.groups.items()}
         self.round_trip = round_trip
         self.cache = cache
         self.breaker = breaker or CircuitBreaker()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from feature_store.batch import hash_fields
 from feature_store.errors import EncodingError
 from feature_store.layout import decode_timestamp
-from feature_store.registry import FeatureGroup
+from feature_store.registry import FeatureGroup, Registry
 from feature_store.serialization import Value
 
 
@@ -21,11 +22,18 @@ class GroupSpec:
     fields: tuple[bytes, ...]  # every feature field, then the freshness field
     packed_fields: bytes  # the same, RESP-encoded once
     decoders: tuple[Callable[[bytes], Value], ...]
+    hash_fields: int  # fields the entity's whole hash can hold, all groups together
 
     @classmethod
-    def of(cls, group: FeatureGroup) -> GroupSpec:
+    def of(cls, group: FeatureGroup, registry: Registry) -> GroupSpec:
         fields = (*(f.field for f in group.features), group.freshness_field)
-        return cls(group, fields, _resp(fields), tuple(f.codec.fast_decode for f in group.features))
+        return cls(
+            group,
+            fields,
+            _resp(fields),
+            tuple(f.codec.fast_decode for f in group.features),
+            hash_fields(registry, group.entity.name),
+        )
 
     def decode(self, key: bytes, reply: Sequence[bytes | None]) -> tuple[Value | None, ...] | None:
         """The group's values, or None when the entity has nothing of this group."""

@@ -25,11 +25,11 @@ GROUP, ENTITY = sample.GROUP, sample.ENTITY
 REGISTRY = sample.registry()
 
 
-def hmget_calls(url: str) -> int:
-    """HMGET commands the Redis server has executed since its stats were reset."""
+def entity_reads(url: str) -> int:
+    """Entity reads (HMGET or HGETALL) the Redis server has executed since its stats reset."""
     with redis.Redis.from_url(url) as client:
-        stats = client.info("commandstats").get("cmdstat_hmget")
-    return int(stats["calls"]) if stats else 0
+        stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
 
 
 def reset_stats(url: str) -> None:
@@ -69,7 +69,7 @@ async def test_a_thousand_concurrent_misses_on_one_key_make_one_redis_read(
     write_sample(redis_url, 10)
     reset_stats(redis_url)
     results = await asyncio.gather(*(runtime.reader.get([key(3)]) for _ in range(1000)))
-    assert hmget_calls(redis_url) == 1
+    assert entity_reads(redis_url) == 1
     assert {id(r[0].entry) for r in results} == {id(results[0][0].entry)}
     stats = runtime.reader.cache.stats  # type: ignore[union-attr]
     assert (stats.misses, stats.deduplicated, stats.round_trips) == (1, 999, 1)
@@ -87,11 +87,11 @@ async def test_misses_of_concurrent_requests_share_one_round_trip(
     stats = runtime.reader.cache.stats  # type: ignore[union-attr]
     assert stats.round_trips == 1  # 50 requests, 100 keys, one pipeline
     assert stats.coalesced == 99
-    assert hmget_calls(redis_url) == 100
+    assert entity_reads(redis_url) == 100
     assert all(r.entry.values is not None for pair in results for r in pair)
     # all cached now: the same requests again cost nothing
     await asyncio.gather(*(runtime.reader.get(r) for r in requests))
-    assert hmget_calls(redis_url) == 100
+    assert entity_reads(redis_url) == 100
     assert stats.hits == 100
 
 
@@ -107,7 +107,7 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_read(
     resolved = await second
     assert first.cancelled()
     assert resolved[0].entry.values is not None
-    assert hmget_calls(redis_url) == 1
+    assert entity_reads(redis_url) == 1
     assert runtime.reader.cache.peek(key(5)) is not None  # type: ignore[union-attr]
 
 
@@ -124,11 +124,11 @@ async def test_missing_entities_are_cached_with_their_own_ttl(redis_url: str) ->
         for _ in range(3):
             (r,) = await rt.reader.get([key(777)])
             assert r.entry.negative
-        assert hmget_calls(redis_url) == 1
+        assert entity_reads(redis_url) == 1
         assert rt.reader.cache.stats.negative_hits == 2
         clock.now += 2.5  # past the negative TTL, far from the positive one
         await rt.reader.get([key(777)])
-        assert hmget_calls(redis_url) == 2
+        assert entity_reads(redis_url) == 2
     finally:
         await rt.stop()
 
@@ -187,14 +187,14 @@ async def test_stampede_on_a_cold_entity_reads_redis_once(redis_url: str) -> Non
             results = await asyncio.gather(
                 *(client.get(ENTITY, [7], groups=[GROUP]) for _ in range(1000))
             )
-        assert hmget_calls(redis_url) == 1
+        assert entity_reads(redis_url) == 1
         with FeatureClient(server.rest_url, timeout=5) as rest:
             again = rest.get(ENTITY, [7], groups=[GROUP]).rows[0]
         assert (again.values, again.statuses) == (
             results[0].rows[0].values,
             results[0].rows[0].statuses,
         )
-        assert hmget_calls(redis_url) == 1
+        assert entity_reads(redis_url) == 1
     want = sample.features(7)["float_05"]
     assert all(r.as_dicts()[0]["float_05"] == want for r in results)
 
@@ -249,7 +249,7 @@ async def test_rest_stampede_of_a_thousand_connections_reads_redis_once(redis_ur
             for _, w in conns:
                 w.close()
             await asyncio.gather(*(w.wait_closed() for _, w in conns), return_exceptions=True)
-        assert hmget_calls(redis_url) == 1
+        assert entity_reads(redis_url) == 1
     # ages may tick over a second boundary between answers; values and statuses may not
     rows = [orjson.loads(a)["results"][0] for a in answers]
     assert {orjson.dumps([r["values"], r["statuses"]]) for r in rows} == {

@@ -54,10 +54,11 @@ async def runtime(redis_url: str, registry: Registry) -> AsyncIterator[ServingRu
     await rt.stop()
 
 
-def hmget_calls(url: str) -> int:
+def entity_reads(url: str) -> int:
+    """Entity reads (HMGET or HGETALL) the Redis server has executed since its stats reset."""
     with redis.Redis.from_url(url) as client:
-        stats = client.info("commandstats").get("cmdstat_hmget")
-    return int(stats["calls"]) if stats else 0
+        stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
 
 
 async def test_features_of_two_groups_one_read_per_entity_and_per_group_staleness(
@@ -73,7 +74,7 @@ async def test_features_of_two_groups_one_read_per_entity_and_per_group_stalenes
     lookup = await runtime.service.lookup(
         "shop", ["a", "b", "c"], ["queue", "daily:rating", "name", "tags", "open"]
     )
-    assert hmget_calls(redis_url) == 3  # one HMGET per entity covers both groups
+    assert entity_reads(redis_url) == 3  # one read per entity covers both groups
     proj = lookup.projection
     assert proj.names == ("queue", "rating", "name", "tags", "open")
     rows = [row_statuses(proj, r, lookup.now) for r in lookup.entries]
@@ -91,7 +92,33 @@ async def test_features_of_two_groups_one_read_per_entity_and_per_group_stalenes
     assert rows[2][1] == ["missing"] * 5
     # all cached now, for both groups
     await runtime.service.lookup("shop", ["a", "b", "c"], ["queue", "rating"])
-    assert hmget_calls(redis_url) == 3
+    assert entity_reads(redis_url) == 3
+
+
+def calls(url: str, command: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_a_read_of_most_of_the_hash_is_an_hgetall(
+    runtime: ServingRuntime, redis_url: str, registry: Registry
+) -> None:
+    """The shop hash holds 8 fields (6 features, 2 freshness). One group is 4 of them: HMGET;
+    both groups are all 8: HGETALL. Counted by the server; values the same either way."""
+    with FeatureStore.connect(redis_url, registry) as store:
+        store.write("daily", [("a", {"orders": 5, "rating": 4.5, "tags": [1, 2]})])
+        store.write("realtime", [("a", {"open": True, "queue": 3, "name": "ay"})])
+        store.client.config_resetstat()
+    one = await runtime.service.lookup("shop", ["a"], ["orders", "tags"])
+    assert (calls(redis_url, "hmget"), calls(redis_url, "hgetall")) == (1, 0)
+    both = await runtime.service.lookup("shop", ["a"], ["queue", "name"], ["daily"])
+    # daily is cached now, so only realtime is read: 4 of 8 fields, still an HMGET
+    assert (calls(redis_url, "hmget"), calls(redis_url, "hgetall")) == (2, 0)
+    fresh = await runtime.service.lookup("shop", ["a"], ["queue", "orders"], bypass=True)
+    assert calls(redis_url, "hgetall") == 1
+    assert row_statuses(one.projection, one.entries[0], one.now)[0] == [5, [1, 2]]
+    assert row_statuses(both.projection, both.entries[0], both.now)[0] == [5, 4.5, [1, 2], 3, "ay"]
+    assert row_statuses(fresh.projection, fresh.entries[0], fresh.now)[0] == [3, 5]
 
 
 async def test_xfetch_refreshes_a_hot_entry_before_it_expires(
