@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)  # for PySpark
+command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)  # PySpark, YCSB bindings
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)  # builds the YCSB bindings
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # YCSB's disk store
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS test certificates
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian's packages"
