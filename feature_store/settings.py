@@ -7,7 +7,7 @@ invalid value fails at startup with a message naming it, instead of being ignore
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,23 +36,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``FEATURE_STORE_*`` variables, then ``overrides`` that are not None."""
-        env = os.environ if env is None else env
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, object] = {}
-        for var, raw in env.items():
-            if not var.startswith(ENV_PREFIX):
-                continue
-            name = var[len(ENV_PREFIX) :].lower()
-            if name not in known:
-                raise ConfigError(
-                    f"unknown setting {var}; known: "
-                    + ", ".join(ENV_PREFIX + n.upper() for n in sorted(known))
-                )
-            values[name] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - set(known)
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values = env_values(ENV_PREFIX, {f.name for f in fields(cls)}, env, overrides)
         coerced: dict[str, Any] = {k: _coerce(k, v, cls) for k, v in values.items()}
         return cls(**coerced).validated()
 
@@ -78,6 +62,33 @@ class Settings:
             max_connections=self.max_connections,
             retries=self.redis_retries,
         )
+
+
+def env_values(
+    prefix: str,
+    known: Collection[str],
+    env: Mapping[str, str] | None,
+    overrides: Mapping[str, object],
+) -> dict[str, object]:
+    """Raw settings: ``{prefix}NAME`` variables by lower-case name, then the overrides that
+    are not None. An unknown name under the prefix, or among the overrides, is an error."""
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for var, raw in env.items():
+        if not var.startswith(prefix):
+            continue
+        name = var[len(prefix) :].lower()
+        if name not in known:
+            raise ConfigError(
+                f"unknown setting {var}; known: "
+                + ", ".join(prefix + n.upper() for n in sorted(known))
+            )
+        values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    return values
 
 
 def _coerce(name: str, value: object, cls: type[Settings]) -> object:

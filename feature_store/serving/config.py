@@ -9,7 +9,6 @@ An unknown ``FEATURE_SERVING_*`` variable or an invalid value fails at startup.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import orjson
 
 from feature_store.errors import ConfigError
+from feature_store.settings import env_values
 
 ENV_PREFIX = "FEATURE_SERVING_"
 # How `serve --workers N` hands the parent's settings to its worker processes.
@@ -69,23 +69,7 @@ class ServingSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServingSettings:
         """Settings from ``FEATURE_SERVING_*`` variables, then ``overrides`` that are not None."""
-        env = os.environ if env is None else env
-        known = {f.name for f in fields(cls)}
-        values: dict[str, object] = {}
-        for var, raw in env.items():
-            if not var.startswith(ENV_PREFIX):
-                continue
-            name = var[len(ENV_PREFIX) :].lower()
-            if name not in known:
-                raise ConfigError(
-                    f"unknown setting {var}; known: "
-                    + ", ".join(ENV_PREFIX + n.upper() for n in sorted(known))
-                )
-            values[name] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - known
-        if unknown:
-            raise ConfigError(f"unknown serving setting(s): {', '.join(sorted(unknown))}")
+        values = env_values(ENV_PREFIX, {f.name for f in fields(cls)}, env, overrides)
         coerced: dict[str, Any] = {k: _coerce(k, v) for k, v in values.items()}
         return cls(**coerced).validated()
 
