@@ -302,7 +302,10 @@ def _grpc_request(
     return request
 
 
-def _grpc_value(v: pb.Value) -> Value | None:
+def proto_value(v: pb.Value) -> Value | None:
+    """A serving.proto ``Value`` as a Python value; None when no kind is set (missing).
+
+    The gRPC server reads push writes with it too, so both ends agree on every kind."""
     kind = v.WhichOneof("kind")
     if kind is None:
         return None
@@ -322,7 +325,7 @@ def _grpc_result(response: pb.GetFeaturesResponse) -> FeatureResult:
         rows.append(
             FeatureRow(
                 getattr(r.id, r.id.WhichOneof("id") or "int_id"),
-                [_grpc_value(v) for v in r.values],
+                [proto_value(v) for v in r.values],
                 [_GRPC_STATUS[s] for s in r.statuses],
                 ages,
             )

@@ -27,6 +27,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serialization import Value
 from feature_store.serving import wire
 from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.client import proto_value
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import MalformedRequestError, problem, row_statuses
 
@@ -50,18 +51,6 @@ def _metadata(context: grpc.aio.ServicerContext) -> str | None:
         if key == "authorization":
             return str(value)
     return None
-
-
-def _value(v: pb.Value) -> Value | None:
-    kind = v.WhichOneof("kind")
-    if kind is None:
-        return None
-    if kind == "float_list":
-        return list(v.float_list.values)
-    if kind == "int_list":
-        return list(v.int_list.values)
-    result: Value = getattr(v, kind)
-    return result
 
 
 def _entity_id(e: pb.EntityId) -> EntityId:
@@ -178,7 +167,7 @@ class FeatureServicer:
         try:
             self.auth.require(_metadata(context), Role.ADMIN)
             rows: list[tuple[EntityId, Mapping[str, object]]] = [
-                (_entity_id(r.id), {name: _value(v) for name, v in r.values.items()})
+                (_entity_id(r.id), {name: proto_value(v) for name, v in r.values.items()})
                 for r in request.rows
             ]
             stats = await self.service.write(request.group, rows)
