@@ -34,7 +34,9 @@ import servers  # noqa: E402
 import ycsb_output  # noqa: E402
 
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port  # noqa: E402
+from feature_store.errors import FeatureStoreError  # noqa: E402
 from feature_store.registry import parse_registry  # noqa: E402
+from feature_store.serving.process import ServingProcess  # noqa: E402
 
 WORKLOADS = {"read": "batchread", "mix": "batchmix"}  # table column -> workload file
 ENTITY, GROUP, PREFIX = "ycsb_user", "ycsb", "u"
@@ -286,9 +288,6 @@ def _run_rows(
 ) -> int:
     results: dict[str, report.RowResult] = {}
     needs = {r.store for r in rows}
-    serving_help, serving_why = (None, "not requested")
-    if any(r.db == "ServingClient" for r in rows):
-        serving_help, serving_why = servers.serving_help()
     servers.ensure_redis_server()
     with contextlib.ExitStack() as stack:
         single = EmbeddedRedis(work / "redis", port=free_port(), persistence=True)
@@ -306,16 +305,12 @@ def _run_rows(
         for spec in rows:
             result = report.RowResult(spec.name, spec.label)
             results[spec.name] = result
-            if spec.db == "ServingClient" and serving_help is None:
-                result.not_run = serving_why
-                print(f"[{spec.name}] not run: {serving_why}", flush=True)
-                continue
             if not spec.loads and "hash" not in results:
                 result.not_run = "it reads the records the hash row loads; run that row too"
                 continue
             try:
-                run_row(spec, settings, result, single, cluster, pg, serving_help, args, work)
-            except (ycsb_output.YCSBRunFailed, servers.ServerError) as e:
+                run_row(spec, settings, result, single, cluster, pg, args, work)
+            except (ycsb_output.YCSBRunFailed, servers.ServerError, FeatureStoreError) as e:
                 result.error = str(e)
                 print(f"[{spec.name}] FAILED: {e}", flush=True)
 
@@ -338,7 +333,6 @@ def run_row(
     single: EmbeddedRedis,
     cluster: EmbeddedCluster | None,
     pg: servers.Postgres | None,
-    serving_help: str | None,
     args: argparse.Namespace,
     work: Path,
 ) -> None:
@@ -364,30 +358,24 @@ def run_row(
             if spec.loads:
                 flush([single.port])
         if spec.db == "ServingClient":
-            assert serving_help is not None
-            port = free_port()
-            cmd = servers.serving_command(
-                serving_help, port, work / "features.yaml", single.url, args.serving_workers
+            flags = ["--workers", str(args.serving_workers), *spec.serve_flags]
+            serving = ServingProcess(
+                single.url,
+                registry=work / "features.yaml",
+                args=flags,
+                grpc=False,  # the binding speaks REST
+                log_path=s.raw_dir / "serving.server.log",
+                ready_path="/readyz",
+                start_timeout=60.0,
             )
-            missing = [f for f in spec.serve_flags if f not in serving_help]
-            if missing:
-                raise servers.ServerError(f"feature-store serve has no {', '.join(missing)}")
-            cmd += spec.serve_flags
-            env = {
-                "FEATURE_STORE_REDIS_URL": single.url,
-                "FEATURE_STORE_REGISTRY": str(work / "features.yaml"),
-            }
-            serving = servers.Serving(cmd, port, env, s.raw_dir / "serving.server.log")
-            stack.enter_context(serving.running())
-            api_pid = serving.pid
-            props = {"serving.url": serving.url}
-            per_run = ("--host", "--port", "--registry", "--redis-url", "--grpc-port")
-            shown = [
-                a for i, a in enumerate(cmd[2:]) if a not in per_run and cmd[1 + i] not in per_run
-            ]
+            stack.enter_context(serving)
+            assert serving.process is not None
+            api_pid = serving.process.pid
+            props = {"serving.url": serving.rest_url}
             result.notes.append(
-                f"`feature-store serve {' '.join(shown)}` on a free loopback port, with the "
-                "run's registry (entity ycsb_user, group ycsb of field0..field9: string) and Redis"
+                f"`feature-store serve --no-grpc {' '.join(flags)}` on a free loopback port, with "
+                "the run's registry (entity ycsb_user, group ycsb of field0..field9: string) and "
+                "Redis"
             )
         failures = []
         if spec.loads:

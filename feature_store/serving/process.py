@@ -34,6 +34,8 @@ class ServingProcess:
         env: Mapping[str, str] | None = None,
         grpc: bool = True,
         log_path: Path | None = None,
+        ready_path: str = "/healthz",
+        start_timeout: float = START_TIMEOUT_S,
     ) -> None:
         self.redis_url = redis_url
         self.registry = str(registry)
@@ -41,6 +43,8 @@ class ServingProcess:
         self.env = dict(env or {})
         self.grpc = grpc
         self.log_path = log_path
+        self.ready_path = ready_path  # "/readyz" also waits until Redis answers
+        self.start_timeout = start_timeout
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.process: subprocess.Popen[bytes] | None = None
@@ -80,20 +84,29 @@ class ServingProcess:
         self.process = subprocess.Popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise FeatureStoreError(
                     f"feature-store serve exited with {self.process.returncode}: {command}"
+                    + self._log_tail()
                 )
             try:
-                if httpx.get(f"{self.rest_url}/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.rest_url}{self.ready_path}", timeout=1.0).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
         self.stop()
-        raise FeatureStoreError(f"feature-store serve did not start within {START_TIMEOUT_S}s")
+        raise FeatureStoreError(
+            f"feature-store serve was not ready ({self.ready_path}) within "
+            f"{self.start_timeout:.0f} s" + self._log_tail()
+        )
+
+    def _log_tail(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n" + self.log_path.read_text(errors="replace")[-2000:]
 
     def stop(self) -> None:
         proc, self.process = self.process, None

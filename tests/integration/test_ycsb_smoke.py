@@ -37,7 +37,6 @@ def _module(name: str) -> ModuleType:
 
 ycsb_output = _module("ycsb_output")
 histogram = _module("histogram")
-servers = _module("servers")
 runner = _module("runner")
 
 
@@ -67,10 +66,6 @@ def _raw(results: Path, row: str, phase: str) -> tuple[str, str]:
 def test_smoke_row_has_no_failed_operations(smoke: tuple[Path, str], row: str) -> None:
     results, _ = smoke
     spec = next(r for r in runner.ROWS if r.name == row)
-    if spec.db == "ServingClient":
-        help_text, why = servers.serving_help()
-        if help_text is None:
-            pytest.skip(f"serving row not run: {why}")
     phases = (["load"] if spec.loads else []) + ["read", "mix"]
     for phase in phases:
         stdout, stderr = _raw(results, row, phase)
