@@ -21,7 +21,7 @@ import re
 from enum import StrEnum
 
 from feature_store.errors import RequestError
-from feature_store.serialization import FeatureType, field_name
+from feature_store.serialization import FeatureType, field_name, varint
 
 KEY_SEPARATOR = ":"
 RESERVED_NAME_PREFIX = "__"  # feature names may not start with it: freshness fields use it
@@ -81,7 +81,7 @@ def max_encoded_size(type_: FeatureType, dim: int | None) -> int | None:
     """The largest encoded value of a type in bytes, or None if it is unbounded."""
     if type_ is FeatureType.EMBEDDING and dim is not None:
         payload = 4 * dim
-        return 1 + _varint_len(payload) + payload  # tag, length, packed floats
+        return 1 + len(varint(payload)) + payload  # tag, length, packed floats
     if type_ in (FeatureType.FLOAT, FeatureType.DOUBLE):
         return 24
     if type_ is FeatureType.INT:
@@ -89,11 +89,3 @@ def max_encoded_size(type_: FeatureType, dim: int | None) -> int | None:
     if type_ is FeatureType.BOOL:
         return 1
     return None
-
-
-def _varint_len(n: int) -> int:
-    length = 1
-    while n >= 0x80:
-        n >>= 7
-        length += 1
-    return length

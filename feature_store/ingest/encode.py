@@ -34,7 +34,7 @@ from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.spec import BadReason, ColumnSpec, Source
 from feature_store.layout import IdType, encode_timestamp, entity_key
 from feature_store.registry import Feature, FeatureGroup
-from feature_store.serialization import FeatureType
+from feature_store.serialization import FeatureType, varint
 
 MEMO_LIMIT = 1 << 20
 _FLOAT32_MAX = float(
@@ -312,17 +312,8 @@ def _encode_int_lists(array: pa.Array, feature: Feature) -> _ColumnResult | None
             values.append(encode([]))
             continue
         body = payload[byte_offsets[a] : byte_offsets[b]]
-        values.append(bytes(compress(b"\x0a" + _varint(len(body)) + body)))
+        values.append(bytes(compress(b"\x0a" + varint(len(body)) + body)))
     return _checked(array, feature, values, {})
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _checked(

@@ -12,6 +12,7 @@ from feature_store.serialization.codecs import (
     decode_float,
     encode_double,
     encode_float32,
+    varint,
 )
 from feature_store.serialization.names import field_name
 
@@ -24,4 +25,5 @@ __all__ = [
     "encode_double",
     "encode_float32",
     "field_name",
+    "varint",
 ]

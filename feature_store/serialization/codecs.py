@@ -71,6 +71,24 @@ class Codec:
         return f"{self.type.value}({self.dim})" if self.dim is not None else self.type.value
 
 
+def varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of an int64 (negatives in ten bytes, two's complement).
+
+    For code that assembles protobuf wire bytes itself, where building messages per value
+    would cost more than the work around it: the Spark job's column encoder and the gRPC
+    responses served from the cache. Tests compare both with the generated classes."""
+    if n < 0:
+        n += 1 << 64
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def _special_float(x: float) -> bytes | None:
     """The encodings shared by float and double: zero, signed zero, NaN and infinities."""
     if x == 0.0:

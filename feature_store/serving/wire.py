@@ -19,25 +19,12 @@ from typing import cast
 from feature_store.batch import EntityId
 from feature_store.proto.v1.values_pb2 import FloatList, IntList
 from feature_store.registry import Feature
-from feature_store.serialization import FeatureType, Value
+from feature_store.serialization import FeatureType, Value, varint
 from feature_store.serving.cache import Entry
 
 _DOUBLE = struct.Struct("<d")
 MISSING_VALUE = b"\x12\x00"  # FeatureRow.values: an empty Value (no kind set)
 STATUS_CODES = {"present": 1, "missing": 2, "stale": 3}
-
-
-def varint(n: int) -> bytes:
-    if n < 0:
-        n += 1 << 64  # int64: two's complement in ten bytes
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def record(tag: int, payload: bytes) -> bytes:

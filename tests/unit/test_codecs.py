@@ -142,6 +142,14 @@ def test_int_list_round_trips(values: list[int]) -> None:
     assert INT_LIST.decode(INT_LIST.encode(values)) == values
 
 
+@given(int64s)
+def test_varint_matches_protobuf(n: int) -> None:
+    from feature_store.proto.v1.values_pb2 import IntList
+    from feature_store.serialization import varint
+
+    assert varint(n) == IntList(values=[n]).SerializeToString()[2:]  # after tag and length
+
+
 def test_empty_lists_round_trip() -> None:
     assert INT_LIST.decode(INT_LIST.encode([])) == []
     assert FLOAT_LIST.decode(FLOAT_LIST.encode([])) == []
