@@ -1,6 +1,6 @@
 """Ingest benchmark: the Spark job against the raw redis-py pipeline ceiling, same run.
 
-    python benchmarks/ingest.py --entities 1000000
+    python3 benchmarks/ingest.py --entities 1000000
 
 1. Generates the standard shape with ``feature-store generate``'s code (cached by size and
    seed under --data-dir) as parquet.
@@ -18,6 +18,8 @@ their ratio; --markdown appends the figures to a results file.
 """
 
 from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
 import contextlib
@@ -236,7 +238,7 @@ def main() -> int:
         with args.markdown.open("a") as fh:
             fh.write(
                 f"\n### Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
-                f"```\n$ python benchmarks/ingest.py {' '.join(sys.argv[1:])}\n"
+                f"```\n$ python3 benchmarks/ingest.py {' '.join(sys.argv[1:])}\n"
                 f"ceiling: raw redis-py pipelined HSET, {ceil_values:,} values: "
                 f"{ceil_rate:,.0f} values/s\n{report.summary()}\n{verdict}\n{split}\n\n"
                 f"profiled run ({profiled.rows_read:,} entities, "

@@ -1,6 +1,6 @@
 """Bytes per stored feature value in Redis, for several layouts of the same data.
 
-    python benchmarks/memory.py [--entities 100000] [--out benchmarks/results/memory.md]
+    python3 benchmarks/memory.py [--entities 100000] [--out benchmarks/results/memory.md]
 
 Loads the standard benchmark shape (feature_store/sample_features.yaml) once per layout
 into a fresh embedded redis-server and reports the ``used_memory`` delta per value. The
@@ -24,6 +24,8 @@ expiry per key, at about 50 more bytes each.
 """
 
 from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
 import subprocess
@@ -264,7 +266,7 @@ def main() -> int:
     print()
     print(table)
     if args.out:
-        command = " ".join(["python benchmarks/memory.py", *sys.argv[1:]])
+        command = " ".join(["python3 benchmarks/memory.py", *sys.argv[1:]])
         args.out.write_text(f"# Memory per feature value\n\nCommand: `{command}`\n\n{table}\n")
     return 0
 

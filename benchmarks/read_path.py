@@ -1,6 +1,6 @@
 """Batch-read latency of the async store client against a raw redis-py pipeline.
 
-    python benchmarks/read_path.py [--entities 100000] [--iterations 2000] [--out FILE]
+    python3 benchmarks/read_path.py [--entities 100000] [--iterations 2000] [--out FILE]
 
 Standard shape, zipfian ids, batches of 10 and 100 entities x all 50 features. Three
 readers take turns on every iteration, so machine noise hits them alike:
@@ -15,6 +15,8 @@ Target: our p50 at most 1.5x the raw HMGET pipeline's.
 """
 
 from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
 import asyncio
@@ -121,7 +123,7 @@ def main() -> int:
     table = "\n".join(lines)
     print(table)
     if args.out:
-        command = " ".join(["python benchmarks/read_path.py", *sys.argv[1:]])
+        command = " ".join(["python3 benchmarks/read_path.py", *sys.argv[1:]])
         args.out.write_text(f"# Read path\n\nCommand: `{command}`\n\n{table}\n")
     return 0
 

@@ -1,6 +1,6 @@
 """Closed-loop load against the serving API, REST and gRPC, with the L1 cache on and off.
 
-    python benchmarks/serving.py [--entities 100000] [--seconds 3] [--out FILE]
+    python3 benchmarks/serving.py [--entities 100000] [--seconds 3] [--out FILE]
 
 Standard shape (100,000 consumers x 50 features, zipfian ids). Batches of 10 and 100
 entities x all 50 features, at concurrency 1, 8 and 32. Each server is a
@@ -17,6 +17,8 @@ absolute figures are noisy, ratios measured in the same run are the honest compa
 """
 
 from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
 import asyncio

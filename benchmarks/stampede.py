@@ -1,6 +1,6 @@
 """Cache stampede: identical requests arriving together, with the debouncer on and off.
 
-    python benchmarks/stampede.py [--cardinality 100] [--group 1000] [--rounds 20] [--ttl 0.05]
+    python3 benchmarks/stampede.py [--cardinality 100] [--group 1000] [--rounds 20] [--ttl 0.05]
 
 Modelled on a load tool's stampede options: ``cardinality`` distinct keys, and ``group``
 identical requests sent at once for one key. A key is one batch of ``batch`` entities
@@ -21,6 +21,8 @@ by the code under test. Targets: >= 100x fewer Redis reads per request, p99 >= 8
 """
 
 from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
 import asyncio

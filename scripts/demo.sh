@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fs=.venv/bin/feature-store
+if [ ! -x "$fs" ]; then
+  echo "scripts/demo.sh: $fs is missing: run ./scripts/setup.sh first (make demo does)" >&2
+  exit 2
+fi
 work="${DEMO_DIR:-.demo}"
 entities="${DEMO_ENTITIES:-10000}"
 mkdir -p "$work"

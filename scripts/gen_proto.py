@@ -1,10 +1,10 @@
 """Generate the Python code for proto/ into feature_store/proto/.
 
-    python scripts/gen_proto.py           # regenerate
-    python scripts/gen_proto.py --check   # exit 1 if the committed code is stale
+    make proto                                     # regenerate
+    .venv/bin/python scripts/gen_proto.py --check  # exit 1 if the committed code is stale
 
 The output depends only on the .proto sources and the grpcio-tools version, so
-tests/unit/test_proto_generated.py can run --check and catch a forgotten regeneration.
+tests/unit/test_package.py can run --check and catch a forgotten regeneration.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grpc_tools import protoc
+try:
+    from grpc_tools import protoc
+except ImportError:  # the system python3, say: the pinned grpcio-tools is in the project's .venv
+    raise SystemExit(
+        f"{sys.executable} has no grpcio-tools: run `make proto` (after ./scripts/setup.sh)"
+    ) from None
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
@@ -61,7 +66,7 @@ def main() -> int:
             if not committed.exists() or not filecmp.cmp(path, committed, shallow=False):
                 stale.append(str(committed.relative_to(ROOT)))
         if stale:
-            print("stale generated code (run: python scripts/gen_proto.py):", *stale, sep="\n  ")
+            print("stale generated code (run: make proto):", *stale, sep="\n  ")
             return 1
     print("generated protobuf code is up to date")
     return 0

@@ -27,6 +27,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _project_env
+import _project_env  # noqa: F401  (re-runs this script in the project's .venv)
+
 from feature_store import sample
 
 
