@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
 
-from feature_store.batch import EntityId
+from feature_store.batch import BatchResult, EntityId, Status
 from feature_store.embedded import EmbeddedRedis
 from feature_store.errors import RequestError
 from feature_store.layout import IdType
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     get = sub.add_parser(
         "get",
-        help="read features of some entities and print them, one JSON line per entity",
+        help="read features of some entities and print them as a table (or JSON lines)",
         description="Read a batch in one round trip and print values, statuses and ages.",
     )
     get.add_argument("entity", help="entity type, e.g. consumer")
@@ -41,6 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     get.add_argument("-f", "--features", nargs="*", default=[], help="feature names")
     get.add_argument("-g", "--groups", nargs="*", default=[], help="feature groups")
     get.add_argument("--registry", type=Path, help="registry file (default: features.yaml)")
+    get.add_argument(
+        "--json", action="store_true", help="one JSON object per entity instead of a table"
+    )
     add_redis_args(get)
     get.set_defaults(func=run_get)
 
@@ -114,16 +118,7 @@ def run_demo(args: argparse.Namespace) -> int:
         ms = (time.perf_counter() - t0) * 1000
         print(f"read {len(ids)} entities x {len(result.features)} features in {ms:.2f} ms")
         shown = ["float_00", "float_01", "float_02", "int_0", "int_list_0", "embedding_0"]
-        index = [i for i, f in enumerate(result.features) if f.name in shown]
-        for row in result.rows:
-            values = {
-                result.features[i].name: _short(row.values[i], row.statuses[i].value) for i in index
-            }
-            print(
-                orjson.dumps(
-                    {"id": row.entity_id, "age_s": row.ages[sample.GROUP], **values}
-                ).decode()
-            )
+        print(format_table(result, shown))
     return 0
 
 
@@ -136,6 +131,9 @@ def run_get(args: argparse.Namespace) -> int:
     )
     with redis_url(settings, quiet=True) as url, FeatureStore.connect(url, registry) as store:
         result = store.read(args.entity, ids, args.features, args.groups)
+    if not args.json:
+        print(format_table(result))
+        return 0
     names = [f.name for f in result.features]
     for row in result.rows:
         line = {
@@ -162,12 +160,41 @@ def run_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _short(value: object, status: str) -> object:
-    if value is None:
-        return status
-    if isinstance(value, list) and len(value) > 4:
-        return [*value[:4], f"... {len(value)} items"]
-    return value
+def format_table(result: BatchResult, names: Sequence[str] | None = None) -> str:
+    """A read as a table for people: id, age, the features' values (lists shortened), and
+    the statuses that are not "present". A missing value shows as "-", a stale one with "*".
+    """
+    index = [i for i, f in enumerate(result.features) if names is None or f.name in names]
+    header = ["id", "age", *(result.features[i].name for i in index), "statuses"]
+    rows = [header]
+    for row in result.rows:
+        ages = {a for a in row.ages.values() if a is not None}
+        age = f"{max(ages)}s" if ages else "-"
+        cells = [_cell(row.values[i], row.statuses[i]) for i in index]
+        counts = Counter(s.value for s in row.statuses)
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        rows.append([str(row.entity_id), age, *cells, summary])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(value: object, status: Status) -> str:
+    if status is Status.MISSING:
+        return "-"
+    text = _scalar(value)
+    if isinstance(value, list):
+        shown = ", ".join(_scalar(v) for v in value[:3])
+        text = f"[{shown}, ... {len(value)} items]" if len(value) > 3 else f"[{shown}]"
+    return f"{text}*" if status is Status.STALE else text
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 24 else repr(value[:21] + "...")
+    return str(value)
 
 
 def run_validate(args: argparse.Namespace) -> int:

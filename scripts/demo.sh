@@ -13,12 +13,17 @@ work="${DEMO_DIR:-.demo}"
 entities="${DEMO_ENTITIES:-10000}"
 mkdir -p "$work"
 
+# Spark 4 starts its JVM with jdk.incubator.vector, and the JVM announces that on stderr at
+# every start ("WARNING: Using incubator modules"); it says nothing about the job. Spark's
+# own logging is quiet in local mode (feature_store/ingest/log4j2-local.properties).
+quiet_jvm() { "$@" 2> >(grep -v '^WARNING: Using incubator modules' >&2); }
+
 echo "== 1. generate $entities entities of sample features (Spark)"
-"$fs" generate --output "$work/consumers.parquet" --entities "$entities" --overwrite \
+quiet_jvm "$fs" generate --output "$work/consumers.parquet" --entities "$entities" --overwrite \
   --registry-out "$work/features.yaml"
 
 echo "== 2. nightly job: write them into Redis (Spark)"
-"$fs" ingest --registry "$work/features.yaml" --group consumer_features \
+quiet_jvm "$fs" ingest --registry "$work/features.yaml" --group consumer_features \
   --input "$work/consumers.parquet" --id-column consumer_id \
   --quarantine "$work/quarantine" --report "$work/report.json"
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 LOCAL_MASTER = "local[*]"
+SPARK_LOG_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -136,6 +137,12 @@ def _add_spark_args(p: argparse.ArgumentParser, default_master: str | None) -> N
     p.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting, repeatable"
     )
+    p.add_argument(
+        "--spark-log-level",
+        type=str.upper,
+        choices=SPARK_LOG_LEVELS,
+        help="Spark's log level (default: ERROR in local mode, WARN on a cluster)",
+    )
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
@@ -184,7 +191,7 @@ def run_ingest_command(args: argparse.Namespace) -> int:
             progress_interval=args.progress_interval,
             profile_dir=args.profile_dir,
         )
-        with _session(args.master, conf, "feature-store-ingest") as spark:
+        with _session(args, conf, "feature-store-ingest") as spark:
             report = run_ingest(spark, job, progress=_stderr)
     print(report.summary())
     return report.exit_code
@@ -194,7 +201,7 @@ def run_generate_command(args: argparse.Namespace) -> int:
     from feature_store import sample
     from feature_store.ingest.generate import ID_COLUMN, write_sample
 
-    with _session(args.master, _pairs(args.conf, "--conf"), "feature-store-generate") as spark:
+    with _session(args, _pairs(args.conf, "--conf"), "feature-store-generate") as spark:
         write_sample(
             spark,
             args.output,
@@ -217,14 +224,16 @@ def run_generate_command(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _session(master: str | None, conf: dict[str, str], app_name: str) -> Iterator[SparkSession]:
+def _session(
+    args: argparse.Namespace, conf: dict[str, str], app_name: str
+) -> Iterator[SparkSession]:
     """A Spark session for one command; one that was already running is left running."""
     from pyspark.sql import SparkSession
 
     from feature_store.ingest.job import spark_session
 
     existing = SparkSession.getActiveSession()
-    spark = spark_session(master, conf, app_name=app_name)
+    spark = spark_session(args.master, conf, app_name=app_name, log_level=args.spark_log_level)
     try:
         yield spark
     finally:

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 _CAUSE = re.compile(r"^[\w.]+(Error|Exception): ")
 
 FORMATS = ("parquet", "csv", "json", "orc")
+LOCAL_LOG4J = Path(__file__).with_name("log4j2-local.properties")
 DEFAULT_SPARK_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",  # the job prints its own progress line
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
@@ -92,18 +93,31 @@ def spark_session(
     master: str | None = "local[*]",
     conf: Mapping[str, str] | None = None,
     app_name: str = "feature-store-ingest",
+    log_level: str | None = None,
 ) -> SparkSession:
-    """A session with the job's defaults; ``master=None`` keeps spark-submit's."""
-    if master is not None and master.startswith("local"):
-        # local workers must run this interpreter, which has feature_store installed
+    """A session with the job's defaults; ``master=None`` keeps spark-submit's.
+
+    In local mode Spark logs errors only (``LOCAL_LOG4J``; ``log_level`` shows more), binds
+    to loopback, and its workers run this interpreter, which has feature_store installed.
+    A cluster keeps its own logging configuration, at WARN unless ``log_level`` says.
+    """
+    local = master is not None and master.startswith("local")
+    settings = dict(DEFAULT_SPARK_CONF)
+    if local:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # without it Spark warns that the hostname resolves to a loopback address
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={LOCAL_LOG4J.as_uri()}"
+        )
+    settings.update(conf or {})
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in {**DEFAULT_SPARK_CONF, **(conf or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(log_level or ("ERROR" if local else "WARN"))
     return spark
 
 

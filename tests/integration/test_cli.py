@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,15 +24,28 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+def _table(stdout: str) -> list[dict[str, str]]:
+    """The rows of the table `demo` and `get` print: columns split on runs of 2+ spaces."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("id "))
+    header = re.split(r"\s{2,}", lines[start].strip())
+    return [
+        dict(zip(header, re.split(r"\s{2,}", line.strip()), strict=True))
+        for line in lines[start + 1 :]
+    ]
+
+
 def test_demo_runs_end_to_end_on_the_embedded_redis(tmp_path: Path) -> None:
     out = cli("demo", "--entities", "300", "--batch", "3", "--data-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "embedded Redis at redis://127.0.0.1:" in out.stdout
     assert "wrote 300 entities, 15,000 feature values" in out.stdout
-    rows = [orjson.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["id"] for r in rows] == [0, 1, 2, -1]
-    assert rows[1]["int_0"] == sample.features(1)["int_0"]
-    assert rows[-1]["int_0"] == "missing"
+    table = _table(out.stdout)
+    assert [r["id"] for r in table] == ["0", "1", "2", "-1"]
+    assert table[1]["int_0"] == str(sample.features(1)["int_0"])
+    assert table[-1]["int_0"] == "-"
+    assert table[-1]["statuses"] == "50 missing"
+    assert table[0]["statuses"].endswith("present")
     assert (tmp_path / "redis" / "appendonlydir").is_dir()  # persisted, and stopped cleanly
     assert not (tmp_path / "redis" / "embedded.port").exists()
 
@@ -78,15 +92,26 @@ def test_get_prints_values_statuses_and_ages(tmp_path: Path) -> None:
     registry = tmp_path / "features.yaml"
     out = cli("registry", "sample")
     registry.write_text(out.stdout)
-    out = cli("get", "consumer", "4", "999", "-f", "int_0", "--registry", str(registry), *data)
+    args = ["get", "consumer", "4", "999", "-f", "int_0", "embedding_0", "--registry"]
+    out = cli(*args, str(registry), *data)
+    assert out.returncode == 0, out.stderr
+    table = _table(out.stdout)
+    assert [r["id"] for r in table] == ["4", "999"]
+    assert table[0]["int_0"] == str(sample.features(4)["int_0"])
+    assert table[0]["embedding_0"].endswith("... 32 items]")
+    assert table[0]["statuses"] == "2 present"
+    assert (table[1]["int_0"], table[1]["age"], table[1]["statuses"]) == ("-", "-", "2 missing")
+
+    out = cli(*args, str(registry), *data, "--json")
     assert out.returncode == 0, out.stderr
     found, missing = (orjson.loads(line) for line in out.stdout.splitlines())
-    assert found["values"] == {"int_0": sample.features(4)["int_0"]}
-    assert found["statuses"] == {"int_0": "present"}
+    assert found["values"]["int_0"] == sample.features(4)["int_0"]
+    assert len(found["values"]["embedding_0"]) == 32
+    assert found["statuses"] == {"int_0": "present", "embedding_0": "present"}
     assert missing == {
         "id": 999,
-        "values": {"int_0": None},
-        "statuses": {"int_0": "missing"},
+        "values": {"int_0": None, "embedding_0": None},
+        "statuses": {"int_0": "missing", "embedding_0": "missing"},
         "ages": {"consumer_features": None},
     }
     out = cli("get", "consumer", "4", "-f", "nope", "--registry", str(registry), *data)

@@ -7,6 +7,9 @@ small inputs.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -387,3 +390,26 @@ def test_thresholds_by_fraction() -> None:
     assert Thresholds(None, 0.1).exceeded(10, 100) is None
     assert "fraction" in (Thresholds(None, 0.1).exceeded(11, 100) or "")
     assert Thresholds(None, None).exceeded(10**6, 10**6) is None
+
+
+def test_local_spark_logs_nothing_but_errors(tmp_path: Path) -> None:
+    """A local run prints the command's own lines, not Spark's start-up warnings."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "feature_store.cli", "generate", "--entities", "50"),
+            *("--output", str(tmp_path / "x.parquet"), "--master", "local[1]"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "wrote 50 consumer rows" in out.stdout
+    # the one line left is the JVM's own notice of the module Spark 4 loads (see demo.sh)
+    noise = [
+        line
+        for line in out.stderr.splitlines()
+        if line.strip() and not line.startswith("WARNING: Using incubator modules")
+    ]
+    assert noise == []
