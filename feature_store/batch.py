@@ -168,7 +168,13 @@ def decode_read(
         ages: dict[str, int | None] = {}
         stale_groups = []
         for gi, (group, ts) in enumerate(zip(plan.groups, reply[nfeat:], strict=True)):
-            age = None if ts is None else max(0, now_s - decode_timestamp(ts))
+            try:
+                age = None if ts is None else max(0, now_s - decode_timestamp(ts))
+            except ValueError as e:
+                raise EncodingError(
+                    f"{key.decode(errors='replace')}: the write time of group {group.name!r} "
+                    f"is corrupt ({e})"
+                ) from None
             ages[group.name] = age
             if (
                 age is not None

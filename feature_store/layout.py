@@ -73,8 +73,17 @@ def encode_timestamp(unix_seconds: int) -> bytes:
     return str(unix_seconds).encode("ascii")
 
 
+MAX_TIMESTAMP = 2**40  # unix seconds: year 36812; a larger or negative one is corrupt
+
+
 def decode_timestamp(data: bytes) -> int:
-    return int(data)
+    """A stored write time. ValueError for anything but decimal digits of a sane time."""
+    if not data.isdigit():
+        raise ValueError(f"not a unix time: {data[:40]!r}")
+    value = int(data)
+    if value > MAX_TIMESTAMP:
+        raise ValueError(f"not a unix time: {value}")
+    return value
 
 
 def max_encoded_size(type_: FeatureType, dim: int | None) -> int | None:

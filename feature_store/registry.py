@@ -40,6 +40,8 @@ DURATION_PATTERN = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 LOCK_VERSION = 1
 
+UNKNOWN_NAMED = 10  # unknown names an error message lists; the rest are counted
+
 
 @dataclass(frozen=True, slots=True)
 class EntityType:
@@ -138,7 +140,10 @@ class Registry:
                 continue
             out.setdefault(feature.name, feature)
         if unknown:
-            raise RequestError(f"entity type {entity!r} has no {', '.join(unknown)}")
+            named = ", ".join(unknown[:UNKNOWN_NAMED])
+            if len(unknown) > UNKNOWN_NAMED:
+                named += f" and {len(unknown) - UNKNOWN_NAMED} more"
+            raise RequestError(f"entity type {entity!r} has no {named}")
         if not out:
             raise RequestError("the request names no features")
         return tuple(out.values())

@@ -67,7 +67,7 @@ def error_answer(p: Problem, retry_after: float | None = None) -> Answer:
         headers.append(("WWW-Authenticate", "Bearer"))
     if retry_after is not None and p.status == 503:
         headers.append(("Retry-After", str(max(1, round(retry_after)))))
-    body = orjson.dumps({"error": {"code": p.code, "message": p.message}})
+    body = orjson.dumps({"error": {"code": p.code, "message": p.message, **(p.details or {})}})
     return Answer(p.status, body, tuple(headers))
 
 
@@ -233,7 +233,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         "/v1/features/write",
         summary="Push write of feature values of one group",
         response_class=JSONBody,
-        responses=_responses(schemas.WriteFeaturesResponse, 400, 401, 403, 413, 503),
+        responses=_responses(schemas.WriteFeaturesResponse, 400, 401, 403, 409, 413, 503),
         openapi_extra=_request_body("WriteFeaturesRequest"),
     )
     async def write_features(request: Request) -> Response:

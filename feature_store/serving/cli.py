@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,8 @@ def _serve(
 
     from feature_store.serving.config import WORKER_ENV
 
+    if serving.grpc_port:
+        check_port_free(serving.host, serving.grpc_port, "gRPC")
     with redis_url(core) as url:
         config = {
             "serving": orjson.loads(serving.to_json()),
@@ -143,6 +146,20 @@ def _serve(
                 access_log=False,
                 timeout_graceful_shutdown=5,
             )
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Refuse a port another process serves. Binding without SO_REUSEPORT fails on a port
+    held by any socket, also one that a server bound with SO_REUSEPORT (which would
+    otherwise let a second server join it and take part of its connections)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as servers bind: connections of a server that just stopped do not count
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"the {what} port {host}:{port} is in use ({e.strerror})") from None
 
 
 def _load(path: str) -> Registry:

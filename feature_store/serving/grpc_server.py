@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from feature_store.batch import EntityId
-from feature_store.errors import FeatureStoreError
+from feature_store.errors import ConfigError, FeatureStoreError
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serialization import Value
 from feature_store.serving import wire
@@ -39,6 +39,7 @@ _STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
@@ -233,10 +234,15 @@ class GrpcServer:
 
 
 async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> GrpcServer:
-    """Serve on host:port (0: a free port). SO_REUSEPORT lets several workers share it."""
+    """Serve on host:port (0: a free port).
+
+    SO_REUSEPORT only with several workers, so that they share the port; ``feature-store
+    serve`` first checks that no other process holds it (``cli.check_port_free``). A single
+    worker binds without it and fails on a port in use, as the REST port does.
+    """
     server = grpc.aio.server(
         options=[
-            ("grpc.so_reuseport", 1),
+            ("grpc.so_reuseport", 1 if runtime.settings.workers > 1 else 0),
             # 1,000 entities x many features, embeddings included, can pass gRPC's 4 MiB
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.max_receive_message_length", runtime.settings.max_body_bytes),
@@ -253,7 +259,12 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
     )
     reflection.enable_server_reflection(names, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as e:  # grpc raises when the bind fails
+        raise ConfigError(f"cannot serve gRPC on {address}: {e}") from None
+    if bound == 0:
+        raise ConfigError(f"cannot serve gRPC on {address}: the port is in use")
     await server.start()
     task = asyncio.get_running_loop().create_task(_track_health(runtime, health_servicer))
     log.info("gRPC on %s:%d", host, bound)

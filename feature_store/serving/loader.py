@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from feature_store.errors import (
     EncodingError,
+    FeatureStoreError,
     StoreError,
     StoreTimeoutError,
     StoreUnavailableError,
@@ -38,7 +39,13 @@ from feature_store.errors import (
 from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_size, should_refresh_early
-from feature_store.serving.roundtrip import ConnectionWaitTimeout, Read, Reply, RoundTrip
+from feature_store.serving.roundtrip import (
+    ConnectionWaitTimeout,
+    KeyDataError,
+    Read,
+    Reply,
+    RoundTrip,
+)
 from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -193,6 +200,19 @@ class CachedReader:
         task.add_done_callback(self._tasks.discard)
 
     async def _load(self, loads: list[_Load]) -> None:
+        """One round trip for ``loads``; every load's future is resolved, whatever happens."""
+        try:
+            await self._load_all(loads)
+        except BaseException as error:
+            # a bug or a cancellation past the round trip: nobody may wait forever
+            if not isinstance(error, asyncio.CancelledError | FeatureStoreError):
+                log.exception("failed to finish a Redis read of %d keys", len(loads))
+                error = StoreError(f"the read failed: {type(error).__name__}")
+            self._fail([ld for ld in loads if not ld.future.done()], error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+
+    async def _load_all(self, loads: list[_Load]) -> None:
         by_entity: dict[bytes, list[_Load]] = {}
         for load in loads:
             by_entity.setdefault(load.key[1], []).append(load)
@@ -206,7 +226,7 @@ class CachedReader:
         except StoreError as error:
             self._fail(loads, error)
             return
-        except BaseException:  # cancelled at shutdown: nobody may wait forever
+        except asyncio.CancelledError:  # at shutdown
             self._fail(loads, StoreUnavailableError("the serving process is shutting down"))
             raise
         cache = self.cache
@@ -217,6 +237,9 @@ class CachedReader:
             stats.coalesced += len(loads) - 1
         now = self.clock()
         for group_loads, reply in zip(by_entity.values(), replies, strict=True):
+            if isinstance(reply, KeyDataError):  # this entity's data is bad, not Redis
+                self._fail(group_loads, reply, count=False)
+                continue
             offset = 0
             for load in group_loads:
                 spec = self.specs[load.key[0]]
@@ -231,18 +254,18 @@ class CachedReader:
             del self._inflight[load.key]
         try:
             values = spec.decode(load.key[1], part)
+            written_at = spec.written_at(load.key[1], part)
         except EncodingError as e:
             load.future.set_exception(e)
             return
-        written_at = GroupSpec.written_at(part)
         if load.store and self.cache is not None:
             entry = self.cache.put(load.key, values, written_at, cost, now)
         else:
             entry = Entry(values, written_at, now, cost, entry_size(values))
         load.future.set_result(entry)
 
-    def _fail(self, loads: Iterable[_Load], error: BaseException) -> None:
-        if self.cache is not None:
+    def _fail(self, loads: Iterable[_Load], error: BaseException, *, count: bool = True) -> None:
+        if count and self.cache is not None:
             self.cache.stats.failed_loads += 1
         for load in loads:
             if self._inflight.get(load.key) is load:
@@ -308,8 +331,11 @@ class CachedReader:
         now = self.clock()
         out = []
         for (group, entity_key), reply in zip(keys, replies, strict=True):
-            values = self.specs[group].decode(entity_key, reply)
-            entry = Entry(values, GroupSpec.written_at(reply), now, cost, 0)
+            if isinstance(reply, KeyDataError):
+                raise reply
+            spec = self.specs[group]
+            values = spec.decode(entity_key, reply)
+            entry = Entry(values, spec.written_at(entity_key, reply), now, cost, 0)
             out.append(Resolved(entry, False))
         return out
 

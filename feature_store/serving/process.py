@@ -81,9 +81,13 @@ class ServingProcess:
         }
         env.update(self.env)
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
+        try:
+            self.process = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()  # the child has its own descriptor
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -12,6 +12,10 @@ pooled connection and the replies read in order.
 
 Against Redis Cluster the commands go through redis-py's cluster pipeline instead, which
 routes each key to its node.
+
+An error reply to one command (WRONGTYPE: the key holds a string, say) is that entity's
+problem, not Redis failing: it comes back in that read's place as a ``KeyDataError`` and the
+other reads of the round trip are answered as usual.
 """
 
 from __future__ import annotations
@@ -27,16 +31,26 @@ import redis.exceptions
 
 from feature_store.batch import align_hash, reads_whole_hash
 from feature_store.connection import AsyncClient, translated_errors
-from feature_store.errors import StoreTimeoutError
+from feature_store.errors import EncodingError, StoreTimeoutError
 from feature_store.serving.spec import GroupSpec
 
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
-Reply = list[bytes | None]
 CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
 
 
 class ConnectionWaitTimeout(StoreTimeoutError):
     """Every pooled connection stayed busy: the worker is overloaded, Redis may be fine."""
+
+
+class KeyDataError(EncodingError):
+    """Redis answered one read with an error (WRONGTYPE): bad data under that key."""
+
+    @classmethod
+    def of(cls, key: bytes, error: object) -> KeyDataError:
+        return cls(f"{key.decode(errors='replace')}: Redis answered {error}")
+
+
+Reply = list[bytes | None] | KeyDataError
 
 
 class RoundTrip(Protocol):
@@ -53,11 +67,20 @@ def whole(specs: Sequence[GroupSpec]) -> bool:
 
 
 def align(reads: Sequence[Read], replies: list[object]) -> list[Reply]:
-    """HGETALL replies turned into the read's fields' values; HMGET replies as they are."""
-    return [
-        align_hash(reply, [f for s in specs for f in s.fields]) if whole(specs) else reply  # type: ignore[misc]
-        for (_, specs), reply in zip(reads, replies, strict=True)
-    ]
+    """HGETALL replies turned into the read's fields' values; HMGET replies as they are;
+    an error reply as the key's ``KeyDataError``."""
+    out: list[Reply] = []
+    for (key, specs), reply in zip(reads, replies, strict=True):
+        if isinstance(reply, Exception):
+            if not is_key_error(reply):  # NOPERM, LOADING, a cluster error: Redis failing
+                with translated_errors():
+                    raise reply
+            out.append(KeyDataError.of(key, reply))
+        elif whole(specs):
+            out.append(align_hash(reply, [f for s in specs for f in s.fields]))
+        else:
+            out.append(reply)  # type: ignore[arg-type]  # an HMGET reply: values or None
+    return out
 
 
 def pack(reads: Sequence[Read]) -> bytes:
@@ -88,18 +111,16 @@ class PackedRoundTrip:
         return align(reads, replies)
 
     async def _send(self, data: bytes, count: int, answer_within: float) -> list[object]:
-        try:
-            async with asyncio.timeout(CONNECTION_WAIT):
-                conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
-        except TimeoutError:
-            raise ConnectionWaitTimeout(
-                f"no free Redis connection within {CONNECTION_WAIT:.0f} s (worker overloaded; "
-                "see FEATURE_STORE_MAX_CONNECTIONS)"
-            ) from None
+        conn = await self._connection()
         try:
             async with asyncio.timeout(answer_within):
                 await conn.send_packed_command(data, check_health=False)
-                replies: list[object] = [await conn.read_response() for _ in range(count)]
+                replies: list[object] = []
+                for _ in range(count):
+                    try:
+                        replies.append(await conn.read_response())
+                    except redis.exceptions.ResponseError as e:
+                        replies.append(e)  # one command's error reply; the stream goes on
         except BaseException:
             # timed out, cancelled or failed halfway: unread replies would poison it
             with contextlib.suppress(Exception):
@@ -108,6 +129,20 @@ class PackedRoundTrip:
         finally:
             await self.pool.release(conn)
         return replies
+
+    async def _connection(self) -> redis.asyncio.Connection:
+        """A pooled connection. The pool's wait for a free one (its ``timeout``, set to
+        CONNECTION_WAIT by the serving runtime) is local overload; connecting, which
+        blocks when Redis hangs, is Redis failing and raises as such."""
+        try:
+            return await self.pool.get_connection()  # type: ignore[no-untyped-call,no-any-return]
+        except redis.exceptions.ConnectionError as e:
+            if not isinstance(e.__cause__, TimeoutError):
+                raise
+            raise ConnectionWaitTimeout(
+                f"no free Redis connection within {CONNECTION_WAIT:.0f} s (worker overloaded; "
+                "see FEATURE_STORE_MAX_CONNECTIONS)"
+            ) from None
 
 
 class PipelineRoundTrip:
@@ -123,8 +158,13 @@ class PipelineRoundTrip:
                         pipe.execute_command("HGETALL", key)
                     else:
                         pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
-                replies: list[object] = await pipe.execute()
+                replies: list[object] = await pipe.execute(raise_on_error=False)
         return align(reads, replies)
+
+
+def is_key_error(error: BaseException) -> bool:
+    """An error reply about one key's data (WRONGTYPE), not about Redis or the cluster."""
+    return isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
 def round_trip_for(client: AsyncClient) -> RoundTrip:

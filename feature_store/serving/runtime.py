@@ -22,7 +22,7 @@ from feature_store.serving.config import ServingSettings
 from feature_store.serving.invalidation import InvalidationListener, RedisPublisher, pubsub_client
 from feature_store.serving.loader import CachedReader
 from feature_store.serving.metrics import ServingMetrics
-from feature_store.serving.roundtrip import round_trip_for
+from feature_store.serving.roundtrip import CONNECTION_WAIT, round_trip_for
 from feature_store.serving.service import FeatureService, Writer
 from feature_store.store import AsyncFeatureStore
 
@@ -110,6 +110,7 @@ class ServingRuntime:
             return False
 
     async def stop(self) -> None:
+        await self.service.close()
         await self.reader.close()
         if self.listener is not None:
             await self.listener.stop()
@@ -123,14 +124,16 @@ def _client(target: RedisTarget) -> AsyncClient:
 
     redis-py's default pool raises at once when ``max_connections`` are in use, which under
     a burst of misses (the cache off, many bypasses) turns into 503s and opens the circuit
-    although Redis is healthy. Waiting instead is bounded (roundtrip.CONNECTION_WAIT).
+    although Redis is healthy. Waiting instead is bounded by the pool's own timeout
+    (roundtrip.CONNECTION_WAIT), so that a wait for a free connection (local overload) is
+    told apart from a connect that hangs (Redis failing, which the breaker counts).
     """
     if target.cluster:
         return target.async_client()
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         target.url,
         max_connections=target.max_connections,
-        timeout=None,
+        timeout=CONNECTION_WAIT,
         socket_timeout=target.socket_timeout,
         socket_connect_timeout=target.connect_timeout,
     )

@@ -85,9 +85,20 @@ class RegistryResponse(BaseModel):
     groups: list[FeatureGroupInfo]
 
 
+class FailedRow(BaseModel):
+    id: int | str
+    error: str
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(examples=["unknown_feature"])
     message: str
+    rows_written: list[int | str] | None = Field(
+        default=None, description="partial_write only: the ids whose rows were written"
+    )
+    rows_failed: list[FailedRow] | None = Field(
+        default=None, description="partial_write only: the rows Redis refused, and why"
+    )
 
 
 class ErrorResponse(BaseModel):

@@ -6,9 +6,10 @@ semantics (limits, statuses, ages, invalidation) live here once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from feature_store.batch import EntityId, WriteStats, plan_write
@@ -25,11 +26,16 @@ from feature_store.serialization import Value
 from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.loader import CachedReader, Resolved
+from feature_store.serving.roundtrip import is_key_error
 
 log = logging.getLogger(__name__)
 
 PRESENT, MISSING, STALE = "present", "missing", "stale"
+# Resolved feature lists are cached by the request's names. Bounded in count and in bytes:
+# the names come from clients, so a bound in entries alone lets large lists fill memory.
 _PROJECTIONS_MAX = 4096
+_PROJECTIONS_MAX_BYTES = 4 * 1024 * 1024
+_NAME_COST = 64  # a str object and its tuple slot, besides its characters
 
 
 class BatchTooLargeError(RequestError):
@@ -56,13 +62,28 @@ class MalformedRequestError(RequestError):
     """A body that is not the JSON (or protobuf) the API expects."""
 
 
+class PartialWriteError(RequestError):
+    """Some rows of a push write were refused by Redis (WRONGTYPE); the others were written."""
+
+    def __init__(self, written: Sequence[EntityId], failed: Sequence[tuple[EntityId, str]]) -> None:
+        shown = "; ".join(f"{i!r}: {e}" for i, e in failed[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        super().__init__(
+            f"{len(failed)} of {len(written) + len(failed)} rows were not written "
+            f"({shown}{more}); the other rows were"
+        )
+        self.written = list(written)
+        self.failed = list(failed)
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """How an error is answered: HTTP status, a short code, and the message."""
+    """How an error is answered: HTTP status, a short code, the message, and details."""
 
     status: int
     code: str
     message: str
+    details: Mapping[str, object] | None = None
 
 
 _CODES: tuple[tuple[type[BaseException], int, str], ...] = (
@@ -89,6 +110,23 @@ def problem(error: BaseException, *, writing: bool = False) -> Problem:
         if writing:
             return Problem(400, "invalid_value", str(error))
         return Problem(500, "undecodable_value", f"a stored value does not decode: {error}")
+    if isinstance(error, PartialWriteError):
+        return Problem(
+            409,
+            "partial_write",
+            str(error),
+            {
+                "rows_written": error.written,
+                "rows_failed": [{"id": i, "error": e} for i, e in error.failed],
+            },
+        )
+    if isinstance(error, StoreError) and writing:
+        return Problem(
+            503,
+            "redis_unavailable" if isinstance(error, StoreUnavailableError) else "redis_error",
+            f"{error}; the write may have been applied in part or in whole: "
+            "retry it (writes are idempotent)",
+        )
     for cls, status, code in _CODES:
         if isinstance(error, cls):
             return Problem(status, code, str(error))
@@ -139,11 +177,19 @@ class FeatureService:
         self.settings = settings
         self.publisher = publisher or Publisher()
         self._projections: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Projection] = {}
+        self._projection_bytes = 0
+        self._rewrites: set[asyncio.Task[None]] = set()
 
     # --- reads ---------------------------------------------------------------------------
 
     def projection(self, entity: str, features: Sequence[str], groups: Sequence[str]) -> Projection:
-        cache_key = (entity, tuple(features), tuple(groups))
+        limit = self.settings.max_features
+        if len(features) > limit or len(groups) > limit:
+            raise BatchTooLargeError(
+                f"{max(len(features), len(groups))} names is more than the limit of {limit}"
+            )
+        # repeats resolve to one feature: collapse them before the names become a cache key
+        cache_key = (entity, tuple(dict.fromkeys(features)), tuple(dict.fromkeys(groups)))
         found = self._projections.get(cache_key)
         if found is not None:
             return found
@@ -178,10 +224,25 @@ class FeatureService:
             tuple(picks),
             whole,
         )
-        if len(self._projections) >= _PROJECTIONS_MAX:
-            self._projections.clear()  # unbounded variety of requests: start over
-        self._projections[cache_key] = proj
+        self._remember(cache_key, proj)
         return proj
+
+    def _remember(
+        self, key: tuple[str, tuple[str, ...], tuple[str, ...]], proj: Projection
+    ) -> None:
+        size = sum(len(n) + _NAME_COST for n in (*key[1], *key[2])) + _NAME_COST * (
+            len(proj.features) + 4
+        )
+        if size > _PROJECTIONS_MAX_BYTES // 64:
+            return  # a rare, large list: resolving it again costs less than keeping it
+        if (
+            len(self._projections) >= _PROJECTIONS_MAX
+            or self._projection_bytes + size > _PROJECTIONS_MAX_BYTES
+        ):
+            self._projections.clear()  # unbounded variety of requests: start over
+            self._projection_bytes = 0
+        self._projections[key] = proj
+        self._projection_bytes += size
 
     def check_ids(self, entity: EntityType, ids: Sequence[object]) -> list[bytes]:
         if not ids:
@@ -235,16 +296,57 @@ class FeatureService:
             raise BatchTooLargeError(
                 f"{len(rows)} rows is more than the limit of {self.settings.max_entities}"
             )
-        keys = self.check_ids(g.entity, [r[0] for r in rows])
+        ids = [r[0] for r in rows]
+        keys = self.check_ids(g.entity, ids)
         plan = plan_write(g, rows)  # validates and encodes everything before any I/O
-        await self.writer.run(plan.commands)
+        try:
+            replies = await self.writer.run(plan.commands)
+        except BaseException:
+            # Redis may apply what it received after answering too late (a hang): drop the
+            # entries now, and again, everywhere, once Redis answers, so that no instance
+            # serves the old values as present until its TTL
+            self.reader.invalidate((group, k) for k in keys)
+            self._spawn(self._invalidate_when_back(group, keys))
+            raise
         self.reader.invalidate((group, k) for k in keys)
+        await self._publish(group, keys)
+        failed = _failed_rows(plan.commands, replies, dict(zip(keys, ids, strict=True)))
+        if failed:
+            written = [i for k, i in zip(keys, ids, strict=True) if k not in failed]
+            raise PartialWriteError(written, list(failed.values()))
+        return plan.stats
+
+    async def _publish(self, group: str, keys: Sequence[bytes]) -> None:
         try:
             await self.publisher.publish(group, keys)
         except Exception:
-            # the write itself succeeded; other instances catch up within their cache TTL
+            # the write itself is done; other instances catch up within their cache TTL
             log.warning("could not publish the invalidation of %d keys", len(keys), exc_info=True)
-        return plan.stats
+
+    async def _invalidate_when_back(self, group: str, keys: Sequence[bytes]) -> None:
+        """After a failed write: invalidate everywhere once Redis answers a publish again."""
+        deadline = time.monotonic() + max(self.settings.cache_ttl, 1.0)
+        delay = 0.05
+        while time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            try:
+                await self.publisher.publish(group, keys)
+            except Exception:
+                continue
+            self.reader.invalidate((group, k) for k in keys)
+            return
+        log.warning("gave up re-invalidating %d keys after a failed write", len(keys))
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._rewrites.add(task)
+        task.add_done_callback(self._rewrites.discard)
+
+    async def close(self) -> None:
+        for task in list(self._rewrites):
+            task.cancel()
+        await asyncio.gather(*self._rewrites, return_exceptions=True)
 
     # --- registry ------------------------------------------------------------------------
 
@@ -289,12 +391,32 @@ class Writer:
         self.client = client
 
     async def run(self, commands: list[tuple[bytes | str | int, ...]]) -> list[object]:
+        """Each command's reply, an error reply (WRONGTYPE) in its place; raises StoreError
+        when Redis fails or refuses for another reason than one key's data."""
         with translated_errors():
             pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
             for cmd in commands:
                 pipe.execute_command(*cmd)
-            result: list[object] = await pipe.execute()
+            result: list[object] = await pipe.execute(raise_on_error=False)
+            for reply in result:
+                if isinstance(reply, Exception) and not is_key_error(reply):
+                    raise reply
             return result
+
+
+def _failed_rows(
+    commands: Sequence[tuple[bytes | str | int, ...]],
+    replies: Sequence[object],
+    id_of: Mapping[bytes, EntityId],
+) -> dict[bytes, tuple[EntityId, str]]:
+    """The rows whose commands Redis refused (their key holds another type), by key."""
+    failed: dict[bytes, tuple[EntityId, str]] = {}
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, Exception):
+            key = cmd[1]
+            assert isinstance(key, bytes)
+            failed.setdefault(key, (id_of[key], f"{key.decode(errors='replace')}: {reply}"))
+    return failed
 
 
 def row_statuses(

@@ -55,7 +55,15 @@ class GroupSpec:
                         ) from None
             raise EncodingError(f"{key.decode(errors='replace')}: undecodable value") from None
 
-    @staticmethod
-    def written_at(reply: Sequence[bytes | None]) -> int | None:
+    def written_at(self, key: bytes, reply: Sequence[bytes | None]) -> int | None:
+        """The group's write time (unix seconds), from the freshness field of the reply."""
         ts = reply[-1]
-        return None if ts is None else decode_timestamp(ts)
+        if ts is None:
+            return None
+        try:
+            return decode_timestamp(ts)
+        except ValueError:
+            raise EncodingError(
+                f"{key.decode(errors='replace')}: the write time of group {self.group.name!r} "
+                f"is not a unix time: {ts[:40]!r}"
+            ) from None

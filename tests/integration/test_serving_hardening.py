@@ -1,0 +1,307 @@
+"""One bad key, one bad client or one sick Redis must not take down answers for anyone else.
+
+Each test plants the trouble for real (bad bytes in Redis, a key of the wrong type, a
+SIGSTOPped redis-server, a second server on the same port) against `feature-store serve`
+processes or the reader itself, and checks that the other keys, requests and servers are
+unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+import pytest
+import redis
+
+from feature_store import sample
+from feature_store.connection import RedisTarget
+from feature_store.embedded import EmbeddedRedis
+from feature_store.errors import EncodingError, FeatureStoreError, StoreError
+from feature_store.layout import entity_key
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
+from feature_store.serving.client import FeatureClient
+from feature_store.serving.config import ServingSettings
+from feature_store.serving.process import ServingProcess
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.spec import GroupSpec
+from feature_store.store import FeatureStore
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+REGISTRY = sample.registry()
+FRESHNESS = REGISTRY.groups[GROUP].freshness_field
+INT_0 = next(f for f in REGISTRY.groups[GROUP].features if f.name == "int_0")
+
+
+def key(i: int) -> bytes:
+    return entity_key(REGISTRY.entities[ENTITY].prefix, REGISTRY.entities[ENTITY].id_type, i)
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(tmp_path / "redis", persistence=True) as server:
+        yield server
+
+
+def _post(url: str, body: object, timeout: float = 5.0) -> httpx.Response:
+    return httpx.post(f"{url}/v1/features/get", content=orjson.dumps(body), timeout=timeout)
+
+
+def _get(ids: list[int]) -> dict[str, object]:
+    return {"entity_type": ENTITY, "ids": ids, "features": ["int_0"]}
+
+
+# --- 1. a corrupt freshness timestamp ----------------------------------------------------
+
+
+@pytest.mark.parametrize("stamp", [b"garbage", b"17e8", b"-5", b"9" * 30])
+def test_a_corrupt_write_time_fails_its_key_only(redis_url: str, stamp: bytes) -> None:
+    with FeatureStore.connect(redis_url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(80))
+    redis.Redis.from_url(redis_url).hset(key(60), mapping={INT_0.field: b"1", FRESHNESS: stamp})
+    with ServingProcess(redis_url) as server:
+        bad = _post(server.rest_url, _get([60, 71, 72]))
+        assert bad.status_code == 500
+        error = bad.json()["error"]
+        assert error["code"] == "undecodable_value"
+        assert "c:60" in error["message"]
+        for healthy in (71, 72):  # they shared the poisoned round trip: not poisoned
+            ok = _post(server.rest_url, _get([healthy]))
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["results"][0]["statuses"] == ["present"]
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = pb_grpc.FeatureServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.GetFeatures(
+                    pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[60], features=["int_0"]),
+                    timeout=5,
+                )
+            assert raised.value.code() is grpc.StatusCode.INTERNAL
+            assert "c:60" in (raised.value.details() or "")
+
+
+async def test_no_load_is_left_unresolved_when_any_step_raises(redis_url: str) -> None:
+    """An exception injected at each step of a load: every waiter gets an answer."""
+    with FeatureStore.connect(redis_url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(10))
+    runtime = ServingRuntime(
+        REGISTRY, RedisTarget.parse(redis_url), ServingSettings(invalidation=False)
+    )
+    reader = runtime.reader
+    assert reader.cache is not None
+
+    def boom(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("injected")
+
+    async def boom_async(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("injected")
+
+    steps: dict[str, tuple[object, str, Callable[..., object]]] = {
+        "round trip": (reader, "round_trip", boom_async),
+        "decode": (GroupSpec, "decode", boom),  # GroupSpec is slotted: patch its class
+        "write time": (GroupSpec, "written_at", boom),
+        "cache put": (reader.cache, "put", boom),
+        "breaker": (reader.breaker, "success", boom),
+        "timeouts": (reader.timeout, "observe", boom),
+    }
+    try:
+        for n, (step, (target, name, fake)) in enumerate(steps.items()):
+            keys = [(GROUP, key(i)) for i in range(n, n + 3)]
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(target, name, fake)
+                waiters = [asyncio.ensure_future(reader.get(keys)) for _ in range(3)]
+                done, pending = await asyncio.wait(waiters, timeout=5)
+                assert not pending, f"a load hung when {step} raised"
+                for w in done:
+                    assert isinstance(w.exception(), StoreError | EncodingError), step
+            assert not reader._inflight, step
+            resolved = await asyncio.wait_for(reader.get(keys), 5)  # the keys are not poisoned
+            assert all(r.entry.values is not None for r in resolved), step
+    finally:
+        await runtime.stop()
+
+
+# --- 5. a key of the wrong type ----------------------------------------------------------
+
+
+def test_a_wrong_type_key_fails_alone_and_does_not_trip_the_breaker(redis_url: str) -> None:
+    with FeatureStore.connect(redis_url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(80))
+    redis.Redis.from_url(redis_url).set(key(62), b"not a hash")
+    env = {"FEATURE_SERVING_BREAKER_FAILURES": "2", "FEATURE_SERVING_CACHE_NEGATIVE_TTL": "0"}
+    with ServingProcess(redis_url, env=env) as server:
+
+        def one(i: int) -> tuple[int, int]:
+            ids = [62] if i % 4 == 0 else [63 + i % 10]
+            r = _post(server.rest_url, _get(ids))
+            return ids[0], r.status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(one, range(320)))
+        bad = {status for i, status in answers if i == 62}
+        good = {status for i, status in answers if i != 62}
+        assert bad == {500}
+        assert good == {200}
+        text = httpx.get(f"{server.rest_url}/metrics").text
+        assert metric(text, "feature_serving_circuit_opened_total") == 0
+        body = _post(server.rest_url, _get([62])).json()
+        assert body["error"]["code"] == "undecodable_value"
+        assert "WRONGTYPE" in body["error"]["message"]
+
+
+# --- 2. a hung Redis opens the circuit ---------------------------------------------------
+
+
+def test_a_hung_redis_opens_the_circuit(own_redis: EmbeddedRedis) -> None:
+    with FeatureStore.connect(own_redis.url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(400))
+    assert own_redis.process is not None
+    pid = own_redis.process.pid
+    env = {
+        "FEATURE_SERVING_BREAKER_FAILURES": "3",
+        "FEATURE_SERVING_BREAKER_OPEN": "1",
+        "FEATURE_SERVING_BREAKER_OPEN_MAX": "1",
+        "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.3",
+        # the socket timeout (the connect handshake's) stays at its default of 1 s, as long
+        # as the wait for a free pooled connection: a handshake that hangs must count
+    }
+    with ServingProcess(own_redis.url, env=env) as server:
+        assert _post(server.rest_url, _get([1])).status_code == 200
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            answers = []
+            for i in range(8):  # misses: each needs Redis
+                r = _post(server.rest_url, _get([100 + i]))
+                answers.append((r.status_code, r.json()["error"]["message"]))
+            text = httpx.get(f"{server.rest_url}/metrics").text
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert {status for status, _ in answers} == {503}
+        assert metric(text, "feature_serving_circuit_opened_total") >= 1
+        assert any("circuit open" in message for _, message in answers)
+        deadline = time.monotonic() + 10
+        while _post(server.rest_url, _get([1])).status_code != 200:
+            assert time.monotonic() < deadline, "serving did not recover after SIGCONT"
+            time.sleep(0.1)
+
+
+# --- 3. memory through the feature-list cache --------------------------------------------
+
+
+def test_feature_lists_are_bounded_before_they_are_cached(redis_url: str) -> None:
+    with ServingProcess(redis_url, env={"FEATURE_SERVING_MAX_FEATURES": "100"}) as server:
+        too_many = _post(server.rest_url, {**_get([1]), "features": ["float_00"] * 101})
+        assert too_many.status_code == 413
+        assert "101 names is more than the limit of 100" in too_many.text
+        repeated = _post(server.rest_url, {**_get([1]), "features": ["float_00"] * 100})
+        assert repeated.status_code == 200
+        assert repeated.json()["features"] == ["float_00"]  # repeats collapse
+
+
+def test_the_projection_cache_is_bounded_in_bytes(redis_url: str) -> None:
+    runtime = ServingRuntime(REGISTRY, RedisTarget.parse(redis_url), ServingSettings())
+    service = runtime.service
+    names = [f.name for f in REGISTRY.groups[GROUP].features]
+    for n in range(3000):  # distinct lists: every name in a different order
+        rotated = names[n % 50 :] + names[: n % 50]
+        service.projection(ENTITY, [*rotated, *("consumer_features:" + x for x in names)], ())
+        service.projection(ENTITY, rotated[: 1 + n % 49], ())
+    assert service._projection_bytes <= 4 * 1024 * 1024
+    assert len(service._projections) < 6000
+
+
+# --- 4. writes that fail may still be applied ---------------------------------------------
+
+
+def test_a_partial_write_names_its_rows_and_invalidates(redis_url: str) -> None:
+    with FeatureStore.connect(redis_url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(80))
+    redis.Redis.from_url(redis_url).set(key(63), b"not a hash")
+    env = {"FEATURE_SERVING_CACHE_TTL": "30"}
+    with (
+        ServingProcess(redis_url, env=env) as writer,
+        ServingProcess(redis_url, env=env) as other,
+    ):
+        for server in (writer, other):  # both cache the old value of 64
+            assert _post(server.rest_url, _get([64])).json()["results"][0]["values"] != [-7]
+        body = {
+            "group": GROUP,
+            "rows": [{"id": 64, "values": {"int_0": -7}}, {"id": 63, "values": {"int_0": -7}}],
+        }
+        r = httpx.post(f"{writer.rest_url}/v1/features/write", content=orjson.dumps(body))
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["code"] == "partial_write"
+        assert error["rows_written"] == [64]
+        assert [row["id"] for row in error["rows_failed"]] == [63]
+        assert "WRONGTYPE" in error["rows_failed"][0]["error"]
+        for server in (writer, other):
+            _until(
+                lambda s=server: (
+                    _post(s.rest_url, _get([64])).json()["results"][0]["values"] == [-7]
+                ),
+                "the written row to be served everywhere",
+            )
+
+
+def test_a_write_that_timed_out_is_invalidated_once_redis_is_back(
+    own_redis: EmbeddedRedis,
+) -> None:
+    with FeatureStore.connect(own_redis.url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(10))
+    assert own_redis.process is not None
+    pid = own_redis.process.pid
+    env = {"FEATURE_SERVING_CACHE_TTL": "30", "FEATURE_STORE_SOCKET_TIMEOUT": "0.3"}
+    with ServingProcess(own_redis.url, env=env) as server, FeatureClient(server.rest_url) as c:
+        assert c.get(ENTITY, [5], features=["int_0"]).rows[0].values != [-9]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            body = {"group": GROUP, "rows": [{"id": 5, "values": {"int_0": -9}}]}
+            r = httpx.post(
+                f"{server.rest_url}/v1/features/write", content=orjson.dumps(body), timeout=10
+            )
+            assert r.status_code == 503
+            assert "may have been applied" in r.json()["error"]["message"]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Redis applies the write it had received; the cache must not hide it for its TTL
+        _until(
+            lambda: c.get(ENTITY, [5], features=["int_0"]).rows[0].values == [-9],
+            "the applied write to be served",
+        )
+
+
+def _until(check: Callable[[], bool], what: str, seconds: float = 8.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.05)
+
+
+# --- 6. a second server on the same gRPC port -------------------------------------------
+
+
+def test_a_second_server_refuses_a_grpc_port_in_use(redis_url: str, tmp_path: Path) -> None:
+    with ServingProcess(redis_url) as first:
+        second = ServingProcess(redis_url, log_path=tmp_path / "second.log")
+        second.grpc_port = first.grpc_port
+        with pytest.raises(FeatureStoreError, match="is in use"):
+            second.start()
+        second.stop()
+        assert _post(first.rest_url, _get([1])).status_code == 200
