@@ -36,6 +36,8 @@ from feature_store.serving.service import (
     Lookup,
     MalformedRequestError,
     Problem,
+    from_json_value,
+    json_values,
     problem,
     row_statuses,
 )
@@ -116,6 +118,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
     auth = Authenticator(settings.read_keys, settings.admin_keys)
     observe = metrics.requests.labels
     entities_served = metrics.entities.labels(API)
+    registry = runtime.registry
     registry_body = orjson.dumps(service.describe_registry())
     body_limit = settings.max_body_bytes
 
@@ -177,10 +180,25 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
                 values, statuses, ages = row_statuses(proj, resolved, now)
                 results.append(
-                    {"id": entity_id, "values": values, "statuses": statuses, "ages": ages}
+                    {
+                        "id": entity_id,
+                        "values": json_values(values),
+                        "statuses": statuses,
+                        "ages": ages,
+                    }
                 )
+        types = proj.memo.get(API)
+        if types is None:
+            types = proj.memo[API] = orjson.Fragment(
+                orjson.dumps([f.type.value for f in proj.features])
+            )
         content = orjson.dumps(
-            {"entity_type": proj.entity.name, "features": proj.names, "results": results}
+            {
+                "entity_type": proj.entity.name,
+                "features": proj.names,
+                "types": types,
+                "results": results,
+            }
         )
         entities_served.inc(len(results))
         observe(API, "get", "200").observe(time.perf_counter() - t0)
@@ -193,6 +211,8 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             body = _parse(raw, body_limit)
             group = cast(str, _field(body, "group", str))
             raw_rows = cast(list[object], _field(body, "rows", list))
+            known = registry.groups.get(group)
+            by_name = {f.name: f for f in known.features} if known is not None else {}
             rows: list[tuple[EntityId, Mapping[str, object]]] = []
             for i, row in enumerate(raw_rows):
                 if not isinstance(row, dict) or "id" not in row:
@@ -200,7 +220,15 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
                 values = row.get("values")
                 if not isinstance(values, dict):
                     raise MalformedRequestError(f"rows[{i}].values must be an object")
-                rows.append((row["id"], values))
+                rows.append(
+                    (
+                        row["id"],
+                        {
+                            k: v if k not in by_name else from_json_value(by_name[k], v)
+                            for k, v in values.items()
+                        },
+                    )
+                )
             stats = await service.write(group, rows)
         except Exception as e:
             return fail(e, "write", t0, writing=True)
@@ -347,7 +375,11 @@ def _entry_json(entry: Entry, width: int) -> tuple[bytes, bytes, bytes]:
         values = [None] * width if entry.values is None else entry.values
         present = [MISSING if v is None else PRESENT for v in values]
         stale = [MISSING if v is None else STALE for v in values]
-        found = entry.json = (orjson.dumps(values), orjson.dumps(present), orjson.dumps(stale))
+        found = entry.json = (
+            orjson.dumps(json_values(values)),
+            orjson.dumps(present),
+            orjson.dumps(stale),
+        )
     return found
 
 

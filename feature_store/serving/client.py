@@ -26,6 +26,7 @@ import orjson
 from feature_store.batch import EntityId, Status, WriteStats
 from feature_store.errors import RequestError, StoreTimeoutError, StoreUnavailableError
 from feature_store.serialization import Value
+from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json, to_json
 
 if TYPE_CHECKING:
     import grpc
@@ -97,19 +98,25 @@ def _get_body(
 
 
 def _write_body(group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]) -> bytes:
-    return orjson.dumps({"group": group, "rows": [{"id": i, "values": v} for i, v in rows]})
+    # orjson writes NaN and infinities as null, which would remove the value: send strings
+    return orjson.dumps(
+        {
+            "group": group,
+            "rows": [{"id": i, "values": {k: to_json(x) for k, x in v.items()}} for i, v in rows],
+        }
+    )
 
 
 def _rest_result(content: bytes) -> FeatureResult:
     doc = orjson.loads(content)
-    return FeatureResult(
-        doc["entity_type"],
-        tuple(doc["features"]),
-        [
-            FeatureRow(r["id"], r["values"], [_STATUS[s] for s in r["statuses"]], r["ages"])
-            for r in doc["results"]
-        ],
-    )
+    floats = [i for i, t in enumerate(doc.get("types", ())) if t in FLOAT_TYPE_NAMES]
+    rows = []
+    for r in doc["results"]:
+        values = r["values"]
+        for i in floats:  # "NaN", "Infinity", "-Infinity" back to floats
+            values[i] = from_json(values[i])
+        rows.append(FeatureRow(r["id"], values, [_STATUS[s] for s in r["statuses"]], r["ages"]))
+    return FeatureResult(doc["entity_type"], tuple(doc["features"]), rows)
 
 
 def _rest_check(status: int, content: bytes) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-JsonValue = float | int | bool | str | list[float] | list[int] | None
+# A float (also in an embedding or float list) that is NaN or infinite is the string "NaN",
+# "Infinity" or "-Infinity", as in protobuf's JSON mapping: JSON has no number for it.
+JsonValue = float | int | bool | str | list[float | str] | list[int] | None
 
 
 class GetFeaturesRequest(BaseModel):
@@ -38,6 +40,10 @@ class FeatureRow(BaseModel):
 class GetFeaturesResponse(BaseModel):
     entity_type: str
     features: list[str] = Field(description="the resolved feature names, in order")
+    types: list[str] = Field(
+        description="each feature's type (float, double, int, bool, string, embedding, "
+        "float_list, int_list), aligned with 'features'"
+    )
     results: list[FeatureRow]
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -145,3 +147,41 @@ def test_a_full_batch_of_1000_entities_over_both_apis(redis_url: str) -> None:
     assert [row.id for row in via_grpc.rows] == ids
     assert [row.values for row in via_grpc.rows] == [row.values for row in via_rest.rows]
     assert via_rest.as_dicts()[999]["int_1"] == sample.features(999)["int_1"]
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["l1-on", "l1-off"])
+def test_nan_and_infinities_round_trip_over_rest_and_grpc(redis_url: str, cache: bool) -> None:
+    """A push write of NaN/±inf, read back: REST and gRPC agree value for value, present."""
+    nan, inf = math.nan, math.inf
+    values = {
+        "float_00": nan,
+        "float_01": inf,
+        "float_02": -inf,
+        "float_03": 0.5,
+        "embedding_0": [nan, inf, -inf, *([0.25] * 29)],
+    }
+    names = list(values)
+    args = [] if cache else ["--no-cache"]
+    with (
+        ServingProcess(redis_url, args=args) as server,
+        FeatureClient(server.rest_url) as rest,
+        GrpcFeatureClient(server.grpc_target) as rpc,
+    ):
+        rest.write(sample.GROUP, [(7, values)])
+        raw = httpx.post(
+            f"{server.rest_url}/v1/features/get",
+            json={"entity_type": sample.ENTITY, "ids": [7], "features": names},
+        ).json()
+        assert raw["results"][0]["values"][:3] == ["NaN", "Infinity", "-Infinity"]
+        assert raw["results"][0]["values"][4][:3] == ["NaN", "Infinity", "-Infinity"]
+        for _ in range(2):  # a miss, then a hit when the cache is on
+            by_rest = rest.get(sample.ENTITY, [7], features=names).rows[0]
+            by_grpc = rpc.get(sample.ENTITY, [7], features=names).rows[0]
+            for row in (by_rest, by_grpc):
+                assert [s.value for s in row.statuses] == ["present"] * 5
+                assert math.isnan(row.values[0])
+                assert row.values[1:4] == [inf, -inf, 0.5]
+                embedding = row.values[4]
+                assert isinstance(embedding, list)
+                assert math.isnan(embedding[0])
+                assert embedding[1:] == [inf, -inf, *([0.25] * 29)]

@@ -1,0 +1,48 @@
+"""NaN and infinities in JSON, as protobuf's JSON mapping writes them.
+
+JSON has no number for NaN, Infinity or -Infinity; orjson writes them as ``null``, which a
+reader takes for "no value". The REST API writes them as the strings "NaN", "Infinity" and
+"-Infinity" wherever a float goes (a float or double feature, an element of an embedding
+or float list), and reads them back the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+FLOAT_TYPE_NAMES = frozenset({"float", "double", "embedding", "float_list"})
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def float_text(v: float) -> str | float:
+    """A non-finite float as its JSON string; a finite one unchanged."""
+    if v != v:
+        return "NaN"
+    if v in (math.inf, -math.inf):
+        return "Infinity" if v > 0 else "-Infinity"
+    return v
+
+
+def to_json(value: object) -> object:
+    """A value with non-finite floats (also in a list) as strings; others unchanged.
+
+    Most values are finite, and one subtraction per float (``v - v`` is 0.0 only for a
+    finite v) or one ``sum`` per float list tells so without building anything.
+    """
+    if type(value) is float:
+        return value if value - value == 0.0 else float_text(value)
+    if type(value) is list and value and type(value[0]) is float:
+        total = sum(value)
+        if total - total == 0.0:
+            return value
+        return [float_text(x) for x in value]
+    return value
+
+
+def from_json(value: object) -> object:
+    """The inverse of ``to_json``, for a value of a float type."""
+    if isinstance(value, str):
+        return NON_FINITE.get(value, value)
+    if isinstance(value, list) and any(isinstance(x, str) for x in value):
+        return [NON_FINITE.get(x, x) if isinstance(x, str) else x for x in value]
+    return value
