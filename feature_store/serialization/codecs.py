@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import SupportsFloat, SupportsIndex, TypeAlias
@@ -217,7 +218,8 @@ def decode_string(data: bytes) -> str:
 
 
 def _as_sequence(value: object, what: str) -> Sequence[object]:
-    if isinstance(value, str | bytes) or not hasattr(value, "__len__"):
+    # a dict or set has a length too, but no order: not a list
+    if isinstance(value, str | bytes | Mapping | AbstractSet) or not hasattr(value, "__len__"):
         raise EncodingError(f"expected a list of {what}, got {type(value).__name__}")
     return value  # type: ignore[return-value]
 

@@ -37,6 +37,7 @@ from feature_store.serving.service import (
     MalformedRequestError,
     Problem,
     from_json_value,
+    json_int,
     json_values,
     problem,
     row_statuses,
@@ -74,9 +75,10 @@ def error_answer(p: Problem, retry_after: float | None = None) -> Answer:
 
 
 def _field(body: Mapping[str, object], name: str, kind: type, default: object = None) -> object:
-    value = body.get(name, default)
-    if value is None and default is not None:
+    """``body[name]`` of type ``kind``; ``default`` when absent (null is not absent)."""
+    if name not in body and default is not None:
         return default
+    value = body.get(name)
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise MalformedRequestError(
             f"'{name}' must be {'an array' if kind is list else 'a ' + kind.__name__}"
@@ -95,7 +97,22 @@ def _strings(body: Mapping[str, object], name: str) -> list[str]:
 def _ids(body: Mapping[str, object]) -> list[EntityId]:
     if "ids" not in body:
         raise MalformedRequestError("'ids' is required: an array of entity ids")
-    return cast(list[EntityId], _field(body, "ids", list))
+    return [cast(EntityId, json_int(i)) for i in cast(list[object], _field(body, "ids", list))]
+
+
+GET_FIELDS = frozenset({"entity_type", "ids", "features", "groups", "bypass_cache"})
+WRITE_FIELDS = frozenset({"group", "rows"})
+ROW_FIELDS = frozenset({"id", "values"})
+
+
+def _known(body: Mapping[str, object], known: frozenset[str], where: str) -> None:
+    """A misspelt field ('feature') would otherwise be ignored silently."""
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise MalformedRequestError(
+            f"unknown field(s) in {where}: {', '.join(map(repr, unknown[:5]))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
 
 
 def _parse(raw: bytes, limit: int) -> dict[str, object]:
@@ -159,6 +176,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         try:
             role = auth.require(authorization, Role.READ)
             body = _parse(raw, body_limit)
+            _known(body, GET_FIELDS, "the request")
             entity = _field(body, "entity_type", str)
             bypass = _field(body, "bypass_cache", bool, False)
             if bypass and role < Role.ADMIN:
@@ -209,6 +227,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         try:
             auth.require(authorization, Role.ADMIN)
             body = _parse(raw, body_limit)
+            _known(body, WRITE_FIELDS, "the request")
             group = cast(str, _field(body, "group", str))
             raw_rows = cast(list[object], _field(body, "rows", list))
             known = registry.groups.get(group)
@@ -217,12 +236,13 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             for i, row in enumerate(raw_rows):
                 if not isinstance(row, dict) or "id" not in row:
                     raise MalformedRequestError(f"rows[{i}] must be an object with 'id'")
+                _known(row, ROW_FIELDS, f"rows[{i}]")
                 values = row.get("values")
                 if not isinstance(values, dict):
                     raise MalformedRequestError(f"rows[{i}].values must be an object")
                 rows.append(
                     (
-                        row["id"],
+                        cast(EntityId, json_int(row["id"])),
                         {
                             k: v if k not in by_name else from_json_value(by_name[k], v)
                             for k, v in values.items()
@@ -250,7 +270,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         "/v1/features/get",
         summary="Batch get of features for many entities",
         response_class=JSONBody,
-        responses=_responses(schemas.GetFeaturesResponse, 400, 401, 403, 413, 503),
+        responses=_responses(schemas.GetFeaturesResponse, 400, 401, 403, 413, 415, 500, 503),
         openapi_extra=_request_body("GetFeaturesRequest"),
     )
     async def get_features(request: Request) -> Response:
@@ -261,7 +281,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         "/v1/features/write",
         summary="Push write of feature values of one group",
         response_class=JSONBody,
-        responses=_responses(schemas.WriteFeaturesResponse, 400, 401, 403, 409, 413, 503),
+        responses=_responses(schemas.WriteFeaturesResponse, 400, 401, 403, 409, 413, 415, 503),
         openapi_extra=_request_body("WriteFeaturesRequest"),
     )
     async def write_features(request: Request) -> Response:
@@ -282,11 +302,21 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             return fail(e, "registry", t0).response()
         return JSONBody(registry_body)
 
-    @app.get("/healthz", summary="Liveness: the process answers")
+    @app.get(
+        "/healthz",
+        summary="Liveness: the process answers",
+        response_class=JSONBody,
+        responses={200: {"model": schemas.HealthResponse}},
+    )
     async def healthz() -> Response:
         return JSONBody(b'{"status":"ok"}')
 
-    @app.get("/readyz", summary="Readiness: Redis answers a PING")
+    @app.get(
+        "/readyz",
+        summary="Readiness: Redis answers a PING",
+        response_class=JSONBody,
+        responses={200: {"model": schemas.ReadyResponse}, 503: {"model": schemas.ReadyResponse}},
+    )
     async def readyz() -> Response:
         circuit = runtime.reader.breaker.state.value
         if await runtime.ready():
@@ -296,7 +326,12 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             status_code=503,
         )
 
-    @app.get("/metrics", summary="Prometheus metrics of this worker")
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics of this worker",
+        response_class=Response,
+        responses={200: {"description": "Prometheus text exposition format"}},
+    )
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -304,10 +339,12 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         assert isinstance(exc, StarletteHTTPException)
         codes = {404: "not_found", 405: "method_not_allowed"}
         code = codes.get(exc.status_code, "http_error")
-        return error_answer(Problem(exc.status_code, code, str(exc.detail))).response()
+        answer = error_answer(Problem(exc.status_code, code, str(exc.detail))).response()
+        answer.headers.update(exc.headers or {})  # 405: Allow (RFC 9110)
+        return answer
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
     return FastPath(
         app, {"/v1/features/get": get_answer, "/v1/features/write": write_answer}, body_limit
     )
@@ -341,9 +378,21 @@ class FastPath:
 
     async def _answer(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
         authorization = None
+        content_type = b""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
+            elif name == b"content-type":
+                content_type = value
+        if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
+            # also what keeps a web page from posting a text/plain "form" cross-site
+            await self._send(
+                send,
+                error_answer(
+                    Problem(415, "unsupported_media_type", "send the body as application/json")
+                ),
+            )
+            return
         chunks = []
         size = 0
         more = True
@@ -362,6 +411,10 @@ class FastPath:
             )
         else:
             answer = await handler(authorization, b"".join(chunks))
+        await self._send(send, answer)
+
+    @staticmethod
+    async def _send(send: Send, answer: Answer) -> None:
         headers = [_JSON_HEADER, (b"content-length", str(len(answer.body)).encode())]
         headers += [(k.lower().encode(), v.encode()) for k, v in answer.headers]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
@@ -424,20 +477,44 @@ def _responses(model: type, *errors: int) -> dict[int | str, dict[str, object]]:
     return out
 
 
-def _openapi(app: FastAPI) -> Callable[[], dict[str, object]]:
+def _openapi(app: FastAPI, runtime: ServingRuntime) -> Callable[[], dict[str, object]]:
+    """The document: FastAPI's paths, answers from the pydantic models, request bodies from
+    the served registry (``schemas.get_request_schema``), and the fixes FastAPI needs.
+
+    FastAPI gives a response class that is not its JSONResponse the schema
+    ``{"type": "string"}`` beside the model's ``$ref``; a client generated from that, or a
+    validator, expects a string. The answers are JSON objects: the ``$ref`` stays alone.
+    """
+
     def build() -> dict[str, object]:
         if app.openapi_schema is None:
             doc = get_openapi(
                 title=app.title, version=app.version, routes=app.routes, description=app.description
             )
             _, defs = models_json_schema(
-                [(m, "validation") for m in schemas.MODELS],
+                [(m, "validation") for m in schemas.RESPONSE_MODELS],
                 ref_template="#/components/schemas/{model}",
             )
-            components = doc.setdefault("components", {})
-            components.setdefault("schemas", {}).update(defs.get("$defs", {}))
-            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            found = doc.setdefault("components", {}).setdefault("schemas", {})
+            found.update(defs.get("$defs", {}))
+            s = runtime.settings
+            found["GetFeaturesRequest"] = schemas.get_request_schema(
+                runtime.registry, s.max_entities, s.max_features
+            )
+            found["WriteFeaturesRequest"] = schemas.write_request_schema(
+                runtime.registry, s.max_entities
+            )
+            doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             doc["security"] = [{"bearer": []}, {}]
+            for path in doc["paths"].values():
+                for operation in path.values():
+                    for answer in operation.get("responses", {}).values():
+                        for media in answer.get("content", {}).values():
+                            schema = media.get("schema", {})
+                            if "$ref" in schema:
+                                schema.pop("type", None)
+            metrics = doc["paths"]["/metrics"]["get"]["responses"]["200"]
+            metrics["content"] = {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}
             app.openapi_schema = doc
         return app.openapi_schema
 

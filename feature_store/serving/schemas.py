@@ -1,4 +1,5 @@
-"""Pydantic models of the REST API, for its OpenAPI document only.
+"""The REST API's OpenAPI schemas: pydantic models of the answers, request bodies from the
+served registry.
 
 Requests are parsed with orjson and checked by hand (``feature_store.serving.app``): the
 checks give the messages the API promises, and they cost a fraction of model validation
@@ -7,25 +8,19 @@ on the hot path. These models describe the same contract for /docs and client ge
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
+
+from feature_store.layout import INT64_MAX, INT64_MIN, MAX_STRING_ID_BYTES, IdType
+from feature_store.registry import EntityType, Feature, Registry
+from feature_store.serialization import FeatureType
+
+JsonSchema = dict[str, Any]
 
 # A float (also in an embedding or float list) that is NaN or infinite is the string "NaN",
 # "Infinity" or "-Infinity", as in protobuf's JSON mapping: JSON has no number for it.
 JsonValue = float | int | bool | str | list[float | str] | list[int] | None
-
-
-class GetFeaturesRequest(BaseModel):
-    entity_type: str = Field(examples=["consumer"])
-    ids: list[int | str] = Field(
-        description="entity ids, int or string as the entity type declares", examples=[[1, 2]]
-    )
-    features: list[str] = Field(
-        default=[],
-        description="feature names, or 'group:feature'",
-        examples=[["float_00", "consumer_features:int_0"]],
-    )
-    groups: list[str] = Field(default=[], description="feature groups: all of their features")
-    bypass_cache: bool = Field(default=False, description="skip the L1 cache (admin keys only)")
 
 
 class FeatureRow(BaseModel):
@@ -45,16 +40,6 @@ class GetFeaturesResponse(BaseModel):
         "float_list, int_list), aligned with 'features'"
     )
     results: list[FeatureRow]
-
-
-class WriteRow(BaseModel):
-    id: int | str
-    values: dict[str, JsonValue] = Field(description="feature -> value; null removes it")
-
-
-class WriteFeaturesRequest(BaseModel):
-    group: str = Field(examples=["consumer_features"])
-    rows: list[WriteRow]
 
 
 class WriteFeaturesResponse(BaseModel):
@@ -111,11 +96,152 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-MODELS: tuple[type[BaseModel], ...] = (
-    GetFeaturesRequest,
+class HealthResponse(BaseModel):
+    status: str = Field(examples=["ok"])
+
+
+class ReadyResponse(BaseModel):
+    status: str = Field(description="ready or unavailable")
+    redis: str = Field(description="ok or unreachable")
+    circuit: str = Field(description="the circuit breaker: closed, open or half_open")
+
+
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     GetFeaturesResponse,
-    WriteFeaturesRequest,
     WriteFeaturesResponse,
     RegistryResponse,
     ErrorResponse,
+    HealthResponse,
+    ReadyResponse,
 )
+
+# --- request schemas of the served registry ---------------------------------------------
+#
+# The request bodies are described from the registry being served: which entity types,
+# features and groups exist, each id type and each value type, and the request limits. A
+# client generated from the document, or a fuzzer, then knows exactly what is accepted.
+
+# a double below this (the midpoint of float32's largest and 2**128) rounds to a finite float32
+_FLOAT32_BOUND = (2 - 2**-24) * 2.0**127
+_NON_FINITE: JsonSchema = {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}
+_INT64: JsonSchema = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+
+
+def _id_schema(entity: EntityType) -> JsonSchema:
+    if entity.id_type is IdType.INT:
+        return dict(_INT64)
+    # a character takes up to 4 bytes of UTF-8 in the key
+    return {"type": "string", "minLength": 1, "maxLength": MAX_STRING_ID_BYTES // 4}
+
+
+def _float(limit: float | None) -> JsonSchema:
+    number: JsonSchema = {"type": "number"}
+    if limit is not None:
+        number |= {"exclusiveMinimum": -limit, "exclusiveMaximum": limit}
+    return {"anyOf": [number, _NON_FINITE]}
+
+
+def _value_schema(feature: Feature) -> JsonSchema:
+    t = feature.type
+    if t is FeatureType.FLOAT:
+        value = _float(_FLOAT32_BOUND)
+    elif t is FeatureType.DOUBLE:
+        value = _float(None)
+    elif t is FeatureType.INT:
+        value = dict(_INT64)
+    elif t is FeatureType.BOOL:
+        value = {"type": "boolean"}
+    elif t is FeatureType.STRING:
+        value = {"type": "string"}
+    elif t is FeatureType.INT_LIST:
+        value = {"type": "array", "items": dict(_INT64)}
+    else:  # embedding, float_list
+        value = {"type": "array", "items": _float(_FLOAT32_BOUND)}
+        if t is FeatureType.EMBEDDING:
+            value |= {"minItems": feature.dim, "maxItems": feature.dim}
+    return {"anyOf": [value, {"type": "null"}], "description": f"{t.value}; null removes it"}
+
+
+def get_request_schema(registry: Registry, max_entities: int, max_features: int) -> JsonSchema:
+    variants = []
+    for entity in registry.entities.values():
+        groups = [g for g in registry.groups.values() if g.entity.name == entity.name]
+        names = [f.name for g in groups for f in g.features]
+        names += [f"{g.name}:{f.name}" for g in groups for f in g.features]
+        lists = {
+            "features": {
+                "type": "array",
+                "maxItems": max_features,
+                "items": {"type": "string", "enum": names},
+                "description": "feature names, or 'group:feature'",
+            },
+            "groups": {
+                "type": "array",
+                "maxItems": max_features,
+                "items": {"type": "string", "enum": [g.name for g in groups]},
+                "description": "feature groups: all of their features",
+            },
+        }
+        variants.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["entity_type", "ids"],
+                "properties": {
+                    "entity_type": {"type": "string", "enum": [entity.name]},
+                    "ids": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": max_entities,
+                        "items": _id_schema(entity),
+                    },
+                    **lists,
+                    "bypass_cache": {
+                        "type": "boolean",
+                        "description": "skip the L1 cache (admin keys only when auth is on)",
+                    },
+                },
+                # at least one feature or group must be named
+                "anyOf": [
+                    {"required": [name], "properties": {name: {"minItems": 1}}} for name in lists
+                ],
+            }
+        )
+    return {"oneOf": variants} if len(variants) > 1 else variants[0]
+
+
+def write_request_schema(registry: Registry, max_entities: int) -> JsonSchema:
+    variants = []
+    for group in registry.groups.values():
+        row = {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["id", "values"],
+            "properties": {
+                "id": _id_schema(group.entity),
+                "values": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {f.name: _value_schema(f) for f in group.features},
+                    "description": "feature -> value; null removes it, a feature left out "
+                    "is not touched",
+                },
+            },
+        }
+        variants.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["group", "rows"],
+                "properties": {
+                    "group": {"type": "string", "enum": [group.name]},
+                    "rows": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": max_entities,
+                        "items": row,
+                    },
+                },
+            }
+        )
+    return {"oneOf": variants} if len(variants) > 1 else variants[0]

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import grpc
 import httpx
-import orjson
 import pytest
 import redis
 
@@ -60,7 +59,7 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 
 
 def _post(url: str, body: object, timeout: float = 5.0) -> httpx.Response:
-    return httpx.post(f"{url}/v1/features/get", content=orjson.dumps(body), timeout=timeout)
+    return httpx.post(f"{url}/v1/features/get", json=body, timeout=timeout)
 
 
 def _get(ids: list[int]) -> dict[str, object]:
@@ -244,7 +243,7 @@ def test_a_partial_write_names_its_rows_and_invalidates(redis_url: str) -> None:
             "group": GROUP,
             "rows": [{"id": 64, "values": {"int_0": -7}}, {"id": 63, "values": {"int_0": -7}}],
         }
-        r = httpx.post(f"{writer.rest_url}/v1/features/write", content=orjson.dumps(body))
+        r = httpx.post(f"{writer.rest_url}/v1/features/write", json=body)
         assert r.status_code == 409, r.text
         error = r.json()["error"]
         assert error["code"] == "partial_write"
@@ -273,9 +272,7 @@ def test_a_write_that_timed_out_is_invalidated_once_redis_is_back(
         os.kill(pid, signal.SIGSTOP)
         try:
             body = {"group": GROUP, "rows": [{"id": 5, "values": {"int_0": -9}}]}
-            r = httpx.post(
-                f"{server.rest_url}/v1/features/write", content=orjson.dumps(body), timeout=10
-            )
+            r = httpx.post(f"{server.rest_url}/v1/features/write", json=body, timeout=10)
             assert r.status_code == 503
             assert "may have been applied" in r.json()["error"]["message"]
         finally:

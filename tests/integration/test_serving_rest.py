@@ -219,7 +219,7 @@ BAD_GETS = [
 def test_bad_get_requests_get_a_4xx_naming_the_problem(
     http: httpx.Client, body: bytes, status: int, code: str, text: str
 ) -> None:
-    r = http.post("/v1/features/get", content=body)
+    r = http.post("/v1/features/get", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["code"] == code
