@@ -18,7 +18,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
@@ -328,12 +328,12 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
 
     @app.get(
         "/metrics",
-        summary="Prometheus metrics of this worker",
+        summary="Prometheus metrics of the deployment (every worker)",
         response_class=Response,
         responses={200: {"description": "Prometheus text exposition format"}},
     )
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

@@ -10,11 +10,15 @@ its own L1 cache. With ``--workers 1`` (the default) everything runs in this pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import os
+import shutil
 import signal
 import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,16 +140,35 @@ def _serve(
             )
         else:
             os.environ[WORKER_ENV] = orjson.dumps(config).decode()
-            uvicorn.run(
-                "feature_store.serving.cli:worker_app",
-                factory=True,
-                host=serving.host,
-                port=serving.port,
-                workers=serving.workers,
-                log_level=args.log_level,
-                access_log=False,
-                timeout_graceful_shutdown=5,
-            )
+            with _metrics_dir():
+                uvicorn.run(
+                    "feature_store.serving.cli:worker_app",
+                    factory=True,
+                    host=serving.host,
+                    port=serving.port,
+                    workers=serving.workers,
+                    log_level=args.log_level,
+                    access_log=False,
+                    timeout_graceful_shutdown=5,
+                )
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[None]:
+    """Where the workers' metrics meet (prometheus-client's multiprocess mode): a fresh
+    directory for this server, or the one PROMETHEUS_MULTIPROC_DIR names (kept as it is)."""
+    from feature_store.serving.metrics import MULTIPROCESS_ENV
+
+    if os.environ.get(MULTIPROCESS_ENV):
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="feature-serving-metrics-")
+    os.environ[MULTIPROCESS_ENV] = path
+    try:
+        yield
+    finally:
+        del os.environ[MULTIPROCESS_ENV]
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

@@ -1,24 +1,35 @@
-"""Prometheus metrics of a serving process.
+"""Prometheus metrics of a serving deployment.
 
-The cache counters are plain ints on the hot path (``CacheStats``) and are read by a
-collector at scrape time, so a cache hit costs no metric call. Request latencies and Redis
-round trips are histograms. Each app has its own ``CollectorRegistry``: with several
-workers each process exposes its own figures (see docs/serving.md, "Metrics").
+The cache counters are plain ints on the hot path (``CacheStats``), so a cache hit costs no
+metric call. Request latencies and Redis round trips are histograms.
+
+- One worker: a collector reads the ints at scrape time.
+- Several workers (``serve --workers N``, which sets ``PROMETHEUS_MULTIPROC_DIR``):
+  prometheus-client's multiprocess mode. Each worker copies its ints into counters and
+  gauges backed by files in that directory, every ``SYNC_EVERY`` seconds and before it
+  answers a scrape; a scrape of any worker adds up every worker's files. Counters and
+  histograms are deployment totals; the cache's size, the circuit and the adaptive
+  timeouts are per worker (a ``pid`` label), and vanish when their worker stops.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import fields
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from feature_store.serving.breaker import CircuitState
+from feature_store.serving.cache import CacheStats
 from feature_store.serving.loader import CachedReader
 
 PREFIX = "feature_serving"
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's own variable
+SYNC_EVERY = 1.0  # seconds between a worker's copies of its counters in multiprocess mode
 _LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -91,9 +102,16 @@ class ServingCollector(Collector):
 
 
 class ServingMetrics:
-    def __init__(self, reader: CachedReader) -> None:
+    def __init__(self, reader: CachedReader, *, multiprocess: bool | None = None) -> None:
+        self.reader = reader
+        self.multiprocess = (
+            bool(os.environ.get(MULTIPROCESS_ENV)) if multiprocess is None else (multiprocess)
+        )
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(ServingCollector(reader))
+        if self.multiprocess:
+            self._shared = _SharedStats(self.registry)
+        else:
+            self.registry.register(ServingCollector(reader))
         self.requests = Histogram(
             f"{PREFIX}_request_seconds",
             "request latency in the server, by API and outcome",
@@ -117,3 +135,84 @@ class ServingMetrics:
 
     def _round_trip(self, seconds: float, nkeys: int) -> None:
         self.round_trip.observe(seconds)
+
+    def sync(self) -> None:
+        """Multiprocess mode: copy this worker's plain counters into the shared files."""
+        if self.multiprocess:
+            self._shared.sync(self.reader)
+
+    def render(self) -> bytes:
+        """The text a scrape gets: this worker's figures, or with several, the deployment's."""
+        if not self.multiprocess:
+            return bytes(generate_latest(self.registry))
+        self.sync()
+        merged = CollectorRegistry()
+        prometheus_multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        return bytes(generate_latest(merged))
+
+    def close(self) -> None:
+        """At worker exit: the last counts, and this worker's gauges leave the totals."""
+        if self.multiprocess:
+            self.sync()
+            prometheus_multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
+class _SharedStats:
+    """The collector's figures as file-backed metrics of prometheus-client's multiprocess
+    mode: counters get this worker's increments since the last sync, gauges its values."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counters = {
+            f.name: Counter(f"{PREFIX}_cache_{f.name}", _HELP[f.name], registry=registry)
+            for f in fields(CacheStats)
+        }
+        self.opened = Counter(
+            f"{PREFIX}_circuit_opened", "times the circuit opened", registry=registry
+        )
+        self.synced: dict[str, int] = dict.fromkeys(self.counters, 0)
+        self.synced_opened = 0
+        self.bytes = Gauge(
+            f"{PREFIX}_cache_bytes",
+            "estimated bytes held by the L1 cache, per worker",
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+        self.entries = Gauge(
+            f"{PREFIX}_cache_entries",
+            "entries held by the L1 cache, per worker",
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+        self.state = Gauge(
+            f"{PREFIX}_circuit_state",
+            "1 for the circuit breaker's current state, per worker",
+            ["state"],
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+        self.timeouts = Gauge(
+            f"{PREFIX}_redis_timeout_seconds",
+            "the current adaptive timeout of a Redis round trip, by keys per round trip",
+            ["keys"],
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+
+    def sync(self, reader: CachedReader) -> None:
+        cache = reader.cache
+        if cache is not None:
+            for name, counter in self.counters.items():
+                value = getattr(cache.stats, name)
+                if value > self.synced[name]:
+                    counter.inc(value - self.synced[name])
+                    self.synced[name] = value
+            self.bytes.set(cache.bytes)
+            self.entries.set(len(cache))
+        breaker = reader.breaker
+        if breaker.opened > self.synced_opened:
+            self.opened.inc(breaker.opened - self.synced_opened)
+            self.synced_opened = breaker.opened
+        for s in CircuitState:
+            self.state.labels(s.value).set(1.0 if breaker.state is s else 0.0)
+        for label, value in reader.timeout.labelled():
+            self.timeouts.labels(label).set(value)

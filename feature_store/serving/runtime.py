@@ -21,7 +21,7 @@ from feature_store.serving.cache import LRUCache
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.invalidation import InvalidationListener, RedisPublisher, pubsub_client
 from feature_store.serving.loader import CachedReader
-from feature_store.serving.metrics import ServingMetrics
+from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
 from feature_store.serving.roundtrip import CONNECTION_WAIT, round_trip_for
 from feature_store.serving.service import FeatureService, Writer
 from feature_store.store import AsyncFeatureStore
@@ -85,10 +85,13 @@ class ServingRuntime:
         self._publisher = publisher
         self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
         self.metrics = ServingMetrics(self.reader)
+        self._metrics_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.listener is not None:
             self.listener.start()
+        if self.metrics.multiprocess:
+            self._metrics_task = asyncio.get_running_loop().create_task(self._sync_metrics())
         try:
             async with asyncio.timeout(self.settings.redis_timeout_max * 2):
                 await self.store.check_server()
@@ -109,7 +112,15 @@ class ServingRuntime:
         except (StoreError, TimeoutError):
             return False
 
+    async def _sync_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_EVERY)
+            self.metrics.sync()
+
     async def stop(self) -> None:
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+        self.metrics.close()
         await self.service.close()
         await self.reader.close()
         if self.listener is not None:

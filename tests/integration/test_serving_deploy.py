@@ -9,14 +9,18 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 import yaml
 
+from feature_store import sample
 from feature_store.cli import build_parser
 from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -101,3 +105,52 @@ def test_serve_with_two_workers_answers_rest_and_grpc(redis_url: str) -> None:
             for _ in range(4):
                 result = grpc_client.get("consumer", [1], features=["float_00"])
                 assert [s.value for s in result.rows[0].statuses] == ["missing"]
+
+
+def _samples(text: str, name: str) -> list[tuple[str, float]]:
+    """(labels, value) of every sample of one metric in Prometheus text."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            head, value = line.rsplit(" ", 1)
+            out.append((head[len(name) :], float(value)))
+    return out
+
+
+def _total(text: str, name: str) -> float:
+    return sum(v for _, v in _samples(text, name))
+
+
+def test_metrics_of_two_workers_add_up_exactly(redis_url: str) -> None:
+    """A scrape of either worker reports the deployment: totals over a known request count."""
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(sample.GROUP, sample.rows(40))
+    with ServingProcess(redis_url, args=["--workers", "2"], ready_path="/readyz") as server:
+        n = 40
+        for round_ in range(2):  # 40 misses, then the same 40 ids again: hits or misses
+            for i in range(n):
+                r = httpx.post(  # a new connection each time: the kernel picks a worker
+                    f"{server.rest_url}/v1/features/get",
+                    json={"entity_type": "consumer", "ids": [i], "features": ["int_0"]},
+                )
+                assert r.status_code == 200, (round_, r.text)
+        deadline = time.monotonic() + 10
+        while True:
+            text = httpx.get(f"{server.rest_url}/metrics").text
+            served = _total(text, "feature_serving_entities_served_total")
+            hits = _total(text, "feature_serving_cache_hits_total")
+            misses = _total(text, "feature_serving_cache_misses_total")
+            if (served == 2 * n and hits + misses == 2 * n) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert served == 2 * n
+        assert hits + misses == 2 * n
+        assert misses >= n  # the first round missed in every worker
+        # sequential requests, one key each: one round trip and one key loaded per miss
+        assert _total(text, "feature_serving_cache_round_trips_total") == misses
+        assert _total(text, "feature_serving_cache_keys_loaded_total") == misses
+        requests = _total(text, "feature_serving_request_seconds_count")
+        assert requests == 2 * n
+        workers = {labels for labels, _ in _samples(text, "feature_serving_cache_entries")}
+        assert len(workers) == 2, workers  # the cache's size per worker, by pid
+        assert _total(text, "feature_serving_cache_entries") == misses
