@@ -173,7 +173,8 @@ def get_request_schema(registry: Registry, max_entities: int, max_features: int)
                 "type": "array",
                 "maxItems": max_features,
                 "items": {"type": "string", "enum": names},
-                "description": "feature names, or 'group:feature'",
+                "description": "feature names, or 'group:feature'; with no groups either, "
+                "every feature of the entity type",
             },
             "groups": {
                 "type": "array",
@@ -201,10 +202,6 @@ def get_request_schema(registry: Registry, max_entities: int, max_features: int)
                         "description": "skip the L1 cache (admin keys only when auth is on)",
                     },
                 },
-                # at least one feature or group must be named
-                "anyOf": [
-                    {"required": [name], "properties": {name: {"minItems": 1}}} for name in lists
-                ],
             }
         )
     return {"oneOf": variants} if len(variants) > 1 else variants[0]

@@ -230,11 +230,11 @@ class FeatureService:
         if entity not in self.registry.entities:
             known = ", ".join(sorted(self.registry.entities))
             raise UnknownEntityTypeError(f"unknown entity type {entity!r}; known: {known}")
+        if not features and not groups:  # everything the entity type has
+            groups = [g.name for g in self.registry.groups.values() if g.entity.name == entity]
         try:
             resolved = self.registry.resolve(entity, features, groups)
         except RequestError as e:
-            if not features and not groups:
-                raise RequestError("the request names no features and no groups") from None
             raise UnknownFeatureError(str(e)) from None
         if len(resolved) > self.settings.max_features:
             raise BatchTooLargeError(

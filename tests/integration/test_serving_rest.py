@@ -192,7 +192,8 @@ BAD_GETS = [
         "unknown_entity_type",
         "'shop'",
     ),
-    (b'{"entity_type": "consumer", "ids": [1]}', 400, "bad_request", "no features"),
+    (b'{"entity_type": "consumer", "ids": [1], "feature": []}', 400, "malformed_body", "feature"),
+    (b'{"entity_type": "consumer", "ids": [1], "groups": null}', 400, "malformed_body", "groups"),
     (
         b'{"entity_type": "consumer", "ids": [1], "features": "float_00"}',
         400,
@@ -305,3 +306,11 @@ async def test_async_client(server: ServingProcess, redis_url: str) -> None:
         assert stats.values_written == 1
         again = await client.get(ENTITY, [4], features=["int_0"])
         assert again.rows[0].values == [7]
+
+
+def test_naming_no_features_reads_every_feature_of_the_entity_type(http: httpx.Client) -> None:
+    r = http.post("/v1/features/get", json={"entity_type": "consumer", "ids": [1]})
+    assert r.status_code == 200, r.text
+    group = sample.registry().groups[sample.GROUP]
+    assert r.json()["features"] == [f.name for f in group.features]
+    assert r.json()["types"] == [f.type.value for f in group.features]
