@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark import StorageLevel
@@ -130,6 +131,35 @@ def run_ingest(
     when the job fails; the report says ``failed`` and the exception carries the cause.
     """
     started = time.monotonic()
+    written_at = int(time.time()) if job.written_at is None else job.written_at
+    base: dict[str, object] = {
+        "group": job.group,
+        "input": job.input,
+        "target": "(not parsed)",
+        "written_at": written_at,
+        "chunk_size": job.chunk_size,
+    }
+    try:
+        report = _run(spark, job, base, started, progress)
+    except FeatureStoreError as e:
+        # every failure gets its report, also one before any row is read (a wrong password,
+        # TLS to a plain Redis, a refused port, a bad input path)
+        if job.report_path is not None:
+            _failed_report(base, started, str(e)).write(job.report_path)
+        raise
+    if job.report_path is not None:
+        report.write(job.report_path)
+    return report
+
+
+def _run(
+    spark: SparkSession,
+    job: IngestJob,
+    base: dict[str, object],
+    started: float,
+    progress: Callable[[str], None] | None,
+) -> IngestReport:
+    """The job; fills ``base`` (the report's fixed fields) as it learns them."""
     if job.chunk_size < 1:
         raise RequestError("--chunk-size must be at least 1")
     registry = load_registry(job.registry)
@@ -137,6 +167,7 @@ def run_ingest(
     target = RedisTarget.parse(
         job.redis_url, socket_timeout=job.socket_timeout, connect_timeout=job.connect_timeout
     )
+    base["target"] = str(target)
     df = read_input(spark, job)
     plan = plan_columns(
         df.schema,
@@ -147,7 +178,7 @@ def run_ingest(
         ignore_extra=job.ignore_extra_columns,
     )
     run_ids = _check_redis(target, registry)  # fails here, before any write, if Redis is down
-    written_at = int(time.time()) if job.written_at is None else job.written_at
+    written_at = cast(int, base["written_at"])
     spec = TaskSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
         registry_source=str(job.registry),
@@ -166,20 +197,7 @@ def run_ingest(
     quarantine = job.quarantine or os.path.join(
         "quarantine", f"{group.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     )
-    base = {
-        "group": group.name,
-        "input": job.input,
-        "target": str(target),
-        "written_at": written_at,
-        "chunk_size": job.chunk_size,
-    }
-    try:
-        report = _execute(spark, df, plan, spec, job, quarantine, base, started, progress)
-    except FeatureStoreError as e:
-        failed = _failed_report(base, started, str(e))
-        if job.report_path is not None:
-            failed.write(job.report_path)
-        raise
+    report = _execute(spark, df, plan, spec, job, quarantine, base, started, progress)
     if run_ids and _run_ids(target) != run_ids:
         report = _with_warning(
             report,
@@ -187,8 +205,6 @@ def run_ingest(
             "acknowledged just before a crash can be lost; re-run the job (it is idempotent) "
             "to restore them",
         )
-    if job.report_path is not None:
-        report.write(job.report_path)
     return report
 
 

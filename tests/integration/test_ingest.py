@@ -24,8 +24,8 @@ from pyspark.sql import functions as F
 from feature_store import sample
 from feature_store.batch import plan_write
 from feature_store.cli import main
-from feature_store.embedded import EmbeddedRedis
-from feature_store.errors import RequestError, StoreUnavailableError
+from feature_store.embedded import EmbeddedRedis, free_port
+from feature_store.errors import FeatureStoreError, RequestError, StoreUnavailableError
 from feature_store.ingest.generate import ID_COLUMN, sample_frame, write_sample
 from feature_store.ingest.job import IngestJob, run_ingest, spark_session
 from feature_store.ingest.report import Outcome, Thresholds
@@ -413,3 +413,29 @@ def test_local_spark_logs_nothing_but_errors(tmp_path: Path) -> None:
         if line.strip() and not line.startswith("WARNING: Using incubator modules")
     ]
     assert noise == []
+
+
+@pytest.mark.parametrize("fault", ["refused port", "wrong password", "TLS to plain Redis"])
+def test_a_job_that_fails_before_it_starts_still_writes_its_report(
+    spark: SparkSession,
+    sample_input: str,
+    registry_file: Path,
+    redis_server: EmbeddedRedis,
+    tmp_path: Path,
+    fault: str,
+) -> None:
+    host_port = redis_server.url.removeprefix("redis://")
+    url = {
+        "refused port": f"redis://127.0.0.1:{free_port()}",
+        "wrong password": f"redis://nobody:wrong-password@{host_port}",  # no such ACL user
+        "TLS to plain Redis": f"rediss://{host_port}",
+    }[fault]
+    report_path = tmp_path / "report.json"
+    job = _job(registry_file, sample_input, url, report_path=report_path, connect_timeout=1.0)
+    with pytest.raises(FeatureStoreError) as raised:
+        run_ingest(spark, job)
+    report = json.loads(report_path.read_text())
+    assert report["outcome"] == "failed"
+    assert report["message"] == str(raised.value)
+    assert report["entities_written"] == 0
+    assert "wrong-password" not in report["target"]  # redacted
