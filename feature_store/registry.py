@@ -14,6 +14,7 @@ is refused at load; rename the feature instead (see README "Changing a feature")
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 LOCK_VERSION = 1
 
 UNKNOWN_NAMED = 10  # unknown names an error message lists; the rest are counted
+MAX_DURATION = 100 * 365 * 86400  # seconds: TTLs and max ages
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +167,16 @@ def parse_duration(value: object, where: str) -> int:
             raise RegistryError(
                 f"{where}: {value!r} is not a duration (use seconds, or e.g. 30m, 36h, 7d)"
             )
+        if len(m.group(1)) > 15:
+            raise RegistryError(f"{where}: {value!r} is longer than the limit of 100 years")
         seconds = int(m.group(1)) * _UNITS[m.group(2)]
     if seconds <= 0:
         raise RegistryError(f"{where}: duration must be positive, got {value!r}")
+    if seconds > MAX_DURATION:
+        # Redis refuses an EXPIRE this long, and only after the values are written
+        raise RegistryError(
+            f"{where}: {value!r} is longer than the limit of {MAX_DURATION} s (100 years)"
+        )
     return seconds
 
 
@@ -190,6 +199,8 @@ def parse_type(value: object, where: str) -> Codec:
     if m.group(2) is not None:
         if dim is not None:
             raise RegistryError(f"{where}: dimension given twice")
+        if len(m.group(2)) > 9:
+            raise RegistryError(f"{where}: embedding dimension must be 1..65536")
         dim = int(m.group(2))
     if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
         raise RegistryError(f"{where}: dim must be an integer, got {dim!r}")
@@ -209,9 +220,17 @@ def load_registry(
     """Load and validate a registry file, and check it against its lock file if one exists."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise RegistryError(f"{path}: cannot read the registry: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise RegistryError(
+            f"{path}: line {line}: not UTF-8 (byte {data[e.start : e.start + 1]!r} at "
+            f"offset {e.start}); save the registry as UTF-8"
+        ) from None
     registry = parse_registry(text, source=str(path))
     lock = Path(lock_path) if lock_path is not None else default_lock_path(path)
     if check_lock and lock.exists():
@@ -219,9 +238,44 @@ def load_registry(
     return registry
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing what it would take silently: a key given twice in one
+    mapping (the last would win: a feature declared twice, a group's features dropped), and
+    integers too long for Python to convert."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, yaml.Node] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                first = seen.get(key) if isinstance(key, str | int) else None
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        f"{key!r} is given twice in one mapping, first",
+                        first.start_mark,
+                        "and again",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node
+        return dict(super().construct_mapping(node, deep))
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "this number is too long", node.start_mark
+            ) from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
+
 def parse_registry(text: str, source: str = "<registry>") -> Registry:
     try:
-        doc = yaml.safe_load(text)
+        stream = io.StringIO(text)
+        stream.name = source  # how YAML's error marks name the file
+        doc = yaml.load(stream, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:
         raise RegistryError(f"{source}: not valid YAML: {e}") from None
     return _Builder(source).build(doc)

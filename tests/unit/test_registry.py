@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from feature_store import sample
 from feature_store.errors import RegistryError, RegistryLockError, RequestError
 from feature_store.layout import IdType, freshness_field
 from feature_store.registry import (
@@ -302,3 +303,45 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "features.lock").write_text("{not json")
     with pytest.raises(RegistryLockError, match=r"features\.lock: cannot read the lock file"):
         load_registry(reg_file)
+
+
+DUPLICATES = [
+    ("a feature declared twice", "      int_0: int\n", "      int_0: int\n      int_0: float\n"),
+    ("an entity declared twice", "entities:\n", "entities:\n  consumer:\n    prefix: x\n"),
+    ("a group declared twice", "feature_groups:\n", "feature_groups:\n  consumer_features: {}\n"),
+]
+
+
+@pytest.mark.parametrize(("what", "old", "new"), DUPLICATES, ids=[d[0] for d in DUPLICATES])
+def test_a_key_given_twice_is_refused_naming_both_lines(what: str, old: str, new: str) -> None:
+    text = sample.registry_text()
+    assert old in text
+    with pytest.raises(RegistryError) as raised:
+        parse_registry(text.replace(old, new, 1), "features.yaml")
+    message = str(raised.value)
+    assert "given twice" in message
+    assert message.count("features.yaml") >= 2  # both places, by line
+    assert message.count("line ") == 2
+
+
+def test_a_registry_that_is_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "features.yaml"
+    path.write_bytes(sample.registry_text().encode().replace(b"consumer", b"consum\xe9r", 1))
+    with pytest.raises(RegistryError, match=r"features\.yaml: line \d+: not UTF-8"):
+        load_registry(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("ttl: ", "ttl: 99999999999999999999 #", "longer than the limit"),
+        ("ttl: ", "ttl: " + "9" * 5000 + " #", "number is too long"),
+        ("ttl: ", "ttl: " + "9" * 5000 + "d #", "longer than the limit"),
+        ("embedding(32)", "embedding(" + "9" * 5000 + ")", "dimension must be 1..65536"),
+    ],
+    ids=["ttl past 100 years", "5000-digit int", "5000-digit duration", "5000-digit dim"],
+)
+def test_huge_numbers_are_refused_with_the_entry(old: str, new: str, expected: str) -> None:
+    with pytest.raises(RegistryError, match=expected) as raised:
+        parse_registry(sample.registry_text().replace(old, new, 1), "features.yaml")
+    assert str(raised.value).startswith("features.yaml")
