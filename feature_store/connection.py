@@ -24,7 +24,13 @@ import redis.exceptions
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
-from feature_store.errors import ConfigError, StoreError, StoreTimeoutError, StoreUnavailableError
+from feature_store.errors import (
+    ConfigError,
+    StoreError,
+    StorePermissionError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 
 SyncClient: TypeAlias = redis.Redis | redis.cluster.RedisCluster
 AsyncClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -128,13 +134,27 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+_TLS_HINT = (
+    " (a TLS mismatch fails like this too: rediss:// needs a server port that speaks TLS, "
+    "redis:// one that does not)"
+)
+
+
 def translate(error: redis.exceptions.RedisError) -> StoreError:
     """The project's error for a redis-py error."""
     # AuthenticationError is a ConnectionError in redis-py: check it first
-    if isinstance(error, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+    if isinstance(error, redis.exceptions.AuthenticationError):
         return StoreError(f"Redis refused the credentials: {error}")
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        return StorePermissionError(
+            f"the Redis user may not run this command (its ACL rules refuse it): {error}"
+        )
+    text = str(error)
     if isinstance(error, redis.exceptions.TimeoutError):
-        return StoreTimeoutError(f"Redis did not answer in time: {error}")
+        hint = _TLS_HINT if "connecting" in text.lower() else ""
+        return StoreTimeoutError(f"Redis did not answer in time: {error}{hint}")
+    if "SSL" in text or "TLS" in text:
+        return StoreUnavailableError(f"Redis is unavailable: {error}{_TLS_HINT}")
     if isinstance(
         error,
         redis.exceptions.ConnectionError

@@ -10,6 +10,7 @@ the project, so callers catch these and never a library's own types::
     ├── EncodingError               a value cannot be encoded or decoded for its feature type
     ├── RequestError                a read or write names unknown features, bad ids, ...
     └── StoreError                  Redis answered with an error
+        ├── StorePermissionError    the Redis (ACL) user may not run a command
         ├── StoreUnavailableError   Redis cannot be reached (connection refused, reset, down)
         │   └── StoreTimeoutError   Redis did not answer in time
         └── EmbeddedRedisError      the embedded redis-server could not be started
@@ -44,6 +45,10 @@ class RequestError(FeatureStoreError, ValueError):
 
 class StoreError(FeatureStoreError):
     """Redis returned an error, or the store client was misused."""
+
+
+class StorePermissionError(StoreError):
+    """The Redis user may not run a command (ACL NOPERM). Retrying will not help."""
 
 
 class StoreUnavailableError(StoreError):

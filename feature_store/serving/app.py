@@ -7,12 +7,13 @@ serialized with orjson straight from the cached values: no per-value model objec
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import orjson
 from fastapi import FastAPI, Request
@@ -345,12 +346,21 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
-    return FastPath(
-        app, {"/v1/features/get": get_answer, "/v1/features/write": write_answer}, body_limit
-    )
+    routes = {
+        "/v1/features/get": Route(get_answer, Role.READ),
+        "/v1/features/write": Route(write_answer, Role.ADMIN),
+    }
+    return FastPath(app, routes, auth, body_limit, settings.request_body_timeout)
 
 
 Handler = Callable[[str | None, bytes], Awaitable[Answer]]
+
+
+class Route(NamedTuple):
+    handler: Handler
+    role: Role  # checked before the body is read
+
+
 _JSON_HEADER = (b"content-type", JSON.encode())
 
 
@@ -363,20 +373,29 @@ class FastPath:
     the documented FastAPI routes call, so behaviour and OpenAPI stay one.
     """
 
-    def __init__(self, app: FastAPI, routes: dict[str, Handler], body_limit: int) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        routes: dict[str, Route],
+        auth: Authenticator,
+        body_limit: int,
+        body_timeout: float,
+    ) -> None:
         self.app = app
         self.routes = routes
+        self.auth = auth
         self.body_limit = body_limit
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.routes.get(scope["path"])
-            if handler is not None:
-                await self._answer(handler, scope, receive, send)
+            route = self.routes.get(scope["path"])
+            if route is not None:
+                await self._answer(route, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _answer(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _answer(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         authorization = None
         content_type = b""
         for name, value in scope["headers"]:
@@ -384,6 +403,12 @@ class FastPath:
                 authorization = value.decode("latin-1")
             elif name == b"content-type":
                 content_type = value
+        try:
+            # the key before the body: a caller without one does not get to send 8 MiB
+            self.auth.require(authorization, route.role)
+        except AuthError as e:
+            await self._send(send, error_answer(problem(e)))
+            return
         if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
             # also what keeps a web page from posting a text/plain "form" cross-site
             await self._send(
@@ -393,25 +418,38 @@ class FastPath:
                 ),
             )
             return
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                body = await self._body(receive)
+        except TimeoutError:
+            message = f"the request body did not arrive within {self.body_timeout:g} s"
+            await self._send(send, error_answer(Problem(408, "body_timeout", message)))
+            return
+        if body is None:
+            return  # the client went away
+        if len(body) > self.body_limit:
+            answer = error_answer(
+                Problem(413, "batch_too_large", f"the body is larger than {self.body_limit} bytes")
+            )
+        else:
+            answer = await route.handler(authorization, body)
+        await self._send(send, answer)
+
+    async def _body(self, receive: Receive) -> bytes | None:
+        """The request body (cut at the limit plus one byte), or None if the client left."""
         chunks = []
         size = 0
         more = True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return None
             chunk = message.get("body", b"")
-            size += len(chunk)
             if size <= self.body_limit:
                 chunks.append(chunk)
+            size += len(chunk)
             more = message.get("more_body", False)
-        if size > self.body_limit:
-            answer = error_answer(
-                Problem(413, "batch_too_large", f"the body is larger than {self.body_limit} bytes")
-            )
-        else:
-            answer = await handler(authorization, b"".join(chunks))
-        await self._send(send, answer)
+        return b"".join(chunks)
 
     @staticmethod
     async def _send(send: Send, answer: Answer) -> None:

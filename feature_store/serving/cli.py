@@ -110,6 +110,7 @@ def _serve(
     import uvicorn
 
     from feature_store.serving.config import WORKER_ENV
+    from feature_store.serving.http import HeaderDeadlineProtocol
 
     if serving.grpc_port:
         check_port_free(serving.host, serving.grpc_port, "gRPC")
@@ -132,6 +133,7 @@ def _serve(
             app = _app_from_config(config)
             uvicorn.run(
                 app,
+                http=HeaderDeadlineProtocol,
                 host=serving.host,
                 port=serving.port,
                 log_level=args.log_level,
@@ -144,6 +146,7 @@ def _serve(
                 uvicorn.run(
                     "feature_store.serving.cli:worker_app",
                     factory=True,
+                    http=HeaderDeadlineProtocol,
                     host=serving.host,
                     port=serving.port,
                     workers=serving.workers,
@@ -198,9 +201,11 @@ def _app_from_config(config: dict[str, object]) -> FastPath:
     from feature_store.connection import RedisTarget
     from feature_store.serving.app import create_app
     from feature_store.serving.config import ServingSettings
+    from feature_store.serving.http import HeaderDeadlineProtocol
     from feature_store.serving.runtime import ServingRuntime
 
     serving = ServingSettings.from_json(orjson.dumps(config["serving"]).decode())
+    HeaderDeadlineProtocol.header_timeout = serving.request_header_timeout
     target = RedisTarget.parse(
         str(config["redis_url"]),
         socket_timeout=float(config["socket_timeout"]),  # type: ignore[arg-type]

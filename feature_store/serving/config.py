@@ -34,6 +34,10 @@ class ServingSettings:
     max_entities: int = 1000
     max_features: int = 1000
     max_body_bytes: int = 8 * 1024 * 1024
+    # a connection whose request headers, or whose body, do not arrive in time is closed
+    # (408 for a body): slow clients cannot hold connections open indefinitely
+    request_header_timeout: float = 10.0
+    request_body_timeout: float = 10.0
 
     # L1 cache
     cache: bool = True
@@ -84,7 +88,14 @@ class ServingSettings:
             raise fail("port", "must be a TCP port")
         if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
             raise fail("grpc_port", "must be a TCP port")
-        for name in ("cache_ttl", "redis_timeout_min", "redis_timeout_max", "breaker_open"):
+        for name in (
+            "cache_ttl",
+            "redis_timeout_min",
+            "redis_timeout_max",
+            "breaker_open",
+            "request_header_timeout",
+            "request_body_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise fail(name, "must be positive")
         for name in ("cache_negative_ttl", "cache_max_stale", "xfetch_beta", "breaker_window"):

@@ -15,9 +15,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -44,6 +45,29 @@ _STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 MAX_MESSAGE = 256 * 1024 * 1024
+MAX_DETAILS = 4096  # characters of an error message: gRPC carries it in a trailer (16 KB cap)
+
+
+class _Unparseable:
+    """What a request that is not the method's protobuf message deserializes to."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _parser(message: type[Any]) -> Callable[[bytes], object]:
+    """The method's deserializer; bad bytes give INVALID_ARGUMENT from the handler, where
+    grpc would answer UNKNOWN for a deserializer that raises."""
+
+    def parse(data: bytes) -> object:
+        try:
+            return message.FromString(data)
+        except DecodeError as e:
+            return _Unparseable(f"the request is not a {message.DESCRIPTOR.full_name}: {e}")
+
+    return parse
+
+
 _Head = tuple[bytes, list[list[Callable[[Value], bytes]]]]
 
 
@@ -52,6 +76,11 @@ def _metadata(context: grpc.aio.ServicerContext) -> str | None:
         if key == "authorization":
             return str(value)
     return None
+
+
+def _check_parsed(request: object) -> None:
+    if isinstance(request, _Unparseable):
+        raise MalformedRequestError(request.error)
 
 
 def _entity_id(e: pb.EntityId) -> EntityId:
@@ -110,7 +139,10 @@ class FeatureServicer:
         p = problem(error, writing=method == "write")
         self.observe(API, method, str(p.status)).observe(time.perf_counter() - t0)
         code = _STATUS.get(p.status, grpc.StatusCode.INTERNAL)
-        await context.abort(code, f"{p.code}: {p.message}")
+        details = f"{p.code}: {p.message}"
+        if len(details) > MAX_DETAILS:
+            details = details[: MAX_DETAILS - 20] + " ... (truncated)"
+        await context.abort(code, details)
 
     async def get_features(
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
@@ -118,6 +150,7 @@ class FeatureServicer:
         t0 = time.perf_counter()
         try:
             role = self.auth.require(_metadata(context), Role.READ)
+            _check_parsed(request)
             if request.bypass_cache and role < Role.ADMIN:
                 raise AuthError("bypass_cache needs an admin API key", 403)
             if request.int_ids and request.string_ids:
@@ -167,6 +200,7 @@ class FeatureServicer:
         t0 = time.perf_counter()
         try:
             self.auth.require(_metadata(context), Role.ADMIN)
+            _check_parsed(request)
             rows: list[tuple[EntityId, Mapping[str, object]]] = [
                 (_entity_id(r.id), {name: proto_value(v) for name, v in r.values.items()})
                 for r in request.rows
@@ -188,7 +222,8 @@ class FeatureServicer:
         t0 = time.perf_counter()
         try:
             self.auth.require(_metadata(context), Role.READ)
-        except AuthError as e:
+            _check_parsed(request)
+        except (AuthError, MalformedRequestError) as e:
             await self._abort(context, e, "registry", t0)
         return self.registry_response
 
@@ -201,17 +236,17 @@ class FeatureServicer:
             {
                 "GetFeatures": grpc.unary_unary_rpc_method_handler(
                     self.get_features,
-                    request_deserializer=pb.GetFeaturesRequest.FromString,
+                    request_deserializer=_parser(pb.GetFeaturesRequest),
                     response_serializer=identity,
                 ),
                 "WriteFeatures": grpc.unary_unary_rpc_method_handler(
                     self.write_features,
-                    request_deserializer=pb.WriteFeaturesRequest.FromString,
+                    request_deserializer=_parser(pb.WriteFeaturesRequest),
                     response_serializer=pb.WriteFeaturesResponse.SerializeToString,
                 ),
                 "GetRegistry": grpc.unary_unary_rpc_method_handler(
                     self.get_registry,
-                    request_deserializer=pb.GetRegistryRequest.FromString,
+                    request_deserializer=_parser(pb.GetRegistryRequest),
                     response_serializer=pb.GetRegistryResponse.SerializeToString,
                 ),
             },

@@ -14,7 +14,7 @@ import uuid
 import redis.asyncio
 
 from feature_store.connection import AsyncClient, RedisTarget
-from feature_store.errors import StoreError
+from feature_store.errors import StoreError, StorePermissionError
 from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.cache import LRUCache
@@ -95,6 +95,8 @@ class ServingRuntime:
         try:
             async with asyncio.timeout(self.settings.redis_timeout_max * 2):
                 await self.store.check_server()
+        except StorePermissionError as e:  # managed Redis often refuses CONFIG GET
+            log.warning("could not check the server's listpack settings: %s", e)
         except (StoreError, TimeoutError) as e:
             # serving starts anyway: readiness reports Redis, and reads recover when it is back
             log.warning("Redis is not reachable at startup: %s", e)

@@ -18,6 +18,7 @@ from feature_store.errors import (
     EncodingError,
     RequestError,
     StoreError,
+    StorePermissionError,
     StoreUnavailableError,
 )
 from feature_store.layout import entity_key
@@ -121,6 +122,8 @@ def problem(error: BaseException, *, writing: bool = False) -> Problem:
                 "rows_failed": [{"id": i, "error": e} for i, e in error.failed],
             },
         )
+    if isinstance(error, StorePermissionError):  # configuration, not an outage: no retry
+        return Problem(500, "redis_permission_denied", str(error))
     if isinstance(error, StoreError) and writing:
         return Problem(
             503,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,13 +19,19 @@ from pathlib import Path
 
 import grpc
 import httpx
+import orjson
 import pytest
 import redis
 
 from feature_store import sample
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
-from feature_store.errors import EncodingError, FeatureStoreError, StoreError
+from feature_store.errors import (
+    EncodingError,
+    FeatureStoreError,
+    StoreError,
+    StorePermissionError,
+)
 from feature_store.layout import entity_key
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
@@ -302,3 +309,131 @@ def test_a_second_server_refuses_a_grpc_port_in_use(redis_url: str, tmp_path: Pa
             second.start()
         second.stop()
         assert _post(first.rest_url, _get([1])).status_code == 200
+
+
+# --- 9. gRPC error codes -----------------------------------------------------------------
+
+
+def test_grpc_bad_requests_are_invalid_argument_with_short_details(redis_url: str) -> None:
+    with (
+        ServingProcess(redis_url) as server,
+        grpc.insecure_channel(server.grpc_target) as channel,
+    ):
+        stub = pb_grpc.FeatureServiceStub(channel)
+        for count in (2000, 900):  # over the feature limit; within it, all unknown
+            names = [f"no_such_feature_{i:04d}" for i in range(count)]
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.GetFeatures(
+                    pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[1], features=names),
+                    timeout=5,
+                )
+            assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT, count
+            assert len(raised.value.details() or "") < 4096
+        assert "and 890 more" in (raised.value.details() or "")
+        raw = channel.unary_unary(
+            "/feature_store.v1.FeatureService/GetFeatures",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            raw(b"\xff\xff\xff\xff", timeout=5)  # not a protobuf message
+        assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a feature_store.v1.GetFeaturesRequest" in (raised.value.details() or "")
+
+
+# --- 10. messages that say what is wrong -------------------------------------------------
+
+
+def test_an_acl_user_without_permissions_gets_a_clear_error(redis_url: str) -> None:
+    with FeatureStore.connect(redis_url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(5))
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command(
+        "ACL", "SETUSER", "reader", "on", ">reader-password", "~*", "&*", "+@read", "+@connection"
+    )
+    limited = redis_url.replace("redis://", "redis://reader:reader-password@")
+    try:
+        with FeatureStore.connect(limited, REGISTRY) as store:
+            with pytest.raises(StorePermissionError, match="ACL"):
+                store.check_server()  # CONFIG GET is not +@read
+            assert store.read(ENTITY, [1], features=["int_0"]).rows[0].values != [None]
+        with ServingProcess(limited) as server:
+            assert _post(server.rest_url, _get([1])).status_code == 200
+            body = {"group": GROUP, "rows": [{"id": 1, "values": {"int_0": 5}}]}
+            r = httpx.post(f"{server.rest_url}/v1/features/write", json=body)
+            assert r.status_code == 500, r.text  # not a 503 that invites retries
+            assert r.json()["error"]["code"] == "redis_permission_denied"
+    finally:
+        admin.execute_command("ACL", "DELUSER", "reader")
+        admin.close()
+
+
+def test_tls_to_a_plain_redis_says_so(redis_url: str) -> None:
+    url = redis_url.replace("redis://", "rediss://") + "?ssl_cert_reqs=none"
+    target = RedisTarget.parse(url, connect_timeout=1.0, socket_timeout=1.0)
+    with FeatureStore.connect(target, REGISTRY) as store, pytest.raises(StoreError) as raised:
+        store.ping()
+    assert "TLS mismatch" in str(raised.value)
+
+
+# --- 11. cross-site writes, unauthenticated bodies, slow clients ---------------------------
+
+
+def _raw_http(port: int, data: bytes, wait: float = 3.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(data)
+        try:
+            return s.recv(65536)
+        except TimeoutError:
+            return b"(no answer)"
+
+
+def test_a_text_plain_write_is_refused_and_writes_nothing(redis_url: str) -> None:
+    with ServingProcess(redis_url) as server:
+        body = orjson.dumps({"group": GROUP, "rows": [{"id": 5, "values": {"int_0": 1}}]})
+        r = httpx.post(
+            f"{server.rest_url}/v1/features/write",
+            content=body,
+            headers={"content-type": "text/plain"},
+        )
+        assert r.status_code == 415
+        assert r.json()["error"]["code"] == "unsupported_media_type"
+    assert redis.Redis.from_url(redis_url).exists(key(5)) == 0
+
+
+def test_the_key_is_checked_before_the_body_is_read(redis_url: str) -> None:
+    env = {"FEATURE_SERVING_READ_KEYS": "read-key-123", "FEATURE_SERVING_ADMIN_KEYS": "admin-key-1"}
+    with ServingProcess(redis_url, env=env) as server:
+        head = (
+            b"POST /v1/features/write HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 8000000\r\n\r\n"
+        )
+        answer = _raw_http(server.port, head)  # the body never comes
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        reader = head.replace(b"\r\n\r\n", b"\r\nAuthorization: Bearer read-key-123\r\n\r\n")
+        assert _raw_http(server.port, reader).startswith(b"HTTP/1.1 403")
+
+
+def test_slow_clients_are_cut_off(redis_url: str) -> None:
+    env = {
+        "FEATURE_SERVING_REQUEST_HEADER_TIMEOUT": "0.5",
+        "FEATURE_SERVING_REQUEST_BODY_TIMEOUT": "0.5",
+    }
+    with ServingProcess(redis_url, env=env) as server:
+        slow = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(50)]
+        try:
+            for s in slow:
+                s.sendall(b"POST /v1/features/get HTTP/1.1\r\nHost: x\r\n")  # and no more
+            for s in slow:
+                s.settimeout(5)
+                assert s.recv(100) == b""  # closed by the server
+        finally:
+            for s in slow:
+                s.close()
+        head = (
+            b"POST /v1/features/get HTTP/1.1\r\nHost: x\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"entity'
+        )
+        answer = _raw_http(server.port, head)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert _post(server.rest_url, _get([1])).status_code == 200  # others still served
