@@ -36,6 +36,7 @@ class ServingProcess:
         log_path: Path | None = None,
         ready_path: str = "/healthz",
         start_timeout: float = START_TIMEOUT_S,
+        cwd: Path | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.registry = str(registry)
@@ -45,6 +46,7 @@ class ServingProcess:
         self.log_path = log_path
         self.ready_path = ready_path  # "/readyz" also waits until Redis answers
         self.start_timeout = start_timeout
+        self.cwd = cwd  # `python -m` imports from here first: another checkout's package
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.process: subprocess.Popen[bytes] | None = None
@@ -83,7 +85,7 @@ class ServingProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=self.cwd
             )
         finally:
             if not isinstance(out, int):
