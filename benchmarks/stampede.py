@@ -127,6 +127,7 @@ def main() -> int:
         "FEATURE_SERVING_CACHE_TTL": str(args.ttl),
         "FEATURE_SERVING_CACHE_JITTER": "0",
         "FEATURE_SERVING_XFETCH_BETA": "0",
+        "FEATURE_SERVING_SHADOW_FRACTION": "0",  # count the debouncer's reads only
     }
     results = []
     with EmbeddedRedis(args.data_dir) as server:

@@ -11,10 +11,12 @@ commands by node and sends each node its share in one round trip.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
 
+from feature_store import notices
 from feature_store.batch import (
     BatchResult,
     Command,
@@ -27,6 +29,7 @@ from feature_store.batch import (
     plan_write,
 )
 from feature_store.connection import AsyncClient, RedisTarget, SyncClient, translated_errors
+from feature_store.errors import StoreError
 from feature_store.layout import max_encoded_size
 from feature_store.registry import Registry
 
@@ -52,10 +55,21 @@ def listpack_value_needed(registry: Registry) -> int:
 
 
 class _Base(Generic[C]):
-    def __init__(self, registry: Registry, client: C, *, max_entities: int | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        client: C,
+        *,
+        max_entities: int | None = None,
+        notify: bool = True,
+    ) -> None:
         self.registry = registry
         self.client = client
         self.max_entities = max_entities
+        # tell serving instances about writes (feature_store.notices), so that their caches
+        # do not serve the old values until their TTL
+        self.notify = notify
+        self.origin = notices.new_origin()
 
     def plan(
         self,
@@ -80,6 +94,23 @@ class _Base(Generic[C]):
         for chunk in _chunks(rows, chunk_size):
             yield plan_write(g, chunk, now=now)
 
+    @staticmethod
+    def _written_keys(plan: WritePlan, keys: list[bytes]) -> None:
+        """Collect the plan's entity keys, up to one more than a keys notice carries."""
+        for cmd in plan.commands:
+            if cmd[0] == "HSET" and len(keys) <= notices.KEYS_MAX:
+                keys.append(cmd[1])  # type: ignore[arg-type]  # HSET's key: bytes
+
+    def _notice(self, group: str, keys: list[bytes], written_at: float) -> bytes | None:
+        if not self.notify or not keys:
+            return None
+        return notices.write_message(self.origin, group, keys, int(written_at))
+
+    @staticmethod
+    def _notice_failed(error: Exception) -> None:
+        # the write stands; serving instances catch up within their cache TTL
+        log.warning("could not tell serving instances about a write: %s", error)
+
     def _check_listpack(self, configured: Mapping[bytes | str, bytes | str]) -> None:
         needed = listpack_value_needed(self.registry)
         for value in configured.values():
@@ -97,9 +128,12 @@ class FeatureStore(_Base[SyncClient]):
     """Blocking client, for Spark executors, scripts and tests."""
 
     @classmethod
-    def connect(cls, url: str | RedisTarget, registry: Registry) -> FeatureStore:
+    def connect(
+        cls, url: str | RedisTarget, registry: Registry, *, notify: bool = True
+    ) -> FeatureStore:
+        """``notify``: tell serving instances about writes (``feature_store.notices``)."""
         target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
-        return cls(registry, target.sync_client())
+        return cls(registry, target.sync_client(), notify=notify)
 
     def _run(self, commands: list[Command]) -> list[object]:
         with translated_errors():
@@ -126,11 +160,38 @@ class FeatureStore(_Base[SyncClient]):
         chunk_size: int = DEFAULT_CHUNK,
         now: float | None = None,
     ) -> WriteStats:
+        """Write rows of one group, in pipelines of ``chunk_size`` entities; then tell
+        serving instances (``notify``), also when a chunk failed after others were sent."""
+        now = time.time() if now is None else now  # one write time for every chunk
         total = WriteStats()
-        for plan in self._write_plans(group, rows, chunk_size, now):
-            self._run(plan.commands)
-            total += plan.stats
+        keys: list[bytes] = []
+        try:
+            for plan in self._write_plans(group, rows, chunk_size, now):
+                self._written_keys(plan, keys)
+                self._run(plan.commands)
+                total += plan.stats
+        finally:
+            message = self._notice(group, keys, now)
+            if message is not None:
+                try:
+                    with translated_errors():
+                        self.client.publish(notices.CHANNEL, message)
+                except StoreError as e:
+                    self._notice_failed(e)
         return total
+
+    def announce(self, group: str, written_at: int) -> bool:
+        """Tell serving instances that ``group`` was written in bulk at ``written_at`` (the
+        Spark job does, at its end); False, logged, if the message could not be sent."""
+        self.registry.group(group)
+        message = notices.generation_message(self.origin, group, written_at)
+        try:
+            with translated_errors():
+                self.client.publish(notices.CHANNEL, message)
+        except StoreError as e:
+            self._notice_failed(e)
+            return False
+        return True
 
     def ping(self) -> bool:
         with translated_errors():
@@ -156,9 +217,11 @@ class AsyncFeatureStore(_Base[AsyncClient]):
     """asyncio client, for the serving path."""
 
     @classmethod
-    def connect(cls, url: str | RedisTarget, registry: Registry) -> AsyncFeatureStore:
+    def connect(
+        cls, url: str | RedisTarget, registry: Registry, *, notify: bool = True
+    ) -> AsyncFeatureStore:
         target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
-        return cls(registry, target.async_client())
+        return cls(registry, target.async_client(), notify=notify)
 
     async def _run(self, commands: list[Command]) -> list[object]:
         with translated_errors():
@@ -189,10 +252,23 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         chunk_size: int = DEFAULT_CHUNK,
         now: float | None = None,
     ) -> WriteStats:
+        """As ``FeatureStore.write``."""
+        now = time.time() if now is None else now
         total = WriteStats()
-        for plan in self._write_plans(group, rows, chunk_size, now):
-            await self._run(plan.commands)
-            total += plan.stats
+        keys: list[bytes] = []
+        try:
+            for plan in self._write_plans(group, rows, chunk_size, now):
+                self._written_keys(plan, keys)
+                await self._run(plan.commands)
+                total += plan.stats
+        finally:
+            message = self._notice(group, keys, now)
+            if message is not None:
+                try:
+                    with translated_errors():
+                        await self.client.publish(notices.CHANNEL, message)
+                except StoreError as e:
+                    self._notice_failed(e)
         return total
 
     async def ping(self) -> bool:

@@ -197,7 +197,17 @@ def _run(
     quarantine = job.quarantine or os.path.join(
         "quarantine", f"{group.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     )
-    report = _execute(spark, df, plan, spec, job, quarantine, base, started, progress)
+    try:
+        report = _execute(spark, df, plan, spec, job, quarantine, base, started, progress)
+    finally:
+        # also after a failure: rows that were written are new, serving must not hide them
+        announced = _announce(target, registry, group.name, written_at)
+    if not announced:
+        report = _with_warning(
+            report,
+            "could not tell serving instances about this write (Redis pub/sub): their caches "
+            "show the new values within their TTL",
+        )
     if run_ids and _run_ids(target) != run_ids:
         report = _with_warning(
             report,
@@ -313,6 +323,16 @@ def _check_redis(target: RedisTarget, registry: Registry) -> set[str]:
         except StoreError as e:  # managed Redis often refuses CONFIG: not a reason to stop
             log.warning("could not check the server's listpack settings: %s", e)
     return _run_ids(target)
+
+
+def _announce(target: RedisTarget, registry: Registry, group: str, written_at: int) -> bool:
+    """Publish the group's new generation for serving instances' caches (notices)."""
+    try:
+        with FeatureStore.connect(target, registry) as store:
+            return store.announce(group, written_at)
+    except FeatureStoreError as e:
+        log.warning("could not announce the write of %s: %s", group, e)
+        return False
 
 
 def _run_ids(target: RedisTarget) -> set[str]:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import NamedTuple, cast
 
 import orjson
@@ -304,6 +304,20 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         return JSONBody(registry_body)
 
     @app.get(
+        "/v1/admin/cache",
+        summary="This worker's L1 cache: size, counters, shadow checks, batch writes seen",
+        response_class=JSONBody,
+        responses=_responses(schemas.CacheSummary, 401, 403),
+    )
+    async def cache_summary(request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            auth.require(request.headers.get("authorization"), Role.ADMIN)
+        except AuthError as e:
+            return fail(e, "cache", t0).response()
+        return JSONBody(orjson.dumps(cache_summary_of(runtime)))
+
+    @app.get(
         "/healthz",
         summary="Liveness: the process answers",
         response_class=JSONBody,
@@ -457,6 +471,27 @@ class FastPath:
         headers += [(k.lower().encode(), v.encode()) for k, v in answer.headers]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         await send({"type": "http.response.body", "body": answer.body})
+
+
+def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
+    reader = runtime.reader
+    cache = reader.cache
+    stats = {} if cache is None else asdict(cache.stats)
+    checks, mismatches = stats.get("shadow_checks", 0), stats.get("shadow_mismatches", 0)
+    return {
+        "enabled": cache is not None,
+        "entries": 0 if cache is None else len(cache),
+        "bytes": 0 if cache is None else cache.bytes,
+        "counters": stats,
+        "shadow": {
+            "fraction": reader.shadow_fraction,
+            "checks": checks,
+            "mismatches": mismatches,
+            "mismatch_rate": mismatches / checks if checks else None,
+        },
+        "generations": dict(reader.generations),
+        "circuit": reader.breaker.state.value,
+    }
 
 
 def _entry_json(entry: Entry, width: int) -> tuple[bytes, bytes, bytes]:

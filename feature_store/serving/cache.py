@@ -41,6 +41,7 @@ class Entry:
     size: int
     wire: tuple[bytes, ...] | None = None  # each value protobuf-encoded, made on first use
     json: tuple[bytes, bytes, bytes] | None = None  # values, statuses fresh / stale, as JSON
+    loaded_at: float = 0.0  # monotonic seconds: when it was read from Redis
 
     @property
     def negative(self) -> bool:
@@ -79,6 +80,10 @@ class CacheStats:
     evictions: int = 0
     invalidations: int = 0
     bypasses: int = 0
+    generation_refreshes: int = 0  # entries reloaded after a batch write of their group
+    shadow_checks: int = 0  # cache hits re-read from Redis to compare (shadow mode)
+    shadow_mismatches: int = 0  # of those, entries whose values or write time differed
+    warm_loaded: int = 0  # entries loaded by the warm start
 
 
 @dataclass
@@ -110,6 +115,11 @@ class LRUCache:
     def peek(self, key: CacheKey) -> Entry | None:
         return self._entries.get(key)
 
+    def keys(self, group: str | None = None, *, most_recent_first: bool = False) -> list[CacheKey]:
+        """A snapshot of the keys (of one group), least recently used first by default."""
+        keys = reversed(self._entries) if most_recent_first else iter(self._entries)
+        return [k for k in keys if group is None or k[0] == group]
+
     def stale_fallback(self, key: CacheKey, now: float) -> Entry | None:
         """An entry that may still be served, marked stale, while Redis is failing."""
         entry = self._entries.get(key)
@@ -133,7 +143,7 @@ class LRUCache:
     ) -> Entry:
         now = self.clock() if now is None else now
         ttl = self.lifetime(values is None)
-        entry = Entry(values, written_at, now + ttl, cost, entry_size(values))
+        entry = Entry(values, written_at, now + ttl, cost, entry_size(values), loaded_at=now)
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size

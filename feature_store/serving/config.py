@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from feature_store import notices
 from feature_store.errors import ConfigError
 from feature_store.settings import env_values
 
@@ -49,8 +50,13 @@ class ServingSettings:
     cache_max_stale: float = 300.0  # how long past expiry a value may be served if Redis fails
     xfetch_beta: float = 1.0  # >1 refreshes hot keys earlier, 0 disables early refresh
     single_flight: bool = True  # off only to measure what the debouncer saves
-    invalidation: bool = True  # publish and follow push-write invalidations
-    invalidation_channel: str = "feature_store:invalidate"
+    invalidation: bool = True  # publish and follow invalidations (feature_store.notices)
+    invalidation_channel: str = notices.CHANNEL  # writers outside serving use the default
+    refresh_rate: float = 5000.0  # keys/s refreshed in the background after a batch write
+    shadow_fraction: float = 0.01  # of cache hits re-read from Redis and compared
+    warm_start_keys: int = 50_000  # hot keys loaded before serving (0: no warm start)
+    warm_start_seconds: float = 10.0  # readiness waits no longer than this for them
+    warm_snapshot_interval: float = 30.0  # seconds between hot-key snapshots (0: at stop only)
 
     # Redis trouble
     redis_timeout_min: float = 0.1  # floor of the adaptive timeout
@@ -98,6 +104,16 @@ class ServingSettings:
         ):
             if getattr(self, name) <= 0:
                 raise fail(name, "must be positive")
+        if not 0 <= self.shadow_fraction <= 1:
+            raise fail("shadow_fraction", "must be in [0, 1]")
+        if self.refresh_rate <= 0:
+            raise fail("refresh_rate", "must be positive")
+        if self.warm_start_keys < 0:
+            raise fail("warm_start_keys", "must not be negative")
+        if self.warm_start_seconds <= 0:
+            raise fail("warm_start_seconds", "must be positive")
+        if self.warm_snapshot_interval < 0:
+            raise fail("warm_snapshot_interval", "must not be negative")
         for name in ("cache_negative_ttl", "cache_max_stale", "xfetch_beta", "breaker_window"):
             if getattr(self, name) < 0:
                 raise fail(name, "must not be negative")

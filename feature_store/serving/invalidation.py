@@ -1,14 +1,12 @@
 """Invalidation of L1 entries across serving instances, over Redis pub/sub.
 
-A push write publishes ``{"origin": <instance>, "group": <group>, "keys": [<entity key>...]}``
-on one channel; every instance (every worker process) follows the channel on a dedicated
-connection and drops those entries. Pub/sub delivers at most once: while the subscription
-is down (Redis restarting, a network blip) messages are lost, so after every
-(re)subscription the instance expires its whole cache. Entries then reload on next use,
-and stay available for stale-on-error in the meantime.
-
-Writes that do not go through the serving API (the nightly ingest, library writes) are not
-published; they become visible within the cache TTL. See docs/serving.md.
+Writers publish on one channel (``feature_store.notices``): push writes and small library
+writes the keys they wrote, the Spark job and large library writes a group's generation.
+Every instance (every worker process) follows the channel on a dedicated connection: it
+drops the named entries, or marks the group's older entries for a background refresh.
+Pub/sub delivers at most once: while the subscription is down (Redis restarting, a network
+blip) messages are lost, so after every (re)subscription the instance expires its whole
+cache. Entries then reload on next use, and stay available for stale-on-error meanwhile.
 """
 
 from __future__ import annotations
@@ -18,11 +16,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-import orjson
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.client import PubSub
 
+from feature_store import notices
 from feature_store.connection import RedisTarget, translated_errors
 from feature_store.serving.cache import CacheKey
 from feature_store.serving.service import Publisher
@@ -45,9 +43,7 @@ class RedisPublisher(Publisher):
         self.origin = origin
 
     async def publish(self, group: str, keys: Sequence[bytes]) -> None:
-        message = orjson.dumps(
-            {"origin": self.origin, "group": group, "keys": [k.decode() for k in keys]}
-        )
+        message = notices.keys_message(self.origin, group, keys)
         with translated_errors():
             await self.client.publish(self.channel, message)
 
@@ -61,11 +57,13 @@ class InvalidationListener:
         channel: str,
         invalidate: Callable[[list[CacheKey]], object],
         invalidate_all: Callable[[], object],
+        new_generation: Callable[[str, int], object],
     ) -> None:
         self.client = client
         self.channel = channel
         self.invalidate = invalidate
         self.invalidate_all = invalidate_all
+        self.new_generation = new_generation
         self.subscribed = asyncio.Event()
         self.received = 0
         self._task: asyncio.Task[None] | None = None
@@ -109,12 +107,14 @@ class InvalidationListener:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _apply(self, data: bytes) -> None:
-        try:
-            doc = orjson.loads(data)
-            group = doc["group"]
-            keys = [(group, k.encode()) for k in doc["keys"]]
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        doc = notices.parse(data)
+        if doc is None:
             log.warning("ignored a malformed invalidation message: %r", data[:200])
             return
         self.received += 1
-        self.invalidate(keys)
+        group = str(doc["group"])
+        keys = doc.get("keys")
+        if isinstance(keys, list):
+            self.invalidate([(group, k.encode()) for k in keys])
+        else:
+            self.new_generation(group, int(doc["generation"]))  # type: ignore[call-overload]

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -37,7 +38,7 @@ from feature_store.errors import (
     StoreUnavailableError,
 )
 from feature_store.registry import Registry
-from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
+from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker, CircuitState
 from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_size, should_refresh_early
 from feature_store.serving.roundtrip import (
     ConnectionWaitTimeout,
@@ -53,6 +54,27 @@ log = logging.getLogger(__name__)
 
 class CircuitOpenError(StoreUnavailableError):
     """Redis failed repeatedly; reads fail fast until a probe succeeds."""
+
+
+REFRESH_BATCH = 500  # keys per round trip of a background refresh after a batch write
+SHADOW_QUEUE = 10_000  # sampled hits waiting for their shadow read; the oldest go first
+
+
+def same_values(a: Sequence[object] | None, b: Sequence[object] | None) -> bool:
+    """Equal values, NaN equal to NaN (a re-read decodes new float objects)."""
+    if a is None or b is None:
+        return a is b
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            continue
+        if isinstance(x, float) and isinstance(y, float) and x != x and y != y:
+            continue
+        if isinstance(x, list) and isinstance(y, list) and same_values(x, y):
+            continue
+        return False
+    return True
 
 
 class Resolved(NamedTuple):
@@ -90,6 +112,8 @@ class CachedReader:
         single_flight: bool = True,
         on_round_trip: Callable[[float, int], None] | None = None,
         rng: random.Random | None = None,
+        refresh_rate: float = 5000.0,
+        shadow_fraction: float = 0.0,
     ) -> None:
         self.registry = registry
         self.specs = {name: GroupSpec.of(g, registry) for name, g in registry.groups.items()}
@@ -106,6 +130,15 @@ class CachedReader:
         self._pending: list[_Load] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # batch writes announced per group (unix seconds): older entries are refreshed
+        self.generations: dict[str, int] = {}
+        self.refresh_rate = refresh_rate
+        self._sweeps: dict[str, asyncio.Task[None]] = {}
+        # shadow mode: a sample of hits is re-read from Redis and compared
+        self.shadow_fraction = shadow_fraction
+        self._shadow: deque[tuple[CacheKey, Entry]] = deque(maxlen=SHADOW_QUEUE)
+        self._shadow_wakeup: asyncio.Event | None = None
+        self.on_shadow_mismatch: Callable[[float], None] | None = None
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -131,11 +164,16 @@ class CachedReader:
                         stats.negative_hits += 1
                     else:
                         stats.hits += 1
-                        if key not in inflight and should_refresh_early(
-                            entry, now, self.beta, self.rng
-                        ):
+                        if key in inflight:
+                            pass
+                        elif self._outdated(key[0], entry):
+                            stats.generation_refreshes += 1  # served now, refreshed for next
+                            self._schedule(key, store=True)
+                        elif should_refresh_early(entry, now, self.beta, self.rng):
                             stats.early_refreshes += 1
                             self._schedule(key, store=True)
+                        if self.shadow_fraction and self.rng.random() < self.shadow_fraction:
+                            self._sample(key, entry)
                     continue
                 load = inflight.get(key)
                 if load is not None:
@@ -338,6 +376,97 @@ class CachedReader:
             entry = Entry(values, spec.written_at(entity_key, reply), now, cost, 0)
             out.append(Resolved(entry, False))
         return out
+
+    # --- batch writes: refresh older entries in the background -----------------------------
+
+    def _outdated(self, group: str, entry: Entry) -> bool:
+        generation = self.generations.get(group) if self.generations else None
+        return generation is not None and (entry.written_at or 0) < generation
+
+    def new_generation(self, group: str, generation: int) -> None:
+        """A batch write of ``group`` at ``generation`` (unix seconds) was announced.
+
+        Entries written before it are refreshed: on their next hit (which is still answered
+        from the entry), and by a background sweep at ``refresh_rate`` keys per second in
+        coalesced round trips, so that a nightly refresh of every entity neither drops the
+        cache at once nor sends every key to Redis at once.
+        """
+        if group not in self.specs or self.cache is None:
+            return
+        if generation <= self.generations.get(group, 0):
+            return
+        self.generations[group] = generation
+        previous = self._sweeps.pop(group, None)
+        if previous is not None:
+            previous.cancel()
+        task = asyncio.get_running_loop().create_task(self._sweep(group))
+        self._sweeps[group] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep(self, group: str) -> None:
+        assert self.cache is not None
+        cache = self.cache
+        batch = max(1, min(REFRESH_BATCH, int(self.refresh_rate)))
+        keys = cache.keys(group, most_recent_first=True)  # the hottest first
+        for start in range(0, len(keys), batch):
+            for key in keys[start : start + batch]:
+                entry = cache.peek(key)
+                if entry is None or key in self._inflight:
+                    continue
+                if entry.values is None:
+                    cache.discard(key)  # "missing" may no longer be true
+                elif self._outdated(group, entry):
+                    cache.stats.generation_refreshes += 1
+                    self._schedule(key, store=True)
+            await asyncio.sleep(batch / self.refresh_rate)
+
+    # --- shadow mode: how consistent is the cache? -----------------------------------------
+
+    def _sample(self, key: CacheKey, entry: Entry) -> None:
+        self._shadow.append((key, entry))  # a full queue drops its oldest sample
+        if self._shadow_wakeup is None:
+            self._shadow_wakeup = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(self._shadow_loop())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._shadow_wakeup.set()
+
+    async def _shadow_loop(self) -> None:
+        """Re-read sampled hits from Redis, off the request path, and compare."""
+        assert self._shadow_wakeup is not None
+        assert self.cache is not None
+        stats = self.cache.stats
+        while True:
+            await self._shadow_wakeup.wait()
+            self._shadow_wakeup.clear()
+            while self._shadow:
+                samples = [self._shadow.popleft() for _ in range(min(500, len(self._shadow)))]
+                if self.breaker.state is not CircuitState.CLOSED:
+                    continue  # Redis is in trouble: no extra reads, and not a mismatch
+                reads: list[Read] = [(key[1], [self.specs[key[0]]]) for key, _ in samples]
+                try:
+                    replies = await self.round_trip(reads, self.timeout.cap)
+                except (StoreError, TimeoutError):
+                    continue
+                except Exception:
+                    log.exception("a shadow read failed")
+                    continue
+                now = self.clock()
+                for (key, entry), reply in zip(samples, replies, strict=True):
+                    spec = self.specs[key[0]]
+                    try:
+                        if isinstance(reply, KeyDataError):
+                            raise reply
+                        values = spec.decode(key[1], reply)
+                        written_at = spec.written_at(key[1], reply)
+                    except EncodingError:
+                        values, written_at = None, None
+                    stats.shadow_checks += 1
+                    if written_at != entry.written_at or not same_values(values, entry.values):
+                        stats.shadow_mismatches += 1
+                        if self.on_shadow_mismatch is not None:
+                            self.on_shadow_mismatch(now - entry.loaded_at)
 
     # --- invalidation and shutdown -------------------------------------------------------
 

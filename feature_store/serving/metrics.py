@@ -60,6 +60,10 @@ _HELP = {
     "evictions": "entries evicted by the size bounds",
     "invalidations": "entries dropped by push-write invalidations",
     "bypasses": "entity groups read with the cache bypassed",
+    "generation_refreshes": "entries refreshed because a batch write of their group was announced",
+    "shadow_checks": "cache hits re-read from Redis and compared (shadow mode)",
+    "shadow_mismatches": "shadow checks whose cached values or write time differed from Redis",
+    "warm_loaded": "entries loaded into the cache by the warm start",
 }
 
 
@@ -131,7 +135,14 @@ class ServingMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.shadow_age = Histogram(
+            f"{PREFIX}_shadow_mismatch_age_seconds",
+            "how long a cache entry had been cached when a shadow check found it differed",
+            buckets=(0.1, 1, 5, 10, 30, 60, 300, 900, 3600),
+            registry=self.registry,
+        )
         reader.on_round_trip = self._round_trip
+        reader.on_shadow_mismatch = self.shadow_age.observe
 
     def _round_trip(self, seconds: float, nkeys: int) -> None:
         self.round_trip.observe(seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 import uuid
 
 import redis.asyncio
@@ -24,6 +25,7 @@ from feature_store.serving.loader import CachedReader
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
 from feature_store.serving.roundtrip import CONNECTION_WAIT, round_trip_for
 from feature_store.serving.service import FeatureService, Writer
+from feature_store.serving.warm import WarmStart
 from feature_store.store import AsyncFeatureStore
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class ServingRuntime:
             ),
             xfetch_beta=settings.xfetch_beta,
             single_flight=settings.single_flight,
+            refresh_rate=settings.refresh_rate,
+            shadow_fraction=settings.shadow_fraction,
         )
         self.listener: InvalidationListener | None = None
         publisher = None
@@ -81,11 +85,18 @@ class ServingRuntime:
                     settings.invalidation_channel,
                     self.reader.invalidate,
                     self.reader.invalidate_all,
+                    self.reader.new_generation,
                 )
         self._publisher = publisher
         self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
         self.metrics = ServingMetrics(self.reader)
         self._metrics_task: asyncio.Task[None] | None = None
+        self.warm = (
+            WarmStart(registry, self.reader, client, settings.warm_start_keys)
+            if settings.cache and settings.warm_start_keys > 0
+            else None
+        )
+        self._snapshot_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.listener is not None:
@@ -106,6 +117,32 @@ class ServingRuntime:
                     await self.listener.subscribed.wait()
             except TimeoutError:
                 log.warning("not yet subscribed to the invalidation channel")
+        if self.warm is not None:
+            await self._warm_up(self.warm)
+
+    async def _warm_up(self, warm: WarmStart) -> None:
+        """Load the hot set of running workers before serving, within the time budget."""
+        t0 = time.monotonic()
+        budget = self.settings.warm_start_seconds
+        try:
+            async with asyncio.timeout(budget):
+                await warm.load()
+        except TimeoutError:
+            log.warning("warm start: stopped at its budget of %.1f s", budget)
+        except StoreError as e:
+            log.warning("warm start: Redis failed (%s); starting with what is loaded", e)
+        loaded = sum(warm.loaded.values())
+        if loaded:
+            log.warning(
+                "warm start: %d entries loaded in %.2f s (%s)",
+                loaded,
+                time.monotonic() - t0,
+                ", ".join(f"{g}: {n}" for g, n in warm.loaded.items()),
+            )
+        if self.settings.warm_snapshot_interval > 0:
+            self._snapshot_task = asyncio.get_running_loop().create_task(
+                warm.snapshots_every(self.settings.warm_snapshot_interval)
+            )
 
     async def ready(self) -> bool:
         try:
@@ -122,6 +159,14 @@ class ServingRuntime:
     async def stop(self) -> None:
         if self._metrics_task is not None:
             self._metrics_task.cancel()
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+        if self.warm is not None:  # the freshest hot set, for the worker that replaces this one
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.warm.snapshot()
+            except (StoreError, TimeoutError) as e:
+                log.warning("could not save the warm-start snapshot at shutdown: %s", e)
         self.metrics.close()
         await self.service.close()
         await self.reader.close()

@@ -106,7 +106,27 @@ class ReadyResponse(BaseModel):
     circuit: str = Field(description="the circuit breaker: closed, open or half_open")
 
 
+class ShadowSummary(BaseModel):
+    fraction: float
+    checks: int
+    mismatches: int
+    mismatch_rate: float | None
+
+
+class CacheSummary(BaseModel):
+    enabled: bool
+    entries: int
+    bytes: int
+    counters: dict[str, int] = Field(description="the cache counters of /metrics, this worker")
+    shadow: ShadowSummary
+    generations: dict[str, int] = Field(
+        description="per group: the latest batch write announced (unix seconds)"
+    )
+    circuit: str
+
+
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    CacheSummary,
     GetFeaturesResponse,
     WriteFeaturesResponse,
     RegistryResponse,

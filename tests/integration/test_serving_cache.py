@@ -41,6 +41,10 @@ def key(entity_id: int) -> CacheKey:
     return (GROUP, entity_key("c", REGISTRY.entities[ENTITY].id_type, entity_id))
 
 
+# these tests count the reads Redis executes: no shadow reads (shadow mode re-reads 1% of hits)
+NO_SHADOW = {"FEATURE_SERVING_SHADOW_FRACTION": "0"}
+
+
 def write_sample(url: str, n: int = 100) -> None:
     with FeatureStore.connect(url, sample.registry()) as store:
         store.write(GROUP, sample.rows(n))
@@ -56,7 +60,9 @@ class Clock:
 
 @pytest.fixture
 async def runtime(redis_url: str) -> AsyncIterator[ServingRuntime]:
-    settings = ServingSettings(invalidation=False, cache_negative_ttl=5.0, xfetch_beta=0.0)
+    settings = ServingSettings(
+        invalidation=False, cache_negative_ttl=5.0, xfetch_beta=0.0, shadow_fraction=0.0
+    )
     rt = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
     await rt.start()
     yield rt
@@ -181,7 +187,7 @@ def two_servers(redis_url: str) -> Iterator[tuple[ServingProcess, ServingProcess
 async def test_stampede_on_a_cold_entity_reads_redis_once(redis_url: str) -> None:
     """1,000 concurrent calls on one HTTP/2 channel: they arrive together, as in a stampede."""
     write_sample(redis_url, 10)
-    with ServingProcess(redis_url) as server:
+    with ServingProcess(redis_url, env=NO_SHADOW) as server:
         reset_stats(redis_url)
         async with AsyncGrpcFeatureClient(server.grpc_target, timeout=60) as client:
             results = await asyncio.gather(
@@ -208,8 +214,8 @@ def test_push_write_invalidates_the_cache_of_every_instance(
         old = sample.features(4)["int_0"]
         assert ca.get(ENTITY, [4], features=["int_0"]).rows[0].values == [old]
         assert cb.get(ENTITY, [4], features=["int_0"]).rows[0].values == [old]
-        # a write that bypasses serving is not seen while cached: b really caches
-        with FeatureStore.connect(redis_url, sample.registry()) as store:
+        # a write that tells no one is not seen while cached: b really caches
+        with FeatureStore.connect(redis_url, sample.registry(), notify=False) as store:
             store.write(GROUP, [(4, {"int_0": -1})])
         assert cb.get(ENTITY, [4], features=["int_0"]).rows[0].values == [old]
         ca.write(GROUP, [(4, {"int_0": 99})])
@@ -231,7 +237,7 @@ async def test_rest_stampede_of_a_thousand_connections_reads_redis_once(redis_ur
         b"POST /v1/features/get HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
     )
-    with ServingProcess(redis_url, grpc=False) as server:
+    with ServingProcess(redis_url, grpc=False, env=NO_SHADOW) as server:
         conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(1000)]
         reset_stats(redis_url)
 
