@@ -31,6 +31,8 @@ from feature_store.ingest.job import IngestJob, run_ingest, spark_session
 from feature_store.ingest.report import Outcome, Thresholds
 from feature_store.ingest.spec import RetrySpec
 from feature_store.registry import Registry, load_registry
+from feature_store.serving.client import FeatureClient
+from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 pytestmark = pytest.mark.spark
@@ -439,3 +441,27 @@ def test_a_job_that_fails_before_it_starts_still_writes_its_report(
     assert report["message"] == str(raised.value)
     assert report["entities_written"] == 0
     assert "wrong-password" not in report["target"]  # redacted
+
+
+def test_serving_sees_the_job_s_values_at_its_end_not_at_its_cache_ttl(
+    spark: SparkSession, sample_input: str, registry_file: Path, redis_url: str
+) -> None:
+    """The job announces its group's generation; a serving cache refreshes what is older."""
+    registry = load_registry(registry_file)
+    with FeatureStore.connect(redis_url, registry, notify=False) as store:  # yesterday's run
+        store.write(sample.GROUP, [(i, {"int_0": -1}) for i in range(N)], now=WRITTEN_AT - 86400)
+    env = {"FEATURE_SERVING_CACHE_TTL": "3600", "FEATURE_SERVING_SHADOW_FRACTION": "0"}
+    with (
+        ServingProcess(redis_url, registry=registry_file, env=env, grpc=False) as server,
+        FeatureClient(server.rest_url, timeout=10) as client,
+    ):
+        ids = list(range(N))
+        assert {r.values[0] for r in client.get(sample.ENTITY, ids, ["int_0"]).rows} == {-1}
+        report = run_ingest(spark, _job(registry_file, sample_input, redis_url))
+        assert report.outcome is Outcome.SUCCEEDED
+        assert not report.warnings
+        expected = [v["int_0"] for v in _expected(registry, range(N)).values()]
+        deadline = time.monotonic() + 15
+        while [r.values[0] for r in client.get(sample.ENTITY, ids, ["int_0"]).rows] != expected:
+            assert time.monotonic() < deadline, "serving kept the cached values"
+            time.sleep(0.1)
