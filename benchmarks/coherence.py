@@ -1,0 +1,239 @@
+"""The L1 around restarts and nightly writes: warm start, and a batch write's switch-over.
+
+    python3 benchmarks/coherence.py [--entities 100000] [--seconds 10] [--out FILE]
+
+1. **Restart under load, with and without warm start.** One `feature-store serve` (one
+   worker, L1 on) under a closed loop of 8 clients (batches of 10 zipfian ids, all 50
+   features) for --seconds; then it is stopped (it saves its hot keys) and a new one started
+   on the same Redis, with warm start on, or off (`WARM_START_KEYS=0`). Reported for the
+   first --seconds of the new instance: Redis entity reads per second (INFO commandstats,
+   sampled every second), p50/p99, errors, and how long the new instance took to be ready.
+2. **A nightly write of every entity while two instances serve.** Both instances cached
+   under load; the library writes the whole group (announced as a generation, as the
+   Spark job does at its end). Reported: seconds from the end of the write until each
+   instance answers new values for a probe of hot and cold ids, and the Redis read rate
+   per second meanwhile, against the rate before the write.
+
+The load generator is Python: it measures the servers' behaviour, not their CPU cost
+(benchmarks/serving.py does that). A PNG plot of the reads per second goes next to --out.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+CLIENTS = 8
+BATCH = 10
+BASE_ENV = {"FEATURE_SERVING_CACHE_TTL": "600", "FEATURE_SERVING_SHADOW_FRACTION": "0"}
+
+
+def entity_reads(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
+
+
+@dataclass
+class Run:
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    reads_per_second: list[int] = field(default_factory=list)
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+
+class Load:
+    """A closed loop of CLIENTS threads against one server, bounded by ``stop()``."""
+
+    def __init__(self, url: str, zipf: sample.Zipf, run: Run) -> None:
+        self.url, self.zipf, self.run = url, zipf, run
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._client) for _ in range(CLIENTS)]
+
+    def _client(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as http:
+            while not self.stopping.is_set():
+                with self.lock:
+                    ids = self.zipf.sample(BATCH)
+                body = {"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]}
+                t0 = time.perf_counter()
+                try:
+                    ok = http.post("/v1/features/get", json=body).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                with self.lock:
+                    self.run.latencies.append(time.perf_counter() - t0)
+                    self.run.errors += not ok
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join()
+
+
+def sample_reads(client: redis.Redis, seconds: float, run: Run) -> None:
+    before = entity_reads(client)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(1.0)
+        now = entity_reads(client)
+        run.reads_per_second.append(now - before)
+        before = now
+
+
+def restart(url: str, entities: int, seconds: float, warm: bool) -> tuple[Run, float]:
+    env = {**BASE_ENV, "FEATURE_SERVING_WARM_START_KEYS": "50000" if warm else "0"}
+    zipf = sample.Zipf(entities, seed=3)
+    with ServingProcess(url, env=env, grpc=False) as first, Load(first.rest_url, zipf, Run()):
+        time.sleep(seconds)
+    t0 = time.monotonic()
+    run = Run()
+    with ServingProcess(url, env=env, grpc=False, ready_path="/readyz") as second:
+        ready = time.monotonic() - t0
+        with redis.Redis.from_url(url) as client, Load(second.rest_url, zipf, run):
+            sample_reads(client, seconds, run)
+    return run, ready
+
+
+def nightly(url: str, entities: int, seconds: float) -> tuple[list[float], Run, int]:
+    """Seconds until each instance answers new values; reads/s around the write."""
+    zipf = sample.Zipf(entities, seed=5)
+    run = Run()
+    with (
+        ServingProcess(url, env=BASE_ENV, grpc=False) as a,
+        ServingProcess(url, env=BASE_ENV, grpc=False) as b,
+        Load(a.rest_url, zipf, Run()),
+        Load(b.rest_url, zipf, Run()),
+        redis.Redis.from_url(url) as client,
+    ):
+        time.sleep(seconds)  # both caches warm
+        sample_reads(client, 3, run)
+        before = len(run.reads_per_second)
+        with FeatureStore.connect(url, sample.registry()) as store:
+            store.write(sample.GROUP, [(i, {"int_0": -i - 1}) for i in range(entities)])
+        done = time.monotonic()
+        sampler = threading.Thread(target=sample_reads, args=(client, seconds, run))
+        sampler.start()
+        probe = [zipf.order[0], zipf.order[entities // 2], zipf.order[-1]]
+        want = [-i - 1 for i in probe]
+        switched = []
+        for server in (a, b):
+            with httpx.Client(base_url=server.rest_url, timeout=10) as http:
+                while True:
+                    body = {"entity_type": sample.ENTITY, "ids": probe, "features": ["int_0"]}
+                    rows = http.post("/v1/features/get", json=body).json()["results"]
+                    if [r["values"][0] for r in rows] == want or time.monotonic() - done > 60:
+                        break
+                    time.sleep(0.01)
+            switched.append(time.monotonic() - done)
+        sampler.join()
+    return switched, run, before
+
+
+def plot(path: Path, runs: dict[str, list[int]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for label, series in runs.items():
+        ax.plot(range(1, len(series) + 1), series, marker="o", label=label)
+    ax.set_xlabel("second")
+    ax.set_ylabel("Redis entity reads / s")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, help="markdown results; PNG plots beside it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as server:
+        with FeatureStore.connect(server.url, sample.registry(), notify=False) as store:
+            store.write(sample.GROUP, sample.rows(args.entities))
+        cold, cold_ready = restart(server.url, args.entities, args.seconds, warm=False)
+        warm, warm_ready = restart(server.url, args.entities, args.seconds, warm=True)
+        switched, around, before = nightly(server.url, args.entities, args.seconds)
+    load = os.getloadavg()
+    lines = [
+        f"```\n$ python3 benchmarks/coherence.py {' '.join(sys.argv[1:])}\n```",
+        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{os.cpu_count()} cores. {args.entities:,} entities of the standard shape; "
+        f"{CLIENTS} closed-loop clients per instance, batches of {BATCH} zipfian ids x 50.",
+        "",
+        f"## Restart under load: the first {args.seconds:g} s of the new instance",
+        "",
+        "| warm start | ready after | Redis reads, first second | reads/s, mean | p50 ms "
+        "| p99 ms | errors | requests |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, run, ready in (("off", cold, cold_ready), ("on", warm, warm_ready)):
+        series = run.reads_per_second
+        lines.append(
+            f"| {label} | {ready:.2f} s | {series[0]:,} | {sum(series) / len(series):,.0f} | "
+            f"{run.quantile(0.5):.1f} | {run.quantile(0.99):.1f} | {run.errors} | "
+            f"{len(run.latencies):,} |"
+        )
+    ratio = sum(cold.reads_per_second) / max(sum(warm.reads_per_second), 1)
+    lines += [
+        "",
+        f"- Redis reads in those {args.seconds:g} s: {ratio:.1f}x fewer with warm start; "
+        f"p99 {warm.quantile(0.99) / max(cold.quantile(0.99), 1e-9):.2f}x.",
+        "",
+        "## A write of every entity while two instances serve",
+        "",
+        f"- Until each instance answered the new values: "
+        f"{', '.join(f'{s:.2f} s' for s in switched)} after the write ended.",
+        f"- Redis entity reads per second before the write: "
+        f"{', '.join(str(r) for r in around.reads_per_second[:before])}; after it: "
+        f"{', '.join(str(r) for r in around.reads_per_second[before:])}.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(f"# The L1 around restarts and nightly writes\n\n{text}\n")
+        plot(
+            args.out.with_name(args.out.stem + "-restart.png"),
+            {"warm start off": cold.reads_per_second, "warm start on": warm.reads_per_second},
+            "Redis reads after a restart under load",
+        )
+        plot(
+            args.out.with_name(args.out.stem + "-nightly.png"),
+            {"two instances": around.reads_per_second},
+            f"Redis reads around a write of {args.entities:,} entities (second {before + 1} on)",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
