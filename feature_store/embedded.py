@@ -19,7 +19,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import redis
@@ -242,12 +242,25 @@ def _pings(port: int) -> bool:
 
 
 class EmbeddedCluster:
-    """A Redis Cluster of ``masters`` nodes on loopback, no replicas."""
+    """A Redis Cluster on loopback: ``masters`` masters, each with ``replicas`` replicas.
 
-    def __init__(self, base_dir: str | Path, masters: int = 3) -> None:
+    ``node_timeout_ms`` is Redis's ``cluster-node-timeout``: how long a master may be
+    unreachable before its replica is promoted (failover tests use a short one).
+    """
+
+    def __init__(
+        self,
+        base_dir: str | Path,
+        masters: int = 3,
+        *,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+    ) -> None:
         if masters < 3:
             raise EmbeddedRedisError("Redis Cluster needs at least 3 masters")
         self.base_dir = Path(base_dir).resolve()
+        self.masters = masters
+        self.replicas = replicas
         self.nodes = [
             EmbeddedRedis(
                 self.base_dir / f"node{i}",
@@ -256,10 +269,10 @@ class EmbeddedCluster:
                 extra_config={
                     "cluster-enabled": "yes",
                     "cluster-config-file": "nodes.conf",
-                    "cluster-node-timeout": "2000",
+                    "cluster-node-timeout": str(node_timeout_ms),
                 },
             )
-            for i in range(masters)
+            for i in range(masters * (1 + replicas))
         ]
 
     @property
@@ -278,24 +291,93 @@ class EmbeddedCluster:
 
     def _create(self) -> None:
         clients = [redis.Redis(port=n.port or 0) for n in self.nodes]
-        if clients[0].cluster("info").get("cluster_state") == "ok":
-            return
-        per = 16384 // len(clients)
-        for i, c in enumerate(clients):
-            last = 16383 if i == len(clients) - 1 else (i + 1) * per - 1
+        try:
+            if clients[0].cluster("info").get("cluster_state") != "ok":
+                self._assign(clients)
+            self._await(
+                clients,
+                lambda infos: all(
+                    i.get("cluster_state") == "ok" and int(i["cluster_known_nodes"]) == len(clients)
+                    for i in infos
+                ),
+                "reach state ok",
+            )
+            if self.replicas:
+                self._attach_replicas(clients)
+        finally:
+            for c in clients:
+                c.close()
+
+    def _assign(self, clients: list[redis.Redis]) -> None:
+        masters = clients[: self.masters]
+        per = 16384 // len(masters)
+        for i, c in enumerate(masters):
+            last = 16383 if i == len(masters) - 1 else (i + 1) * per - 1
             c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, last)  # type: ignore[no-untyped-call]
         for c in clients[1:]:
             c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)  # type: ignore[no-untyped-call]
+
+    def _attach_replicas(self, clients: list[redis.Redis]) -> None:
+        ids = [c.execute_command("CLUSTER", "MYID") for c in clients[: self.masters]]  # type: ignore[no-untyped-call]
+        for i, c in enumerate(clients[self.masters :]):
+            master_id = ids[i % self.masters]
+            c.execute_command("CLUSTER", "REPLICATE", master_id)  # type: ignore[no-untyped-call]
+
+        def replicated(infos: list[dict[str, str]]) -> bool:
+            roles = [c.execute_command("ROLE")[0] for c in clients]  # type: ignore[no-untyped-call]
+            links = [
+                c.info("replication").get("master_link_status") for c in clients[self.masters :]
+            ]
+            return roles.count(b"slave") == len(clients) - self.masters and all(
+                link == "up" for link in links
+            )
+
+        self._await(clients, replicated, "attach its replicas")
+
+    @staticmethod
+    def _await(
+        clients: list[redis.Redis], done: Callable[[list[dict[str, str]]], bool], what: str
+    ) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            infos = [c.cluster("info") for c in clients]
-            if all(
-                i.get("cluster_state") == "ok" and int(i["cluster_known_nodes"]) == len(clients)
-                for i in infos
-            ):
+            if done([c.cluster("info") for c in clients]):
                 return
             time.sleep(0.05)
-        raise EmbeddedRedisError("the local Redis Cluster did not reach state ok")
+        raise EmbeddedRedisError(f"the local Redis Cluster did not {what}")
+
+    def master_nodes(self) -> list[EmbeddedRedis]:
+        """The nodes that are masters now (a failover changes them)."""
+        out = []
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            with redis.Redis(port=node.port or 0, socket_timeout=1) as c:
+                if c.execute_command("ROLE")[0] == b"master":
+                    out.append(node)
+        return out
+
+    def wait_ok(self, timeout: float = START_TIMEOUT_S) -> float:
+        """Wait until every live node sees the cluster ok and every shard has a live master
+        (after a failover, a reshard); the seconds it took."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            states = []
+            for node in self.nodes:
+                if node.process is None or node.process.poll() is not None:
+                    continue
+                try:
+                    with redis.Redis(port=node.port or 0, socket_timeout=0.5) as c:
+                        states.append(c.cluster("info").get("cluster_state"))
+                except redis.exceptions.RedisError:
+                    states.append("unreachable")
+            if (
+                states
+                and all(state == "ok" for state in states)
+                and len(self.master_nodes()) == self.masters  # a dead one's replica took over
+            ):
+                return time.monotonic() - t0
+            time.sleep(0.05)
+        raise EmbeddedRedisError(f"the local Redis Cluster was not ok within {timeout:.0f} s")
 
     def stop(self) -> None:
         for node in self.nodes:

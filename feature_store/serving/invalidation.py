@@ -15,13 +15,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.exceptions
 from redis.asyncio.client import PubSub
 
 from feature_store import notices
-from feature_store.connection import RedisTarget, translated_errors
+from feature_store.connection import AsyncClient, RedisTarget, translated_errors
 from feature_store.serving.cache import CacheKey
 from feature_store.serving.service import Publisher
 
@@ -31,13 +33,40 @@ RETRY_MIN, RETRY_MAX = 0.2, 5.0
 
 
 def pubsub_client(target: RedisTarget) -> redis.asyncio.Redis:
-    """A plain connection for pub/sub. In a cluster PUBLISH reaches every node, so the node
-    the URL names will do."""
+    """A plain connection for pub/sub, to the node the URL names."""
     return redis.asyncio.Redis.from_url(target.url, socket_connect_timeout=target.connect_timeout)
 
 
+class Subscriptions:
+    """Where the listener subscribes: the URL's node; in a cluster, any live node.
+
+    Cluster PUBLISH reaches every node, so any node will do, but not always the same one:
+    when the node the listener followed dies (a failover), the next attempt takes the next
+    node of the cluster client's current view of the cluster.
+    """
+
+    def __init__(self, target: RedisTarget, cluster: AsyncClient | None = None) -> None:
+        self.target = target
+        self.cluster = cluster if isinstance(cluster, redis.asyncio.cluster.RedisCluster) else None
+        self._turn = 0
+
+    def connect(self) -> redis.asyncio.Redis:
+        if self.cluster is None:
+            return pubsub_client(self.target)
+        nodes = sorted((n.host, n.port) for n in self.cluster.get_nodes())
+        if not nodes:
+            return pubsub_client(self.target)
+        host, port = nodes[self._turn % len(nodes)]
+        self._turn += 1
+        parts = urlsplit(self.target.url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
+        url = urlunsplit(parts._replace(netloc=netloc, query=""))
+        return redis.asyncio.Redis.from_url(url, socket_connect_timeout=self.target.connect_timeout)
+
+
 class RedisPublisher(Publisher):
-    def __init__(self, client: redis.asyncio.Redis, channel: str, origin: str) -> None:
+    def __init__(self, client: AsyncClient, channel: str, origin: str) -> None:
         self.client = client
         self.channel = channel
         self.origin = origin
@@ -53,13 +82,14 @@ class InvalidationListener:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        subscriptions: Subscriptions,
         channel: str,
         invalidate: Callable[[list[CacheKey]], object],
         invalidate_all: Callable[[], object],
         new_generation: Callable[[str, int], object],
     ) -> None:
-        self.client = client
+        self.subscriptions = subscriptions
+        self.client: redis.asyncio.Redis | None = None
         self.channel = channel
         self.invalidate = invalidate
         self.invalidate_all = invalidate_all
@@ -76,12 +106,17 @@ class InvalidationListener:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.client.aclose()
+        if self.client is not None:
+            await self.client.aclose()
 
     async def _run(self) -> None:
         delay = RETRY_MIN
         first = True
         while True:
+            if self.client is not None:
+                with contextlib.suppress(Exception):
+                    await self.client.aclose()
+            self.client = self.subscriptions.connect()
             pubsub: PubSub = self.client.pubsub()
             try:
                 await pubsub.subscribe(self.channel)

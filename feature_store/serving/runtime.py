@@ -20,7 +20,12 @@ from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.cache import LRUCache
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.invalidation import InvalidationListener, RedisPublisher, pubsub_client
+from feature_store.serving.invalidation import (
+    InvalidationListener,
+    RedisPublisher,
+    Subscriptions,
+    pubsub_client,
+)
 from feature_store.serving.loader import CachedReader
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
 from feature_store.serving.roundtrip import CONNECTION_WAIT, round_trip_for
@@ -76,12 +81,15 @@ class ServingRuntime:
         publisher = None
         if settings.invalidation:
             # an instance without a cache still tells the others about its writes
+            # in a cluster, the cluster client publishes (it follows failovers)
             publisher = RedisPublisher(
-                pubsub_client(target), settings.invalidation_channel, uuid.uuid4().hex
+                client if target.cluster else pubsub_client(target),
+                settings.invalidation_channel,
+                uuid.uuid4().hex,
             )
             if settings.cache:
                 self.listener = InvalidationListener(
-                    pubsub_client(target),
+                    Subscriptions(target, client),
                     settings.invalidation_channel,
                     self.reader.invalidate,
                     self.reader.invalidate_all,
@@ -172,7 +180,7 @@ class ServingRuntime:
         await self.reader.close()
         if self.listener is not None:
             await self.listener.stop()
-        if self._publisher is not None:
+        if self._publisher is not None and self._publisher.client is not self.store.client:
             await self._publisher.client.aclose()
         await self.store.close()
 
