@@ -36,6 +36,7 @@ from feature_store.serving.spec import GroupSpec
 
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
 CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
+CLUSTER_RETRIES = 2  # quick retries of a cluster round trip whose connection was closed
 
 
 class ConnectionWaitTimeout(StoreTimeoutError):
@@ -146,20 +147,42 @@ class PackedRoundTrip:
 
 
 class PipelineRoundTrip:
+    """Reads through redis-py's cluster pipeline, which routes each key to its node.
+
+    While slots move (a reshard, a failover), the client re-learns the cluster's layout and
+    a connection in use can be closed under a read: the reads are idempotent, so such a
+    round trip is retried (``CLUSTER_RETRIES`` times, within the same time budget).
+    """
+
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
 
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         with translated_errors():
             async with asyncio.timeout(answer_within):
-                pipe = self.client.pipeline(transaction=False)
-                for key, specs in reads:
-                    if whole(specs):
-                        pipe.execute_command("HGETALL", key)
-                    else:
-                        pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
-                replies: list[object] = await pipe.execute(raise_on_error=False)
+                for attempt in range(CLUSTER_RETRIES + 1):
+                    try:
+                        replies = await self._once(reads)
+                        break
+                    except (redis.exceptions.ConnectionError, OSError):
+                        if attempt == CLUSTER_RETRIES:
+                            raise
+                        await asyncio.sleep(0.01 * (attempt + 1))
         return align(reads, replies)
+
+    async def _once(self, reads: Sequence[Read]) -> list[object]:
+        pipe = self.client.pipeline(transaction=False)
+        for key, specs in reads:
+            if whole(specs):
+                pipe.execute_command("HGETALL", key)
+            else:
+                pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
+        replies: list[object] = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            # redis-py hands back a connection closed under a command as that command's reply
+            if isinstance(reply, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+                raise reply
+        return replies
 
 
 def is_key_error(error: BaseException) -> bool:
