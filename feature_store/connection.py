@@ -11,7 +11,7 @@ Accepted URLs (redis-py's, plus one query option of ours):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -49,6 +49,9 @@ class RedisTarget:
     connect_timeout: float
     max_connections: int
     retries: int = 1
+    # more cluster nodes to start from (``?nodes=host:port,...``): the URL's own node may
+    # be the one that died
+    seeds: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def parse(
@@ -67,32 +70,51 @@ class RedisTarget:
             )
         query = parse_qsl(parts.query, keep_blank_values=True)
         cluster = False
+        seeds: list[tuple[str, int]] = []
         kept = []
         for k, v in query:
             if k == "cluster":
                 if v.lower() not in _TRUE | _FALSE:
                     raise ConfigError(f"Redis URL option cluster={v!r}: expected true or false")
                 cluster = v.lower() in _TRUE
+            elif k == "nodes":
+                seeds += _seeds(v)
             else:
                 kept.append((k, v))
+        if seeds and not cluster:
+            raise ConfigError("Redis URL option nodes= is for a cluster (add cluster=true)")
         if cluster and parts.scheme == "unix":
             raise ConfigError("Redis Cluster needs redis:// or rediss:// node addresses")
         clean = (
             url if len(kept) == len(query) else urlunsplit(parts._replace(query=urlencode(kept)))
         )
-        return cls(clean, cluster, socket_timeout, connect_timeout, max_connections, retries)
+        return cls(
+            clean, cluster, socket_timeout, connect_timeout, max_connections, retries, tuple(seeds)
+        )
+
+    def with_seeds(self, nodes: Iterable[tuple[str, int]]) -> str:
+        """This cluster's URL naming ``nodes`` as more places to start from."""
+        listed = ",".join(f"{h}:{p}" for h, p in dict.fromkeys([*self.seeds, *nodes]))
+        query = urlencode([("cluster", "true"), ("nodes", listed)])
+        parts = urlsplit(self.url)
+        return urlunsplit(parts._replace(query=f"{parts.query}&{query}" if parts.query else query))
 
     def sync_client(self) -> SyncClient:
         if self.cluster:
-            return redis.cluster.RedisCluster.from_url(
-                self.url,
-                socket_timeout=self.socket_timeout,
-                socket_connect_timeout=self.connect_timeout,
-                max_connections=self.max_connections,
-                retry=self._retry(),
-            )
+            with translated_errors():  # a cluster client asks a node for the layout at once
+                return self._sync_cluster()
         return redis.Redis.from_url(
             self.url,
+            socket_timeout=self.socket_timeout,
+            socket_connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections,
+            retry=self._retry(),
+        )
+
+    def _sync_cluster(self) -> redis.cluster.RedisCluster:
+        return redis.cluster.RedisCluster.from_url(
+            self.url,
+            startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.seeds],  # type: ignore[no-untyped-call]
             socket_timeout=self.socket_timeout,
             socket_connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
@@ -103,6 +125,7 @@ class RedisTarget:
         if self.cluster:
             return redis.asyncio.cluster.RedisCluster.from_url(
                 self.url,
+                startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.seeds],
                 socket_timeout=self.socket_timeout,
                 socket_connect_timeout=self.connect_timeout,
                 max_connections=self.max_connections,
@@ -126,6 +149,16 @@ class RedisTarget:
         return _redact(self.url) + (" (cluster)" if self.cluster else "")
 
 
+def _seeds(text: str) -> list[tuple[str, int]]:
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"Redis URL option nodes: {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
 def _redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
@@ -140,7 +173,9 @@ _TLS_HINT = (
 )
 
 
-def translate(error: redis.exceptions.RedisError) -> StoreError:
+def translate(
+    error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
+) -> StoreError:
     """The project's error for a redis-py error."""
     # AuthenticationError is a ConnectionError in redis-py: check it first
     if isinstance(error, redis.exceptions.AuthenticationError):
@@ -163,7 +198,8 @@ def translate(error: redis.exceptions.RedisError) -> StoreError:
         | redis.exceptions.BusyLoadingError,
     ):
         return StoreUnavailableError(f"Redis is unavailable: {error}")
-    if isinstance(error, redis.exceptions.RedisClusterException) and "slot" in str(error).lower():
+    if isinstance(error, redis.exceptions.RedisClusterException):
+        # no reachable node, slots not covered, a topology still settling: retry later
         return StoreUnavailableError(f"Redis Cluster is unavailable: {error}")
     return StoreError(f"Redis error: {error}")
 
@@ -172,7 +208,7 @@ def translate(error: redis.exceptions.RedisError) -> StoreError:
 def translated_errors() -> Iterator[None]:
     try:
         yield
-    except redis.exceptions.RedisError as e:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
         raise translate(e) from e
     except OSError as e:  # a socket error that redis-py did not wrap
         raise StoreUnavailableError(f"Redis is unavailable: {e}") from e

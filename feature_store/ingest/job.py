@@ -178,6 +178,12 @@ def _run(
         ignore_extra=job.ignore_extra_columns,
     )
     run_ids = _check_redis(target, registry)  # fails here, before any write, if Redis is down
+    redis_url = job.redis_url
+    if target.cluster:  # every node the driver sees, for tasks and for the end of the job
+        redis_url = _with_cluster_nodes(target)
+        target = RedisTarget.parse(
+            redis_url, socket_timeout=job.socket_timeout, connect_timeout=job.connect_timeout
+        )
     written_at = cast(int, base["written_at"])
     spec = TaskSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
@@ -186,7 +192,7 @@ def _run(
         id_column=plan.id_column,
         id_source=plan.id_source,
         columns=plan.columns,
-        redis_url=job.redis_url,
+        redis_url=redis_url,
         written_at=written_at,
         chunk_size=job.chunk_size,
         retry=job.retry,
@@ -323,6 +329,17 @@ def _check_redis(target: RedisTarget, registry: Registry) -> set[str]:
         except StoreError as e:  # managed Redis often refuses CONFIG: not a reason to stop
             log.warning("could not check the server's listpack settings: %s", e)
     return _run_ids(target)
+
+
+def _with_cluster_nodes(target: RedisTarget) -> str:
+    """The cluster URL naming every node the driver sees: a task that starts after the
+    URL's own node died still finds the cluster."""
+    client = target.sync_client()
+    try:
+        nodes = [(n.host, n.port) for n in client.get_nodes()]  # type: ignore[union-attr]
+    finally:
+        client.close()
+    return target.with_seeds(nodes)
 
 
 def _announce(target: RedisTarget, registry: Registry, group: str, written_at: int) -> bool:

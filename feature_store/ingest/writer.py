@@ -107,8 +107,11 @@ class ChunkWriter:
     def _failed(self, error: Exception) -> None:
         self.counters.retries += 1
         log.warning("Redis write failed, retrying the chunk: %s", error)
-        # a fresh client: the old pool may hold sockets to a server that restarted
-        self.close()
+        if not self.target.cluster:
+            # a fresh client: the old pool may hold sockets to a server that restarted. A
+            # cluster client keeps its own: it re-learns the topology after a failover
+            # from every node it knows, where a new one would start from the URL's alone
+            self.close()
 
     def close(self) -> None:
         client, self._client = self._client, None

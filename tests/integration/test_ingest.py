@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from feature_store import sample
 from feature_store.batch import plan_write
 from feature_store.cli import main
-from feature_store.embedded import EmbeddedRedis, free_port
+from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port
 from feature_store.errors import FeatureStoreError, RequestError, StoreUnavailableError
 from feature_store.ingest.generate import ID_COLUMN, sample_frame, write_sample
 from feature_store.ingest.job import IngestJob, run_ingest, spark_session
@@ -465,3 +465,37 @@ def test_serving_sees_the_job_s_values_at_its_end_not_at_its_cache_ttl(
         while [r.values[0] for r in client.get(sample.ENTITY, ids, ["int_0"]).rows] != expected:
             assert time.monotonic() < deadline, "serving kept the cached values"
             time.sleep(0.1)
+
+
+@pytest.mark.cluster
+def test_a_master_failover_mid_job_is_retried_and_every_value_lands(
+    spark: SparkSession, fault_input: str, registry_file: Path, tmp_path: Path
+) -> None:
+    """3 masters + 3 replicas; one master SIGKILLed mid-job: its replica takes over, the
+    job retries its chunks and finishes, and every key is read back independently."""
+    registry = load_registry(registry_file)
+    report_path = tmp_path / "report.json"
+    with EmbeddedCluster(tmp_path / "cluster", replicas=1, node_timeout_ms=1000) as cluster:
+        victim = cluster.master_nodes()[0]
+        chaos = _kill_when_keys(victim, 300, outage=None)  # keys on that master alone
+        job = _job(
+            registry_file,
+            fault_input,
+            cluster.url,
+            chunk_size=20,
+            retry=RetrySpec(retries=8, base_delay=0.2, max_delay=2.0),
+            report_path=report_path,
+        )
+        t0 = time.monotonic()
+        report = run_ingest(spark, job)
+        elapsed = time.monotonic() - t0
+        chaos.join()
+        assert chaos.state.get("killed")  # type: ignore[attr-defined]
+        assert report.outcome is Outcome.SUCCEEDED
+        assert report.retries > 0
+        assert report.entities_written == FAULT_N
+        print(f"\njob with a failover: {elapsed:.1f} s, {report.retries} chunk retries")
+        live = f"{cluster.master_nodes()[0].url}?cluster=true"  # the URL's own node died
+        assert _read_back(live, registry, list(range(FAULT_N))) == _expected(
+            registry, range(FAULT_N)
+        )
