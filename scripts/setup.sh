@@ -10,6 +10,8 @@ command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)  # PySpa
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)  # builds the YCSB bindings
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # YCSB's disk store
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS test certificates
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)  # HTTP load generator (benchmarks)
+command -v h2load >/dev/null 2>&1 || need_apt+=(nghttp2-client)  # gRPC load (benchmarks)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian's packages"
   sudo_cmd=""
