@@ -48,6 +48,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_redis_args(get)
     get.set_defaults(func=run_get)
 
+    plan_cmd = sub.add_parser(
+        "plan",
+        help="capacity plan: Redis memory and shards, serving cores (from measured figures)",
+        description="Memory per shard, Redis shards and serving cores for a deployment, "
+        "from the figures this project measured (each printed with its source).",
+    )
+    plan_cmd.add_argument("--entities", type=int, required=True)
+    plan_cmd.add_argument("--features", type=int, required=True, help="features per entity")
+    plan_cmd.add_argument(
+        "--lookups-per-second", type=float, required=True, help="entity lookups per second"
+    )
+    plan_cmd.add_argument("--hit-rate", type=float, default=0.8, help="L1 hit rate (0.8)")
+    plan_cmd.add_argument("--api", choices=("rest", "grpc"), default="rest")
+    plan_cmd.add_argument("--node-memory-gib", type=float, default=25.0, help="per Redis node")
+    plan_cmd.add_argument("--replicas", type=int, default=1, help="replicas per master (1)")
+    plan_cmd.set_defaults(func=run_plan)
+
     reg = sub.add_parser("registry", help="validate or lock a registry file")
     reg_sub = reg.add_subparsers(dest="registry_command", required=True, metavar="ACTION")
     validate = reg_sub.add_parser("validate", help="load a registry and print a summary")
@@ -151,6 +168,24 @@ def _int_id(text: str) -> int:
         return int(text)
     except ValueError:
         raise RequestError(f"entity id {text!r} is not an integer") from None
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from feature_store.capacity import describe, plan
+
+    try:
+        p = plan(
+            args.entities,
+            args.features,
+            args.lookups_per_second,
+            hit_rate=args.hit_rate,
+            api=args.api,
+            node_memory_gib=args.node_memory_gib,
+        )
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    print("\n".join(describe(p, args.replicas, args.node_memory_gib)))
+    return 0
 
 
 def run_sample(args: argparse.Namespace) -> int:

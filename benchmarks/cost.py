@@ -1,0 +1,244 @@
+"""Cost per lookup: server CPU per entity looked up, next to Redis's, with compiled loaders.
+
+    python3 benchmarks/cost.py [--entities 100000] [--seconds 5] [--out FILE]
+
+One `feature-store serve` worker at a time (REST and gRPC; L1 off, and on after a warm-up),
+batches of 10 and 100 entities x all 50 features of the standard shape, 8 connections.
+The load comes from `wrk` (REST; a Lua script cycles through 1,000 zipfian batches) and
+`h2load` (gRPC; one fixed batch, since h2load sends one body), both compiled, so that the
+load generator does not eat the cores it measures. CPU is read from /proc/<pid>/stat of
+the server and of redis-server over the measured window:
+
+    CPU per entity = (utime + stime over the window) / (requests answered x batch)
+
+The same run measures Redis's own cost per entity; the ratio server/Redis is the figure
+to drive down. The figures feed `feature-store plan` (feature_store/capacity.py).
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.serving.process import ServingProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serving import ensure_data, id_batches
+
+TICK = os.sysconf("SC_CLK_TCK")
+CONNECTIONS = 8
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+@dataclass
+class Cell:
+    api: str
+    l1: str
+    batch: int
+    requests: int
+    seconds: float
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: int
+    server_cpu: float
+    redis_cpu: float
+
+    @property
+    def entities(self) -> int:
+        return max(1, self.requests * self.batch)
+
+    @property
+    def server_us(self) -> float:
+        return self.server_cpu / self.entities * 1e6
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_cpu / self.entities * 1e6
+
+
+def _ms(text: str) -> float:
+    m = re.match(r"([\d.]+)(\w+)", text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r}")
+    value, unit = m.groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk(url: str, bodies: list[bytes], seconds: float, work: Path) -> tuple[int, float, float, int]:
+    script = work / "post.lua"
+    table = ",\n".join("[[" + b.decode() + "]]" for b in bodies)
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"local bodies = {{\n{table}\n}}\nlocal i = 0\n"
+        "request = function()\n  i = i % #bodies + 1\n"
+        "  return wrk.format(nil, nil, nil, bodies[i])\nend\n"
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    latency = out[out.index("Latency Distribution") :]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", latency).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", latency).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return requests, p50, p99, int(bad.group(1)) if bad else 0
+
+
+def h2load(target: str, body: bytes, seconds: float, work: Path) -> tuple[int, float, int]:
+    data = work / "request.bin"
+    data.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC message framing
+    out = subprocess.run(
+        [
+            *("h2load", f"-c{CONNECTIONS}", "-m1", "-D", f"{seconds:g}", "--data", str(data)),
+            *("-H", "content-type: application/grpc", "-H", "te: trailers"),
+            f"http://{target}/feature_store.v1.FeatureService/GetFeatures",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    m = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed", out)
+    assert m, out
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out)
+    return int(m.group(1)), _ms(mean.group(1)) if mean else 0.0, int(m.group(2))
+
+
+def measure(
+    redis: EmbeddedRedis, api: str, l1: bool, batch: int, seconds: float, work: Path
+) -> Cell:
+    args = ["--cache-ttl", "3600"] if l1 else ["--no-cache"]
+    env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+    batches = id_batches(100_000, batch, count=1000)
+    bodies = [
+        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        for ids in batches
+    ]
+    grpc_body = pb.GetFeaturesRequest(
+        entity_type=sample.ENTITY, int_ids=batches[0], groups=[sample.GROUP]
+    ).SerializeToString()
+    assert redis.process is not None
+    with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc") as server:
+        assert server.process is not None
+
+        def load(window: float) -> tuple[int, float | None, float | None, int]:
+            if api == "rest":
+                return wrk(f"{server.rest_url}/v1/features/get", bodies, window, work)
+            n, mean, failed = h2load(server.grpc_target, grpc_body, window, work)
+            return n, mean, None, failed
+
+        if l1:
+            load(2.0)  # fill the cache: the window measures hits
+        s0, r0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+        t0 = time.monotonic()
+        requests, p50, p99, errors = load(seconds)
+        elapsed = time.monotonic() - t0
+        s1, r1 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+    return Cell(
+        api, "on" if l1 else "off", batch, requests, elapsed, p50, p99, errors, s1 - s0, r1 - r0
+    )
+
+
+def plot(path: Path, cells: list[Cell]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c.api}\nL1 {c.l1}\nbatch {c.batch}" for c in cells]
+    xs = range(len(cells))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.bar([x - 0.2 for x in xs], [c.server_us for c in cells], 0.4, label="serving worker")
+    ax.bar([x + 0.2 for x in xs], [c.redis_us for c in cells], 0.4, label="redis-server")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("CPU µs per entity looked up")
+    ax.set_title("Cost per lookup (standard shape, 8 connections)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
+    )
+    args = parser.parse_args()
+    for tool in ("wrk", "h2load"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    cells = []
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
+        ensure_data(redis.url, args.entities)
+        for api in ("rest", "grpc"):
+            for l1 in (False, True):
+                for batch in (10, 100):
+                    cell = measure(redis, api, l1, batch, args.seconds, Path(tmp))
+                    print(
+                        f"{api} L1 {cell.l1} batch {batch}: {cell.requests / cell.seconds:,.0f} "
+                        f"req/s, server {cell.server_us:.1f} us/entity, "
+                        f"Redis {cell.redis_us:.1f} us/entity",
+                        flush=True,
+                    )
+                    cells.append(cell)
+    load = os.getloadavg()
+    lines = [
+        f"```\n$ python3 benchmarks/cost.py {' '.join(sys.argv[1:])}\n```",
+        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{os.cpu_count()} cores. One worker; {CONNECTIONS} connections; wrk (REST), "
+        f"h2load (gRPC); {args.seconds:g} s per cell.",
+        "",
+        "| API | L1 | batch | req/s | p50 ms | p99 ms | errors | server µs/entity "
+        "| Redis µs/entity | server / Redis |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        p50 = f"{c.p50_ms:.2f}" if c.p50_ms is not None else "-"
+        p99 = f"{c.p99_ms:.2f}" if c.p99_ms is not None else "-"
+        # with the L1 on Redis hardly works: no meaningful ratio
+        ratio = f"{c.server_us / c.redis_us:.1f}x" if c.redis_us >= 0.5 else "-"
+        lines.append(
+            f"| {c.api} | {c.l1} | {c.batch} | {c.requests / c.seconds:,.0f} | {p50} | {p99} | "
+            f"{c.errors} | {c.server_us:.1f} | {c.redis_us:.1f} | {ratio} |"
+        )
+    lines += [
+        "",
+        "gRPC's p50 column is h2load's mean time per request (it reports no percentiles).",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(f"# Cost per lookup\n\n{text}\n")
+        plot(args.out.with_suffix(".png"), cells)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
