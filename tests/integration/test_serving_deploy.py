@@ -6,6 +6,7 @@ files the compose file mounts or builds from exist.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -154,3 +155,44 @@ def test_metrics_of_two_workers_add_up_exactly(redis_url: str) -> None:
         workers = {labels for labels, _ in _samples(text, "feature_serving_cache_entries")}
         assert len(workers) == 2, workers  # the cache's size per worker, by pid
         assert _total(text, "feature_serving_cache_entries") == misses
+
+
+def _worker_cpu(parent: int) -> dict[int, float]:
+    """CPU seconds (utime + stime) of each worker process of ``parent``, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    out = {}
+    for pid in map(int, children):
+        if b"spawn_main" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            continue  # multiprocessing's resource tracker, not a worker
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def test_two_workers_share_connections_and_cpu_over_rest_and_grpc(redis_url: str) -> None:
+    """Per-worker CPU from /proc: both workers serve REST, and both serve gRPC."""
+    from feature_store.serving.client import GrpcFeatureClient
+
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(sample.GROUP, sample.rows(50))
+    with ServingProcess(redis_url, args=["--workers", "2", "--no-cache"]) as server:
+        assert server.process is not None
+        parent = server.process.pid
+        body = {"entity_type": "consumer", "ids": list(range(10)), "groups": [sample.GROUP]}
+        for api in ("rest", "grpc"):
+            before = _worker_cpu(parent)
+            assert len(before) == 2
+            for _ in range(60):  # a new connection each time: the kernel picks the worker
+                if api == "rest":
+                    r = httpx.post(f"{server.rest_url}/v1/features/get", json=body)
+                    assert r.status_code == 200
+                else:
+                    with GrpcFeatureClient(server.grpc_target, timeout=10) as client:
+                        for _ in range(5):
+                            client.get("consumer", list(range(10)), groups=[sample.GROUP])
+            after = _worker_cpu(parent)
+            used = {pid: after[pid] - before[pid] for pid in before}
+            total = sum(used.values())
+            assert total > 0, api
+            assert all(u >= 0.1 * total for u in used.values()), (api, used)
