@@ -22,10 +22,8 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
-import os
 import random
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import redis
+from _results import header, save
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedCluster
@@ -204,18 +203,11 @@ def main() -> int:
         f"value read back: {failed[2]}",
         f"- the failover stalled the job by {failed[0] - clean[0]:.1f} s",
     ]
-    load = os.getloadavg()
-    head = [
-        f"```\n$ python3 benchmarks/cluster.py {' '.join(sys.argv[1:])}\n```",
-        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-        f"{os.cpu_count()} cores. 3 masters + 3 replicas on loopback, cluster-node-timeout "
-        f"1 s, {N:,} entities of the standard shape.",
-        "",
-    ]
-    text = "\n".join(head + lines)
-    print(text)
-    if args.out:
-        args.out.write_text(f"# Redis Cluster: failover and resharding\n\n{text}\n")
+    head = header(
+        f"3 masters + 3 replicas on loopback, cluster-node-timeout 1 s, {N:,} entities of "
+        "the standard shape."
+    )
+    save(args.out, "Redis Cluster: failover and resharding", [*head, "", *lines])
     return 0
 
 

@@ -23,8 +23,6 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
-import os
-import sys
 import tempfile
 import threading
 import time
@@ -33,6 +31,7 @@ from pathlib import Path
 
 import httpx
 import redis
+from _results import header, line_plot, save
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -154,24 +153,6 @@ def nightly(url: str, entities: int, seconds: float) -> tuple[list[float], Run, 
     return switched, run, before
 
 
-def plot(path: Path, runs: dict[str, list[int]], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for label, series in runs.items():
-        ax.plot(range(1, len(series) + 1), series, marker="o", label=label)
-    ax.set_xlabel("second")
-    ax.set_ylabel("Redis entity reads / s")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=100_000)
@@ -184,12 +165,11 @@ def main() -> int:
         cold, cold_ready = restart(server.url, args.entities, args.seconds, warm=False)
         warm, warm_ready = restart(server.url, args.entities, args.seconds, warm=True)
         switched, around, before = nightly(server.url, args.entities, args.seconds)
-    load = os.getloadavg()
     lines = [
-        f"```\n$ python3 benchmarks/coherence.py {' '.join(sys.argv[1:])}\n```",
-        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-        f"{os.cpu_count()} cores. {args.entities:,} entities of the standard shape; "
-        f"{CLIENTS} closed-loop clients per instance, batches of {BATCH} zipfian ids x 50.",
+        *header(
+            f"{args.entities:,} entities of the standard shape; {CLIENTS} closed-loop "
+            f"clients per instance, batches of {BATCH} zipfian ids x 50."
+        ),
         "",
         f"## Restart under load: the first {args.seconds:g} s of the new instance",
         "",
@@ -218,19 +198,22 @@ def main() -> int:
         f"{', '.join(str(r) for r in around.reads_per_second[:before])}; after it: "
         f"{', '.join(str(r) for r in around.reads_per_second[before:])}.",
     ]
-    text = "\n".join(lines)
-    print(text)
+    save(args.out, "The L1 around restarts and nightly writes", lines)
     if args.out:
-        args.out.write_text(f"# The L1 around restarts and nightly writes\n\n{text}\n")
-        plot(
+        reads = "Redis entity reads / s"
+        line_plot(
             args.out.with_name(args.out.stem + "-restart.png"),
             {"warm start off": cold.reads_per_second, "warm start on": warm.reads_per_second},
             "Redis reads after a restart under load",
+            "second",
+            reads,
         )
-        plot(
+        line_plot(
             args.out.with_name(args.out.stem + "-nightly.png"),
             {"two instances": around.reads_per_second},
             f"Redis reads around a write of {args.entities:,} entities (second {before + 1} on)",
+            "second",
+            reads,
         )
     return 0
 

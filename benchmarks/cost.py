@@ -38,6 +38,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save
 from serving import ensure_data, id_batches
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -208,12 +209,11 @@ def main() -> int:
                         flush=True,
                     )
                     cells.append(cell)
-    load = os.getloadavg()
     lines = [
-        f"```\n$ python3 benchmarks/cost.py {' '.join(sys.argv[1:])}\n```",
-        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-        f"{os.cpu_count()} cores. One worker; {CONNECTIONS} connections; wrk (REST), "
-        f"h2load (gRPC); {args.seconds:g} s per cell.",
+        *header(
+            f"One worker; {CONNECTIONS} connections; wrk (REST), h2load (gRPC); "
+            f"{args.seconds:g} s per cell."
+        ),
         "",
         "| API | L1 | batch | req/s | p50 ms | p99 ms | errors | server µs/entity "
         "| Redis µs/entity | server / Redis |",
@@ -232,10 +232,8 @@ def main() -> int:
         "",
         "gRPC's p50 column is h2load's mean time per request (it reports no percentiles).",
     ]
-    text = "\n".join(lines)
-    print(text)
+    save(args.out, "Cost per lookup", lines)
     if args.out:
-        args.out.write_text(f"# Cost per lookup\n\n{text}\n")
         plot(args.out.with_suffix(".png"), cells)
     return 0
 

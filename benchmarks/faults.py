@@ -27,7 +27,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+from _results import header, save
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -189,12 +189,11 @@ def main() -> int:
                     check=False,
                     capture_output=True,
                 )
-    load = os.getloadavg()
     lines = [
-        f"```\n$ python3 benchmarks/faults.py {' '.join(sys.argv[1:])}\n```",
-        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-        f"{os.cpu_count()} cores. One worker, L1 on, {CLIENTS} closed-loop clients, "
-        f"batches of 10 random ids over {ENTITIES:,} entities.",
+        *header(
+            f"One worker, L1 on, {CLIENTS} closed-loop clients, "
+            f"batches of 10 random ids over {ENTITIES:,} entities."
+        ),
         "",
         f"Redis stopped (SIGSTOP) for {args.hang:g} s:",
         "",
@@ -228,10 +227,7 @@ def main() -> int:
             f"- RSS growth under the attack: {new.rss_after - new.rss_before:.0f} MB against "
             f"{old.rss_after - old.rss_before:.0f} MB.",
         ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(f"# Serving under trouble\n\n{text}\n")
+    save(args.out, "Serving under trouble", lines)
     return 0
 
 

@@ -31,7 +31,7 @@ from feature_store.batch import (
 from feature_store.connection import AsyncClient, RedisTarget, SyncClient, translated_errors
 from feature_store.errors import StoreError
 from feature_store.layout import max_encoded_size
-from feature_store.registry import Registry
+from feature_store.registry import FeatureGroup, Registry
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,40 @@ def listpack_value_needed(registry: Registry) -> int:
     """The ``hash-max-listpack-value`` that keeps every bounded value of the registry compact."""
     sizes = [max_encoded_size(f.type, f.dim) for g in registry.groups.values() for f in g.features]
     return max([64, *(s for s in sizes if s is not None)])
+
+
+class _Write:
+    """The logic of one write, for both clients (they only run the plans): one write time
+    for every chunk, the plans chunk by chunk, the totals, and the notice for serving."""
+
+    def __init__(
+        self,
+        group: FeatureGroup,
+        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        chunk_size: int,
+        now: float | None,
+        origin: str | None,
+    ) -> None:
+        self.group, self.rows, self.chunk_size = group, rows, chunk_size
+        self.now = time.time() if now is None else now
+        self.origin = origin  # None: tell no one
+        self.total = WriteStats()
+        self.keys: list[bytes] = []  # up to one more than a keys notice carries
+
+    def plans(self) -> Iterator[WritePlan]:
+        for chunk in _chunks(self.rows, self.chunk_size):
+            plan = plan_write(self.group, chunk, now=self.now)
+            for cmd in plan.commands:
+                if cmd[0] == "HSET" and len(self.keys) <= notices.KEYS_MAX:
+                    self.keys.append(cmd[1])  # type: ignore[arg-type]  # HSET's key: bytes
+            yield plan
+            self.total += plan.stats  # after the caller ran the plan
+
+    def notice(self) -> bytes | None:
+        """What serving instances are told: the keys, or the group's generation if many."""
+        if self.origin is None or not self.keys:
+            return None
+        return notices.write_message(self.origin, self.group.name, self.keys, int(self.now))
 
 
 class _Base(Generic[C]):
@@ -82,29 +116,15 @@ class _Base(Generic[C]):
             self.registry, entity, ids, features, groups, max_entities=self.max_entities
         )
 
-    def _write_plans(
+    def _writing(
         self,
         group: str,
         rows: Iterable[tuple[EntityId, Mapping[str, object]]],
         chunk_size: int,
         now: float | None,
-    ) -> Iterator[WritePlan]:
-        """One plan per chunk of rows; the clients run each as one pipeline."""
-        g = self.registry.group(group)
-        for chunk in _chunks(rows, chunk_size):
-            yield plan_write(g, chunk, now=now)
-
-    @staticmethod
-    def _written_keys(plan: WritePlan, keys: list[bytes]) -> None:
-        """Collect the plan's entity keys, up to one more than a keys notice carries."""
-        for cmd in plan.commands:
-            if cmd[0] == "HSET" and len(keys) <= notices.KEYS_MAX:
-                keys.append(cmd[1])  # type: ignore[arg-type]  # HSET's key: bytes
-
-    def _notice(self, group: str, keys: list[bytes], written_at: float) -> bytes | None:
-        if not self.notify or not keys:
-            return None
-        return notices.write_message(self.origin, group, keys, int(written_at))
+    ) -> _Write:
+        origin = self.origin if self.notify else None
+        return _Write(self.registry.group(group), rows, chunk_size, now, origin)
 
     @staticmethod
     def _notice_failed(error: Exception) -> None:
@@ -162,23 +182,19 @@ class FeatureStore(_Base[SyncClient]):
     ) -> WriteStats:
         """Write rows of one group, in pipelines of ``chunk_size`` entities; then tell
         serving instances (``notify``), also when a chunk failed after others were sent."""
-        now = time.time() if now is None else now  # one write time for every chunk
-        total = WriteStats()
-        keys: list[bytes] = []
+        write = self._writing(group, rows, chunk_size, now)
         try:
-            for plan in self._write_plans(group, rows, chunk_size, now):
-                self._written_keys(plan, keys)
+            for plan in write.plans():
                 self._run(plan.commands)
-                total += plan.stats
         finally:
-            message = self._notice(group, keys, now)
+            message = write.notice()
             if message is not None:
                 try:
                     with translated_errors():
                         self.client.publish(notices.CHANNEL, message)
                 except StoreError as e:
                     self._notice_failed(e)
-        return total
+        return write.total
 
     def announce(self, group: str, written_at: int) -> bool:
         """Tell serving instances that ``group`` was written in bulk at ``written_at`` (the
@@ -253,23 +269,19 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         now: float | None = None,
     ) -> WriteStats:
         """As ``FeatureStore.write``."""
-        now = time.time() if now is None else now
-        total = WriteStats()
-        keys: list[bytes] = []
+        write = self._writing(group, rows, chunk_size, now)
         try:
-            for plan in self._write_plans(group, rows, chunk_size, now):
-                self._written_keys(plan, keys)
+            for plan in write.plans():
                 await self._run(plan.commands)
-                total += plan.stats
         finally:
-            message = self._notice(group, keys, now)
+            message = write.notice()
             if message is not None:
                 try:
                     with translated_errors():
                         await self.client.publish(notices.CHANNEL, message)
                 except StoreError as e:
                     self._notice_failed(e)
-        return total
+        return write.total
 
     async def ping(self) -> bool:
         with translated_errors():

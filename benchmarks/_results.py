@@ -1,0 +1,47 @@
+"""What every benchmark's results file starts with, and its plots (matplotlib, PNG)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def header(setup: str) -> list[str]:
+    """The command that made the results and the machine's load, then ``setup``."""
+    load = os.getloadavg()
+    args = "".join(f" {a}" for a in sys.argv[1:])
+    return [
+        f"```\n$ python3 benchmarks/{Path(sys.argv[0]).name}{args}\n```",
+        f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{os.cpu_count()} cores. {setup}",
+    ]
+
+
+def save(out: Path | None, title: str, lines: Sequence[str]) -> None:
+    """Print the results, and write them as markdown to ``out`` if given."""
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.write_text(f"# {title}\n\n{text}\n")
+
+
+def line_plot(
+    path: Path, series: Mapping[str, Sequence[float]], title: str, xlabel: str, ylabel: str
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for label, values in series.items():
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
