@@ -38,7 +38,7 @@ def _bare_python_dir(tmp_path: Path) -> Path:
     assert base.exists(), base
     bindir = tmp_path / "bare-bin"
     bindir.mkdir()
-    for name in ("python3", "python"):
+    for name in "python3 python".split():  # the names a user types, both bare here
         wrapper = bindir / name
         wrapper.write_text(f'#!/bin/sh\nexec "{base}" -S "$@"\n')
         wrapper.chmod(0o755)
