@@ -24,6 +24,9 @@ BENCHMARK_SCRIPTS = [
     ROOT / "benchmarks" / "ycsb" / "histogram.py",
 ]
 
+# the names a user types, python3 and python: both are the bare interpreter in these tests
+BARE_NAMES = (f"python{sys.version_info.major}", "python")
+
 # A command that starts whatever python3/python PATH has: `exec python3`, a shell line or
 # `$(...)` that begins with it, or a Python argv list whose first item is "python3".
 _SHELL_BARE = re.compile(r"(^|[;&|(]\s*|\bexec\s+|\$\(\s*)python3?(\.\d+)?(\s|$)")
@@ -38,7 +41,7 @@ def _bare_python_dir(tmp_path: Path) -> Path:
     assert base.exists(), base
     bindir = tmp_path / "bare-bin"
     bindir.mkdir()
-    for name in "python3 python".split():  # the names a user types, both bare here
+    for name in BARE_NAMES:
         wrapper = bindir / name
         wrapper.write_text(f'#!/bin/sh\nexec "{base}" -S "$@"\n')
         wrapper.chmod(0o755)
