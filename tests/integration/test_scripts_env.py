@@ -25,7 +25,7 @@ BENCHMARK_SCRIPTS = [
 ]
 
 # the names a user types, python3 and python: both are the bare interpreter in these tests
-BARE_NAMES = (f"python{sys.version_info.major}", "python")
+BARE_NAMES = tuple(f"python{suffix}" for suffix in (sys.version_info.major, ""))
 
 # A command that starts whatever python3/python PATH has: `exec python3`, a shell line or
 # `$(...)` that begins with it, or a Python argv list whose first item is "python3".
