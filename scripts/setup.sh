@@ -25,5 +25,11 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+# Reinstall only when the dependencies changed (the package itself is an editable install).
+stamp=.venv/.installed-pyproject
+if ! cmp -s pyproject.toml "$stamp"; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # setuptools warns about every editable install; it says nothing to someone running this
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e '.[dev]'
+  cp pyproject.toml "$stamp"
+fi
