@@ -84,15 +84,20 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(url: str, bodies: list[bytes], seconds: float, work: Path) -> tuple[int, float, float, int]:
-    script = work / "post.lua"
+def wrk_script(path: Path, bodies: list[bytes]) -> Path:
+    """A wrk Lua script that POSTs the JSON ``bodies`` in turn."""
     table = ",\n".join("[[" + b.decode() + "]]" for b in bodies)
-    script.write_text(
+    path.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"local bodies = {{\n{table}\n}}\nlocal i = 0\n"
         "request = function()\n  i = i % #bodies + 1\n"
         "  return wrk.format(nil, nil, nil, bodies[i])\nend\n"
     )
+    return path
+
+
+def wrk(url: str, bodies: list[bytes], seconds: float, work: Path) -> tuple[int, float, float, int]:
+    script = wrk_script(work / "post.lua", bodies)
     out = subprocess.run(
         ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
         capture_output=True,

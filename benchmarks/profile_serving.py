@@ -1,0 +1,121 @@
+"""Where a serving worker's CPU goes: py-spy samples of one worker under wrk load.
+
+    python3 benchmarks/profile_serving.py [--seconds 8] [--out FILE]
+
+One `feature-store serve` worker (REST, batch 10 x all 50 features of the standard shape,
+zipfian ids over 100,000 entities, 8 connections from wrk), L1 off and then on (after a
+warm-up). `py-spy record` samples the worker at 500 Hz; the report lists the functions
+with the most samples of their own (time in C called from them counts as theirs: an
+orjson or hiredis call is its caller's self time), and the share of a few paths.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import orjson
+from _results import header, save
+from cost import wrk_script
+from serving import ensure_data, id_batches
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.serving.process import ServingProcess
+
+PATHS = {  # frame name prefixes -> what they stand for
+    ("PackedRoundTrip.__call__",): "the Redis round trip (RESP parsing by hiredis included)",
+    ("GroupSpec.decode",): "decoding values to Python objects",
+    ("_whole_group_rows",): "the answer's rows (JSON of values and statuses)",
+    ("CachedReader.get",): "the L1 and the read path (round trip and decoding included)",
+    ("HttpToolsProtocol", "RequestResponseCycle.send"): "uvicorn: HTTP parsing, socket writes",
+}
+
+
+def _frame(text: str) -> str:
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", text)
+    if not m:
+        return text
+    name, path = m.groups()
+    path = re.sub(r".*/(site-packages|lib/python3\.\d+)/", "", path)
+    return f"{name} ({re.sub(r'.*/feature_store/', 'feature_store/', path)})"
+
+
+def profile(redis: EmbeddedRedis, args: list[str], seconds: float, script: Path) -> list[str]:
+    env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+    raw = script.with_name("samples.txt")
+    with ServingProcess(redis.url, args=args, env=env, grpc=False) as server:
+        assert server.process is not None
+        url = f"{server.rest_url}/v1/features/get"
+        wrk = ["wrk", "-t1", "-c8", "-s", str(script), url]
+        if "--no-cache" not in args:
+            subprocess.run([*wrk, "-d3s"], capture_output=True, check=True)  # fill the L1
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                *("record", "--pid", str(server.process.pid), "--duration", f"{seconds:g}"),
+                *("--rate", "500", "--format", "raw", "--output", str(raw), "--nonblocking"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        subprocess.run([*wrk, f"-d{seconds + 1:g}s"], capture_output=True, check=True)
+        spy.wait()
+    own: Counter[str] = Counter()
+    within: Counter[tuple[str, ...]] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        frames = [_frame(f) for f in stack.split(";")]
+        total += n
+        own[frames[-1]] += n
+        for prefixes in PATHS:
+            if any(f.startswith(prefixes) for f in frames):
+                within[prefixes] += n
+    lines = [f"{total:,} samples.", "", "| share | function (self time) |", "|---:|---|"]
+    lines += [f"| {100 * n / total:.1f}% | `{f}` |" for f, n in own.most_common(15)]
+    lines += ["", "| share | path (inclusive) |", "|---:|---|"]
+    lines += [f"| {100 * within[p] / total:.1f}% | {what} |" for p, what in PATHS.items()]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
+    )
+    args = parser.parse_args()
+    if (
+        shutil.which("wrk") is None
+        or shutil.which(str(Path(sys.executable).parent / "py-spy")) is None
+    ):
+        raise SystemExit("needs wrk and py-spy: run ./scripts/setup.sh")
+    bodies = [
+        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        for ids in id_batches(100_000, 10, 1000)
+    ]
+    lines = header("One REST worker, batch 10 x 50, 8 wrk connections, py-spy at 500 Hz.")
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
+        ensure_data(redis.url, 100_000)
+        script = wrk_script(Path(tmp) / "post.lua", bodies)
+        for title, serve_args in (("L1 off", ["--no-cache"]), ("L1 on", ["--cache-ttl", "3600"])):
+            lines += ["", f"## {title}", "", *profile(redis, serve_args, args.seconds, script)]
+    save(args.out, "Where a serving worker's CPU goes", lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
