@@ -39,7 +39,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from serving import ensure_data, id_batches
+from serving import add_data_dir, ensure_data, id_batches
 
 TICK = os.sysconf("SC_CLK_TCK")
 CONNECTIONS = 8
@@ -191,11 +191,7 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
-    )
+    add_data_dir(parser)
     args = parser.parse_args()
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:

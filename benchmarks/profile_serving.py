@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 from _results import header, save
 from cost import wrk_script
-from serving import ensure_data, id_batches
+from serving import add_data_dir, ensure_data, id_batches
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -92,11 +92,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
-    )
+    add_data_dir(parser)
     args = parser.parse_args()
     if (
         shutil.which("wrk") is None

@@ -64,6 +64,16 @@ def quantile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
+def add_data_dir(parser: argparse.ArgumentParser) -> None:
+    """--data-dir, shared by the serving benchmarks: one embedded Redis with the data."""
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
+        help="the embedded Redis's files; kept between runs so the data loads once",
+    )
+
+
 def ensure_data(url: str, entities: int) -> None:
     with redis.Redis.from_url(url) as client:
         if client.dbsize() >= entities:
@@ -300,12 +310,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured, per cell")
     parser.add_argument("--batches", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
-        help="the embedded Redis's files; kept between runs so the data loads once",
-    )
+    add_data_dir(parser)
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
     args = parser.parse_args()
     with EmbeddedRedis(args.data_dir) as server:

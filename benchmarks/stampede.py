@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import gc
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import FAILURES, RestConnection, ensure_data, quantile, rest_requests
+from serving import FAILURES, RestConnection, add_data_dir, ensure_data, quantile, rest_requests
 
 
 @dataclass
@@ -115,11 +114,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10, help="entities per request")
     parser.add_argument("--ttl", type=float, default=0.05, help="L1 TTL in seconds")
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "feature-store-bench" / "serving-redis",
-    )
+    add_data_dir(parser)
     args = parser.parse_args()
     order = sample.Zipf(args.entities, seed=7).order
     keys = [order[i * args.batch : (i + 1) * args.batch] for i in range(args.cardinality + 1)]
