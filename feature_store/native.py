@@ -1,0 +1,105 @@
+"""The compiled data plane (``feature_store._native``, Rust) or its Python reference.
+
+``GroupFormat`` is what the serving path asks for a group's answer bytes. It uses the
+Rust extension built with the package, unless ``FEATURE_STORE_NATIVE=off`` (or the
+extension is missing), and ``feature_store.serialization.answers`` otherwise. The Rust code
+takes only canonical stored forms: for anything else it raises ValueError and the value is
+answered by the reference, which also raises the EncodingError a bad value deserves.
+Either way the bytes are the same (tests/unit/test_native.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from feature_store.serialization import Codec, Value
+from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, unpack
+
+if TYPE_CHECKING:
+    from feature_store._native import GroupCodec as NativeCodec
+
+log = logging.getLogger(__name__)
+
+NATIVE_ENV = "FEATURE_STORE_NATIVE"
+_OFF = frozenset({"off", "0", "false", "no"})
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(NATIVE_ENV, "").strip().lower() in _OFF:
+        return None
+    try:
+        from feature_store import _native
+    except ImportError:  # a source tree used without `pip install` (setup.sh builds it)
+        log.warning("the native extension is not built; serving with the Python reference")
+        return None
+    return _native
+
+
+_native = _load()
+
+
+def native_enabled() -> bool:
+    """Whether answers are made by the Rust extension (else by the Python reference)."""
+    return _native is not None
+
+
+class GroupFormat:
+    """One feature group's stored values as answer bytes; see ``PureGroupCodec``."""
+
+    __slots__ = ("codecs", "native", "pure")
+
+    def __init__(self, codecs: Sequence[Codec], *, native: bool | None = None) -> None:
+        self.codecs = tuple(codecs)
+        self.pure = PureGroupCodec(self.codecs)
+        use_native = native_enabled() if native is None else native
+        self.native: NativeCodec | None = (
+            _native.GroupCodec([(TYPE_CODES[c.type], c.dim or 0) for c in self.codecs])
+            if use_native and _native is not None
+            else None
+        )
+
+    def load(self, reply: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes]:
+        """``(packed, present, values_json)`` of a reply's values (the group's, in order).
+
+        Raises EncodingError for a value its codec does not decode."""
+        if self.native is not None:
+            try:
+                return self.native.load(reply if type(reply) is list else list(reply))
+            except ValueError:
+                pass  # a form only the reference reads (or a bad value): it decides
+        return self.pure.load(reply)
+
+    def json_parts(self, raw: bytes) -> list[bytes]:
+        """Each value's JSON, ``null`` for none."""
+        if self.native is not None:
+            try:
+                return self.native.json_parts(raw)
+            except ValueError:
+                pass
+        return self.pure.json_parts(raw)
+
+    def proto(self, raw: bytes) -> bytes:
+        """Every value's ``FeatureRow.values`` record, joined."""
+        if self.native is not None:
+            try:
+                return self.native.proto(raw)
+            except ValueError:
+                pass
+        return self.pure.proto(raw)
+
+    def proto_parts(self, raw: bytes) -> list[bytes]:
+        if self.native is not None:
+            try:
+                return self.native.proto_parts(raw)
+            except ValueError:
+                pass
+        return self.pure.proto_parts(raw)
+
+    def values(self, raw: bytes) -> tuple[Value | None, ...]:
+        """The packed values as Python objects (for library callers and comparisons)."""
+        pairs = zip(self.codecs, unpack(raw), strict=True)
+        return tuple(None if v is None else c.decode(v) for c, v in pairs)

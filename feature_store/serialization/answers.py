@@ -1,0 +1,156 @@
+"""Stored values to answer bytes: the reference implementation of the native data plane.
+
+The serving path keeps each cached entity group as its stored bytes, packed into one
+``bytes`` (``pack``), and writes answers from them: a JSON array of the values (REST) and
+the ``FeatureRow.values`` records of serving.proto (gRPC). This module is the definition
+of those bytes, in Python. ``feature_store._native`` (Rust, native/src/lib.rs) does the
+same without a Python object per value; tests/unit/test_native.py asserts byte-identical
+output, and ``FEATURE_STORE_NATIVE=off`` serves with this module alone.
+
+JSON of a value, the same on every path:
+
+    float, double          the float64 Python reads from the stored text, as orjson writes
+                           it (shortest round trip: 0.1, 1e-7, 1e+16, 100.0)
+    embedding, float_list  each float32 as its shortest float32 decimal (0.1, not the
+                           0.10000000149011612 of the widened double), same layout
+    NaN, +-Infinity        the strings "NaN", "Infinity", "-Infinity" (json_floats)
+    int, bool, string      as orjson writes them; int_list: a list of ints
+    no value               null
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import cast
+
+import orjson
+
+from feature_store.proto.v1.values_pb2 import FloatList, IntList
+from feature_store.serialization.codecs import Codec, FeatureType, encode_float32, varint
+from feature_store.serialization.json_floats import float_text
+
+# Type codes shared with native/src/lib.rs
+TYPE_CODES: dict[FeatureType, int] = {
+    FeatureType.FLOAT: 0,
+    FeatureType.DOUBLE: 1,
+    FeatureType.INT: 2,
+    FeatureType.BOOL: 3,
+    FeatureType.STRING: 4,
+    FeatureType.EMBEDDING: 5,
+    FeatureType.FLOAT_LIST: 6,
+    FeatureType.INT_LIST: 7,
+}
+
+_LEN = struct.Struct("<I")
+ABSENT = 0xFFFFFFFF  # the length of a value that is not there
+MISSING_VALUE = b"\x12\x00"  # FeatureRow.values: an empty Value (no kind set)
+_DOUBLE_RECORD = struct.Struct("<BBBd")  # values record (tag 2, length 9), float_value, double
+
+
+def pack(values: Sequence[bytes | None]) -> bytes:
+    """Stored values as one bytes: per value a u32 little-endian length (ABSENT for
+    none), then the value. One object instead of one per value: the cache's unit."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append(_LEN.pack(ABSENT))
+        else:
+            parts.append(_LEN.pack(len(v)))
+            parts.append(v)
+    return b"".join(parts)
+
+
+def unpack(raw: bytes) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    pos = 0
+    while pos < len(raw):
+        (n,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        if n == ABSENT:
+            out.append(None)
+        else:
+            out.append(raw[pos : pos + n])
+            pos += n
+    return out
+
+
+def _float_json(x: float) -> bytes:
+    text = float_text(x)
+    return orjson.dumps(text)
+
+
+def _float32_json(x: float) -> bytes:
+    """A float32 (widened to a Python float) as its shortest float32 decimal."""
+    return _float_json(float(encode_float32(x)))
+
+
+def json_value(codec: Codec, data: bytes) -> bytes:
+    """One stored value as JSON. Raises EncodingError for a value its codec refuses."""
+    value = codec.decode(data)
+    t = codec.type
+    if t in (FeatureType.FLOAT, FeatureType.DOUBLE):
+        return _float_json(cast(float, value))
+    if t in (FeatureType.EMBEDDING, FeatureType.FLOAT_LIST):
+        return b"[" + b",".join(_float32_json(x) for x in cast(list[float], value)) + b"]"
+    return orjson.dumps(value)
+
+
+def _record(tag: int, payload: bytes) -> bytes:
+    return bytes((tag,)) + varint(len(payload)) + payload
+
+
+def proto_value(codec: Codec, data: bytes | None) -> bytes:
+    """One stored value as its ``FeatureRow.values`` record (field 2, a ``Value``)."""
+    if data is None:
+        return MISSING_VALUE
+    value = codec.decode(data)
+    t = codec.type
+    if t in (FeatureType.FLOAT, FeatureType.DOUBLE):
+        return _DOUBLE_RECORD.pack(0x12, 9, 0x09, value)  # float_value = 1, fixed64
+    if t is FeatureType.INT:
+        return _record(0x12, b"\x10" + varint(value))  # type: ignore[arg-type]
+    if t is FeatureType.BOOL:
+        return b"\x12\x02\x18\x01" if value else b"\x12\x02\x18\x00"  # bool_value = 3
+    if t is FeatureType.STRING:
+        return _record(0x12, _record(0x22, value.encode()))  # type: ignore[union-attr]
+    if t is FeatureType.INT_LIST:  # int_list_value = 6
+        ints = IntList(values=cast(list[int], value))
+        return _record(0x12, _record(0x32, ints.SerializeToString()))
+    # embedding, float_list: float_list_value = 5
+    floats = FloatList(values=cast(list[float], value))
+    return _record(0x12, _record(0x2A, floats.SerializeToString()))
+
+
+class PureGroupCodec:
+    """The reference of ``feature_store._native.GroupCodec``: the same methods, in Python."""
+
+    def __init__(self, codecs: Sequence[Codec]) -> None:
+        self.codecs = tuple(codecs)
+
+    def load(self, reply: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes]:
+        """``(packed, present, values_json)`` of the reply's first len(codecs) values."""
+        values = reply[: len(self.codecs)]
+        present = bytes(0 if v is None else 1 for v in values)
+        return pack(values), present, b"[" + b",".join(self._json(values)) + b"]"
+
+    def _json(self, values: Sequence[bytes | None]) -> list[bytes]:
+        return [
+            b"null" if v is None else json_value(c, v)
+            for c, v in zip(self.codecs, values, strict=True)
+        ]
+
+    def json_parts(self, raw: bytes) -> list[bytes]:
+        return self._json(self._unpack(raw))
+
+    def proto(self, raw: bytes) -> bytes:
+        return b"".join(self.proto_parts(raw))
+
+    def proto_parts(self, raw: bytes) -> list[bytes]:
+        return [proto_value(c, v) for c, v in zip(self.codecs, self._unpack(raw), strict=True)]
+
+    def _unpack(self, raw: bytes) -> list[bytes | None]:
+        values = unpack(raw)
+        if len(values) != len(self.codecs):
+            raise ValueError("not a packed value list of this group")
+        return values

@@ -1,0 +1,544 @@
+//! The serving data plane's hot loops: stored feature values (the bytes Redis returns) to
+//! the bytes of answers, without a Python object per value.
+//!
+//! The reference for every function here is `feature_store/serialization/answers.py`; the
+//! property tests in `tests/unit/test_native.py` assert byte-identical output. This code
+//! takes only the canonical forms the writers produce. Anything else (a value another
+//! writer stored in a form Python also reads, or corrupt data) raises `ValueError`, and the
+//! caller answers that value with the Python reference, which also owns every error
+//! message. So the native path can be faster, never different.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+// Type codes: feature_store.serialization.answers.TYPE_CODES
+const FLOAT: u8 = 0;
+const DOUBLE: u8 = 1;
+const INT: u8 = 2;
+const BOOL: u8 = 3;
+const STRING: u8 = 4;
+const EMBEDDING: u8 = 5;
+const FLOAT_LIST: u8 = 6;
+const INT_LIST: u8 = 7;
+
+/// The packed form of a group's stored values: per feature a little-endian u32 length
+/// (`ABSENT` for no value), then the bytes.
+const ABSENT: u32 = u32::MAX;
+
+/// A value the native path does not take; the Python reference answers it.
+struct Fallback;
+
+type Native<T> = Result<T, Fallback>;
+
+fn fallback(index: usize) -> PyErr {
+    PyValueError::new_err(index)
+}
+
+// --- reading stored values -------------------------------------------------------------
+
+/// Stored float text as Python's `float()` reads it, for the forms the writers produce:
+/// `-?digits(.digits)?([eE][+-]?digits)?`, `nan`, `inf`, `-inf`.
+fn parse_float(text: &[u8]) -> Native<f64> {
+    match text {
+        b"nan" => return Ok(f64::NAN),
+        b"inf" => return Ok(f64::INFINITY),
+        b"-inf" => return Ok(f64::NEG_INFINITY),
+        _ => {}
+    }
+    let mut i = usize::from(text.first() == Some(&b'-'));
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while *i < text.len() && text[*i].is_ascii_digit() {
+            *i += 1;
+        }
+        *i > start
+    };
+    if !digits(&mut i) {
+        return Err(Fallback);
+    }
+    if i < text.len() && text[i] == b'.' {
+        i += 1;
+        if !digits(&mut i) {
+            return Err(Fallback);
+        }
+    }
+    if i < text.len() && (text[i] == b'e' || text[i] == b'E') {
+        i += 1;
+        if i < text.len() && (text[i] == b'+' || text[i] == b'-') {
+            i += 1;
+        }
+        if !digits(&mut i) {
+            return Err(Fallback);
+        }
+    }
+    if i != text.len() {
+        return Err(Fallback);
+    }
+    // only ASCII digits and signs are left: valid UTF-8, and a number Rust reads exactly
+    // as Python does (both round correctly)
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .ok_or(Fallback)
+}
+
+/// Canonical decimal int64 text: `0`, or `-?[1-9][0-9]*` within range.
+fn parse_int(text: &[u8]) -> Native<i64> {
+    let body = text.strip_prefix(b"-").unwrap_or(text);
+    let canonical = match body {
+        [b'0'] => text.len() == 1,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if !canonical {
+        return Err(Fallback);
+    }
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or(Fallback)
+}
+
+/// A protobuf varint; only the minimal encoding, as every protobuf writer makes it.
+fn read_varint(data: &[u8], pos: &mut usize) -> Native<u64> {
+    let mut value: u64 = 0;
+    for shift in (0..70).step_by(7) {
+        let byte = *data.get(*pos).ok_or(Fallback)?;
+        *pos += 1;
+        if shift == 63 && byte > 1 {
+            return Err(Fallback); // more than 64 bits
+        }
+        value |= u64::from(byte & 0x7F) << shift;
+        if byte & 0x80 == 0 {
+            if byte == 0 && shift > 0 {
+                return Err(Fallback); // not minimal
+            }
+            return Ok(value);
+        }
+    }
+    Err(Fallback)
+}
+
+/// The packed field 1 of FloatList / IntList: empty, or one `0x0a len payload` record.
+fn packed_payload(data: &[u8]) -> Native<&[u8]> {
+    if data.is_empty() {
+        return Ok(data);
+    }
+    if data[0] != 0x0A {
+        return Err(Fallback);
+    }
+    let mut pos = 1;
+    let len = read_varint(data, &mut pos)?;
+    if len == 0 || len != (data.len() - pos) as u64 {
+        return Err(Fallback);
+    }
+    Ok(&data[pos..])
+}
+
+fn float_list(data: &[u8], dim: u32) -> Native<Vec<f32>> {
+    let payload = packed_payload(data)?;
+    if payload.len() % 4 != 0 {
+        return Err(Fallback);
+    }
+    let values: Vec<f32> = payload
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if dim != 0 && values.len() != dim as usize {
+        return Err(Fallback);
+    }
+    // A signalling NaN turns quiet when Python widens it to a double: only the reference
+    // knows which bits come back, so it answers those
+    if values.iter().any(|x| x.is_nan() && x.to_bits() & 0x0040_0000 == 0) {
+        return Err(Fallback);
+    }
+    Ok(values)
+}
+
+fn int_list(data: &[u8]) -> Native<Vec<i64>> {
+    let plain = snap::raw::Decoder::new()
+        .decompress_vec(data)
+        .map_err(|_| Fallback)?;
+    let payload = packed_payload(&plain)?;
+    let mut values = Vec::new();
+    let mut pos = 0;
+    while pos < payload.len() {
+        values.push(read_varint(payload, &mut pos)? as i64);
+    }
+    Ok(values)
+}
+
+// --- writing JSON ----------------------------------------------------------------------
+
+/// A finite float as orjson writes it: the shortest round-trip digits, plain notation for
+/// decimal exponents -5..=15 (with ".0" on whole numbers), else `1.5e-7` / `1e+16`.
+fn layout(out: &mut Vec<u8>, shortest: &str) {
+    let (negative, text) = match shortest.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, shortest),
+    };
+    let (mantissa, exponent) = match text.split_once('e') {
+        Some((m, e)) => (m, e.parse::<i32>().unwrap_or(0)),
+        None => (text, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits: Vec<u8> = int_part.bytes().chain(frac_part.bytes()).collect();
+    let leading = digits.iter().take_while(|&&d| d == b'0').count();
+    digits.drain(..leading);
+    while digits.last() == Some(&b'0') {
+        digits.pop();
+    }
+    if negative {
+        out.push(b'-');
+    }
+    if digits.is_empty() {
+        out.extend_from_slice(b"0.0");
+        return;
+    }
+    // value = d.ddd x 10^exp
+    let exp = exponent + int_part.len() as i32 - 1 - leading as i32;
+    if (-5..16).contains(&exp) {
+        if exp < 0 {
+            out.extend_from_slice(b"0.");
+            out.resize(out.len() + (-exp - 1) as usize, b'0');
+            out.extend_from_slice(&digits);
+        } else {
+            let point = exp as usize + 1;
+            if digits.len() <= point {
+                out.extend_from_slice(&digits);
+                out.resize(out.len() + point - digits.len(), b'0');
+                out.extend_from_slice(b".0");
+            } else {
+                out.extend_from_slice(&digits[..point]);
+                out.push(b'.');
+                out.extend_from_slice(&digits[point..]);
+            }
+        }
+        return;
+    }
+    out.push(digits[0]);
+    if digits.len() > 1 {
+        out.push(b'.');
+        out.extend_from_slice(&digits[1..]);
+    }
+    out.push(b'e');
+    out.push(if exp < 0 { b'-' } else { b'+' });
+    out.extend_from_slice(exp.unsigned_abs().to_string().as_bytes());
+}
+
+fn non_finite(out: &mut Vec<u8>, nan: bool, positive: bool) {
+    out.extend_from_slice(match (nan, positive) {
+        (true, _) => b"\"NaN\"".as_slice(),
+        (false, true) => b"\"Infinity\"".as_slice(),
+        (false, false) => b"\"-Infinity\"".as_slice(),
+    });
+}
+
+fn json_f64(out: &mut Vec<u8>, x: f64) {
+    if x.is_finite() {
+        layout(out, ryu::Buffer::new().format_finite(x));
+    } else {
+        non_finite(out, x.is_nan(), x > 0.0);
+    }
+}
+
+/// A float32 as its shortest float32 decimal (not the 17 digits of the widened double).
+fn json_f32(out: &mut Vec<u8>, x: f32) {
+    if x.is_finite() {
+        layout(out, ryu::Buffer::new().format_finite(x));
+    } else {
+        non_finite(out, x.is_nan(), x > 0.0);
+    }
+}
+
+fn json_i64(out: &mut Vec<u8>, x: i64) {
+    out.extend_from_slice(x.to_string().as_bytes());
+}
+
+/// A JSON string as orjson escapes it: `"`, `\` and control characters only.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    for &b in s.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\x08' => out.extend_from_slice(b"\\b"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\x0c' => out.extend_from_slice(b"\\f"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            0..=0x1F => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xF)]);
+            }
+            _ => out.push(b),
+        }
+    }
+    out.push(b'"');
+}
+
+fn json_list<T: Copy>(out: &mut Vec<u8>, items: &[T], write: fn(&mut Vec<u8>, T)) {
+    out.push(b'[');
+    for (i, &x) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write(out, x);
+    }
+    out.push(b']');
+}
+
+fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
+    match type_code {
+        FLOAT | DOUBLE => json_f64(out, parse_float(data)?),
+        INT => json_i64(out, parse_int(data)?),
+        BOOL => out.extend_from_slice(match data {
+            b"1" => b"true".as_slice(),
+            b"0" => b"false".as_slice(),
+            _ => return Err(Fallback),
+        }),
+        STRING => json_str(out, std::str::from_utf8(data).map_err(|_| Fallback)?),
+        EMBEDDING | FLOAT_LIST => json_list(out, &float_list(data, dim)?, json_f32),
+        INT_LIST => json_list(out, &int_list(data)?, json_i64),
+        _ => return Err(Fallback),
+    }
+    Ok(())
+}
+
+// --- writing protobuf (serving.proto FeatureRow.values records) -------------------------
+
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7F) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// `tag, length, payload` with the payload written by `write` in place.
+fn record(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) {
+    let mut payload = Vec::new();
+    write(&mut payload);
+    out.push(tag);
+    put_varint(out, payload.len() as u64);
+    out.extend_from_slice(&payload);
+}
+
+const MISSING_VALUE: &[u8] = b"\x12\x00"; // FeatureRow.values: a Value with no kind set
+
+/// One `FeatureRow.values` record (field 2) holding a `Value`.
+fn proto_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
+    match type_code {
+        FLOAT | DOUBLE => {
+            let x = parse_float(data)?;
+            out.extend_from_slice(&[0x12, 9, 0x09]); // float_value = 1, fixed64
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        INT => {
+            let x = parse_int(data)?;
+            record(out, 0x12, |p| {
+                p.push(0x10); // int_value = 2
+                put_varint(p, x as u64);
+            });
+        }
+        BOOL => out.extend_from_slice(match data {
+            b"1" => b"\x12\x02\x18\x01".as_slice(), // bool_value = 3
+            b"0" => b"\x12\x02\x18\x00".as_slice(),
+            _ => return Err(Fallback),
+        }),
+        STRING => {
+            let s = std::str::from_utf8(data).map_err(|_| Fallback)?;
+            record(out, 0x12, |p| record(p, 0x22, |q| q.extend_from_slice(s.as_bytes())));
+        }
+        EMBEDDING | FLOAT_LIST => {
+            let values = float_list(data, dim)?;
+            record(out, 0x12, |p| {
+                record(p, 0x2A, |q| {
+                    if !values.is_empty() {
+                        record(q, 0x0A, |r| {
+                            for x in &values {
+                                r.extend_from_slice(&x.to_le_bytes());
+                            }
+                        });
+                    }
+                })
+            });
+        }
+        INT_LIST => {
+            let values = int_list(data)?;
+            record(out, 0x12, |p| {
+                record(p, 0x32, |q| {
+                    if !values.is_empty() {
+                        record(q, 0x0A, |r| {
+                            for &x in &values {
+                                put_varint(r, x as u64);
+                            }
+                        });
+                    }
+                })
+            });
+        }
+        _ => return Err(Fallback),
+    }
+    Ok(())
+}
+
+// --- the packed form -------------------------------------------------------------------
+
+struct Packed<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Iterator for Packed<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let head = self.data.get(self.pos..self.pos + 4)?;
+        self.pos += 4;
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        if len == ABSENT {
+            return Some(None);
+        }
+        let value = self.data.get(self.pos..self.pos + len as usize)?;
+        self.pos += len as usize;
+        Some(Some(value))
+    }
+}
+
+fn unpack(raw: &[u8], count: usize) -> PyResult<Vec<Option<&[u8]>>> {
+    let values: Vec<Option<&[u8]>> = Packed { data: raw, pos: 0 }.collect();
+    if values.len() != count {
+        return Err(PyValueError::new_err("not a packed value list of this group"));
+    }
+    Ok(values)
+}
+
+/// One feature group's value types, and what the serving path makes of its stored values.
+#[pyclass(frozen, module = "feature_store._native")]
+struct GroupCodec {
+    types: Vec<(u8, u32)>, // (type code, embedding dimension or 0)
+}
+
+#[pymethods]
+impl GroupCodec {
+    #[new]
+    fn new(types: Vec<(u8, u32)>) -> Self {
+        GroupCodec { types }
+    }
+
+    /// `(packed, present, values_json)` of a reply's first len(types) values.
+    /// `present` has one byte per feature: 1 for a value, 0 for none.
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        reply: &Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        if reply.len() < self.types.len() {
+            return Err(PyValueError::new_err("the reply has fewer values than the group"));
+        }
+        let mut raw = Vec::with_capacity(1024);
+        let mut json = Vec::with_capacity(1024);
+        let mut present = Vec::with_capacity(self.types.len());
+        json.push(b'[');
+        for (i, &(type_code, dim)) in self.types.iter().enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            let item = reply.get_item(i)?;
+            if item.is_none() {
+                raw.extend_from_slice(&ABSENT.to_le_bytes());
+                json.extend_from_slice(b"null");
+                present.push(0);
+                continue;
+            }
+            let bytes = item.downcast::<PyBytes>()?;
+            let data = bytes.as_bytes();
+            if data.len() >= ABSENT as usize {
+                return Err(fallback(i));
+            }
+            json_value(&mut json, type_code, dim, data).map_err(|_| fallback(i))?;
+            raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            raw.extend_from_slice(data);
+            present.push(1);
+        }
+        json.push(b']');
+        Ok((
+            PyBytes::new(py, &raw),
+            PyBytes::new(py, &present),
+            PyBytes::new(py, &json),
+        ))
+    }
+
+    /// Each value's JSON (`null` for none), for answers that pick some features.
+    fn json_parts<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        let values = unpack(raw, self.types.len())?;
+        let mut parts = Vec::with_capacity(values.len());
+        let mut buf = Vec::with_capacity(256);
+        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
+            buf.clear();
+            match value {
+                None => buf.extend_from_slice(b"null"),
+                Some(data) => json_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?,
+            }
+            parts.push(PyBytes::new(py, &buf));
+        }
+        PyList::new(py, parts)
+    }
+
+    /// Every value's `FeatureRow.values` record, joined (a whole-group gRPC answer).
+    fn proto<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let values = unpack(raw, self.types.len())?;
+        let mut out = Vec::with_capacity(raw.len() + 4 * values.len());
+        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
+            match value {
+                None => out.extend_from_slice(MISSING_VALUE),
+                Some(data) => proto_value(&mut out, type_code, dim, data).map_err(|_| fallback(i))?,
+            }
+        }
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// Each value's `FeatureRow.values` record, for answers that pick some features.
+    fn proto_parts<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        let values = unpack(raw, self.types.len())?;
+        let mut parts = Vec::with_capacity(values.len());
+        let mut buf = Vec::with_capacity(256);
+        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
+            buf.clear();
+            match value {
+                None => buf.extend_from_slice(MISSING_VALUE),
+                Some(data) => proto_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?,
+            }
+            parts.push(PyBytes::new(py, &buf));
+        }
+        PyList::new(py, parts)
+    }
+}
+
+/// A float32 as JSON, as the answers write embedding elements (for tests and tools).
+#[pyfunction]
+fn float32_json<'py>(py: Python<'py>, x: f32) -> Bound<'py, PyBytes> {
+    let mut out = Vec::new();
+    json_f32(&mut out, x);
+    PyBytes::new(py, &out)
+}
+
+/// A float64 as JSON, as the answers write float and double features.
+#[pyfunction]
+fn float64_json<'py>(py: Python<'py>, x: f64) -> Bound<'py, PyBytes> {
+    let mut out = Vec::new();
+    json_f64(&mut out, x);
+    PyBytes::new(py, &out)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<GroupCodec>()?;
+    m.add_function(wrap_pyfunction!(float32_json, m)?)?;
+    m.add_function(wrap_pyfunction!(float64_json, m)?)?;
+    Ok(())
+}

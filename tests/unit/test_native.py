@@ -1,0 +1,180 @@
+"""The Rust data plane writes the same bytes as its Python reference, for every type.
+
+``feature_store._native.GroupCodec`` may refuse a value (ValueError: a form it does not
+take, or a bad value), and the reference then answers it; what it does answer must be
+byte-identical to ``feature_store.serialization.answers.PureGroupCodec``. Canonical values,
+as the writers store them, must not be refused: a native path that always fell back would
+be identical and useless.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import orjson
+import pytest
+import snappy
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from feature_store import _native, sample
+from feature_store.errors import EncodingError
+from feature_store.native import GroupFormat
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.values_pb2 import FloatList
+from feature_store.serialization import FeatureType, codec_for
+from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, pack, unpack
+
+CODECS = {
+    "float": codec_for(FeatureType.FLOAT),
+    "double": codec_for(FeatureType.DOUBLE),
+    "int": codec_for(FeatureType.INT),
+    "bool": codec_for(FeatureType.BOOL),
+    "string": codec_for(FeatureType.STRING),
+    "embedding": codec_for(FeatureType.EMBEDDING, 4),
+    "float_list": codec_for(FeatureType.FLOAT_LIST),
+    "int_list": codec_for(FeatureType.INT_LIST),
+}
+ORDER = list(CODECS)
+f32s = st.floats(width=32)
+f64s = st.floats()
+int64s = st.integers(-(2**63), 2**63 - 1)
+
+VALUES = {
+    "float": f32s,
+    "double": f64s,
+    "int": int64s,
+    "bool": st.booleans(),
+    "string": st.text(),
+    "embedding": st.lists(f32s, min_size=4, max_size=4),
+    "float_list": st.lists(f32s, max_size=20),
+    "int_list": st.lists(int64s, max_size=20),
+}
+# stored forms other writers (or corruption) may leave: the reference decides what they mean
+ODD_TEXT = st.sampled_from(
+    [b"", b" 1", b"1 ", b"+1", b"007", b"-0", b"1_0", b"1.", b".5", b"NaN", b"-nan", b"Infinity",
+     b"1e", b"1e+", b"9" * 30, b"-" , b"0x10", b"\xff", b"1.5E3", b"2", b"true", b"\x00"]
+)  # fmt: skip
+
+
+def native_codec(names: list[str]) -> _native.GroupCodec:
+    codecs = [CODECS[n] for n in names]
+    return _native.GroupCodec([(TYPE_CODES[c.type], c.dim or 0) for c in codecs])
+
+
+def pure_codec(names: list[str]) -> PureGroupCodec:
+    return PureGroupCodec([CODECS[n] for n in names])
+
+
+def same_answers(names: list[str], reply: list[bytes | None]) -> bool:
+    """Asserts identity where native answers; True when native answered every part."""
+    native, pure = native_codec(names), pure_codec(names)
+    try:
+        loaded = native.load(reply)
+    except ValueError:
+        return False
+    assert loaded == pure.load(reply)
+    raw = loaded[0]
+    assert native.json_parts(raw) == pure.json_parts(raw)
+    assert native.proto(raw) == pure.proto(raw)
+    assert native.proto_parts(raw) == pure.proto_parts(raw)
+    return True
+
+
+@st.composite
+def stored_rows(draw: st.DrawFn) -> tuple[list[str], list[bytes | None]]:
+    names = draw(st.lists(st.sampled_from(ORDER), min_size=1, max_size=8))
+    reply: list[bytes | None] = []
+    for n in names:
+        value = draw(st.none() | VALUES[n])
+        reply.append(None if value is None else CODECS[n].encode(value))
+    return names, reply
+
+
+@given(stored_rows())
+@settings(max_examples=400)
+def test_canonical_values_are_answered_natively_and_identically(
+    row: tuple[list[str], list[bytes | None]],
+) -> None:
+    names, reply = row
+    assert same_answers(names, reply), "the native path refused values a writer stored"
+
+
+@given(st.sampled_from(ORDER), ODD_TEXT | st.binary(max_size=40))
+@example("int_list", snappy.compress(b"\x0a\x02\x80\x00"))  # a varint that is not minimal
+@example("float_list", b"\x0a\x00")  # an empty packed field written out
+@example("embedding", FloatList(values=[1.0, 2.0, 3.0]).SerializeToString())  # wrong dim
+@example("float_list", b"\x0d\x00\x00\x80\x3f")  # one float, not packed
+@example("float_list", b"\x0a\x04\x01\x00\x80\x7f")  # a signalling NaN
+def test_odd_stored_values_are_identical_or_left_to_the_reference(name: str, data: bytes) -> None:
+    try:
+        expected = pure_codec([name]).load([data])
+    except EncodingError:
+        expected = None
+    try:
+        got = native_codec([name]).load([data])
+    except ValueError:
+        return  # the reference answers it (or raises its EncodingError)
+    assert expected is not None, f"native accepted {data!r}, which the reference refuses"
+    assert got == expected
+    assert same_answers([name], [data])
+
+
+@given(f32s)
+def test_float32_json_is_the_shortest_float32_decimal(x: float) -> None:
+    text = _native.float32_json(x)
+    if math.isnan(x):
+        assert text == b'"NaN"'
+        return
+    if math.isinf(x):
+        assert text == (b'"Infinity"' if x > 0 else b'"-Infinity"')
+        return
+    parsed = orjson.loads(text)
+    assert struct.unpack("<f", struct.pack("<f", parsed))[0] == x  # round-trips
+    digits = text.lstrip(b"-").split(b"e")[0].replace(b".", b"").strip(b"0")
+    assert len(digits) <= 9  # never the 17 digits of the widened double
+
+
+@given(f64s)
+def test_float64_json_is_orjsons(x: float) -> None:
+    if math.isfinite(x):
+        assert _native.float64_json(x) == orjson.dumps(x)
+
+
+def test_embeddings_are_written_as_float32_decimals() -> None:
+    codec = GroupFormat([CODECS["embedding"]])
+    data = CODECS["embedding"].encode([0.1, -2.5, 1e-7, 3.4028234663852886e38])
+    for fmt in (codec, GroupFormat([CODECS["embedding"]], native=False)):
+        assert fmt.load([data])[2] == b"[[0.1,-2.5,1e-7,3.4028235e+38]]"
+
+
+def test_the_whole_standard_group_round_trips_through_both_paths() -> None:
+    group = sample.registry().groups[sample.GROUP]
+    values = sample.features(7)
+    reply = [f.codec.encode(values[f.name]) for f in group.features]
+    reply[3] = None
+    native = GroupFormat([f.codec for f in group.features], native=True)
+    pure = GroupFormat([f.codec for f in group.features], native=False)
+    assert native.native is not None
+    assert pure.native is None
+    raw, present, json = native.load(reply)
+    assert (raw, present, json) == pure.load(reply)
+    assert unpack(raw) == reply
+    assert present == bytes(0 if i == 3 else 1 for i in range(len(reply)))
+    decoded = orjson.loads(json)
+    assert decoded[3] is None
+    assert decoded[0] == pytest.approx(values[group.features[0].name])
+    # the protobuf records parse as serving.proto's FeatureRow values
+    row = pb.FeatureRow.FromString(native.proto(raw))
+    assert len(row.values) == len(reply)
+    assert row.values[3].WhichOneof("kind") is None
+    assert native.values(raw)[0] == pure.values(raw)[0]
+
+
+def test_a_bad_value_raises_the_references_error_on_every_path() -> None:
+    for native in (True, False):
+        fmt = GroupFormat([CODECS["bool"], CODECS["int"]], native=native)
+        with pytest.raises(EncodingError, match="not 0 or 1"):
+            fmt.load([b"2", b"1"])
+    assert pack([b"1", None]) == b"\x01\x00\x00\x001\xff\xff\xff\xff"
