@@ -1,19 +1,28 @@
 # One image per role, from one Dockerfile:
 #   docker build --target serving -t feature-store-serving .   # feature-store serve
 #   docker build --target ingest  -t feature-store-ingest  .   # feature-store ingest (Spark)
+# The package's wheel, with its Rust extension compiled by Debian's cargo
+FROM python:3.11-slim AS wheel
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cargo rustc \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY native ./native
+COPY feature_store ./feature_store
+RUN pip wheel --no-deps --no-cache-dir -w /wheels .
+
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-# the package metadata first, so that dependency layers survive code changes
-COPY pyproject.toml README.md ./
-COPY feature_store ./feature_store
+COPY --from=wheel /wheels /wheels
 RUN useradd --system --uid 10001 --home-dir /app features
 
 FROM base AS serving
-RUN pip install ".[grpc]"
+RUN pip install "$(ls /wheels/*.whl)[grpc]"
 USER features
 EXPOSE 8000 50051
 # --host 0.0.0.0: reachable from other containers; --workers: one event loop per core
@@ -25,6 +34,6 @@ FROM base AS ingest
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
-RUN pip install ".[spark]"
+RUN pip install "$(ls /wheels/*.whl)[spark]"
 USER features
 ENTRYPOINT ["feature-store", "ingest"]

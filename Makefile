@@ -16,6 +16,7 @@ test: setup lint typecheck pytest
 lint:
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
+	./scripts/lint_rust.sh
 
 typecheck:
 	$(VENV)/mypy

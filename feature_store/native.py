@@ -10,6 +10,7 @@ Either way the bytes are the same (tests/unit/test_native.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 NATIVE_ENV = "FEATURE_STORE_NATIVE"
 _OFF = frozenset({"off", "0", "false", "no"})
+STATUS_PATTERNS = 256  # memoized statuses lists per group
 
 
 def _load() -> ModuleType | None:
@@ -50,7 +52,15 @@ def native_enabled() -> bool:
 class GroupFormat:
     """One feature group's stored values as answer bytes; see ``PureGroupCodec``."""
 
-    __slots__ = ("codecs", "native", "pure")
+    __slots__ = (
+        "_patterns",
+        "_statuses",
+        "absent_json",
+        "absent_present",
+        "codecs",
+        "native",
+        "pure",
+    )
 
     def __init__(self, codecs: Sequence[Codec], *, native: bool | None = None) -> None:
         self.codecs = tuple(codecs)
@@ -61,17 +71,40 @@ class GroupFormat:
             if use_native and _native is not None
             else None
         )
+        self.absent_present = bytes(len(self.codecs))  # a negative entry: no values
+        self.absent_json = b"[" + b",".join([b"null"] * len(self.codecs)) + b"]"
+        self._patterns: dict[bytes, bytes] = {}  # one ``present`` object per pattern
+        self._statuses: dict[tuple[bytes, bool], bytes] = {}
 
     def load(self, reply: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes]:
         """``(packed, present, values_json)`` of a reply's values (the group's, in order).
 
-        Raises EncodingError for a value its codec does not decode."""
+        Raises EncodingError for a value its codec does not decode. ``present`` is shared
+        between entries with the same values missing."""
+        loaded = None
         if self.native is not None:
-            try:
-                return self.native.load(reply if type(reply) is list else list(reply))
-            except ValueError:
-                pass  # a form only the reference reads (or a bad value): it decides
-        return self.pure.load(reply)
+            # ValueError: a form only the reference reads (or a bad value): it decides
+            with contextlib.suppress(ValueError):
+                loaded = self.native.load(reply if type(reply) is list else list(reply))
+        raw, present, json = self.pure.load(reply) if loaded is None else loaded
+        shared = self._patterns.get(present)
+        if shared is None and len(self._patterns) < STATUS_PATTERNS:
+            shared = self._patterns[present] = present
+        return raw, present if shared is None else shared, json
+
+    def statuses_json(self, present: bytes, stale: bool) -> bytes:
+        """The statuses of an entry's values as JSON: "present" (or "stale") and "missing".
+
+        Memoized per pattern of missing values; few patterns occur, and the memo is bounded
+        against data that makes many."""
+        key = (present, stale)
+        found = self._statuses.get(key)
+        if found is None:
+            mark = b'"stale"' if stale else b'"present"'
+            found = b"[" + b",".join(mark if p else b'"missing"' for p in present) + b"]"
+            if len(self._statuses) < STATUS_PATTERNS:
+                self._statuses[key] = found
+        return found
 
     def json_parts(self, raw: bytes) -> list[bytes]:
         """Each value's JSON, ``null`` for none."""

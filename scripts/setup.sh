@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# a Rust toolchain from rustup, where one is installed but not on this shell's PATH
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
 need_apt=()
+command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)  # builds the native extension
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)  # PySpark, YCSB bindings
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)  # builds the YCSB bindings
@@ -25,11 +29,13 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-# Reinstall only when the dependencies changed (the package itself is an editable install).
-stamp=.venv/.installed-pyproject
-if ! cmp -s pyproject.toml "$stamp"; then
+# Reinstall only when the dependencies or the Rust extension changed (the Python code is an
+# editable install; the extension is compiled into feature_store/ by maturin and cargo).
+stamp=.venv/.installed-sources
+sources=$(cat pyproject.toml native/Cargo.toml native/Cargo.lock native/src/*.rs | sha256sum)
+if [ "$sources" != "$(cat "$stamp" 2>/dev/null)" ] || ! ls feature_store/_native*.so >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --upgrade pip
-  # setuptools warns about every editable install; it says nothing to someone running this
-  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e '.[dev]'
-  cp pyproject.toml "$stamp"
+  echo "building the package and its Rust extension (cargo, release profile)"
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$sources" > "$stamp"
 fi

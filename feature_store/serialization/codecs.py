@@ -182,9 +182,12 @@ def encode_int(value: object) -> bytes:
 
 def decode_int(data: bytes) -> int:
     try:
-        return int(data)
+        value = int(data)
     except ValueError:
         raise EncodingError(f"stored int value {data[:40]!r} is not an integer") from None
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise EncodingError(f"stored int value {data[:40]!r} is outside the int64 range")
+    return value
 
 
 def encode_bool(value: object) -> bytes:

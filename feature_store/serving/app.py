@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import NamedTuple, cast
 
@@ -26,23 +26,17 @@ from starlette.types import Receive, Scope, Send
 
 from feature_store.batch import EntityId
 from feature_store.errors import FeatureStoreError
-from feature_store.serialization import Value
 from feature_store.serving import schemas
 from feature_store.serving.auth import Authenticator, AuthError, Role
-from feature_store.serving.cache import Entry
 from feature_store.serving.runtime import ServingRuntime, tune_gc
 from feature_store.serving.service import (
-    MISSING,
-    PRESENT,
-    STALE,
     Lookup,
     MalformedRequestError,
     Problem,
     from_json_value,
+    group_states,
     json_int,
-    json_values,
     problem,
-    row_statuses,
 )
 
 log = logging.getLogger(__name__)
@@ -192,35 +186,17 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             )
         except Exception as e:
             return fail(e, "get", t0)
-        proj, now = lookup.projection, lookup.now
-        if proj.whole_group:
-            results = _whole_group_rows(lookup)
-        else:
-            results = []
-            for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
-                values, statuses, ages = row_statuses(proj, resolved, now)
-                results.append(
-                    {
-                        "id": entity_id,
-                        "values": orjson.Fragment(dumps_values(values)),
-                        "statuses": statuses,
-                        "ages": ages,
-                    }
-                )
-        types = proj.memo.get(API)
-        if types is None:
-            types = proj.memo[API] = orjson.Fragment(
-                orjson.dumps([f.type.value for f in proj.features])
+        proj = lookup.projection
+        head = proj.memo.get(API)
+        if head is None:
+            head = proj.memo[API] = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
+                orjson.dumps(proj.entity.name),
+                orjson.dumps(proj.names),
+                orjson.dumps([f.type.value for f in proj.features]),
             )
-        content = orjson.dumps(
-            {
-                "entity_type": proj.entity.name,
-                "features": proj.names,
-                "types": types,
-                "results": results,
-            }
-        )
-        entities_served.inc(len(results))
+        rows = _whole_group_rows(lookup) if proj.whole_group else _picked_rows(lookup)
+        content = b"%b%b]}" % (cast(bytes, head), b",".join(rows))
+        entities_served.inc(len(rows))
         observe(API, "get", "200").observe(time.perf_counter() - t0)
         return Answer(200, content)
 
@@ -495,56 +471,56 @@ def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
     }
 
 
-def dumps_values(values: Sequence[Value | None]) -> bytes:
-    """Values as JSON, NaN and infinities as protobuf's strings (``json_values``).
-
-    orjson writes a non-finite float as null, so when the answer has exactly as many nulls
-    as the values have Nones, every float was finite and orjson's bytes are the answer:
-    two counts in C instead of a look at every value in Python (a string value containing
-    "null" only sends it the slow way).
-    """
-    raw = orjson.dumps(values)
-    if raw.count(b"null") == values.count(None):
-        return raw
-    return orjson.dumps(json_values(values))
+def _id_json(entity_id: EntityId) -> bytes:
+    return b"%d" % entity_id if type(entity_id) is int else orjson.dumps(entity_id)
 
 
-def _entry_json(entry: Entry, width: int) -> tuple[bytes, bytes, bytes]:
-    """An entry's values and both possible status lists as JSON, made once per entry."""
-    found = entry.json
-    if found is None:
-        values = [None] * width if entry.values is None else entry.values
-        present = [MISSING if v is None else PRESENT for v in values]
-        stale = [MISSING if v is None else STALE for v in values]
-        found = entry.json = (
-            dumps_values(values),
-            orjson.dumps(present),
-            orjson.dumps(stale),
-        )
-    return found
-
-
-def _whole_group_rows(lookup: Lookup) -> list[dict[str, object]]:
-    """Rows of a request for all of one group's features: cached JSON, spliced in.
-
-    The common request (the standard shape's) reads whole groups; its values and statuses
-    serialize the same on every hit, so they are serialized once per cached entry.
-    """
+def _whole_group_rows(lookup: Lookup) -> list[bytes]:
+    """Rows of a request for all of one group's features (the common request): each
+    entry's values JSON, made when it was loaded, spliced in as it is."""
     group = lookup.projection.groups[0]
-    name, max_age, width = group.name, group.max_age_seconds, len(group.features)
-    now = lookup.now
-    rows: list[dict[str, object]] = []
+    name, max_age, now = orjson.dumps(group.name), group.max_age_seconds, lookup.now
+    rows = []
     for entity_id, ((entry, served_stale),) in zip(lookup.ids, lookup.entries, strict=True):
-        age = None if entry.written_at is None else max(0, now - entry.written_at)
-        stale = served_stale or (age is not None and max_age is not None and age > max_age)
-        values, present, stale_statuses = _entry_json(entry, width)
+        written_at, stale = entry.written_at, served_stale
+        if written_at is None:
+            age = b"null"
+        else:
+            seconds = max(0, now - written_at)
+            stale = stale or (max_age is not None and seconds > max_age)
+            age = b"%d" % seconds
         rows.append(
-            {
-                "id": entity_id,
-                "values": orjson.Fragment(values),
-                "statuses": orjson.Fragment(stale_statuses if stale else present),
-                "ages": {name: age},
-            }
+            b'{"id":%b,"values":%b,"statuses":%b,"ages":{%b:%b}}'
+            % (
+                _id_json(entity_id),
+                entry.json,
+                entry.fmt.statuses_json(entry.present, stale),
+                name,
+                age,
+            )
+        )
+    return rows
+
+
+def _picked_rows(lookup: Lookup) -> list[bytes]:
+    """Rows of a request for some features, of one group or several."""
+    proj = lookup.projection
+    rows = []
+    for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
+        stale, ages = group_states(proj, resolved, lookup.now)
+        parts = [e.fmt.json_parts(e.raw) if e.raw is not None else None for e, _ in resolved]
+        values, statuses = [], []
+        for gi, fi in proj.picks:
+            part = parts[gi]
+            if part is None or not resolved[gi].entry.present[fi]:
+                values.append(b"null")
+                statuses.append(b'"missing"')
+            else:
+                values.append(part[fi])
+                statuses.append(b'"stale"' if stale[gi] else b'"present"')
+        rows.append(
+            b'{"id":%b,"values":[%b],"statuses":[%b],"ages":%b}'
+            % (_id_json(entity_id), b",".join(values), b",".join(statuses), orjson.dumps(ages))
         )
     return rows
 

@@ -19,48 +19,59 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from feature_store.native import GroupFormat
 from feature_store.serialization import Value
 
 CacheKey = tuple[str, bytes]  # (group name, entity key)
 
-_ENTRY_OVERHEAD = 200  # the entry object, its key tuple and the OrderedDict slot
-_SCALAR = 32  # a boxed float/int plus its slot in the values tuple
+# What an entry costs besides its bytes objects' contents, measured with tracemalloc on
+# CPython 3.11 (tests/unit/test_cache.py checks it): the Entry object, the key tuple and
+# bytes, the OrderedDict's slot and link, and each bytes object's header.
+ENTRY_OVERHEAD = 400
+BYTES_OBJECT = 33
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Entry:
-    """One entity's values of one group. ``values`` None: the entity has none (negative)."""
+    """One entity's values of one group, as stored: one packed ``bytes`` (``raw``) and the
+    values' JSON, made once when loaded. ``raw`` None: the entity has none (negative).
 
-    values: tuple[Value | None, ...] | None
+    Nothing in an entry is a Python object per value: the garbage collector has nothing to
+    walk, and ``size`` is what the entry really takes, so the byte bound holds for RSS."""
+
+    key: CacheKey
+    fmt: GroupFormat
+    raw: bytes | None
+    present: bytes  # one byte per feature: 1 where a value is stored
+    json: bytes  # the values as a JSON array
     written_at: int | None  # unix seconds of the group's last write, from Redis
-    expires_at: float  # monotonic seconds
-    cost: float  # seconds the load took: XFetch's delta
-    size: int
-    wire: tuple[bytes, ...] | None = None  # each value protobuf-encoded, made on first use
-    json: tuple[bytes, bytes, bytes] | None = None  # values, statuses fresh / stale, as JSON
+    cost: float = 0.0  # seconds the load took: XFetch's delta
+    expires_at: float = 0.0  # monotonic seconds
     loaded_at: float = 0.0  # monotonic seconds: when it was read from Redis
+    size: int = 0
+    wire: bytes | None = None  # the values as gRPC records, made on first use
 
     @property
     def negative(self) -> bool:
-        return self.values is None
+        return self.raw is None
+
+    @property
+    def values(self) -> tuple[Value | None, ...] | None:
+        """The values as Python objects (decoded on each call: for library-facing code)."""
+        return None if self.raw is None else self.fmt.values(self.raw)
 
 
-def value_size(value: Value | None) -> int:
-    """An estimate of a decoded value's bytes in this process (cheap, not sys.getsizeof)."""
-    if value is None or isinstance(value, int | float):
-        return 8 if value is None else _SCALAR
-    if isinstance(value, str):
-        return 56 + len(value)
-    return 56 + 32 * len(value)  # list: slot + boxed float/int per item
-
-
-def entry_size(values: Sequence[Value | None] | None) -> int:
-    if values is None:
-        return _ENTRY_OVERHEAD
-    return _ENTRY_OVERHEAD + 56 + sum(value_size(v) for v in values)
+def entry_size(entry: Entry) -> int:
+    """The bytes an entry holds in this process (the shared ``present`` is not counted)."""
+    size = ENTRY_OVERHEAD + len(entry.key[1]) + len(entry.json) + BYTES_OBJECT
+    if entry.raw is not None:
+        size += len(entry.raw) + BYTES_OBJECT
+    if entry.wire is not None:
+        size += len(entry.wire) + BYTES_OBJECT
+    return size
 
 
 @dataclass(slots=True)
@@ -133,17 +144,14 @@ class LRUCache:
             base *= 1.0 + self.jitter * (self.rng.random() - 0.5)
         return base
 
-    def put(
-        self,
-        key: CacheKey,
-        values: tuple[Value | None, ...] | None,
-        written_at: int | None,
-        cost: float,
-        now: float | None = None,
-    ) -> Entry:
+    def put(self, entry: Entry, now: float | None = None) -> Entry:
+        """Store an entry loaded ``now``; its expiry and size are set here."""
         now = self.clock() if now is None else now
-        ttl = self.lifetime(values is None)
-        entry = Entry(values, written_at, now + ttl, cost, entry_size(values), loaded_at=now)
+        key = entry.key
+        ttl = self.lifetime(entry.negative)
+        entry.expires_at = now + ttl
+        entry.loaded_at = now
+        entry.size = entry_size(entry)
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size
@@ -159,6 +167,14 @@ class LRUCache:
             _, old = entries.popitem(last=False)
             self.bytes -= old.size
             self.stats.evictions += 1
+
+    def charge(self, entry: Entry) -> None:
+        """Count what an entry grew by (its gRPC records, made on first use)."""
+        size = entry_size(entry)
+        if self._entries.get(entry.key) is entry and size != entry.size:
+            self.bytes += size - entry.size
+            entry.size = size
+            self._evict()
 
     def discard(self, key: CacheKey) -> bool:
         entry = self._entries.pop(key, None)

@@ -17,6 +17,7 @@ client that needs them.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -107,14 +108,22 @@ def _write_body(group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]
     )
 
 
+FLOAT32_LISTS = frozenset({"embedding", "float_list"})
+
+
 def _rest_result(content: bytes) -> FeatureResult:
     doc = orjson.loads(content)
-    floats = [i for i, t in enumerate(doc.get("types", ())) if t in FLOAT_TYPE_NAMES]
+    types = doc.get("types", ())
+    floats = [i for i, t in enumerate(types) if t in FLOAT_TYPE_NAMES]
+    lists = [i for i, t in enumerate(types) if t in FLOAT32_LISTS]
     rows = []
     for r in doc["results"]:
         values = r["values"]
         for i in floats:  # "NaN", "Infinity", "-Infinity" back to floats
             values[i] = from_json(values[i])
+        for i in lists:  # shortest float32 decimals: the float32 values, as gRPC gives them
+            if values[i]:
+                values[i] = array("f", values[i]).tolist()
         rows.append(FeatureRow(r["id"], values, [_STATUS[s] for s in r["statuses"]], r["ages"]))
     return FeatureResult(doc["entity_type"], tuple(doc["features"]), rows)
 

@@ -49,6 +49,7 @@ class ServingSettings:
     cache_max_entries: int = 1_000_000
     cache_max_stale: float = 300.0  # how long past expiry a value may be served if Redis fails
     xfetch_beta: float = 1.0  # >1 refreshes hot keys earlier, 0 disables early refresh
+    cache_refresh_ahead: float = 0.2  # a hit in this last share of a TTL reloads (batched)
     single_flight: bool = True  # off only to measure what the debouncer saves
     invalidation: bool = True  # publish and follow invalidations (feature_store.notices)
     invalidation_channel: str = notices.CHANNEL  # writers outside serving use the default
@@ -119,6 +120,8 @@ class ServingSettings:
                 raise fail(name, "must not be negative")
         if not 0 <= self.cache_jitter < 1:
             raise fail("cache_jitter", "must be in [0, 1)")
+        if not 0 <= self.cache_refresh_ahead < 1:
+            raise fail("cache_refresh_ahead", "must be in [0, 1)")
         if self.cache_max_bytes < 1 or self.cache_max_entries < 1:
             raise ConfigError(
                 f"{ENV_PREFIX}CACHE_MAX_BYTES and {ENV_PREFIX}CACHE_MAX_ENTRIES must be positive"

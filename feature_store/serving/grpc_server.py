@@ -25,12 +25,11 @@ from grpc_reflection.v1alpha import reflection
 from feature_store.batch import EntityId
 from feature_store.errors import ConfigError, FeatureStoreError
 from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.serialization import Value
 from feature_store.serving import wire
 from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.client import proto_value
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.service import MalformedRequestError, problem, row_statuses
+from feature_store.serving.service import MalformedRequestError, group_states, problem
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,6 @@ def _parser(message: type[Any]) -> Callable[[bytes], object]:
     return parse
 
 
-_Head = tuple[bytes, list[list[Callable[[Value], bytes]]]]
-
-
 def _metadata(context: grpc.aio.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
@@ -95,6 +91,7 @@ class FeatureServicer:
     def __init__(self, runtime: ServingRuntime) -> None:
         self.runtime = runtime
         self.service = runtime.service
+        self.cache = runtime.reader.cache
         settings = runtime.settings
         self.auth = Authenticator(settings.read_keys, settings.admin_keys)
         self.observe = runtime.metrics.requests.labels
@@ -166,30 +163,21 @@ class FeatureServicer:
         except Exception as e:
             await self._abort(context, e, "get", t0)
             raise AssertionError("unreachable") from None  # abort raises
-        proj, now = lookup.projection, lookup.now
-        head = proj.memo.get(API)
-        if head is None:
-            head = proj.memo[API] = (
-                wire.header(proj.entity.name, proj.names),
-                [wire.value_encoders(g.features) for g in proj.groups],
-            )
-        header, encoders = cast(_Head, head)
-        parts = [header]
+        proj = lookup.projection
+        header = proj.memo.get(API)
+        if header is None:
+            header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
+        parts = [cast(bytes, header)]
+        charge = self.cache.charge if self.cache is not None else None
         for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
-            _, statuses, ages = row_statuses(proj, resolved, now)
+            stale, ages = group_states(proj, resolved, lookup.now)
             if proj.whole_group:
-                values = b"".join(wire.entry_values(resolved[0].entry, encoders[0]))
+                entry = resolved[0].entry
+                values = wire.entry_values(entry, charge)
+                statuses = wire.statuses(entry.present, stale[0])
             else:
-                per_group = [
-                    wire.entry_values(r.entry, enc)
-                    for r, enc in zip(resolved, encoders, strict=True)
-                ]
-                values = b"".join(per_group[gi][fi] for gi, fi in proj.picks)
-            parts.append(
-                wire.row(
-                    wire.entity_id(entity_id) + values + wire.statuses(statuses) + wire.ages(ages)
-                )
-            )
+                values, statuses = wire.picked_values(proj.picks, resolved, stale)
+            parts.append(wire.row(wire.entity_id(entity_id) + values + statuses + wire.ages(ages)))
         self.entities_served.inc(len(lookup.ids))
         self.observe(API, "get", "200").observe(time.perf_counter() - t0)
         return b"".join(parts)

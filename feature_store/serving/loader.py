@@ -39,7 +39,7 @@ from feature_store.errors import (
 )
 from feature_store.registry import Registry
 from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker, CircuitState
-from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_size, should_refresh_early
+from feature_store.serving.cache import CacheKey, Entry, LRUCache, should_refresh_early
 from feature_store.serving.roundtrip import (
     ConnectionWaitTimeout,
     KeyDataError,
@@ -57,24 +57,8 @@ class CircuitOpenError(StoreUnavailableError):
 
 
 REFRESH_BATCH = 500  # keys per round trip of a background refresh after a batch write
+REFRESH_TICK = 0.05  # seconds: refreshes of entries near expiry are sent together this often
 SHADOW_QUEUE = 10_000  # sampled hits waiting for their shadow read; the oldest go first
-
-
-def same_values(a: Sequence[object] | None, b: Sequence[object] | None) -> bool:
-    """Equal values, NaN equal to NaN (a re-read decodes new float objects)."""
-    if a is None or b is None:
-        return a is b
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if x == y:
-            continue
-        if isinstance(x, float) and isinstance(y, float) and x != x and y != y:
-            continue
-        if isinstance(x, list) and isinstance(y, list) and same_values(x, y):
-            continue
-        return False
-    return True
 
 
 class Resolved(NamedTuple):
@@ -114,6 +98,7 @@ class CachedReader:
         rng: random.Random | None = None,
         refresh_rate: float = 5000.0,
         shadow_fraction: float = 0.0,
+        refresh_ahead: float = 0.0,
     ) -> None:
         self.registry = registry
         self.specs = {name: GroupSpec.of(g, registry) for name, g in registry.groups.items()}
@@ -134,6 +119,10 @@ class CachedReader:
         self.generations: dict[str, int] = {}
         self.refresh_rate = refresh_rate
         self._sweeps: dict[str, asyncio.Task[None]] = {}
+        # entries hit in the last ``refresh_ahead`` of their lifetime: refreshed together
+        self.refresh_ahead = refresh_ahead
+        self._due: dict[CacheKey, None] = {}
+        self._due_timer: asyncio.TimerHandle | None = None
         # shadow mode: a sample of hits is re-read from Redis and compared
         self.shadow_fraction = shadow_fraction
         self._shadow: deque[tuple[CacheKey, Entry]] = deque(maxlen=SHADOW_QUEUE)
@@ -160,7 +149,7 @@ class CachedReader:
                 entry = cache.get(key)
                 if entry is not None and now < entry.expires_at:
                     out[i] = Resolved(entry, False)
-                    if entry.values is None:
+                    if entry.raw is None:
                         stats.negative_hits += 1
                     else:
                         stats.hits += 1
@@ -169,9 +158,12 @@ class CachedReader:
                         elif self._outdated(key[0], entry):
                             stats.generation_refreshes += 1  # served now, refreshed for next
                             self._schedule(key, store=True)
-                        elif should_refresh_early(entry, now, self.beta, self.rng):
-                            stats.early_refreshes += 1
-                            self._schedule(key, store=True)
+                        elif (
+                            self.refresh_ahead
+                            and entry.expires_at - now
+                            < self.refresh_ahead * (entry.expires_at - entry.loaded_at)
+                        ) or should_refresh_early(entry, now, self.beta, self.rng):
+                            self._refresh_soon(key)
                         if self.shadow_fraction and self.rng.random() < self.shadow_fraction:
                             self._sample(key, entry)
                     continue
@@ -291,15 +283,15 @@ class CachedReader:
         if self._inflight.get(load.key) is load:
             del self._inflight[load.key]
         try:
-            values = spec.decode(load.key[1], part)
-            written_at = spec.written_at(load.key[1], part)
+            entry = spec.entry(load.key, part)
         except EncodingError as e:
             load.future.set_exception(e)
             return
+        entry.cost = cost
         if load.store and self.cache is not None:
-            entry = self.cache.put(load.key, values, written_at, cost, now)
+            self.cache.put(entry, now)
         else:
-            entry = Entry(values, written_at, now, cost, entry_size(values))
+            entry.expires_at = entry.loaded_at = now
         load.future.set_result(entry)
 
     def _fail(self, loads: Iterable[_Load], error: BaseException, *, count: bool = True) -> None:
@@ -356,8 +348,7 @@ class CachedReader:
             loaded = await self._direct([keys[i] for i in misses])
             cache.stats.round_trips += 1
             for i, resolved in zip(misses, loaded, strict=True):
-                e = resolved.entry
-                out[i] = Resolved(cache.put(keys[i], e.values, e.written_at, e.cost), False)
+                out[i] = Resolved(cache.put(resolved.entry), False)
         return out  # type: ignore[return-value]
 
     async def _direct(self, keys: Sequence[CacheKey]) -> list[Resolved]:
@@ -371,11 +362,33 @@ class CachedReader:
         for (group, entity_key), reply in zip(keys, replies, strict=True):
             if isinstance(reply, KeyDataError):
                 raise reply
-            spec = self.specs[group]
-            values = spec.decode(entity_key, reply)
-            entry = Entry(values, spec.written_at(entity_key, reply), now, cost, 0)
+            entry = self.specs[group].entry((group, entity_key), reply)
+            entry.cost, entry.expires_at, entry.loaded_at = cost, now, now
             out.append(Resolved(entry, False))
         return out
+
+    # --- refresh ahead: hot entries are reloaded before they expire, in batches -----------
+
+    def _refresh_soon(self, key: CacheKey) -> None:
+        """Queue a background reload of an entry near its expiry. The queue goes to Redis
+        every REFRESH_TICK in one pipeline: entries expire at scattered times (jitter), and
+        reloading each on its own tick would cost a round trip apiece. A hot entry is
+        reloaded before it expires and never misses; a cold one expires and is evicted."""
+        if key in self._due:
+            return
+        self._due[key] = None
+        assert self.cache is not None
+        self.cache.stats.early_refreshes += 1
+        if self._due_timer is None:
+            self._due_timer = asyncio.get_running_loop().call_later(REFRESH_TICK, self._refresh_due)
+
+    def _refresh_due(self) -> None:
+        self._due_timer = None
+        due, self._due = self._due, {}
+        assert self.cache is not None
+        for key in due:
+            if key not in self._inflight and self.cache.peek(key) is not None:
+                self._schedule(key, store=True)
 
     # --- batch writes: refresh older entries in the background -----------------------------
 
@@ -414,7 +427,7 @@ class CachedReader:
                 entry = cache.peek(key)
                 if entry is None or key in self._inflight:
                     continue
-                if entry.values is None:
+                if entry.raw is None:
                     cache.discard(key)  # "missing" may no longer be true
                 elif self._outdated(group, entry):
                     cache.stats.generation_refreshes += 1
@@ -454,16 +467,16 @@ class CachedReader:
                     continue
                 now = self.clock()
                 for (key, entry), reply in zip(samples, replies, strict=True):
-                    spec = self.specs[key[0]]
                     try:
                         if isinstance(reply, KeyDataError):
                             raise reply
-                        values = spec.decode(key[1], reply)
-                        written_at = spec.written_at(key[1], reply)
+                        now_stored = self.specs[key[0]].entry(key, reply)
+                        raw, written_at = now_stored.raw, now_stored.written_at
                     except EncodingError:
-                        values, written_at = None, None
+                        raw, written_at = None, None
                     stats.shadow_checks += 1
-                    if written_at != entry.written_at or not same_values(values, entry.values):
+                    # the stored bytes themselves: equal bytes are equal values
+                    if written_at != entry.written_at or raw != entry.raw:
                         stats.shadow_mismatches += 1
                         if self.on_shadow_mismatch is not None:
                             self.on_shadow_mismatch(now - entry.loaded_at)
@@ -492,6 +505,8 @@ class CachedReader:
             self._inflight.clear()
 
     async def close(self) -> None:
+        if self._due_timer is not None:
+            self._due_timer.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

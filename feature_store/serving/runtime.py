@@ -76,6 +76,7 @@ class ServingRuntime:
             single_flight=settings.single_flight,
             refresh_rate=settings.refresh_rate,
             shadow_fraction=settings.shadow_fraction,
+            refresh_ahead=settings.cache_refresh_ahead,
         )
         self.listener: InvalidationListener | None = None
         publisher = None

@@ -456,32 +456,18 @@ def _failed_rows(
     return failed
 
 
-def row_statuses(
+def group_states(
     proj: Projection, resolved: Sequence[Resolved], now: int
-) -> tuple[list[Value | None], list[str], dict[str, int | None]]:
-    """Values, statuses and group ages of one entity, honest about missing and stale."""
-    group_values: list[tuple[Value | None, ...] | None] = []
-    group_stale: list[bool] = []
+) -> tuple[list[bool], dict[str, int | None]]:
+    """Per group of a row: whether its values are stale, and its age (None: unknown).
+
+    Stale: served from an expired entry because Redis failed, or written longer ago than
+    the group's ``max_age``."""
+    stale: list[bool] = []
     ages: dict[str, int | None] = {}
     for group, (entry, served_stale) in zip(proj.groups, resolved, strict=True):
         age = None if entry.written_at is None else max(0, now - entry.written_at)
         ages[group.name] = age
         max_age = group.max_age_seconds
-        group_stale.append(
-            served_stale or (age is not None and max_age is not None and age > max_age)
-        )
-        group_values.append(entry.values)
-    if proj.whole_group:
-        vals = group_values[0]
-        values: list[Value | None] = [None] * len(proj.features) if vals is None else list(vals)
-        mark = STALE if group_stale[0] else PRESENT
-        statuses = [MISSING if v is None else mark for v in values]
-        return values, statuses, ages
-    values = []
-    statuses = []
-    for gi, fi in proj.picks:
-        vals = group_values[gi]
-        v = None if vals is None else vals[fi]
-        values.append(v)
-        statuses.append(MISSING if v is None else STALE if group_stale[gi] else PRESENT)
-    return values, statuses, ages
+        stale.append(served_stale or (age is not None and max_age is not None and age > max_age))
+    return stale, ages

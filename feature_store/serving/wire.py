@@ -12,19 +12,17 @@ Field numbers below mirror proto/feature_store/proto/v1/serving.proto.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
-from typing import cast
 
 from feature_store.batch import EntityId
-from feature_store.proto.v1.values_pb2 import FloatList, IntList
-from feature_store.registry import Feature
-from feature_store.serialization import FeatureType, Value, varint
+from feature_store.serialization import varint
+from feature_store.serialization.answers import MISSING_VALUE
 from feature_store.serving.cache import Entry
+from feature_store.serving.loader import Resolved
 
-_DOUBLE = struct.Struct("<d")
-MISSING_VALUE = b"\x12\x00"  # FeatureRow.values: an empty Value (no kind set)
-STATUS_CODES = {"present": 1, "missing": 2, "stale": 3}
+PRESENT, MISSING, STALE = 1, 2, 3  # serving.proto FeatureStatus
+_PRESENT_CODES = bytes([MISSING, PRESENT]) + bytes(254)
+_STALE_CODES = bytes([MISSING, STALE]) + bytes(254)
 
 
 def record(tag: int, payload: bytes) -> bytes:
@@ -32,84 +30,34 @@ def record(tag: int, payload: bytes) -> bytes:
     return bytes((tag,)) + varint(len(payload)) + payload
 
 
-def _float(v: Value) -> bytes:
-    return b"\x09" + _DOUBLE.pack(v)  # Value.float_value = 1, fixed64
+def entry_values(entry: Entry, charge: Callable[[Entry], None] | None) -> bytes:
+    """An entry's ``FeatureRow.values`` records, made on first use and kept on the entry
+    (``charge`` counts the growth against the cache's byte bound)."""
+    found = entry.wire
+    if found is None:
+        raw = entry.raw
+        found = MISSING_VALUE * len(entry.present) if raw is None else entry.fmt.proto(raw)
+        entry.wire = found
+        if charge is not None:
+            charge(entry)
+    return found
 
 
-def _int(v: Value) -> bytes:
-    return b"\x10" + varint(v)  # type: ignore[arg-type]  # Value.int_value = 2
-
-
-def _bool(v: Value) -> bytes:
-    return b"\x18\x01" if v else b"\x18\x00"  # Value.bool_value = 3
-
-
-def _string(v: Value) -> bytes:
-    return record(0x22, v.encode())  # type: ignore[union-attr]  # Value.string_value = 4
-
-
-def _float_list(v: Value) -> bytes:
-    return record(0x2A, FloatList(values=cast(list[float], v)).SerializeToString())  # field 5
-
-
-def _int_list(v: Value) -> bytes:
-    return record(0x32, IntList(values=cast(list[int], v)).SerializeToString())  # field 6
-
-
-_ENCODERS: dict[FeatureType, Callable[[Value], bytes]] = {
-    FeatureType.FLOAT: _float,
-    FeatureType.DOUBLE: _float,
-    FeatureType.INT: _int,
-    FeatureType.BOOL: _bool,
-    FeatureType.STRING: _string,
-    FeatureType.EMBEDDING: _float_list,
-    FeatureType.FLOAT_LIST: _float_list,
-    FeatureType.INT_LIST: _int_list,
-}
-
-
-_FLOAT_RECORD = struct.Struct("<BBBd")  # values record (tag 2, length 9), float_value tag, double
-
-
-def _float_record(v: Value) -> bytes:
-    return _FLOAT_RECORD.pack(0x12, 9, 0x09, v)
-
-
-def _int_record(v: Value) -> bytes:
-    if type(v) is int and 0 <= v < 0x80:
-        return bytes((0x12, 2, 0x10, v))
-    return record(0x12, _int(v))
-
-
-def value_encoders(features: Sequence[Feature]) -> list[Callable[[Value], bytes]]:
-    """Per feature: a value -> its whole ``FeatureRow.values`` record (tag 2)."""
-    out: list[Callable[[Value], bytes]] = []
-    for f in features:
-        if f.type in (FeatureType.FLOAT, FeatureType.DOUBLE):
-            out.append(_float_record)
-        elif f.type is FeatureType.INT:
-            out.append(_int_record)
+def picked_values(
+    picks: Sequence[tuple[int, int]], resolved: Sequence[Resolved], stale: Sequence[bool]
+) -> tuple[bytes, bytes]:
+    """The values records and the packed statuses of some features of one row's groups."""
+    parts = [e.fmt.proto_parts(e.raw) if e.raw is not None else None for e, _ in resolved]
+    values, codes = [], bytearray()
+    for gi, fi in picks:
+        part = parts[gi]
+        if part is None or not resolved[gi].entry.present[fi]:
+            values.append(MISSING_VALUE)
+            codes.append(MISSING)
         else:
-            enc = _ENCODERS[f.type]
-            out.append(lambda v, enc=enc: record(0x12, enc(v)))  # type: ignore[misc]
-    return out
-
-
-def entry_values(entry: Entry, encoders: Sequence[Callable[[Value], bytes]]) -> tuple[bytes, ...]:
-    """Each feature's ``FeatureRow.values`` record (tag 2), cached on the entry."""
-    wire = entry.wire
-    if wire is None:
-        if entry.values is None:
-            wire = (MISSING_VALUE,) * len(encoders)
-        else:
-            wire = tuple(
-                [
-                    MISSING_VALUE if v is None else enc(v)
-                    for enc, v in zip(encoders, entry.values, strict=True)
-                ]
-            )
-        entry.wire = wire
-    return wire
+            values.append(part[fi])
+            codes.append(STALE if stale[gi] else PRESENT)
+    return b"".join(values), record(0x1A, bytes(codes))
 
 
 def entity_id(value: EntityId) -> bytes:
@@ -119,9 +67,10 @@ def entity_id(value: EntityId) -> bytes:
     return record(0x0A, record(0x12, value.encode()))
 
 
-def statuses(codes: Sequence[str]) -> bytes:
-    """FeatureRow.statuses = 3, packed enum (every code fits one byte)."""
-    return record(0x1A, bytes(STATUS_CODES[s] for s in codes))
+def statuses(present: bytes, stale: bool) -> bytes:
+    """FeatureRow.statuses = 3, packed enum (every code fits one byte), of a whole group:
+    from the entry's ``present`` bytes (1 value, 0 none) by one translate in C."""
+    return record(0x1A, present.translate(_STALE_CODES if stale else _PRESENT_CODES))
 
 
 def ages(values: dict[str, int | None]) -> bytes:

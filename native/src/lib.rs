@@ -150,7 +150,10 @@ fn float_list(data: &[u8], dim: u32) -> Native<Vec<f32>> {
     }
     // A signalling NaN turns quiet when Python widens it to a double: only the reference
     // knows which bits come back, so it answers those
-    if values.iter().any(|x| x.is_nan() && x.to_bits() & 0x0040_0000 == 0) {
+    if values
+        .iter()
+        .any(|x| x.is_nan() && x.to_bits() & 0x0040_0000 == 0)
+    {
         return Err(Fallback);
     }
     Ok(values)
@@ -351,7 +354,9 @@ fn proto_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Nativ
         }),
         STRING => {
             let s = std::str::from_utf8(data).map_err(|_| Fallback)?;
-            record(out, 0x12, |p| record(p, 0x22, |q| q.extend_from_slice(s.as_bytes())));
+            record(out, 0x12, |p| {
+                record(p, 0x22, |q| q.extend_from_slice(s.as_bytes()))
+            });
         }
         EMBEDDING | FLOAT_LIST => {
             let values = float_list(data, dim)?;
@@ -412,7 +417,9 @@ impl<'a> Iterator for Packed<'a> {
 fn unpack(raw: &[u8], count: usize) -> PyResult<Vec<Option<&[u8]>>> {
     let values: Vec<Option<&[u8]>> = Packed { data: raw, pos: 0 }.collect();
     if values.len() != count {
-        return Err(PyValueError::new_err("not a packed value list of this group"));
+        return Err(PyValueError::new_err(
+            "not a packed value list of this group",
+        ));
     }
     Ok(values)
 }
@@ -436,9 +443,15 @@ impl GroupCodec {
         &self,
         py: Python<'py>,
         reply: &Bound<'py, PyList>,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
         if reply.len() < self.types.len() {
-            return Err(PyValueError::new_err("the reply has fewer values than the group"));
+            return Err(PyValueError::new_err(
+                "the reply has fewer values than the group",
+            ));
         }
         let mut raw = Vec::with_capacity(1024);
         let mut json = Vec::with_capacity(1024);
@@ -482,7 +495,9 @@ impl GroupCodec {
             buf.clear();
             match value {
                 None => buf.extend_from_slice(b"null"),
-                Some(data) => json_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?,
+                Some(data) => {
+                    json_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?
+                }
             }
             parts.push(PyBytes::new(py, &buf));
         }
@@ -496,7 +511,9 @@ impl GroupCodec {
         for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
             match value {
                 None => out.extend_from_slice(MISSING_VALUE),
-                Some(data) => proto_value(&mut out, type_code, dim, data).map_err(|_| fallback(i))?,
+                Some(data) => {
+                    proto_value(&mut out, type_code, dim, data).map_err(|_| fallback(i))?
+                }
             }
         }
         Ok(PyBytes::new(py, &out))
@@ -511,7 +528,9 @@ impl GroupCodec {
             buf.clear();
             match value {
                 None => buf.extend_from_slice(MISSING_VALUE),
-                Some(data) => proto_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?,
+                Some(data) => {
+                    proto_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?
+                }
             }
             parts.push(PyBytes::new(py, &buf));
         }

@@ -6,14 +6,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 import redis
 
 from feature_store.connection import RedisTarget
 from feature_store.registry import Registry, parse_registry
+from feature_store.serving.app import _picked_rows
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.service import row_statuses
+from feature_store.serving.service import Lookup
 from feature_store.store import FeatureStore
 
 REGISTRY_TEXT = """
@@ -61,6 +63,12 @@ def entity_reads(url: str) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
 
 
+def answer_rows(lookup: Lookup) -> list[tuple[list[object], list[str], dict[str, int | None]]]:
+    """(values, statuses, ages) of each row as the REST answer writes them."""
+    rows = [orjson.loads(r) for r in _picked_rows(lookup)]
+    return [(r["values"], r["statuses"], r["ages"]) for r in rows]
+
+
 async def test_features_of_two_groups_one_read_per_entity_and_per_group_staleness(
     runtime: ServingRuntime, redis_url: str, registry: Registry
 ) -> None:
@@ -77,7 +85,7 @@ async def test_features_of_two_groups_one_read_per_entity_and_per_group_stalenes
     assert entity_reads(redis_url) == 3  # one read per entity covers both groups
     proj = lookup.projection
     assert proj.names == ("queue", "rating", "name", "tags", "open")
-    rows = [row_statuses(proj, r, lookup.now) for r in lookup.entries]
+    rows = answer_rows(lookup)
     values_a, statuses_a, ages_a = rows[0]
     assert values_a == [3, 4.5, None, [1, 2], True]
     assert statuses_a == ["stale", "present", "missing", "present", "stale"]
@@ -116,9 +124,9 @@ async def test_a_read_of_most_of_the_hash_is_an_hgetall(
     assert (calls(redis_url, "hmget"), calls(redis_url, "hgetall")) == (2, 0)
     fresh = await runtime.service.lookup("shop", ["a"], ["queue", "orders"], bypass=True)
     assert calls(redis_url, "hgetall") == 1
-    assert row_statuses(one.projection, one.entries[0], one.now)[0] == [5, [1, 2]]
-    assert row_statuses(both.projection, both.entries[0], both.now)[0] == [5, 4.5, [1, 2], 3, "ay"]
-    assert row_statuses(fresh.projection, fresh.entries[0], fresh.now)[0] == [3, 5]
+    assert answer_rows(one)[0][0] == [5, [1, 2]]
+    assert answer_rows(both)[0][0] == [5, 4.5, [1, 2], 3, "ay"]
+    assert answer_rows(fresh)[0][0] == [3, 5]
 
 
 async def test_xfetch_refreshes_a_hot_entry_before_it_expires(
@@ -147,5 +155,45 @@ async def test_xfetch_refreshes_a_hot_entry_before_it_expires(
         assert refreshed is not None
         assert refreshed.values is not None
         assert refreshed.values[0] == 2
+    finally:
+        await rt.stop()
+
+
+async def test_hot_entries_are_refreshed_ahead_in_batches_and_never_miss(
+    redis_url: str, registry: Registry
+) -> None:
+    """Over five TTLs of steady reads, with expiries scattered by jitter: every entry is
+    reloaded before it expires (no miss after the first read), in few round trips."""
+    settings = ServingSettings(
+        invalidation=False,
+        shadow_fraction=0.0,
+        xfetch_beta=0.0,
+        cache_ttl=1.0,
+        cache_jitter=0.5,
+        cache_refresh_ahead=0.4,
+    )
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
+    ids = [f"r{i}" for i in range(300)]
+    try:
+        with FeatureStore.connect(redis_url, registry) as store:
+            store.write("daily", [(i, {"orders": 1}) for i in ids])
+        cache = rt.reader.cache
+        assert cache is not None
+        await rt.service.lookup("shop", ids, groups=["daily"])
+        assert cache.stats.misses == 300
+        loads_before = cache.stats.keys_loaded
+        deadline = time.monotonic() + 5.0  # five TTLs
+        reads = 0
+        while time.monotonic() < deadline:
+            await rt.service.lookup("shop", ids, groups=["daily"])
+            reads += 1
+            await asyncio.sleep(0.05)
+        stats = cache.stats
+        assert reads > 50
+        assert stats.misses == 300, "an entry expired under steady reads"
+        refreshed = stats.keys_loaded - loads_before
+        assert refreshed >= 300 * 4  # each entry reloaded about once per TTL
+        # one round trip per refresh tick at most, not one per entry
+        assert stats.round_trips - 1 <= refreshed / 10
     finally:
         await rt.stop()

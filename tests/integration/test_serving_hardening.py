@@ -120,7 +120,7 @@ async def test_no_load_is_left_unresolved_when_any_step_raises(redis_url: str) -
 
     steps: dict[str, tuple[object, str, Callable[..., object]]] = {
         "round trip": (reader, "round_trip", boom_async),
-        "decode": (GroupSpec, "decode", boom),  # GroupSpec is slotted: patch its class
+        "decode": (GroupSpec, "entry", boom),  # GroupSpec is slotted: patch its class
         "write time": (GroupSpec, "written_at", boom),
         "cache put": (reader.cache, "put", boom),
         "breaker": (reader.breaker, "success", boom),

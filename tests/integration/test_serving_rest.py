@@ -11,6 +11,7 @@ import pytest
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
+from feature_store.serialization.codecs import encode_float32
 from feature_store.serving.client import (
     AsyncFeatureClient,
     FeatureClient,
@@ -47,9 +48,17 @@ def write_sample(redis_url: str, n: int = 20, now: float | None = None) -> None:
 
 
 def expected(redis_url: str, ids: list[int], features: list[str]) -> list[list[object]]:
+    """The stored values as a JSON reader gets them from an answer: float lists in their
+    shortest float32 decimals, which parse to the double nearest to that decimal."""
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         result = store.read(ENTITY, ids, features=features)
-    return [row.values for row in result.rows]
+    return [[as_read(v) for v in row.values] for row in result.rows]
+
+
+def as_read(value: object) -> object:
+    if isinstance(value, list) and value and isinstance(value[0], float):
+        return [float(encode_float32(x)) for x in value]
+    return value
 
 
 def test_get_subset_matches_the_store_and_marks_missing(http: httpx.Client, redis_url: str) -> None:

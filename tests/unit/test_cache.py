@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import pytest
 
-from feature_store.serving.cache import Entry, LRUCache, entry_size, should_refresh_early
+from feature_store import sample
+from feature_store.native import GroupFormat
+from feature_store.serialization import FeatureType, codec_for
+from feature_store.serving.cache import CacheKey, Entry, LRUCache, should_refresh_early
+
+FLOAT = GroupFormat([codec_for(FeatureType.FLOAT)])
+EMBEDDINGS = GroupFormat([codec_for(FeatureType.EMBEDDING, 32)] * 4)
 
 
 class Clock:
@@ -34,11 +41,19 @@ def key(i: int) -> tuple[str, bytes]:
     return ("g", f"c:{i}".encode())
 
 
+def stored(k: CacheKey, *values: object, fmt: GroupFormat = FLOAT) -> Entry:
+    """An entry as the loader makes it; no values: a negative entry."""
+    if not values:
+        return Entry(k, fmt, None, fmt.absent_present, fmt.absent_json, None)
+    raw, present, json = fmt.load([c.encode(v) for c, v in zip(fmt.codecs, values, strict=True)])
+    return Entry(k, fmt, raw, present, json, 1)
+
+
 def test_entries_expire_after_the_ttl_and_missing_ones_after_the_negative_ttl() -> None:
     clock = Clock()
     cache = make(clock)
-    pos = cache.put(key(1), (1.0, 2), 123, 0.001)
-    neg = cache.put(key(2), None, None, 0.001)
+    pos = cache.put(stored(key(1), 1.0))
+    neg = cache.put(stored(key(2)))
     assert pos.expires_at == 110.0
     assert neg.expires_at == 101.0
     assert neg.negative
@@ -48,7 +63,7 @@ def test_entries_expire_after_the_ttl_and_missing_ones_after_the_negative_ttl() 
 def test_jitter_spreads_expiry_within_its_band() -> None:
     clock = Clock()
     cache = make(clock, jitter=0.2)
-    expiries = {cache.put(key(i), (1.0,), 1, 0.0).expires_at for i in range(200)}
+    expiries = {cache.put(stored(key(i), 1.0)).expires_at for i in range(200)}
     assert len(expiries) > 100
     assert min(expiries) >= 100 + 10 * 0.9
     assert max(expiries) <= 100 + 10 * 1.1
@@ -58,9 +73,9 @@ def test_bound_in_entries_evicts_the_least_recently_used() -> None:
     clock = Clock()
     cache = make(clock, max_entries=3)
     for i in range(3):
-        cache.put(key(i), (float(i),), 1, 0.0)
+        cache.put(stored(key(i), float(i)))
     cache.get(key(0))  # used: key(1) is now the oldest
-    cache.put(key(3), (3.0,), 1, 0.0)
+    cache.put(stored(key(3), 3.0))
     assert cache.peek(key(1)) is None
     assert cache.peek(key(0)) is not None
     assert len(cache) == 3
@@ -69,24 +84,46 @@ def test_bound_in_entries_evicts_the_least_recently_used() -> None:
 
 def test_bound_in_bytes_holds_and_accounting_balances() -> None:
     clock = Clock()
-    values = tuple([0.5] * 32 for _ in range(4))  # four embeddings
-    size = entry_size(values)
+    values = [[0.5] * 32 for _ in range(4)]  # four embeddings
+    size = cache_size_of(stored(key(0), *values, fmt=EMBEDDINGS))
     cache = make(clock, max_bytes=size * 5 + 10)
     for i in range(20):
-        cache.put(key(i), values, 1, 0.0)
+        cache.put(stored(key(i), *values, fmt=EMBEDDINGS))
         assert cache.bytes <= cache.max_bytes
     assert len(cache) == 5
-    cache.put(key(19), (1.0,), 1, 0.0)  # replacing an entry frees its old size
+    cache.put(stored(key(19), 1.0))  # replacing an entry frees its old size
     for i in range(15, 20):
         cache.discard(key(i))
     assert cache.bytes == 0
     assert len(cache) == 0
 
 
+def cache_size_of(e: Entry) -> int:
+    return make(Clock()).put(e).size
+
+
+def test_the_accounted_bytes_are_what_python_allocates() -> None:
+    """The byte bound is only as good as the sizes: within 25% of tracemalloc's count."""
+    cache = make(Clock(), max_bytes=10**9, max_entries=10**6)
+    group = sample.registry().groups[sample.GROUP]
+    fmt = GroupFormat([f.codec for f in group.features])
+    replies = [
+        [f.codec.encode(sample.features(i)[f.name]) for f in group.features] for i in range(1000)
+    ]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i, reply in enumerate(replies):
+        raw, present, json = fmt.load(reply)
+        cache.put(Entry(("g", b"e:%d" % i), fmt, raw, present, json, 1))
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert 0.8 < grown / cache.bytes < 1.25, (grown / len(cache), cache.bytes / len(cache))
+
+
 def test_expired_entries_serve_as_stale_fallback_within_max_stale() -> None:
     clock = Clock()
     cache = make(clock, max_stale=30.0)
-    cache.put(key(1), (1.0,), 1, 0.0)
+    cache.put(stored(key(1), 1.0))
     clock.now += 20  # expired 10 s ago
     assert cache.stale_fallback(key(1), clock.now) is not None
     clock.now += 25  # expired 35 s ago
@@ -97,7 +134,7 @@ def test_expired_entries_serve_as_stale_fallback_within_max_stale() -> None:
 def test_expire_all_keeps_entries_for_stale_fallback() -> None:
     clock = Clock()
     cache = make(clock)
-    cache.put(key(1), (1.0,), 1, 0.0)
+    cache.put(stored(key(1), 1.0))
     cache.expire_all()
     entry = cache.peek(key(1))
     assert entry is not None
@@ -107,13 +144,15 @@ def test_expire_all_keeps_entries_for_stale_fallback() -> None:
 
 def test_zero_negative_ttl_does_not_cache_missing_entities() -> None:
     cache = make(Clock(), negative_ttl=0.0)
-    cache.put(key(1), None, None, 0.0)
+    cache.put(stored(key(1)))
     assert cache.peek(key(1)) is None
     assert cache.bytes == 0
 
 
 def entry(expires_at: float, cost: float) -> Entry:
-    return Entry((1.0,), 1, expires_at, cost, 100)
+    e = stored(key(1), 1.0)
+    e.expires_at, e.cost = expires_at, cost
+    return e
 
 
 def test_xfetch_never_refreshes_far_from_expiry_and_always_after_it() -> None:

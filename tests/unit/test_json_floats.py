@@ -38,23 +38,3 @@ def test_finite_values_are_returned_as_they_are() -> None:
     assert to_json(values) is values
     assert to_json(7) == 7
     assert to_json("NaN") == "NaN"  # a string feature is not a float
-
-
-@given(
-    st.lists(
-        st.one_of(
-            st.none(),
-            floats,
-            st.integers(min_value=-(2**63), max_value=2**63 - 1),  # an int feature is int64
-            st.text(max_size=12),
-            st.lists(floats, max_size=5),
-        ),
-        max_size=20,
-    )
-)
-def test_the_fast_path_writes_what_the_reference_writes(values: list[object]) -> None:
-    """dumps_values (two counts, then orjson) is byte-identical to json_values + orjson."""
-    from feature_store.serving.app import dumps_values
-    from feature_store.serving.service import json_values
-
-    assert dumps_values(values) == orjson.dumps(json_values(values))  # type: ignore[arg-type]

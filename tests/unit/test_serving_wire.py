@@ -8,27 +8,32 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from feature_store import sample
+from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.serialization import FeatureType, codec_for
+from feature_store.serialization.answers import proto_value
 from feature_store.serving import wire
 from feature_store.serving.cache import Entry
 
 
 def test_a_response_built_from_pieces_parses_with_the_generated_classes() -> None:
     group = sample.registry().groups[sample.GROUP]
-    encoders = wire.value_encoders(group.features)
+    fmt = GroupFormat([f.codec for f in group.features])
     values = sample.features(12)
-    entry = Entry(tuple(values[f.name] for f in group.features), 1, 0.0, 0.0, 0)  # type: ignore[misc]
+    raw, present, json = fmt.load([f.codec.encode(values[f.name]) for f in group.features])
+    entry = Entry(("g", b"k:12"), fmt, raw, present, json, 1)
+    absent = Entry(("g", b"k:a"), fmt, None, fmt.absent_present, fmt.absent_json, None)
     names = [f.name for f in group.features]
     row = wire.row(
         wire.entity_id(12)
-        + b"".join(wire.entry_values(entry, encoders))
-        + wire.statuses(["present"] * 49 + ["stale"])
+        + wire.entry_values(entry, None)
+        + wire.statuses(entry.present, True)
         + wire.ages({sample.GROUP: 42, "other": None})
     )
     missing = wire.row(
         wire.entity_id("a-string-id")
-        + b"".join(wire.entry_values(Entry(None, None, 0.0, 0.0, 0), encoders))
-        + wire.statuses(["missing"] * 50)
+        + wire.entry_values(absent, None)
+        + wire.statuses(absent.present, False)
         + wire.ages({sample.GROUP: None})
     )
     response = pb.GetFeaturesResponse.FromString(wire.header(sample.ENTITY, names) + row + missing)
@@ -37,13 +42,13 @@ def test_a_response_built_from_pieces_parses_with_the_generated_classes() -> Non
     first, second = response.rows
     assert first.id.int_id == 12
     assert dict(first.ages) == {sample.GROUP: 42}
-    assert list(first.statuses) == [pb.PRESENT] * 49 + [pb.STALE]
+    assert list(first.statuses) == [pb.STALE] * 50
     for f, v in zip(group.features, first.values, strict=True):
         want = values[f.name]
         kind = v.WhichOneof("kind")
         if f.type.value == "float":
             assert kind == "float_value"
-            assert v.float_value == want
+            assert v.float_value == float(f.codec.encode(want))
         elif f.type.value == "int":
             assert v.int_value == want
         elif f.type.value == "int_list":
@@ -69,7 +74,6 @@ def test_scalar_values_match_protobuf(s: str, b: bool, x: float) -> None:
         ("bool", b, pb.Value(bool_value=b)),
         ("double", x, pb.Value(float_value=x)),
     ):
-        from feature_store.serialization import FeatureType
-
-        encode = wire._ENCODERS[FeatureType(feature_type)]
-        assert pb.Value.FromString(encode(value)) == message
+        codec = codec_for(FeatureType(feature_type))
+        record = proto_value(codec, codec.encode(value))
+        assert pb.FeatureRow.FromString(record).values[0] == message

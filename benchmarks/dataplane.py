@@ -1,0 +1,301 @@
+"""The serving data plane side by side: REST and gRPC, L1 off and on, batch 10 and 100,
+concurrency 1, 8 and 32, the native path and (as the baseline) the Python reference.
+
+    python3 benchmarks/dataplane.py [--entities 100000] [--seconds 4] [--out FILE]
+
+One `feature-store serve` worker per (path, API, L1); wrk drives REST (1,000 zipfian
+batches in turn) and h2load drives gRPC (one batch; its per-request log gives the
+percentiles). Both are compiled, and their own CPU is reported too. CPU per entity is read
+from /proc/<pid>/stat of the worker and of redis-server over each window. The baseline
+(FEATURE_STORE_NATIVE=off: the Python reference) runs in the same session at batch 10,
+concurrency 1 and 8, so every ratio compares figures taken minutes apart on one machine.
+
+Targets (issue: the serving data plane): server CPU per entity at batch 10 and
+concurrency 8 of at most 25 us with the L1 off and 8 us with it on, for REST and gRPC;
+gRPC at most 1.1x REST; batch 100 no dearer per entity than batch 10; p50 and p99 at
+concurrency 1 no worse than the baseline's.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.serving.process import ServingProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save
+from cost import children_cpu, cpu_seconds, h2load, wrk
+from serving import add_data_dir, ensure_data, id_batches
+
+TARGET_OFF_US = 25.0
+TARGET_ON_US = 8.0
+TARGET_GRPC_OVER_REST = 1.1
+
+
+@dataclass
+class Cell:
+    path: str  # "native" or "python"
+    api: str
+    l1: str
+    batch: int
+    connections: int
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    server_cpu: float
+    redis_cpu: float
+    loadgen_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    def per_entity(self, cpu: float) -> float:
+        return cpu / max(1, self.requests * self.batch) * 1e6
+
+    @property
+    def server_us(self) -> float:
+        return self.per_entity(self.server_cpu)
+
+    @property
+    def redis_us(self) -> float:
+        return self.per_entity(self.redis_cpu)
+
+    @property
+    def loadgen_us(self) -> float:
+        return self.per_entity(self.loadgen_cpu)
+
+    @property
+    def name(self) -> str:
+        return f"{self.api} L1 {self.l1} b{self.batch} c{self.connections}"
+
+
+def run_server(
+    redis: EmbeddedRedis,
+    path: str,
+    api: str,
+    l1: bool,
+    cells: list[tuple[int, int]],
+    seconds: float,
+    work: Path,
+) -> list[Cell]:
+    args = ["--cache-ttl", "3600"] if l1 else ["--no-cache"]
+    env = {
+        "FEATURE_SERVING_SHADOW_FRACTION": "0",
+        "FEATURE_SERVING_WARM_START_KEYS": "0",
+        "FEATURE_STORE_NATIVE": "on" if path == "native" else "off",
+    }
+    bodies = {
+        batch: [
+            orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+            for ids in id_batches(100_000, batch, count=1000)
+        ]
+        for batch in {b for b, _ in cells}
+    }
+    assert redis.process is not None
+    out = []
+    with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc") as server:
+        assert server.process is not None
+
+        def load(batch: int, connections: int, window: float) -> tuple[int, float, float, int]:
+            if api == "rest":
+                url = f"{server.rest_url}/v1/features/get"
+                return wrk(url, bodies[batch], window, work, connections)
+            ids = orjson.loads(bodies[batch][0])["ids"]
+            request = pb.GetFeaturesRequest(
+                entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]
+            ).SerializeToString()
+            return h2load(server.grpc_target, request, window, work, connections)
+
+        for batch, connections in cells:
+            if l1:
+                load(batch, 8, 2.0)  # fill the cache: the window measures hits
+            s0, r0, g0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid), 0.0
+            g0 = children_cpu()
+            t0 = time.monotonic()
+            requests, p50, p99, errors = load(batch, connections, seconds)
+            elapsed = time.monotonic() - t0
+            s1, r1 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+            cell = Cell(
+                path,
+                api,
+                "on" if l1 else "off",
+                batch,
+                connections,
+                requests,
+                elapsed,
+                p50,
+                p99,
+                errors,
+                s1 - s0,
+                r1 - r0,
+                children_cpu() - g0,
+            )
+            print(
+                f"{path:6} {cell.name:22} {cell.rate:9,.0f} req/s  p50 {p50:6.2f} ms  "
+                f"p99 {p99:6.2f} ms  server {cell.server_us:6.1f} us/entity  "
+                f"Redis {cell.redis_us:4.1f}  loadgen {cell.loadgen_us:4.1f}  errors {errors}",
+                flush=True,
+            )
+            out.append(cell)
+    return out
+
+
+def find(cells: list[Cell], **want: object) -> Cell:
+    for c in cells:
+        if all(getattr(c, k) == v for k, v in want.items()):
+            return c
+    raise KeyError(want)
+
+
+def verdicts(cells: list[Cell]) -> list[str]:
+    """Each target, the figure, and whether it is met."""
+    lines = ["| target | figure | met |", "|---|---|---|"]
+
+    def row(target: str, figure: str, ok: bool) -> None:
+        lines.append(f"| {target} | {figure} | {'yes' if ok else '**no**'} |")
+
+    for api in ("rest", "grpc"):
+        for l1, limit in (("off", TARGET_OFF_US), ("on", TARGET_ON_US)):
+            c = find(cells, path="native", api=api, l1=l1, batch=10, connections=8)
+            base = find(cells, path="python", api=api, l1=l1, batch=10, connections=8)
+            row(
+                f"{api} L1 {l1}: server CPU <= {limit:g} us/entity (batch 10, c=8)",
+                f"{c.server_us:.1f} us (Python path {base.server_us:.1f} us, "
+                f"{base.server_us / c.server_us:.1f}x)",
+                c.server_us <= limit,
+            )
+    for l1 in ("off", "on"):
+        rest = find(cells, path="native", api="rest", l1=l1, batch=10, connections=8)
+        grpc = find(cells, path="native", api="grpc", l1=l1, batch=10, connections=8)
+        ratio = grpc.server_us / rest.server_us
+        row(
+            f"gRPC <= {TARGET_GRPC_OVER_REST}x REST per request, L1 {l1}",
+            f"{ratio:.2f}x",
+            ratio <= TARGET_GRPC_OVER_REST,
+        )
+    for api in ("rest", "grpc"):
+        for l1 in ("off", "on"):
+            b10 = find(cells, path="native", api=api, l1=l1, batch=10, connections=8)
+            b100 = find(cells, path="native", api=api, l1=l1, batch=100, connections=8)
+            row(
+                f"{api} L1 {l1}: batch 100 per entity <= batch 10",
+                f"{b100.server_us:.1f} vs {b10.server_us:.1f} us",
+                b100.server_us <= b10.server_us * 1.05,  # within the noise of one window
+            )
+    for api in ("rest", "grpc"):
+        for l1 in ("off", "on"):
+            c = find(cells, path="native", api=api, l1=l1, batch=10, connections=1)
+            base = find(cells, path="python", api=api, l1=l1, batch=10, connections=1)
+            row(
+                f"{api} L1 {l1}: p50/p99 at c=1 no worse than the Python path",
+                f"{c.p50_ms:.2f}/{c.p99_ms:.2f} ms vs {base.p50_ms:.2f}/{base.p99_ms:.2f} ms",
+                c.p50_ms <= base.p50_ms * 1.05 and c.p99_ms <= base.p99_ms * 1.1,
+            )
+    return lines
+
+
+def plot(path: Path, cells: list[Cell]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    native = [c for c in cells if c.path == "native"]
+    fig, axes = plt.subplots(3, 1, figsize=(11, 11))
+    labels = [c.name.replace(" b", "\nb") for c in native]
+    xs = list(range(len(native)))
+    ax = axes[0]
+    ax.bar(xs, [c.rate for c in native], color="tab:blue")
+    ax.set_xticks(xs, labels, fontsize=6)
+    ax.set_ylabel("requests/s")
+    ax.set_title("Throughput per path (native data plane, one worker)")
+    ax = axes[1]
+    ax.bar([x - 0.2 for x in xs], [c.p50_ms for c in native], 0.4, label="p50")
+    ax.bar([x + 0.2 for x in xs], [c.p99_ms for c in native], 0.4, label="p99")
+    ax.set_xticks(xs, labels, fontsize=6)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms")
+    ax.set_title("Latency percentiles")
+    ax.legend()
+    ax = axes[2]
+    eight = [c for c in cells if c.connections == 8 and c.batch == 10]
+    xs2 = list(range(len(eight)))
+    ax.bar([x - 0.27 for x in xs2], [c.server_us for c in eight], 0.27, label="serving worker")
+    ax.bar(xs2, [c.redis_us for c in eight], 0.27, label="redis-server")
+    ax.bar([x + 0.27 for x in xs2], [c.loadgen_us for c in eight], 0.27, label="load generator")
+    ax.axhline(TARGET_OFF_US, color="grey", ls="--", lw=0.8)
+    ax.axhline(TARGET_ON_US, color="grey", ls=":", lw=0.8)
+    ax.set_xticks(xs2, [f"{c.path}\n{c.api} L1 {c.l1}" for c in eight], fontsize=7)
+    ax.set_ylabel("CPU µs per entity")
+    ax.set_title("CPU per entity against Redis's (batch 10, c=8; lines: targets 25 and 8 µs)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
+    add_data_dir(parser)
+    args = parser.parse_args()
+    for tool in ("wrk", "h2load"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    full = [(b, c) for b in (10, 100) for c in (1, 8, 32)]
+    baseline = [(10, 1), (10, 8)]
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
+        ensure_data(redis.url, args.entities)
+        for path, plan in (("python", baseline), ("native", full)):
+            for api in ("rest", "grpc"):
+                for l1 in (False, True):
+                    cells += run_server(redis, path, api, l1, plan, args.seconds, Path(tmp))
+    lines = [
+        *header(
+            "One worker; wrk (REST, 1,000 zipfian batches), h2load (gRPC, one batch); "
+            f"{args.seconds:g} s per cell; batches of the standard shape (all 50 features)."
+        ),
+        "",
+        "## Targets",
+        "",
+        *verdicts(cells),
+        "",
+        "## Every cell",
+        "",
+        "| path | API | L1 | batch | conns | req/s | p50 ms | p99 ms | errors "
+        "| server µs/entity | Redis µs/entity | load generator µs/entity |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c.path} | {c.api} | {c.l1} | {c.batch} | {c.connections} | {c.rate:,.0f} | "
+            f"{c.p50_ms:.2f} | {c.p99_ms:.2f} | {c.errors} | {c.server_us:.1f} | "
+            f"{c.redis_us:.1f} | {c.loadgen_us:.1f} |"
+        )
+    save(args.out, "The serving data plane", lines)
+    if args.out:
+        plot(args.out.with_suffix(".png"), cells)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
