@@ -176,22 +176,36 @@ fn int_list(data: &[u8]) -> Native<Vec<i64>> {
 
 /// A finite float as orjson writes it: the shortest round-trip digits, plain notation for
 /// decimal exponents -5..=15 (with ".0" on whole numbers), else `1.5e-7` / `1e+16`.
+/// `shortest` is ryu's output for the same digits, in ryu's own layout.
 fn layout(out: &mut Vec<u8>, shortest: &str) {
-    let (negative, text) = match shortest.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, shortest),
+    let text = shortest.as_bytes();
+    let (negative, text) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
     };
-    let (mantissa, exponent) = match text.split_once('e') {
-        Some((m, e)) => (m, e.parse::<i32>().unwrap_or(0)),
+    let (mantissa, exponent) = match text.iter().position(|&c| c == b'e') {
+        Some(i) => (&text[..i], parse_exponent(&text[i + 1..])),
         None => (text, 0),
     };
-    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let mut digits: Vec<u8> = int_part.bytes().chain(frac_part.bytes()).collect();
-    let leading = digits.iter().take_while(|&&d| d == b'0').count();
-    digits.drain(..leading);
-    while digits.last() == Some(&b'0') {
-        digits.pop();
+    let point = mantissa
+        .iter()
+        .position(|&c| c == b'.')
+        .unwrap_or(mantissa.len());
+    // the significant digits, without the point, and leading and trailing zeros
+    let mut digits = [0u8; 40];
+    let mut n = 0;
+    for &c in mantissa.iter().filter(|&&c| c != b'.') {
+        if n < digits.len() {
+            digits[n] = c;
+            n += 1;
+        }
     }
+    let leading = digits[..n].iter().take_while(|&&d| d == b'0').count();
+    let mut end = n;
+    while end > leading && digits[end - 1] == b'0' {
+        end -= 1;
+    }
+    let digits = &digits[leading..end];
     if negative {
         out.push(b'-');
     }
@@ -200,16 +214,16 @@ fn layout(out: &mut Vec<u8>, shortest: &str) {
         return;
     }
     // value = d.ddd x 10^exp
-    let exp = exponent + int_part.len() as i32 - 1 - leading as i32;
+    let exp = exponent + point as i32 - 1 - leading as i32;
     if (-5..16).contains(&exp) {
         if exp < 0 {
             out.extend_from_slice(b"0.");
             out.resize(out.len() + (-exp - 1) as usize, b'0');
-            out.extend_from_slice(&digits);
+            out.extend_from_slice(digits);
         } else {
             let point = exp as usize + 1;
             if digits.len() <= point {
-                out.extend_from_slice(&digits);
+                out.extend_from_slice(digits);
                 out.resize(out.len() + point - digits.len(), b'0');
                 out.extend_from_slice(b".0");
             } else {
@@ -227,7 +241,70 @@ fn layout(out: &mut Vec<u8>, shortest: &str) {
     }
     out.push(b'e');
     out.push(if exp < 0 { b'-' } else { b'+' });
-    out.extend_from_slice(exp.unsigned_abs().to_string().as_bytes());
+    json_i64(out, i64::from(exp.unsigned_abs()));
+}
+
+fn parse_exponent(text: &[u8]) -> i32 {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, text),
+    };
+    let value = digits.iter().fold(0i32, |v, &d| {
+        v.saturating_mul(10).saturating_add(i32::from(d - b'0'))
+    });
+    if negative {
+        -value
+    } else {
+        value
+    }
+}
+
+/// Stored float text that is already what orjson writes for the float64 it reads as:
+/// `0.ddd` (at most four zeros after the point) or `ddd.ddd`, no trailing zero, at most 15
+/// significant digits (so the text is the shortest round trip of its double: no other
+/// decimal of 15 digits or fewer reads as the same double), or a whole number, which takes
+/// ".0". Most stored floats are: they are copied without a parse. Others return false.
+fn json_float_text(out: &mut Vec<u8>, text: &[u8]) -> bool {
+    match text {
+        b"0" => out.extend_from_slice(b"0.0"),
+        b"-0" => out.extend_from_slice(b"-0.0"),
+        _ => {
+            let body = text.strip_prefix(b"-").unwrap_or(text);
+            let point = body.iter().position(|&c| c == b'.');
+            let (int_part, frac) = match point {
+                Some(i) => (&body[..i], &body[i + 1..]),
+                None => (body, &b""[..]),
+            };
+            let digits_ok = int_part.iter().all(u8::is_ascii_digit)
+                && frac.iter().all(u8::is_ascii_digit)
+                && !int_part.is_empty();
+            if !digits_ok {
+                return false;
+            }
+            let significant = if int_part == b"0" {
+                let zeros = frac.iter().take_while(|&&c| c == b'0').count();
+                if point.is_none() || zeros > 4 || zeros == frac.len() {
+                    return false;
+                }
+                frac.len() - zeros
+            } else {
+                if int_part[0] == b'0' || int_part.len() > 16 {
+                    return false;
+                }
+                int_part.len() + frac.len()
+            };
+            let bad_fraction = point.is_some() && matches!(frac.last(), None | Some(b'0'));
+            if significant > 15 || bad_fraction {
+                return false;
+            }
+            out.extend_from_slice(text);
+            if point.is_none() {
+                out.extend_from_slice(b".0");
+            }
+        }
+    }
+    true
 }
 
 fn non_finite(out: &mut Vec<u8>, nan: bool, positive: bool) {
@@ -296,7 +373,11 @@ fn json_list<T: Copy>(out: &mut Vec<u8>, items: &[T], write: fn(&mut Vec<u8>, T)
 
 fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
     match type_code {
-        FLOAT | DOUBLE => json_f64(out, parse_float(data)?),
+        FLOAT | DOUBLE => {
+            if !json_float_text(out, data) {
+                json_f64(out, parse_float(data)?);
+            }
+        }
         INT => json_i64(out, parse_int(data)?),
         BOOL => out.extend_from_slice(match data {
             b"1" => b"true".as_slice(),

@@ -10,6 +10,7 @@ be identical and useless.
 from __future__ import annotations
 
 import math
+import re
 import struct
 
 import orjson
@@ -52,10 +53,13 @@ VALUES = {
     "int_list": st.lists(int64s, max_size=20),
 }
 # stored forms other writers (or corruption) may leave: the reference decides what they mean
-ODD_TEXT = st.sampled_from(
-    [b"", b" 1", b"1 ", b"+1", b"007", b"-0", b"1_0", b"1.", b".5", b"NaN", b"-nan", b"Infinity",
-     b"1e", b"1e+", b"9" * 30, b"-" , b"0x10", b"\xff", b"1.5E3", b"2", b"true", b"\x00"]
-)  # fmt: skip
+ODD_VALUES = [
+    b"", b" 1", b"1 ", b"+1", b"007", b"-0", b"1_0", b"1.", b".5", b"NaN", b"-nan", b"Infinity",
+    b"1e", b"1e+", b"9" * 30, b"-", b"0x10", b"\xff", b"1.5E3", b"2", b"true", b"\x00",
+    b"0.10", b"5.", b"00.5", b"0.000001", b"0.00001", b"1234567890123456", b"123456789012345",
+    b"0.1234567890123456", b"-0.0", b"0.0", b"1000", b"9007199254740993", b"1e400",
+]  # fmt: skip
+ODD_TEXT = st.sampled_from(ODD_VALUES)
 
 
 def native_codec(names: list[str]) -> _native.GroupCodec:
@@ -101,6 +105,12 @@ def test_canonical_values_are_answered_natively_and_identically(
     assert same_answers(names, reply), "the native path refused values a writer stored"
 
 
+@pytest.mark.parametrize("data", ODD_VALUES)
+@pytest.mark.parametrize("name", ORDER)
+def test_each_odd_stored_form(name: str, data: bytes) -> None:
+    check_odd(name, data)
+
+
 @given(st.sampled_from(ORDER), ODD_TEXT | st.binary(max_size=40))
 @example("int_list", snappy.compress(b"\x0a\x02\x80\x00"))  # a varint that is not minimal
 @example("float_list", b"\x0a\x00")  # an empty packed field written out
@@ -108,6 +118,10 @@ def test_canonical_values_are_answered_natively_and_identically(
 @example("float_list", b"\x0d\x00\x00\x80\x3f")  # one float, not packed
 @example("float_list", b"\x0a\x04\x01\x00\x80\x7f")  # a signalling NaN
 def test_odd_stored_values_are_identical_or_left_to_the_reference(name: str, data: bytes) -> None:
+    check_odd(name, data)
+
+
+def check_odd(name: str, data: bytes) -> None:
     try:
         expected = pure_codec([name]).load([data])
     except EncodingError:
@@ -119,6 +133,16 @@ def test_odd_stored_values_are_identical_or_left_to_the_reference(name: str, dat
     assert expected is not None, f"native accepted {data!r}, which the reference refuses"
     assert got == expected
     assert same_answers([name], [data])
+
+
+@given(st.from_regex(rb"\A-?[0-9]{1,18}(\.[0-9]{0,18})?\Z"))
+def test_float_text_copied_as_it_is_or_parsed_reads_the_same(text: bytes) -> None:
+    """Stored decimal text of every shape: the native JSON equals the reference's, and
+    every text of the number grammar is answered natively (copied, or parsed and written)."""
+    for name in ("float", "double"):
+        answered = same_answers([name], [text])
+        if re.fullmatch(rb"-?[0-9]+(\.[0-9]+)?", text):
+            assert answered, text
 
 
 @given(f32s)
