@@ -93,13 +93,14 @@ def run_server(
     cells: list[tuple[int, int]],
     seconds: float,
     work: Path,
+    tree: Path | None = None,
 ) -> list[Cell]:
+    """Cells on one worker: of this checkout (``path`` "native", or "reference" for the
+    Python reference), or of the checkout at ``tree`` (an older revision)."""
     args = ["--cache-ttl", "3600"] if l1 else ["--no-cache"]
-    env = {
-        "FEATURE_SERVING_SHADOW_FRACTION": "0",
-        "FEATURE_SERVING_WARM_START_KEYS": "0",
-        "FEATURE_STORE_NATIVE": "on" if path == "native" else "off",
-    }
+    env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+    if tree is None:
+        env["FEATURE_STORE_NATIVE"] = "on" if path == "native" else "off"
     bodies = {
         batch: [
             orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
@@ -109,7 +110,7 @@ def run_server(
     }
     assert redis.process is not None
     out = []
-    with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc") as server:
+    with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc", cwd=tree) as server:
         assert server.process is not None
 
         def load(batch: int, connections: int, window: float) -> tuple[int, float, float, int]:
@@ -147,7 +148,7 @@ def run_server(
                 children_cpu() - g0,
             )
             print(
-                f"{path:6} {cell.name:22} {cell.rate:9,.0f} req/s  p50 {p50:6.2f} ms  "
+                f"{path:9} {cell.name:22} {cell.rate:9,.0f} req/s  p50 {p50:6.2f} ms  "
                 f"p99 {p99:6.2f} ms  server {cell.server_us:6.1f} us/entity  "
                 f"Redis {cell.redis_us:4.1f}  loadgen {cell.loadgen_us:4.1f}  errors {errors}",
                 flush=True,

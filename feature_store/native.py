@@ -87,10 +87,30 @@ class GroupFormat:
             with contextlib.suppress(ValueError):
                 loaded = self.native.load(reply if type(reply) is list else list(reply))
         raw, present, json = self.pure.load(reply) if loaded is None else loaded
+        return raw, self._shared(present), json
+
+    def load_packed(
+        self, packed: bytes, first: int
+    ) -> tuple[tuple[bytes, bytes, bytes], bytes | None]:
+        """``load`` of the group's values in a packed read (``resp_split``), from item
+        ``first`` on, and the group's freshness value, the item after them."""
+        if self.native is not None:
+            try:
+                (raw, present, json), freshness = self.native.load_packed(packed, first)
+                return (raw, self._shared(present), json), freshness
+            except ValueError:
+                pass
+        items = unpack(packed)[first : first + len(self.codecs) + 1]
+        if len(items) != len(self.codecs) + 1:
+            raise ValueError("the read has fewer values than the group")
+        return self.load(items[:-1]), items[-1]
+
+    def _shared(self, present: bytes) -> bytes:
+        """One object per pattern of missing values, for entries to share."""
         shared = self._patterns.get(present)
         if shared is None and len(self._patterns) < STATUS_PATTERNS:
             shared = self._patterns[present] = present
-        return raw, present if shared is None else shared, json
+        return present if shared is None else shared
 
     def statuses_json(self, present: bytes, stale: bool) -> bytes:
         """The statuses of an entry's values as JSON: "present" (or "stale") and "missing".

@@ -32,6 +32,7 @@ class Settings:
     connect_timeout: float = 1.0
     max_connections: int = 64
     redis_retries: int = 1  # quick retries of a failed Redis call, before it is an error
+    native: str = "on"  # "off": answers by the Python reference (read by feature_store.native)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -46,6 +47,8 @@ class Settings:
                 raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive")
         if self.redis_retries < 0:
             raise ConfigError(f"{ENV_PREFIX}REDIS_RETRIES must be 0 or more")
+        if self.native.strip().lower() not in ("on", "off", "1", "0", "true", "false", "yes", "no"):
+            raise ConfigError(f"{ENV_PREFIX}NATIVE must be on or off, not {self.native!r}")
         if self.max_connections < 1:
             raise ConfigError(f"{ENV_PREFIX}MAX_CONNECTIONS must be at least 1")
         if self.redis_url is not None:

@@ -273,17 +273,16 @@ class CachedReader:
             offset = 0
             for load in group_loads:
                 spec = self.specs[load.key[0]]
-                part = reply[offset : offset + len(spec.fields)]
+                self._finish(load, spec, reply, offset, cost, now)
                 offset += len(spec.fields)
-                self._finish(load, spec, part, cost, now)
 
     def _finish(
-        self, load: _Load, spec: GroupSpec, part: Sequence[bytes | None], cost: float, now: float
+        self, load: _Load, spec: GroupSpec, reply: Reply, offset: int, cost: float, now: float
     ) -> None:
         if self._inflight.get(load.key) is load:
             del self._inflight[load.key]
         try:
-            entry = spec.entry(load.key, part)
+            entry = spec.entry(load.key, reply, offset)  # type: ignore[arg-type]  # not an error
         except EncodingError as e:
             load.future.set_exception(e)
             return

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import redis.asyncio
 import redis.asyncio.cluster
@@ -32,7 +32,11 @@ import redis.exceptions
 from feature_store.batch import align_hash, reads_whole_hash
 from feature_store.connection import AsyncClient, translated_errors
 from feature_store.errors import EncodingError, StoreTimeoutError
+from feature_store.native import native_enabled
 from feature_store.serving.spec import GroupSpec
+
+if TYPE_CHECKING or native_enabled():
+    from feature_store._native import ReadPlan, resp_scan, resp_split
 
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
 CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
@@ -51,7 +55,9 @@ class KeyDataError(EncodingError):
         return cls(f"{key.decode(errors='replace')}: Redis answered {error}")
 
 
-Reply = list[bytes | None] | KeyDataError
+# A read's values in field order: a list, or packed in one bytes (NativeRoundTrip)
+Reply = list[bytes | None] | bytes | KeyDataError
+READ_SIZE = 1 << 16  # bytes asked of the socket at a time by the native round trip
 
 
 class RoundTrip(Protocol):
@@ -67,16 +73,22 @@ def whole(specs: Sequence[GroupSpec]) -> bool:
     return reads_whole_hash(sum(len(s.fields) for s in specs), specs[0].hash_fields)
 
 
+def key_error(key: bytes, reply: Exception) -> KeyDataError:
+    """An error reply about one key's data as its ``KeyDataError``; any other error reply
+    (NOPERM, LOADING, a cluster error: Redis failing) raises, translated."""
+    if not is_key_error(reply):
+        with translated_errors():
+            raise reply
+    return KeyDataError.of(key, reply)
+
+
 def align(reads: Sequence[Read], replies: list[object]) -> list[Reply]:
     """HGETALL replies turned into the read's fields' values; HMGET replies as they are;
     an error reply as the key's ``KeyDataError``."""
     out: list[Reply] = []
     for (key, specs), reply in zip(reads, replies, strict=True):
         if isinstance(reply, Exception):
-            if not is_key_error(reply):  # NOPERM, LOADING, a cluster error: Redis failing
-                with translated_errors():
-                    raise reply
-            out.append(KeyDataError.of(key, reply))
+            out.append(key_error(key, reply))
         elif whole(specs):
             out.append(align_hash(reply, [f for s in specs for f in s.fields]))
         else:
@@ -146,6 +158,78 @@ class PackedRoundTrip:
             ) from None
 
 
+class NativeRoundTrip(PackedRoundTrip):
+    """The packed round trip with the replies read by the native core: the socket's bytes
+    go to ``resp_split``, which packs each read's values in field order into one bytes
+    (an HGETALL's pairs looked up by field), with no Python object per value. hiredis
+    stays the parser of every other command on these connections (the handshake); this
+    reads only the replies to what it sent, and a connection it leaves halfway is dropped.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        super().__init__(client)
+        self._plans: dict[tuple[str, ...], ReadPlan] = {}
+
+    def _plan(self, specs: Sequence[GroupSpec]) -> ReadPlan:
+        names = tuple(s.group.name for s in specs)
+        plan = self._plans.get(names)
+        if plan is None:
+            fields = [f for s in specs for f in s.fields]
+            plan = self._plans[names] = ReadPlan(fields, whole(specs))
+        return plan
+
+    async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
+        data = pack(reads)
+        plans = [self._plan(specs) for _, specs in reads]
+        with translated_errors():
+            try:
+                replies = await self._exchange(data, plans, answer_within)
+            except (redis.exceptions.ConnectionError, OSError):
+                # a pooled connection that died with a Redis restart: one retry, as above
+                replies = await self._exchange(data, plans, answer_within)
+        return [
+            key_error(key, r) if isinstance(r, Exception) else r
+            for (key, _), r in zip(reads, replies, strict=True)
+        ]
+
+    async def _exchange(
+        self, data: bytes, plans: list[ReadPlan], answer_within: float
+    ) -> list[bytes | Exception]:
+        conn = await self._connection()
+        try:
+            async with asyncio.timeout(answer_within):
+                await conn.send_packed_command(data, check_health=False)
+                reader = conn._reader
+                assert reader is not None
+                count, buf = len(plans), b""
+                pos = done = 0
+                while done < count:
+                    chunk = await reader.read(READ_SIZE)
+                    if not chunk:
+                        raise redis.exceptions.ConnectionError("Redis closed the connection")
+                    buf += chunk
+                    pos, found = resp_scan(buf, pos, count - done)
+                    done += found
+                if pos != len(buf):
+                    raise redis.exceptions.InvalidResponse("bytes past the last reply")
+                try:
+                    replies = resp_split(buf, plans)
+                except ValueError as e:
+                    raise redis.exceptions.InvalidResponse(str(e)) from None
+                parser = conn._parser
+                return [
+                    parser.parse_error(r) if isinstance(r, str) else r  # type: ignore[no-untyped-call]
+                    for r in replies
+                ]
+        except BaseException:
+            # timed out, cancelled or failed halfway: unread replies would poison it
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            raise
+        finally:
+            await self.pool.release(conn)
+
+
 class PipelineRoundTrip:
     """Reads through redis-py's cluster pipeline, which routes each key to its node.
 
@@ -193,4 +277,6 @@ def is_key_error(error: BaseException) -> bool:
 def round_trip_for(client: AsyncClient) -> RoundTrip:
     if isinstance(client, redis.asyncio.cluster.RedisCluster):
         return PipelineRoundTrip(client)
+    if native_enabled():
+        return NativeRoundTrip(client)
     return PackedRoundTrip(client)

@@ -10,6 +10,7 @@ from feature_store.errors import EncodingError
 from feature_store.layout import decode_timestamp
 from feature_store.native import GroupFormat
 from feature_store.registry import FeatureGroup, Registry
+from feature_store.serialization.answers import unpack
 from feature_store.serving.cache import CacheKey, Entry
 
 
@@ -36,30 +37,40 @@ class GroupSpec:
             hash_fields(registry, group.entity.name),
         )
 
-    def entry(self, key: CacheKey, reply: Sequence[bytes | None]) -> Entry:
-        """The reply's values of this group (its fields in order, the freshness field last)
-        as an entry; negative when the entity has nothing of this group."""
+    def entry(self, key: CacheKey, reply: Sequence[bytes | None] | bytes, offset: int = 0) -> Entry:
+        """This group's values in a read's reply, from value ``offset`` on (its fields in
+        order, the freshness field last), as an entry; negative when the entity has
+        nothing of this group. ``reply`` is a list of values, or the read's values packed
+        (``feature_store._native.resp_split``)."""
         fmt, entity_key = self.fmt, key[1]
-        written_at = self.written_at(entity_key, reply)
-        if written_at is None and all(r is None for r in reply):
-            return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
         try:
-            raw, present, json = fmt.load(reply)
+            if isinstance(reply, bytes):
+                (raw, present, json), freshness = fmt.load_packed(reply, offset)
+            else:
+                part = reply if not offset else reply[offset : offset + len(self.fields)]
+                raw, present, json = fmt.load(part)
+                freshness = part[len(self.fields) - 1]
         except EncodingError:  # name the feature: the reference decodes each value again
-            for f, r in zip(self.group.features, reply, strict=False):
-                if r is not None:
-                    try:
-                        f.codec.decode(r)
-                    except EncodingError as e:
-                        raise EncodingError(
-                            f"{entity_key.decode(errors='replace')} feature {f.name!r}: {e}"
-                        ) from None
+            values = unpack(reply) if isinstance(reply, bytes) else reply
+            self._name_bad_value(entity_key, values[offset : offset + len(self.fields)])
             raise
+        written_at = self.written_at(entity_key, freshness)
+        if written_at is None and present == fmt.absent_present:
+            return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
         return Entry(key, fmt, raw, present, json, written_at)
 
-    def written_at(self, key: bytes, reply: Sequence[bytes | None]) -> int | None:
-        """The group's write time (unix seconds), from the freshness field of the reply."""
-        ts = reply[-1]
+    def _name_bad_value(self, entity_key: bytes, values: Sequence[bytes | None]) -> None:
+        for f, r in zip(self.group.features, values, strict=False):
+            if r is not None:
+                try:
+                    f.codec.decode(r)
+                except EncodingError as e:
+                    raise EncodingError(
+                        f"{entity_key.decode(errors='replace')} feature {f.name!r}: {e}"
+                    ) from None
+
+    def written_at(self, key: bytes, ts: bytes | None) -> int | None:
+        """The group's write time (unix seconds), from its freshness field's value."""
         if ts is None:
             return None
         try:

@@ -511,6 +511,48 @@ struct GroupCodec {
     types: Vec<(u8, u32)>, // (type code, embedding dimension or 0)
 }
 
+type Loaded<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+impl GroupCodec {
+    fn loaded<'py>(&self, py: Python<'py>, values: &[Option<&[u8]>]) -> PyResult<Loaded<'py>> {
+        let mut raw = Vec::with_capacity(1024);
+        let mut json = Vec::with_capacity(1024);
+        let mut present = Vec::with_capacity(self.types.len());
+        json.push(b'[');
+        for (i, (&(type_code, dim), value)) in self.types.iter().zip(values).enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            match value {
+                None => {
+                    raw.extend_from_slice(&ABSENT.to_le_bytes());
+                    json.extend_from_slice(b"null");
+                    present.push(0);
+                }
+                Some(data) => {
+                    if data.len() >= ABSENT as usize {
+                        return Err(fallback(i));
+                    }
+                    json_value(&mut json, type_code, dim, data).map_err(|_| fallback(i))?;
+                    raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
+                    raw.extend_from_slice(data);
+                    present.push(1);
+                }
+            }
+        }
+        json.push(b']');
+        Ok((
+            PyBytes::new(py, &raw),
+            PyBytes::new(py, &present),
+            PyBytes::new(py, &json),
+        ))
+    }
+}
+
 #[pymethods]
 impl GroupCodec {
     #[new]
@@ -520,53 +562,48 @@ impl GroupCodec {
 
     /// `(packed, present, values_json)` of a reply's first len(types) values.
     /// `present` has one byte per feature: 1 for a value, 0 for none.
-    fn load<'py>(
-        &self,
-        py: Python<'py>,
-        reply: &Bound<'py, PyList>,
-    ) -> PyResult<(
-        Bound<'py, PyBytes>,
-        Bound<'py, PyBytes>,
-        Bound<'py, PyBytes>,
-    )> {
+    fn load<'py>(&self, py: Python<'py>, reply: &Bound<'py, PyList>) -> PyResult<Loaded<'py>> {
         if reply.len() < self.types.len() {
             return Err(PyValueError::new_err(
                 "the reply has fewer values than the group",
             ));
         }
-        let mut raw = Vec::with_capacity(1024);
-        let mut json = Vec::with_capacity(1024);
-        let mut present = Vec::with_capacity(self.types.len());
-        json.push(b'[');
-        for (i, &(type_code, dim)) in self.types.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            let item = reply.get_item(i)?;
-            if item.is_none() {
-                raw.extend_from_slice(&ABSENT.to_le_bytes());
-                json.extend_from_slice(b"null");
-                present.push(0);
-                continue;
-            }
-            let bytes = item.downcast::<PyBytes>()?;
-            let data = bytes.as_bytes();
-            if data.len() >= ABSENT as usize {
-                return Err(fallback(i));
-            }
-            json_value(&mut json, type_code, dim, data).map_err(|_| fallback(i))?;
-            raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
-            raw.extend_from_slice(data);
-            present.push(1);
+        let items: Vec<Bound<'py, PyAny>> = reply.iter().take(self.types.len()).collect();
+        let mut values = Vec::with_capacity(items.len());
+        for item in &items {
+            values.push(if item.is_none() {
+                None
+            } else {
+                Some(item.downcast::<PyBytes>()?.as_bytes())
+            });
         }
-        json.push(b']');
-        Ok((
-            PyBytes::new(py, &raw),
-            PyBytes::new(py, &present),
-            PyBytes::new(py, &json),
-        ))
+        self.loaded(py, &values)
     }
 
+    /// The same from a packed read (`resp_split`): the group's values start at item
+    /// `first`, and the item after them is the group's freshness field, returned too.
+    fn load_packed<'py>(
+        &self,
+        py: Python<'py>,
+        packed: &[u8],
+        first: usize,
+    ) -> PyResult<(Loaded<'py>, Option<Bound<'py, PyBytes>>)> {
+        let count = self.types.len();
+        let items: Vec<Option<&[u8]>> = Packed {
+            data: packed,
+            pos: 0,
+        }
+        .skip(first)
+        .take(count + 1)
+        .collect();
+        if items.len() != count + 1 {
+            return Err(PyValueError::new_err(
+                "the read has fewer values than the group",
+            ));
+        }
+        let freshness = items[count].map(|ts| PyBytes::new(py, ts));
+        Ok((self.loaded(py, &items[..count])?, freshness))
+    }
     /// Each value's JSON (`null` for none), for answers that pick some features.
     fn json_parts<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyList>> {
         let values = unpack(raw, self.types.len())?;
@@ -635,9 +672,206 @@ fn float64_json<'py>(py: Python<'py>, x: f64) -> Bound<'py, PyBytes> {
     PyBytes::new(py, &out)
 }
 
+// --- RESP2 replies, straight from the socket's bytes ------------------------------------
+
+/// The line at `pos` (without its CRLF) and the position after it; None if incomplete.
+fn resp_line(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
+    let rest = buf.get(pos..)?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    Some((&rest[..end], pos + end + 2))
+}
+
+fn resp_int(line: &[u8]) -> PyResult<i64> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| PyValueError::new_err("RESP protocol error: not a length"))
+}
+
+/// The position after the reply at `pos`; None when `buf` ends first.
+fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
+    let kind = match buf.get(pos) {
+        Some(&k) => k,
+        None => return Ok(None),
+    };
+    let (line, mut next) = match resp_line(buf, pos + 1) {
+        Some(found) => found,
+        None => return Ok(None),
+    };
+    match kind {
+        // simple string, error, integer; RESP3's null, double, boolean, big number
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Ok(Some(next)),
+        // bulk string; RESP3's verbatim string and bulk error
+        b'$' | b'=' | b'!' => {
+            let len = resp_int(line)?;
+            if len < 0 {
+                return Ok(Some(next));
+            }
+            let end = next + len as usize + 2;
+            Ok(if end <= buf.len() { Some(end) } else { None })
+        }
+        // array; RESP3's set, push, and map (two elements per entry)
+        b'*' | b'~' | b'>' | b'%' => {
+            let count = resp_int(line)?.max(0) * if kind == b'%' { 2 } else { 1 };
+            for _ in 0..count {
+                next = match resp_skip(buf, next)? {
+                    Some(n) => n,
+                    None => return Ok(None),
+                };
+            }
+            Ok(Some(next))
+        }
+        _ => Err(PyValueError::new_err(
+            "RESP protocol error: unknown reply type",
+        )),
+    }
+}
+
+/// `(position, replies)`: how far the complete replies from `pos` reach, and how many
+/// there are, up to `count`. A partial reply at the end is left for the next read.
+#[pyfunction]
+fn resp_scan(buf: &[u8], mut pos: usize, count: usize) -> PyResult<(usize, usize)> {
+    let mut done = 0;
+    while done < count {
+        match resp_skip(buf, pos)? {
+            Some(next) => {
+                pos = next;
+                done += 1;
+            }
+            None => break,
+        }
+    }
+    Ok((pos, done))
+}
+
+/// A bulk string at `pos`: its bytes (None for a null) and the position after it.
+fn resp_bulk(buf: &[u8], pos: usize) -> PyResult<(Option<&[u8]>, usize)> {
+    let protocol = || PyValueError::new_err("RESP protocol error: expected a bulk string");
+    let kind = buf.get(pos).copied();
+    let (line, next) = resp_line(buf, pos + 1).ok_or_else(protocol)?;
+    match kind {
+        Some(b'$') => {}
+        Some(b'_') => return Ok((None, next)), // RESP3's null
+        _ => return Err(protocol()),
+    }
+    let len = resp_int(line)?;
+    if len < 0 {
+        return Ok((None, next));
+    }
+    let end = next + len as usize;
+    let value = buf.get(next..end).ok_or_else(protocol)?;
+    Ok((Some(value), end + 2))
+}
+
+/// What one read asks for: the fields, in the order the loader wants their values, and
+/// whether the command was an HGETALL (field/value pairs in the hash's order) or an HMGET
+/// (values in field order).
+#[pyclass(frozen, module = "feature_store._native")]
+struct ReadPlan {
+    whole: bool,
+    count: usize,
+    index: std::collections::HashMap<Vec<u8>, usize>,
+}
+
+#[pymethods]
+impl ReadPlan {
+    #[new]
+    fn new(fields: Vec<Vec<u8>>, whole: bool) -> Self {
+        let count = fields.len();
+        let index = fields
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| (f, i))
+            .collect();
+        ReadPlan {
+            whole,
+            count,
+            index,
+        }
+    }
+}
+
+/// The replies in `buf` (complete, per `resp_scan`; RESP2 or RESP3), one per plan: the read's values
+/// packed in field order (as `answers.pack` packs them), or an error reply's message (str).
+#[pyfunction]
+fn resp_split<'py>(
+    py: Python<'py>,
+    buf: &[u8],
+    plans: Vec<PyRef<'py, ReadPlan>>,
+) -> PyResult<Vec<PyObject>> {
+    let mut out = Vec::with_capacity(plans.len());
+    let mut pos = 0;
+    let mut slots: Vec<Option<&[u8]>> = Vec::new();
+    for plan in &plans {
+        let (line, next) = resp_line(buf, pos + 1)
+            .ok_or_else(|| PyValueError::new_err("RESP protocol error: a reply is cut short"))?;
+        match buf.get(pos) {
+            Some(b'-') => {
+                out.push(
+                    String::from_utf8_lossy(line)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind(),
+                );
+                pos = next;
+                continue;
+            }
+            Some(b'*') | Some(b'%') => {}
+            _ => {
+                return Err(PyValueError::new_err(
+                    "RESP protocol error: expected an array",
+                ))
+            }
+        }
+        // RESP3 answers HGETALL with a map: its length counts pairs, not elements
+        let pairs = buf[pos] == b'%';
+        let n = resp_int(line)?.max(0) as usize * if pairs { 2 } else { 1 };
+        pos = next;
+        slots.clear();
+        slots.resize(plan.count, None);
+        if plan.whole {
+            for _ in 0..n / 2 {
+                let (field, after) = resp_bulk(buf, pos)?;
+                let (value, after) = resp_bulk(buf, after)?;
+                pos = after;
+                if let Some(&i) = field.and_then(|f| plan.index.get(f)) {
+                    slots[i] = value;
+                }
+            }
+        } else {
+            if n != plan.count {
+                return Err(PyValueError::new_err(
+                    "RESP protocol error: HMGET reply length",
+                ));
+            }
+            for slot in slots.iter_mut() {
+                let (value, after) = resp_bulk(buf, pos)?;
+                *slot = value;
+                pos = after;
+            }
+        }
+        let size: usize = slots.iter().map(|v| 4 + v.map_or(0, <[u8]>::len)).sum();
+        let mut packed = Vec::with_capacity(size);
+        for value in &slots {
+            match value {
+                None => packed.extend_from_slice(&ABSENT.to_le_bytes()),
+                Some(v) => {
+                    packed.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    packed.extend_from_slice(v);
+                }
+            }
+        }
+        out.push(PyBytes::new(py, &packed).into_any().unbind());
+    }
+    Ok(out)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GroupCodec>()?;
+    m.add_class::<ReadPlan>()?;
+    m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
+    m.add_function(wrap_pyfunction!(resp_split, m)?)?;
     m.add_function(wrap_pyfunction!(float32_json, m)?)?;
     m.add_function(wrap_pyfunction!(float64_json, m)?)?;
     Ok(())

@@ -13,6 +13,7 @@ import math
 import re
 import struct
 
+import hiredis
 import orjson
 import pytest
 import snappy
@@ -20,6 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from feature_store import _native, sample
+from feature_store.batch import align_hash
 from feature_store.errors import EncodingError
 from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
@@ -202,3 +204,81 @@ def test_a_bad_value_raises_the_references_error_on_every_path() -> None:
         with pytest.raises(EncodingError, match="not 0 or 1"):
             fmt.load([b"2", b"1"])
     assert pack([b"1", None]) == b"\x01\x00\x00\x001\xff\xff\xff\xff"
+
+
+# --- RESP replies read by the native round trip ------------------------------------------
+
+
+def bulk(value: bytes | None, resp3: bool) -> bytes:
+    if value is None:
+        return b"_\r\n" if resp3 else b"$-1\r\n"
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+@st.composite
+def replies(draw: st.DrawFn) -> tuple[list[tuple[list[bytes], bool, object]], bytes]:
+    """Reads (fields, whole, what Redis holds) and the bytes Redis sends for them."""
+    resp3 = draw(st.booleans())
+    reads: list[tuple[list[bytes], bool, object]] = []
+    wire = b""
+    for _ in range(draw(st.integers(1, 6))):
+        fields = draw(
+            st.lists(st.binary(min_size=4, max_size=4), min_size=1, max_size=8, unique=True)
+        )
+        whole = draw(st.booleans())
+        if draw(st.integers(0, 9)) == 0:
+            reads.append((fields, whole, "WRONGTYPE Operation against a key"))
+            wire += b"-WRONGTYPE Operation against a key\r\n"
+            continue
+        values = [draw(st.none() | st.binary(max_size=30)) for _ in fields]
+        if whole:  # the hash's pairs, in its own order, with fields the read does not want
+            pairs = [(f, v) for f, v in zip(fields, values, strict=True) if v is not None]
+            extra = draw(st.lists(st.binary(min_size=5, max_size=5), max_size=3, unique=True))
+            pairs += [(f, b"x") for f in extra]
+            pairs = draw(st.permutations(pairs))
+            head = b"%%%d\r\n" % len(pairs) if resp3 else b"*%d\r\n" % (2 * len(pairs))
+            wire += head + b"".join(bulk(f, resp3) + bulk(v, resp3) for f, v in pairs)
+        else:
+            wire += b"*%d\r\n" % len(values) + b"".join(bulk(v, resp3) for v in values)
+        reads.append((fields, whole, values))
+    return reads, wire
+
+
+@given(replies(), st.data())
+@settings(max_examples=300)
+def test_replies_read_natively_equal_hiredis_then_alignment(
+    case: tuple[list[tuple[list[bytes], bool, object]], bytes], data: st.DataObject
+) -> None:
+    """resp_scan finds reply boundaries however the bytes arrive; resp_split packs each
+    read's values in field order, as hiredis's parse followed by the alignment does."""
+    reads, wire = case
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=5)))
+    buf, pos, done = b"", 0, 0
+    for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+        buf += wire[start:end]
+        pos, found = _native.resp_scan(buf, pos, len(reads) - done)
+        done += found
+        if end < len(wire):
+            assert pos <= end
+    assert (pos, done) == (len(wire), len(reads))
+    plans = [_native.ReadPlan(fields, whole) for fields, whole, _ in reads]
+    got = _native.resp_split(wire, plans)
+    reader = hiredis.Reader(notEnoughData=None)
+    reader.feed(wire)
+    for (fields, whole, _), native_reply in zip(reads, got, strict=True):
+        reference = reader.gets()
+        if isinstance(reference, hiredis.ReplyError):
+            assert native_reply == str(reference)
+        elif whole:
+            assert native_reply == pack(align_hash(reference, fields))
+        else:
+            assert native_reply == pack(reference)
+
+
+def test_a_cut_reply_is_not_counted_and_garbage_is_refused() -> None:
+    wire = b"*2\r\n$1\r\na\r\n$-1\r\n"
+    for cut in range(len(wire)):
+        assert _native.resp_scan(wire[:cut], 0, 1) == (0, 0)
+    assert _native.resp_scan(wire, 0, 1) == (len(wire), 1)
+    with pytest.raises(ValueError, match="RESP protocol error"):
+        _native.resp_scan(b"?what\r\n", 0, 1)
