@@ -1,7 +1,7 @@
 """The serving data plane side by side: REST and gRPC, L1 off and on, batch 10 and 100,
-concurrency 1, 8 and 32, the native path and (as the baseline) the Python reference.
+concurrency 1, 8 and 32; the native path, the Python reference, and an older revision.
 
-    python3 benchmarks/dataplane.py [--entities 100000] [--seconds 4] [--out FILE]
+    python3 benchmarks/dataplane.py [--baseline REV] [--entities 100000] [--seconds 4] [--out FILE]
 
 One `feature-store serve` worker per (path, API, L1); wrk drives REST (1,000 zipfian
 batches in turn) and h2load drives gRPC (one batch; its per-request log gives the
@@ -13,7 +13,7 @@ concurrency 1 and 8, so every ratio compares figures taken minutes apart on one 
 Targets (issue: the serving data plane): server CPU per entity at batch 10 and
 concurrency 8 of at most 25 us with the L1 off and 8 us with it on, for REST and gRPC;
 gRPC at most 1.1x REST; batch 100 no dearer per entity than batch 10; p50 and p99 at
-concurrency 1 no worse than the baseline's.
+concurrency 1 no worse than before.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the pr
 
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +41,7 @@ from _results import header, save
 from cost import children_cpu, cpu_seconds, h2load, wrk
 from serving import add_data_dir, ensure_data, id_batches
 
+ROOT = Path(__file__).resolve().parents[1]
 TARGET_OFF_US = 25.0
 TARGET_ON_US = 8.0
 TARGET_GRPC_OVER_REST = 1.1
@@ -47,7 +49,7 @@ TARGET_GRPC_OVER_REST = 1.1
 
 @dataclass
 class Cell:
-    path: str  # "native" or "python"
+    path: str  # "native", "reference" (the Python reference) or "before" (--baseline)
     api: str
     l1: str
     batch: int
@@ -157,6 +159,15 @@ def run_server(
     return out
 
 
+def _worktree(rev: str, into: Path) -> Path:
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
+        check=True,
+        capture_output=True,
+    )
+    return into
+
+
 def find(cells: list[Cell], **want: object) -> Cell:
     for c in cells:
         if all(getattr(c, k) == v for k, v in want.items()):
@@ -174,11 +185,15 @@ def verdicts(cells: list[Cell]) -> list[str]:
     for api in ("rest", "grpc"):
         for l1, limit in (("off", TARGET_OFF_US), ("on", TARGET_ON_US)):
             c = find(cells, path="native", api=api, l1=l1, batch=10, connections=8)
-            base = find(cells, path="python", api=api, l1=l1, batch=10, connections=8)
+            others = [
+                f"{b.path} {b.server_us:.1f} us"
+                for b in cells
+                if (b.path, b.api, b.l1, b.batch, b.connections) == (b.path, api, l1, 10, 8)
+                and b.path != "native"
+            ]
             row(
                 f"{api} L1 {l1}: server CPU <= {limit:g} us/entity (batch 10, c=8)",
-                f"{c.server_us:.1f} us (Python path {base.server_us:.1f} us, "
-                f"{base.server_us / c.server_us:.1f}x)",
+                f"{c.server_us:.1f} us ({', '.join(others)})",
                 c.server_us <= limit,
             )
     for l1 in ("off", "on"):
@@ -199,12 +214,13 @@ def verdicts(cells: list[Cell]) -> list[str]:
                 f"{b100.server_us:.1f} vs {b10.server_us:.1f} us",
                 b100.server_us <= b10.server_us * 1.05,  # within the noise of one window
             )
-    for api in ("rest", "grpc"):
+    before = [c for c in cells if c.path == "before"]
+    for api in ("rest", "grpc") if before else ():
         for l1 in ("off", "on"):
             c = find(cells, path="native", api=api, l1=l1, batch=10, connections=1)
-            base = find(cells, path="python", api=api, l1=l1, batch=10, connections=1)
+            base = find(before, api=api, l1=l1, batch=10, connections=1)
             row(
-                f"{api} L1 {l1}: p50/p99 at c=1 no worse than the Python path",
+                f"{api} L1 {l1}: p50/p99 at c=1 no worse than before",
                 f"{c.p50_ms:.2f}/{c.p99_ms:.2f} ms vs {base.p50_ms:.2f}/{base.p99_ms:.2f} ms",
                 c.p50_ms <= base.p50_ms * 1.05 and c.p99_ms <= base.p99_ms * 1.1,
             )
@@ -253,6 +269,7 @@ def plot(path: Path, cells: list[Cell]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="a git revision to measure in the same run")
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
@@ -266,14 +283,39 @@ def main() -> int:
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)
-        for path, plan in (("python", baseline), ("native", full)):
-            for api in ("rest", "grpc"):
-                for l1 in (False, True):
-                    cells += run_server(redis, path, api, l1, plan, args.seconds, Path(tmp))
+        runs: list[tuple[str, list[tuple[int, int]], Path | None]] = [
+            ("reference", baseline, None),
+            ("native", full, None),
+        ]
+        if args.baseline:
+            runs.insert(0, ("before", baseline, _worktree(args.baseline, Path(tmp) / "before")))
+        try:
+            for path, plan, tree in runs:
+                for api in ("rest", "grpc"):
+                    for l1 in (False, True):
+                        cells += run_server(
+                            redis, path, api, l1, plan, args.seconds, Path(tmp), tree
+                        )
+        finally:
+            if args.baseline:
+                subprocess.run(
+                    [
+                        "git",
+                        "-C",
+                        str(ROOT),
+                        "worktree",
+                        "remove",
+                        "--force",
+                        str(Path(tmp) / "before"),
+                    ],
+                    check=False,
+                    capture_output=True,
+                )
     lines = [
         *header(
             "One worker; wrk (REST, 1,000 zipfian batches), h2load (gRPC, one batch); "
-            f"{args.seconds:g} s per cell; batches of the standard shape (all 50 features)."
+            f"{args.seconds:g} s per cell; batches of the standard shape (all 50 features)"
+            + (f"; before = {args.baseline}." if args.baseline else ".")
         ),
         "",
         "## Targets",

@@ -1,5 +1,7 @@
 """Types of the Rust extension built from native/src/lib.rs (see feature_store.native)."""
 
+from collections.abc import Sequence
+
 class GroupCodec:
     def __init__(self, types: list[tuple[int, int]]) -> None: ...
     def load(self, reply: list[bytes | None]) -> tuple[bytes, bytes, bytes]: ...
@@ -18,3 +20,10 @@ class ReadPlan:
 
 def resp_scan(buf: bytes, pos: int, count: int) -> tuple[int, int]: ...
 def resp_split(buf: bytes, plans: list[ReadPlan]) -> list[bytes | str]: ...
+def rest_rows(
+    ids: Sequence[int | str],
+    rows: Sequence[Sequence[tuple[object, bool]]],
+    now: int,
+    max_age: int | None,
+    group_json: bytes,
+) -> bytes: ...

@@ -58,6 +58,10 @@ class CircuitOpenError(StoreUnavailableError):
 
 REFRESH_BATCH = 500  # keys per round trip of a background refresh after a batch write
 REFRESH_TICK = 0.05  # seconds: refreshes of entries near expiry are sent together this often
+# XFetch refreshes when the time to expiry is at most cost x beta x -ln(u), u uniform in
+# (0, 1]: random() is a multiple of 2**-53, so -ln(u) <= 36.8 and an entry further from
+# expiry than cost x beta x 37 is never refreshed early; the hit path skips the draw
+XFETCH_HORIZON = 37.0
 SHADOW_QUEUE = 10_000  # sampled hits waiting for their shadow read; the oldest go first
 
 
@@ -143,26 +147,28 @@ class CachedReader:
         waits: list[tuple[int, CacheKey, asyncio.Future[Entry]]] = []
         if bypass:
             stats.bypasses += len(keys)
-        inflight = self._inflight
+        inflight, generations, ahead = self._inflight, self.generations, self.refresh_ahead
+        horizon = self.beta * XFETCH_HORIZON
+        cache_get = cache.get
         for i, key in enumerate(keys):
             if not bypass:
-                entry = cache.get(key)
+                entry = cache_get(key)
                 if entry is not None and now < entry.expires_at:
                     out[i] = Resolved(entry, False)
                     if entry.raw is None:
                         stats.negative_hits += 1
                     else:
                         stats.hits += 1
+                        remaining = entry.expires_at - now
                         if key in inflight:
                             pass
-                        elif self._outdated(key[0], entry):
+                        elif generations and self._outdated(key[0], entry):
                             stats.generation_refreshes += 1  # served now, refreshed for next
                             self._schedule(key, store=True)
-                        elif (
-                            self.refresh_ahead
-                            and entry.expires_at - now
-                            < self.refresh_ahead * (entry.expires_at - entry.loaded_at)
-                        ) or should_refresh_early(entry, now, self.beta, self.rng):
+                        elif remaining < ahead * (entry.expires_at - entry.loaded_at) or (
+                            remaining <= entry.cost * horizon
+                            and should_refresh_early(entry, now, self.beta, self.rng)
+                        ):
                             self._refresh_soon(key)
                         if self.shadow_fraction and self.rng.random() < self.shadow_fraction:
                             self._sample(key, entry)

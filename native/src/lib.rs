@@ -866,12 +866,77 @@ fn resp_split<'py>(
     Ok(out)
 }
 
+// --- REST answers ----------------------------------------------------------------------
+
+fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
+    out.push(b'[');
+    for (i, &p) in present.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(match (p, stale) {
+            (0, _) => b"\"missing\"".as_slice(),
+            (_, false) => b"\"present\"".as_slice(),
+            (_, true) => b"\"stale\"".as_slice(),
+        });
+    }
+    out.push(b']');
+}
+
+/// The rows of a REST answer for all of one group's features, joined by commas: per
+/// entity `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`. `rows` holds each
+/// entity's one `(entry, served_stale)`; the values are the entry's JSON, made at load.
+/// The reference is `feature_store.serving.app._whole_group_rows`.
+#[pyfunction]
+#[pyo3(signature = (ids, rows, now, max_age, group_json))]
+fn rest_rows<'py>(
+    py: Python<'py>,
+    ids: &Bound<'py, PyList>,
+    rows: &Bound<'py, PyList>,
+    now: i64,
+    max_age: Option<i64>,
+    group_json: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::with_capacity(rows.len() * 1600);
+    for (i, (id, row)) in ids.iter().zip(rows.iter()).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
+        let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+        let json = entry.getattr(pyo3::intern!(py, "json"))?;
+        let present = entry.getattr(pyo3::intern!(py, "present"))?;
+        out.extend_from_slice(b"{\"id\":");
+        if let Ok(n) = id.extract::<i64>() {
+            json_i64(&mut out, n);
+        } else {
+            json_str(&mut out, id.downcast::<pyo3::types::PyString>()?.to_str()?);
+        }
+        out.extend_from_slice(b",\"values\":");
+        out.extend_from_slice(json.downcast::<PyBytes>()?.as_bytes());
+        let age = written_at.map(|w| (now - w).max(0));
+        let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+        out.extend_from_slice(b",\"statuses\":");
+        statuses_json(&mut out, present.downcast::<PyBytes>()?.as_bytes(), stale);
+        out.extend_from_slice(b",\"ages\":{");
+        out.extend_from_slice(group_json);
+        out.push(b':');
+        match age {
+            Some(a) => json_i64(&mut out, a),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b"}}");
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GroupCodec>()?;
     m.add_class::<ReadPlan>()?;
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;
+    m.add_function(wrap_pyfunction!(rest_rows, m)?)?;
     m.add_function(wrap_pyfunction!(float32_json, m)?)?;
     m.add_function(wrap_pyfunction!(float64_json, m)?)?;
     Ok(())

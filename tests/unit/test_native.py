@@ -26,8 +26,13 @@ from feature_store.errors import EncodingError
 from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.values_pb2 import FloatList
+from feature_store.registry import parse_registry
 from feature_store.serialization import FeatureType, codec_for
 from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, pack, unpack
+from feature_store.serving.app import _whole_group_rows
+from feature_store.serving.cache import Entry
+from feature_store.serving.loader import Resolved
+from feature_store.serving.service import Lookup, Projection
 
 CODECS = {
     "float": codec_for(FeatureType.FLOAT),
@@ -282,3 +287,79 @@ def test_a_cut_reply_is_not_counted_and_garbage_is_refused() -> None:
     assert _native.resp_scan(wire, 0, 1) == (len(wire), 1)
     with pytest.raises(ValueError, match="RESP protocol error"):
         _native.resp_scan(b"?what\r\n", 0, 1)
+
+
+# --- REST rows ---------------------------------------------------------------------------
+
+ROWS_REGISTRY = parse_registry(
+    """
+version: 1
+entities:
+  shop: {prefix: s, id_type: string, ttl: 7d}
+  user: {prefix: u, id_type: int, ttl: 7d}
+feature_groups:
+  daily:
+    entity: shop
+    max_age: 1d
+    features: {rating: float, tags: int_list, name: string}
+  forever:
+    entity: user
+    features: {rating: float, vector: embedding(3)}
+"""
+)
+
+
+def row_value(t: FeatureType, n: int) -> object:
+    if t is FeatureType.EMBEDDING:
+        return [0.5, -1.25, 3.0]
+    if t is FeatureType.INT_LIST:
+        return [n, -n]
+    if t is FeatureType.STRING:
+        return f'name "{n}"\n'
+    return n / 7
+
+
+@given(
+    st.sampled_from(["daily", "forever"]),
+    st.lists(
+        st.tuples(
+            st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(min_size=1),
+            st.none() | st.integers(-10, 200_000),  # seconds since the write
+            st.booleans(),  # served stale (Redis failing)
+            st.lists(st.booleans(), min_size=3, max_size=3),  # which values are stored
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_rest_rows_are_the_references(group_name: str, rows: list[tuple]) -> None:  # type: ignore[type-arg]
+    group = ROWS_REGISTRY.groups[group_name]
+    fmt = GroupFormat([f.codec for f in group.features])
+    now = 1_800_000_000
+    ids: list[object] = []
+    entries = []
+    for n, (entity_id, age, served_stale, stored) in enumerate(rows):
+        reply = [
+            f.codec.encode(row_value(f.type, n)) if keep else None
+            for f, keep in zip(group.features, stored, strict=False)
+        ]
+        key = ("g", b"k")
+        if age is None and not any(stored[: len(group.features)]):
+            entry = Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
+        else:
+            raw, present, json = fmt.load(reply)
+            entry = Entry(key, fmt, raw, present, json, None if age is None else now - age)
+        ids.append(entity_id if entity_id is not None else n)
+        entries.append([Resolved(entry, served_stale)])
+    proj = Projection(
+        group.entity,
+        group.features,
+        tuple(f.name for f in group.features),
+        (group,),
+        tuple((0, i) for i in range(len(group.features))),
+        True,
+    )
+    lookup = Lookup(proj, ids, entries, now)  # type: ignore[arg-type]
+    native = _native.rest_rows(ids, entries, now, group.max_age_seconds, orjson.dumps(group.name))  # type: ignore[arg-type]
+    assert native == b",".join(_whole_group_rows(lookup))
+    assert orjson.loads(b"[" + native + b"]")[0]["id"] == ids[0]

@@ -1,0 +1,227 @@
+"""The L1 cache's memory: RSS per cached entity against what the cache accounts, and a long
+zipfian load against the byte bound; this checkout and (--baseline REV) an older one.
+
+    python3 benchmarks/l1_memory.py [--baseline REV] [--entities 200000] [--seconds 45] [--out FILE]
+
+1. A worker with the cache on (TTL 3,600 s) reads the first 40,000 entities of the
+   standard shape, 1,000 ids per REST request. RSS (VmRSS of /proc/<pid>/status) before
+   and after, against the bytes the cache accounts (`GET /v1/admin/cache`).
+2. A fresh worker with `--cache-max-bytes 256MiB`: uniform batches of 1,000 ids over
+   every entity fill the bound, then wrk sends zipfian batches of 100 (8 connections) for
+   --seconds. RSS is sampled every 0.5 s; the target is idle RSS + 256 MiB x 1.25.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.serving.process import ServingProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save
+from cost import wrk
+from serving import add_data_dir, ensure_data, id_batches
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1024 * 1024
+BOUND = 256 * MIB
+FIRST = 40_000
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def get(http: httpx.Client, ids: list[int]) -> None:
+    body = {"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]}
+    r = http.post("/v1/features/get", json=body)
+    r.raise_for_status()
+
+
+def cache_summary(http: httpx.Client) -> dict[str, object]:
+    doc: dict[str, object] = http.get("/v1/admin/cache").json()
+    return doc
+
+
+@dataclass
+class Outcome:
+    label: str
+    idle: int  # RSS before any read, bytes
+    after_first: int  # RSS after caching FIRST entities
+    accounted_first: int  # the cache's bytes then
+    entries_first: int
+    bound_idle: int
+    bound_max: int  # the largest RSS sampled under the long load
+    bound_accounted: int
+    bound_entries: int
+
+    @property
+    def rss_per_entity(self) -> float:
+        return (self.after_first - self.idle) / self.entries_first
+
+    @property
+    def accounted_per_entity(self) -> float:
+        return self.accounted_first / self.entries_first
+
+    @property
+    def limit(self) -> int:
+        return self.bound_idle + int(BOUND * 1.25)
+
+
+def measure(label: str, redis: EmbeddedRedis, tree: Path, entities: int, seconds: float) -> Outcome:
+    env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+    args = ["--cache-ttl", "3600"]
+    with ServingProcess(redis.url, args=args, env=env, grpc=False, cwd=tree) as server:
+        assert server.process is not None
+        pid = server.process.pid
+        with httpx.Client(base_url=server.rest_url, timeout=60) as http:
+            idle = rss(pid)
+            for start in range(0, FIRST, 1000):
+                get(http, list(range(start, start + 1000)))
+            after = rss(pid)
+            summary = cache_summary(http)
+    accounted, entries = int(summary["bytes"]), int(summary["entries"])  # type: ignore[call-overload]
+    print(
+        f"{label}: {entries:,} entries: RSS +{(after - idle) / MIB:,.0f} MiB "
+        f"({(after - idle) / entries:,.0f} B/entity), accounted {accounted / MIB:,.0f} MiB "
+        f"({accounted / entries:,.0f} B/entity)",
+        flush=True,
+    )
+    args = ["--cache-ttl", "3600", "--cache-max-bytes", str(BOUND)]
+    with (
+        ServingProcess(redis.url, args=args, env=env, grpc=False, cwd=tree) as server,
+        tempfile.TemporaryDirectory() as work,
+    ):
+        assert server.process is not None
+        pid = server.process.pid
+        samples: list[int] = []
+        stop = threading.Event()
+
+        def sample_rss() -> None:
+            while not stop.wait(0.5):
+                samples.append(rss(pid))
+
+        with httpx.Client(base_url=server.rest_url, timeout=60) as http:
+            bound_idle = rss(pid)
+            sampler = threading.Thread(target=sample_rss)
+            sampler.start()
+            try:
+                ids = list(range(entities))
+                random.Random(7).shuffle(ids)
+                for start in range(0, entities, 1000):
+                    get(http, ids[start : start + 1000])
+                bodies = [
+                    orjson.dumps({"entity_type": sample.ENTITY, "ids": b, "groups": [sample.GROUP]})
+                    for b in id_batches(entities, 100, count=2000)
+                ]
+                wrk(f"{server.rest_url}/v1/features/get", bodies, seconds, Path(work))
+            finally:
+                stop.set()
+                sampler.join()
+            summary = cache_summary(http)
+    outcome = Outcome(
+        label,
+        idle,
+        after,
+        accounted,
+        entries,
+        bound_idle,
+        max(samples),
+        int(summary["bytes"]),  # type: ignore[call-overload]
+        int(summary["entries"]),  # type: ignore[call-overload]
+    )
+    print(
+        f"{label}: bound 256 MiB: idle {bound_idle / MIB:,.0f} MiB, "
+        f"max {outcome.bound_max / MIB:,.0f} MiB (limit {outcome.limit / MIB:,.0f}), "
+        f"{outcome.bound_entries:,} entries",
+        flush=True,
+    )
+    return outcome
+
+
+def _worktree(rev: str, into: Path) -> Path:
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
+        check=True,
+        capture_output=True,
+    )
+    return into
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="a git revision to measure in the same run")
+    parser.add_argument("--entities", type=int, default=200_000)
+    parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    add_data_dir(parser)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: run ./scripts/setup.sh")
+    outcomes = []
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
+        ensure_data(redis.url, args.entities)
+        outcomes.append(measure("this checkout", redis, ROOT, args.entities, args.seconds))
+        if args.baseline:
+            tree = _worktree(args.baseline, Path(tmp) / "baseline")
+            try:
+                label = f"baseline {args.baseline}"
+                outcomes.append(measure(label, redis, tree, args.entities, args.seconds))
+            finally:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    check=False,
+                    capture_output=True,
+                )
+    lines = [
+        *header(
+            f"One REST worker, cache TTL 3,600 s; {args.entities:,} entities of the standard "
+            f"shape; the long load: wrk, zipfian batches of 100, 8 connections, "
+            f"{args.seconds:g} s."
+        ),
+        "",
+        f"| | RSS growth per entity ({FIRST:,} cached) | accounted per entity | RSS / accounted "
+        "| idle RSS | max RSS under load, 256 MiB bound | limit (idle + 1.25 x bound) "
+        "| entries at the bound |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for o in outcomes:
+        lines.append(
+            f"| {o.label} | {o.rss_per_entity:,.0f} B | {o.accounted_per_entity:,.0f} B | "
+            f"{o.rss_per_entity / o.accounted_per_entity:.2f} | {o.bound_idle / MIB:,.0f} MiB | "
+            f"{o.bound_max / MIB:,.0f} MiB | {o.limit / MIB:,.0f} MiB | {o.bound_entries:,} |"
+        )
+    new = outcomes[0]
+    lines += [
+        "",
+        f"Targets: RSS growth per entity <= 1.25x accounted: "
+        f"{'met' if new.rss_per_entity <= 1.25 * new.accounted_per_entity else 'NOT met'} "
+        f"({new.rss_per_entity / new.accounted_per_entity:.2f}x); <= 3 KB per entity: "
+        f"{'met' if new.rss_per_entity <= 3072 else 'NOT met'} ({new.rss_per_entity:,.0f} B); "
+        f"under the long load below idle + 1.25 x bound: "
+        f"{'met' if new.bound_max <= new.limit else 'NOT met'}.",
+    ]
+    save(args.out, "L1 memory", lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
