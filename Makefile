@@ -1,5 +1,5 @@
 # make demo   set up, then run the main job end to end on an embedded Redis
-# make test   set up, then lint + typecheck + all tests (what CI runs)
+# make test   set up, then lint (Python and Rust) + typecheck + all tests (what CI runs)
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
@@ -30,3 +30,4 @@ proto:
 format:
 	$(VENV)/ruff format .
 	$(VENV)/ruff check --fix .
+	cd native && cargo fmt

@@ -128,6 +128,7 @@ def h2load(
     data = work / "request.bin"
     data.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC message framing
     log = work / "h2load.log"
+    log.unlink(missing_ok=True)  # h2load appends to it
     out = subprocess.run(
         [
             *("h2load", f"-c{connections}", "-m1", "-D", f"{seconds:g}", "--data", str(data)),

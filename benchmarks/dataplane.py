@@ -234,18 +234,18 @@ def plot(path: Path, cells: list[Cell]) -> None:
     import matplotlib.pyplot as plt
 
     native = [c for c in cells if c.path == "native"]
-    fig, axes = plt.subplots(3, 1, figsize=(11, 11))
-    labels = [c.name.replace(" b", "\nb") for c in native]
+    fig, axes = plt.subplots(3, 1, figsize=(11, 13))
+    labels = [c.name for c in native]
     xs = list(range(len(native)))
     ax = axes[0]
     ax.bar(xs, [c.rate for c in native], color="tab:blue")
-    ax.set_xticks(xs, labels, fontsize=6)
+    ax.set_xticks(xs, labels, fontsize=7, rotation=60, ha="right")
     ax.set_ylabel("requests/s")
     ax.set_title("Throughput per path (native data plane, one worker)")
     ax = axes[1]
     ax.bar([x - 0.2 for x in xs], [c.p50_ms for c in native], 0.4, label="p50")
     ax.bar([x + 0.2 for x in xs], [c.p99_ms for c in native], 0.4, label="p99")
-    ax.set_xticks(xs, labels, fontsize=6)
+    ax.set_xticks(xs, labels, fontsize=7, rotation=60, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("ms")
     ax.set_title("Latency percentiles")
@@ -259,7 +259,8 @@ def plot(path: Path, cells: list[Cell]) -> None:
     ax.axhline(TARGET_OFF_US, color="grey", ls="--", lw=0.8)
     ax.axhline(TARGET_ON_US, color="grey", ls=":", lw=0.8)
     ax.set_xticks(xs2, [f"{c.path}\n{c.api} L1 {c.l1}" for c in eight], fontsize=7)
-    ax.set_ylabel("CPU µs per entity")
+    ax.set_yscale("log")
+    ax.set_ylabel("CPU µs per entity (log)")
     ax.set_title("CPU per entity against Redis's (batch 10, c=8; lines: targets 25 and 8 µs)")
     ax.legend()
     fig.tight_layout()
