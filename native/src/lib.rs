@@ -315,9 +315,20 @@ fn non_finite(out: &mut Vec<u8>, nan: bool, positive: bool) {
     });
 }
 
+/// ryu's digits in orjson's layout. ryu writes plain notation (`0.001`, `12.5`, `3.0`)
+/// for a middle range of exponents, and within orjson's plain range (1e-5 up to 1e16)
+/// the two layouts are the same text: copied as it is; anything else is laid out.
+fn shortest(out: &mut Vec<u8>, text: &str, magnitude: f64) {
+    if !text.contains('e') && magnitude < 1e16 && (magnitude >= 1e-5 || magnitude == 0.0) {
+        out.extend_from_slice(text.as_bytes());
+    } else {
+        layout(out, text);
+    }
+}
+
 fn json_f64(out: &mut Vec<u8>, x: f64) {
     if x.is_finite() {
-        layout(out, ryu::Buffer::new().format_finite(x));
+        shortest(out, ryu::Buffer::new().format_finite(x), x.abs());
     } else {
         non_finite(out, x.is_nan(), x > 0.0);
     }
@@ -326,14 +337,28 @@ fn json_f64(out: &mut Vec<u8>, x: f64) {
 /// A float32 as its shortest float32 decimal (not the 17 digits of the widened double).
 fn json_f32(out: &mut Vec<u8>, x: f32) {
     if x.is_finite() {
-        layout(out, ryu::Buffer::new().format_finite(x));
+        shortest(out, ryu::Buffer::new().format_finite(x), f64::from(x.abs()));
     } else {
         non_finite(out, x.is_nan(), x > 0.0);
     }
 }
 
 fn json_i64(out: &mut Vec<u8>, x: i64) {
-    out.extend_from_slice(x.to_string().as_bytes());
+    let mut digits = [0u8; 20];
+    let mut n = x.unsigned_abs();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if x < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// A JSON string as orjson escapes it: `"`, `\` and control characters only.
@@ -677,7 +702,10 @@ fn float64_json<'py>(py: Python<'py>, x: f64) -> Bound<'py, PyBytes> {
 /// The line at `pos` (without its CRLF) and the position after it; None if incomplete.
 fn resp_line(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
     let rest = buf.get(pos..)?;
-    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    let end = rest.iter().position(|&c| c == b'\r')?;
+    if rest.get(end + 1) != Some(&b'\n') {
+        return None; // the CRLF is cut (a stray CR, which Redis never sends, times out)
+    }
     Some((&rest[..end], pos + end + 2))
 }
 

@@ -29,6 +29,7 @@ from feature_store.proto.v1.values_pb2 import FloatList
 from feature_store.registry import parse_registry
 from feature_store.serialization import FeatureType, codec_for
 from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, pack, unpack
+from feature_store.serialization.codecs import encode_float32
 from feature_store.serving.app import _whole_group_rows
 from feature_store.serving.cache import Entry
 from feature_store.serving.loader import Resolved
@@ -163,6 +164,7 @@ def test_float32_json_is_the_shortest_float32_decimal(x: float) -> None:
         return
     parsed = orjson.loads(text)
     assert struct.unpack("<f", struct.pack("<f", parsed))[0] == x  # round-trips
+    assert text == orjson.dumps(float(encode_float32(x)))  # the reference's definition
     digits = text.lstrip(b"-").split(b"e")[0].replace(b".", b"").strip(b"0")
     assert len(digits) <= 9  # never the 17 digits of the widened double
 
