@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,12 @@ _native = _load()
 def native_enabled() -> bool:
     """Whether answers are made by the Rust extension (else by the Python reference)."""
     return _native is not None
+
+
+def float32_encoder() -> Callable[[list[float]], list[bytes | None]] | None:
+    """The native ``codecs.encode_float32`` of many values (None where the codec would
+    raise), for the Spark job's float columns; None when the extension is off."""
+    return None if _native is None else _native.encode_float32_many
 
 
 class GroupFormat:

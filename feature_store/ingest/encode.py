@@ -3,9 +3,10 @@
 ``plan_write`` encodes value by value from Python dicts. For a nightly refresh that is
 most of the job's time, so this module produces the same commands from Arrow columns:
 
-* Every value is still encoded by the feature's shared codec (``Feature.codec.encode``);
-  nothing here formats a value itself. The stored bytes are the codecs' by construction,
-  and tests compare the commands with ``plan_write``'s for the same rows.
+* Every value is encoded by the feature's shared codec (``Feature.codec.encode``), but for
+  float features' text, which the native core writes (``feature_store.native``; property
+  tests assert the codec's bytes, and the codec takes what the native code declines).
+  Tests compare the commands with ``plan_write``'s for the same rows.
 * Float columns are encoded once per distinct value: the column's IEEE bit patterns are
   deduplicated with numpy and each distinct pattern goes through the codec once (and is
   remembered across batches). Keying on bits, not on float equality, keeps ``-0.0`` apart
@@ -33,6 +34,7 @@ from feature_store.batch import Command
 from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.spec import BadReason, ColumnSpec, Source
 from feature_store.layout import IdType, encode_timestamp, entity_key
+from feature_store.native import float32_encoder
 from feature_store.registry import Feature, FeatureGroup
 from feature_store.serialization import FeatureType, varint
 
@@ -372,15 +374,20 @@ def _encode_floats(array: pa.Array, feature: Feature, memos: FloatMemos) -> _Col
     encode = feature.codec.encode
     encoded = np.empty(len(uniq), dtype=object)
     failed = False
-    for j, (pattern, value) in enumerate(
-        zip(uniq.tolist(), uniq.view(float_dtype).tolist(), strict=True)
-    ):
+    patterns, floats = uniq.tolist(), uniq.view(float_dtype).tolist()
+    fast = None
+    native = float32_encoder() if feature.type is FeatureType.FLOAT else None
+    if native is not None:  # one native call for every pattern not remembered yet
+        fast = iter(native([v for p, v in zip(patterns, floats, strict=True) if p not in memo]))
+    for j, (pattern, value) in enumerate(zip(patterns, floats, strict=True)):
         got = memo.get(pattern)
         if got is None:
-            try:
-                got = encode(value)
-            except EncodingError as e:
-                got = e
+            got = None if fast is None else next(fast)
+            if got is None:  # the codec: without the extension, or to raise its error
+                try:
+                    got = encode(value)
+                except EncodingError as e:
+                    got = e
             if room > 0:
                 memo[pattern] = got
                 room -= 1

@@ -174,74 +174,153 @@ fn int_list(data: &[u8]) -> Native<Vec<i64>> {
 
 // --- writing JSON ----------------------------------------------------------------------
 
+/// A finite nonzero decimal: sign, significant digits (no leading or trailing zeros) and
+/// the exponent of its first digit (value = d.ddd x 10^exp).
+struct Decimal {
+    negative: bool,
+    buf: [u8; 40],
+    len: usize,
+    exp: i32,
+}
+
+impl Decimal {
+    /// From any decimal text (ryu's output): `-1.25e-7`, `0.001`, `300.0`. None for zero.
+    fn parse(shortest: &str) -> Option<Decimal> {
+        let text = shortest.as_bytes();
+        let (negative, text) = match text.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, text),
+        };
+        let (mantissa, exponent) = match text.iter().position(|&c| c == b'e') {
+            Some(i) => (&text[..i], parse_exponent(&text[i + 1..])),
+            None => (text, 0),
+        };
+        let point = mantissa
+            .iter()
+            .position(|&c| c == b'.')
+            .unwrap_or(mantissa.len());
+        let mut all = [0u8; 40];
+        let mut n = 0;
+        for &c in mantissa.iter().filter(|&&c| c != b'.') {
+            if n < all.len() {
+                all[n] = c;
+                n += 1;
+            }
+        }
+        let leading = all[..n].iter().take_while(|&&d| d == b'0').count();
+        let mut end = n;
+        while end > leading && all[end - 1] == b'0' {
+            end -= 1;
+        }
+        if end == leading {
+            return None;
+        }
+        let mut buf = [0u8; 40];
+        buf[..end - leading].copy_from_slice(&all[leading..end]);
+        Some(Decimal {
+            negative,
+            buf,
+            len: end - leading,
+            exp: exponent + point as i32 - 1 - leading as i32,
+        })
+    }
+
+    fn digits(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// Plain notation: `0.000ddd` for a negative exponent, else digits with the point
+    /// after exp + 1 of them (zeros added), and `whole` after a whole number (".0" or "").
+    fn plain(&self, out: &mut Vec<u8>, whole: &[u8]) {
+        let digits = self.digits();
+        if self.exp < 0 {
+            out.extend_from_slice(b"0.");
+            out.resize(out.len() + (-self.exp - 1) as usize, b'0');
+            out.extend_from_slice(digits);
+            return;
+        }
+        let point = self.exp as usize + 1;
+        if digits.len() <= point {
+            out.extend_from_slice(digits);
+            out.resize(out.len() + point - digits.len(), b'0');
+            out.extend_from_slice(whole);
+        } else {
+            out.extend_from_slice(&digits[..point]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[point..]);
+        }
+    }
+
+    /// Scientific notation `d.ddde<sign>exp`; `plus` is what a positive exponent gets.
+    fn scientific(&self, out: &mut Vec<u8>, plus: &[u8]) {
+        let digits = self.digits();
+        out.push(digits[0]);
+        if digits.len() > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        out.push(b'e');
+        out.extend_from_slice(if self.exp < 0 { b"-" } else { plus });
+        json_i64(out, i64::from(self.exp.unsigned_abs()));
+    }
+}
+
 /// A finite float as orjson writes it: the shortest round-trip digits, plain notation for
 /// decimal exponents -5..=15 (with ".0" on whole numbers), else `1.5e-7` / `1e+16`.
 /// `shortest` is ryu's output for the same digits, in ryu's own layout.
 fn layout(out: &mut Vec<u8>, shortest: &str) {
-    let text = shortest.as_bytes();
-    let (negative, text) = match text.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, text),
-    };
-    let (mantissa, exponent) = match text.iter().position(|&c| c == b'e') {
-        Some(i) => (&text[..i], parse_exponent(&text[i + 1..])),
-        None => (text, 0),
-    };
-    let point = mantissa
-        .iter()
-        .position(|&c| c == b'.')
-        .unwrap_or(mantissa.len());
-    // the significant digits, without the point, and leading and trailing zeros
-    let mut digits = [0u8; 40];
-    let mut n = 0;
-    for &c in mantissa.iter().filter(|&&c| c != b'.') {
-        if n < digits.len() {
-            digits[n] = c;
-            n += 1;
-        }
-    }
-    let leading = digits[..n].iter().take_while(|&&d| d == b'0').count();
-    let mut end = n;
-    while end > leading && digits[end - 1] == b'0' {
-        end -= 1;
-    }
-    let digits = &digits[leading..end];
-    if negative {
-        out.push(b'-');
-    }
-    if digits.is_empty() {
-        out.extend_from_slice(b"0.0");
-        return;
-    }
-    // value = d.ddd x 10^exp
-    let exp = exponent + point as i32 - 1 - leading as i32;
-    if (-5..16).contains(&exp) {
-        if exp < 0 {
-            out.extend_from_slice(b"0.");
-            out.resize(out.len() + (-exp - 1) as usize, b'0');
-            out.extend_from_slice(digits);
-        } else {
-            let point = exp as usize + 1;
-            if digits.len() <= point {
-                out.extend_from_slice(digits);
-                out.resize(out.len() + point - digits.len(), b'0');
-                out.extend_from_slice(b".0");
+    let negative = shortest.starts_with('-');
+    match Decimal::parse(shortest) {
+        None => out.extend_from_slice(if negative { b"-0.0" } else { b"0.0" }),
+        Some(d) => {
+            if d.negative {
+                out.push(b'-');
+            }
+            if (-5..16).contains(&d.exp) {
+                d.plain(out, b".0");
             } else {
-                out.extend_from_slice(&digits[..point]);
-                out.push(b'.');
-                out.extend_from_slice(&digits[point..]);
+                d.scientific(out, b"+");
             }
         }
-        return;
     }
-    out.push(digits[0]);
-    if digits.len() > 1 {
-        out.push(b'.');
-        out.extend_from_slice(&digits[1..]);
+}
+
+/// A float feature's stored text, as `feature_store.serialization.codecs.encode_float32`
+/// writes it (the reference): the float32 nearest `x`, as its shortest decimal, plain for
+/// decimal exponents -4..=15 (whole numbers without a point), else `1.5e-7` / `1e20`;
+/// `0` / `-0` for zero and for what underflows to it; `nan`, `inf`, `-inf`. False where
+/// `x` rounds past the largest float32, which the reference refuses.
+fn storage_f32(out: &mut Vec<u8>, x: f64) -> bool {
+    if x.is_nan() {
+        out.extend_from_slice(b"nan");
+        return true;
     }
-    out.push(b'e');
-    out.push(if exp < 0 { b'-' } else { b'+' });
-    json_i64(out, i64::from(exp.unsigned_abs()));
+    if x.is_infinite() {
+        out.extend_from_slice(if x > 0.0 { b"inf" } else { b"-inf" });
+        return true;
+    }
+    let f = x as f32;
+    if f.is_infinite() {
+        return false;
+    }
+    if f == 0.0 {
+        out.extend_from_slice(if x.is_sign_negative() { b"-0" } else { b"0" });
+        return true;
+    }
+    match Decimal::parse(ryu::Buffer::new().format_finite(f)) {
+        None => out.extend_from_slice(if f.is_sign_negative() { b"-0" } else { b"0" }),
+        Some(d) => {
+            if d.negative {
+                out.push(b'-');
+            }
+            if (-4..16).contains(&d.exp) {
+                d.plain(out, b"");
+            } else {
+                d.scientific(out, b"");
+            }
+        }
+    }
+    true
 }
 
 fn parse_exponent(text: &[u8]) -> i32 {
@@ -681,6 +760,24 @@ impl GroupCodec {
     }
 }
 
+/// Float features' stored texts (`codecs.encode_float32`) of many values: the Spark job's
+/// encoder. None where the reference refuses the value (beyond the float32 range).
+#[pyfunction]
+fn encode_float32_many<'py>(py: Python<'py>, values: Vec<f64>) -> Vec<Option<Bound<'py, PyBytes>>> {
+    let mut buf = Vec::with_capacity(24);
+    values
+        .into_iter()
+        .map(|x| {
+            buf.clear();
+            if storage_f32(&mut buf, x) {
+                Some(PyBytes::new(py, &buf))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// A float32 as JSON, as the answers write embedding elements (for tests and tools).
 #[pyfunction]
 fn float32_json<'py>(py: Python<'py>, x: f32) -> Bound<'py, PyBytes> {
@@ -965,6 +1062,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;
     m.add_function(wrap_pyfunction!(rest_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_float32_many, m)?)?;
     m.add_function(wrap_pyfunction!(float32_json, m)?)?;
     m.add_function(wrap_pyfunction!(float64_json, m)?)?;
     Ok(())

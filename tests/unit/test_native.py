@@ -365,3 +365,21 @@ def test_rest_rows_are_the_references(group_name: str, rows: list[tuple]) -> Non
     native = _native.rest_rows(ids, entries, now, group.max_age_seconds, orjson.dumps(group.name))  # type: ignore[arg-type]
     assert native == b",".join(_whole_group_rows(lookup))
     assert orjson.loads(b"[" + native + b"]")[0]["id"] == ids[0]
+
+
+# --- the Spark job's float features ------------------------------------------------------
+
+
+@given(st.floats() | st.floats(width=32) | st.sampled_from([1e-45, -1e-46, 3.4028235e38, 3.5e38]))
+@example(1e-5)
+@example(123456790.0)
+@example(1e16)
+@example(0.0001)
+def test_native_float_text_is_the_codecs(x: float) -> None:
+    (got,) = _native.encode_float32_many([x])
+    try:
+        want = encode_float32(x)
+    except EncodingError:
+        assert got is None
+        return
+    assert got == want
