@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def header(setup: str) -> list[str]:
@@ -17,6 +21,25 @@ def header(setup: str) -> list[str]:
         f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
         f"{os.cpu_count()} cores. {setup}",
     ]
+
+
+@contextlib.contextmanager
+def worktree(rev: str, into: Path) -> Iterator[Path]:
+    """An older revision checked out at ``into`` (a git worktree), removed afterwards: a
+    `feature-store serve` started there (``ServingProcess(cwd=...)``) runs that code."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield into
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(into)],
+            check=False,
+            capture_output=True,
+        )
 
 
 def save(out: Path | None, title: str, lines: Sequence[str]) -> None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
+import contextlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,11 +37,10 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import header, save, worktree
 from cost import children_cpu, cpu_seconds, h2load, wrk
 from serving import add_data_dir, ensure_data, id_batches
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET_OFF_US = 25.0
 TARGET_ON_US = 8.0
 TARGET_GRPC_OVER_REST = 1.1
@@ -157,15 +156,6 @@ def run_server(
             )
             out.append(cell)
     return out
-
-
-def _worktree(rev: str, into: Path) -> Path:
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
-        check=True,
-        capture_output=True,
-    )
-    return into
 
 
 def find(cells: list[Cell], **want: object) -> Cell:
@@ -288,30 +278,16 @@ def main() -> int:
             ("reference", baseline, None),
             ("native", full, None),
         ]
-        if args.baseline:
-            runs.insert(0, ("before", baseline, _worktree(args.baseline, Path(tmp) / "before")))
-        try:
-            for path, plan, tree in runs:
+        with contextlib.ExitStack() as stack:
+            if args.baseline:
+                tree = stack.enter_context(worktree(args.baseline, Path(tmp) / "before"))
+                runs.insert(0, ("before", baseline, tree))
+            for path, plan, cwd in runs:
                 for api in ("rest", "grpc"):
                     for l1 in (False, True):
                         cells += run_server(
-                            redis, path, api, l1, plan, args.seconds, Path(tmp), tree
+                            redis, path, api, l1, plan, args.seconds, Path(tmp), cwd
                         )
-        finally:
-            if args.baseline:
-                subprocess.run(
-                    [
-                        "git",
-                        "-C",
-                        str(ROOT),
-                        "worktree",
-                        "remove",
-                        "--force",
-                        str(Path(tmp) / "before"),
-                    ],
-                    check=False,
-                    capture_output=True,
-                )
     lines = [
         *header(
             "One worker; wrk (REST, 1,000 zipfian batches), h2load (gRPC, one batch); "

@@ -26,7 +26,6 @@ import argparse
 import os
 import random
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -36,14 +35,13 @@ from pathlib import Path
 
 import httpx
 import orjson
-from _results import header, save
+from _results import ROOT, header, save, worktree
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
-ROOT = Path(__file__).resolve().parents[1]
 ENTITIES = 20_000
 CLIENTS = 8
 GROUPS = [sample.GROUP]
@@ -159,15 +157,6 @@ def measure(label: str, redis: EmbeddedRedis, cwd: Path, hang: float) -> Outcome
     return Outcome(label, healthy, hung, opened, recovered, before, after, attack)
 
 
-def _worktree(rev: str, into: Path) -> Path:
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
-        check=True,
-        capture_output=True,
-    )
-    return into
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="a git revision to measure in the same run")
@@ -180,15 +169,8 @@ def main() -> int:
             store.write(sample.GROUP, sample.rows(2 * ENTITIES))
         outcomes.append(measure("this checkout", redis, ROOT, args.hang))
         if args.baseline:
-            tree = _worktree(args.baseline, Path(tmp) / "baseline")
-            try:
+            with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 outcomes.append(measure(f"baseline {args.baseline}", redis, tree, args.hang))
-            finally:
-                subprocess.run(
-                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                    check=False,
-                    capture_output=True,
-                )
     lines = [
         *header(
             f"One worker, L1 on, {CLIENTS} closed-loop clients, "

@@ -18,7 +18,6 @@ import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the pr
 import argparse
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,11 +32,10 @@ from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import ROOT, header, save, worktree
 from cost import wrk
 from serving import add_data_dir, ensure_data, id_batches
 
-ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 BOUND = 256 * MIB
 FIRST = 40_000
@@ -157,15 +155,6 @@ def measure(label: str, redis: EmbeddedRedis, tree: Path, entities: int, seconds
     return outcome
 
 
-def _worktree(rev: str, into: Path) -> Path:
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
-        check=True,
-        capture_output=True,
-    )
-    return into
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="a git revision to measure in the same run")
@@ -181,16 +170,9 @@ def main() -> int:
         ensure_data(redis.url, args.entities)
         outcomes.append(measure("this checkout", redis, ROOT, args.entities, args.seconds))
         if args.baseline:
-            tree = _worktree(args.baseline, Path(tmp) / "baseline")
-            try:
+            with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 label = f"baseline {args.baseline}"
                 outcomes.append(measure(label, redis, tree, args.entities, args.seconds))
-            finally:
-                subprocess.run(
-                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                    check=False,
-                    capture_output=True,
-                )
     lines = [
         *header(
             f"One REST worker, cache TTL 3,600 s; {args.entities:,} entities of the standard "

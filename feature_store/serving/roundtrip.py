@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import redis.asyncio
@@ -124,24 +124,29 @@ class PackedRoundTrip:
         return align(reads, replies)
 
     async def _send(self, data: bytes, count: int, answer_within: float) -> list[object]:
+        async with self._held() as conn, asyncio.timeout(answer_within):
+            await conn.send_packed_command(data, check_health=False)
+            replies: list[object] = []
+            for _ in range(count):
+                try:
+                    replies.append(await conn.read_response())
+                except redis.exceptions.ResponseError as e:
+                    replies.append(e)  # one command's error reply; the stream goes on
+        return replies
+
+    @contextlib.asynccontextmanager
+    async def _held(self) -> AsyncIterator[redis.asyncio.Connection]:
+        """A pooled connection for one exchange, dropped when the exchange does not end
+        (timed out, cancelled or failed halfway: unread replies would poison it)."""
         conn = await self._connection()
         try:
-            async with asyncio.timeout(answer_within):
-                await conn.send_packed_command(data, check_health=False)
-                replies: list[object] = []
-                for _ in range(count):
-                    try:
-                        replies.append(await conn.read_response())
-                    except redis.exceptions.ResponseError as e:
-                        replies.append(e)  # one command's error reply; the stream goes on
+            yield conn
         except BaseException:
-            # timed out, cancelled or failed halfway: unread replies would poison it
             with contextlib.suppress(Exception):
                 await conn.disconnect()
             raise
         finally:
             await self.pool.release(conn)
-        return replies
 
     async def _connection(self) -> redis.asyncio.Connection:
         """A pooled connection. The pool's wait for a free one (its ``timeout``, set to
@@ -195,14 +200,13 @@ class NativeRoundTrip(PackedRoundTrip):
     async def _exchange(
         self, data: bytes, plans: list[ReadPlan], answer_within: float
     ) -> list[bytes | Exception]:
-        conn = await self._connection()
-        try:
-            async with asyncio.timeout(answer_within):
-                await conn.send_packed_command(data, check_health=False)
-                reader = conn._reader
-                assert reader is not None
-                count, buf = len(plans), b""
-                pos = done = 0
+        async with self._held() as conn, asyncio.timeout(answer_within):
+            await conn.send_packed_command(data, check_health=False)
+            reader = conn._reader
+            assert reader is not None
+            count, buf = len(plans), b""
+            pos = done = 0
+            try:  # ValueError: not RESP, which no Redis sends
                 while done < count:
                     chunk = await reader.read(READ_SIZE)
                     if not chunk:
@@ -212,22 +216,14 @@ class NativeRoundTrip(PackedRoundTrip):
                     done += found
                 if pos != len(buf):
                     raise redis.exceptions.InvalidResponse("bytes past the last reply")
-                try:
-                    replies = resp_split(buf, plans)
-                except ValueError as e:
-                    raise redis.exceptions.InvalidResponse(str(e)) from None
-                parser = conn._parser
-                return [
-                    parser.parse_error(r) if isinstance(r, str) else r  # type: ignore[no-untyped-call]
-                    for r in replies
-                ]
-        except BaseException:
-            # timed out, cancelled or failed halfway: unread replies would poison it
-            with contextlib.suppress(Exception):
-                await conn.disconnect()
-            raise
-        finally:
-            await self.pool.release(conn)
+                replies = resp_split(buf, plans)
+            except ValueError as e:
+                raise redis.exceptions.InvalidResponse(str(e)) from None
+            parser = conn._parser
+            return [
+                parser.parse_error(r) if isinstance(r, str) else r  # type: ignore[no-untyped-call]
+                for r in replies
+            ]
 
 
 class PipelineRoundTrip:
