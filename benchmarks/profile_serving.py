@@ -1,12 +1,13 @@
-"""Where a serving worker's CPU goes: py-spy samples of one worker under wrk load.
+"""Where a serving worker's CPU goes: py-spy samples of one worker under wrk or h2load load.
 
-    python3 benchmarks/profile_serving.py [--seconds 8] [--out FILE]
+    python3 benchmarks/profile_serving.py [--api rest|grpc] [--seconds 8] [--out FILE]
 
-One `feature-store serve` worker (REST, batch 10 x all 50 features of the standard shape,
-zipfian ids over 100,000 entities, 8 connections from wrk), L1 off and then on (after a
-warm-up). `py-spy record` samples the worker at 500 Hz; the report lists the functions
-with the most samples of their own (time in C called from them counts as theirs: an
-orjson or hiredis call is its caller's self time), and the share of a few paths.
+One `feature-store serve` worker (REST: batches of 10 x all 50 features of the standard
+shape, zipfian ids over 100,000 entities, 8 connections from wrk; gRPC: one such batch,
+8 connections from h2load), L1 off and then on (after a warm-up). `py-spy record` samples
+the worker at 500 Hz; the report lists the functions with the most samples of their own
+(time in C called from them counts as theirs: an orjson or native call is its caller's
+self time), and the share of a few paths.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ from serving import add_data_dir, ensure_data, id_batches
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 PATHS = {  # frame name prefixes -> what they stand for
-    ("PackedRoundTrip.__call__",): "the Redis round trip (RESP parsing by hiredis included)",
-    ("GroupSpec.decode",): "decoding values to Python objects",
-    ("_whole_group_rows",): "the answer's rows (JSON of values and statuses)",
+    ("NativeRoundTrip.__call__", "PackedRoundTrip.__call__"): (
+        "the Redis round trip (reading the reply included)"
+    ),
+    ("GroupFormat.load",): "stored values to their JSON (native, at load)",
+    ("whole_group_rows", "_whole_group_rows", "_picked_rows"): "the REST answer's rows",
+    ("FeatureServicer.get_features",): "the gRPC method (lookup and answer bytes included)",
     ("CachedReader.get",): "the L1 and the read path (round trip and decoding included)",
     ("HttpToolsProtocol", "RequestResponseCycle.send"): "uvicorn: HTTP parsing, socket writes",
 }
@@ -49,15 +54,26 @@ def _frame(text: str) -> str:
     return f"{name} ({re.sub(r'.*/feature_store/', 'feature_store/', path)})"
 
 
-def profile(redis: EmbeddedRedis, args: list[str], seconds: float, script: Path) -> list[str]:
+def profile(
+    redis: EmbeddedRedis, args: list[str], seconds: float, script: Path, api: str
+) -> list[str]:
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
     raw = script.with_name("samples.txt")
-    with ServingProcess(redis.url, args=args, env=env, grpc=False) as server:
+    with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc") as server:
         assert server.process is not None
-        url = f"{server.rest_url}/v1/features/get"
-        wrk = ["wrk", "-t1", "-c8", "-s", str(script), url]
-        if "--no-cache" not in args:
-            subprocess.run([*wrk, "-d3s"], capture_output=True, check=True)  # fill the L1
+        if api == "rest":
+            url = f"{server.rest_url}/v1/features/get"
+            load = ["wrk", "-t1", "-c8", "-s", str(script), url]
+            duration = "-d"
+        else:  # h2load sends one body: one batch of 10 (a gRPC frame of the request)
+            load = [
+                *("h2load", "-c8", "-m1", "--data", str(script.with_name("request.bin"))),
+                *("-H", "content-type: application/grpc", "-H", "te: trailers"),
+                f"http://{server.grpc_target}/feature_store.v1.FeatureService/GetFeatures",
+            ]
+            duration = "-D"
+        if "--no-cache" not in args:  # fill the L1
+            subprocess.run([*load, duration, "3"], capture_output=True, check=True)
         spy = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "py-spy"),
@@ -67,7 +83,7 @@ def profile(redis: EmbeddedRedis, args: list[str], seconds: float, script: Path)
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        subprocess.run([*wrk, f"-d{seconds + 1:g}s"], capture_output=True, check=True)
+        subprocess.run([*load, duration, f"{seconds + 1:g}"], capture_output=True, check=True)
         spy.wait()
     own: Counter[str] = Counter()
     within: Counter[tuple[str, ...]] = Counter()
@@ -91,24 +107,34 @@ def profile(redis: EmbeddedRedis, args: list[str], seconds: float, script: Path)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--api", choices=["rest", "grpc"], default="rest")
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
     add_data_dir(parser)
     args = parser.parse_args()
     if (
         shutil.which("wrk") is None
+        or shutil.which("h2load") is None
         or shutil.which(str(Path(sys.executable).parent / "py-spy")) is None
     ):
-        raise SystemExit("needs wrk and py-spy: run ./scripts/setup.sh")
+        raise SystemExit("needs wrk, h2load and py-spy: run ./scripts/setup.sh")
     bodies = [
         orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
         for ids in id_batches(100_000, 10, 1000)
     ]
-    lines = header("One REST worker, batch 10 x 50, 8 wrk connections, py-spy at 500 Hz.")
+    loader = "wrk" if args.api == "rest" else "h2load"
+    lines = header(
+        f"One {args.api} worker, batch 10 x 50, 8 {loader} connections, py-spy at 500 Hz."
+    )
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, 100_000)
         script = wrk_script(Path(tmp) / "post.lua", bodies)
+        request = pb.GetFeaturesRequest(
+            entity_type=sample.ENTITY, int_ids=id_batches(100_000, 10, 1)[0], groups=[sample.GROUP]
+        ).SerializeToString()
+        Path(tmp, "request.bin").write_bytes(b"\x00" + len(request).to_bytes(4, "big") + request)
         for title, serve_args in (("L1 off", ["--no-cache"]), ("L1 on", ["--cache-ttl", "3600"])):
-            lines += ["", f"## {title}", "", *profile(redis, serve_args, args.seconds, script)]
+            found = profile(redis, serve_args, args.seconds, script, args.api)
+            lines += ["", f"## {title}", "", *found]
     save(args.out, "Where a serving worker's CPU goes", lines)
     return 0
 
