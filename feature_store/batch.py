@@ -14,6 +14,7 @@ from typing import TypeAlias
 
 from feature_store.errors import EncodingError, RequestError
 from feature_store.layout import decode_timestamp, encode_timestamp, entity_key
+from feature_store.native import format_of
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
 from feature_store.serialization import Value
 
@@ -153,7 +154,7 @@ def decode_read(
     """Typed values and statuses from aligned replies (``plan.align``), in the plan's order."""
     now_s = int(time.time() if now is None else now)
     nfeat = len(plan.features)
-    decoders = [f.codec.fast_decode for f in plan.features]
+    fmt = format_of(tuple(f.codec for f in plan.features))  # native, or the codecs
     group_of = {g.name: i for i, g in enumerate(plan.groups)}
     feature_group = [group_of[f.group] for f in plan.features]
     single_group = len(plan.groups) == 1
@@ -161,7 +162,7 @@ def decode_read(
     for entity_id, key, reply in zip(plan.ids, plan.keys, replies, strict=True):
         raw = reply[:nfeat]
         try:
-            values = [None if r is None else dec(r) for dec, r in zip(decoders, raw, strict=True)]
+            values = fmt.decode(raw)
         except ValueError:  # EncodingError is one; fast decoders raise plain ValueError
             raise _decode_error(plan, key, raw) from None
         statuses = [MISSING if r is None else PRESENT for r in raw]

@@ -11,6 +11,7 @@ Either way the bytes are the same (tests/unit/test_native.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -47,6 +48,12 @@ _native = _load()
 def native_enabled() -> bool:
     """Whether answers are made by the Rust extension (else by the Python reference)."""
     return _native is not None
+
+
+@functools.lru_cache(maxsize=256)
+def format_of(codecs: tuple[Codec, ...]) -> GroupFormat:
+    """One GroupFormat per list of value types (a codec compares by type and dimension)."""
+    return GroupFormat(codecs)
 
 
 def float32_encoder() -> Callable[[list[float]], list[bytes | None]] | None:
@@ -157,6 +164,16 @@ class GroupFormat:
             except ValueError:
                 pass
         return self.pure.proto_parts(raw)
+
+    def decode(self, reply: Sequence[bytes | None]) -> list[Value | None]:
+        """A reply's values (the codecs', in order) as Python objects, as each codec's
+        ``fast_decode`` makes them: the store client's read. Raises ValueError (or its
+        EncodingError) for a value that does not decode."""
+        if self.native is not None:
+            with contextlib.suppress(ValueError):  # declined: the codecs decide
+                return self.native.values(reply if type(reply) is list else list(reply))  # type: ignore[return-value]
+        pairs = zip(self.codecs, reply[: len(self.codecs)], strict=True)
+        return [None if r is None else c.fast_decode(r) for c, r in pairs]
 
     def values(self, raw: bytes) -> tuple[Value | None, ...]:
         """The packed values as Python objects (for library callers and comparisons)."""

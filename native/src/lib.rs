@@ -496,6 +496,46 @@ fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native
     Ok(())
 }
 
+// --- Python objects (the store client) --------------------------------------------------
+
+fn py_value(py: Python<'_>, type_code: u8, dim: u32, data: &[u8]) -> Native<PyObject> {
+    use pyo3::types::{PyBool, PyFloat, PyString};
+    Ok(match type_code {
+        FLOAT | DOUBLE => PyFloat::new(py, parse_float(data)?).into_any().unbind(),
+        INT => {
+            let x = parse_int(data)?;
+            x.into_pyobject(py)
+                .map_err(|_| Fallback)?
+                .into_any()
+                .unbind()
+        }
+        BOOL => {
+            let b = match data {
+                b"1" => true,
+                b"0" => false,
+                _ => return Err(Fallback),
+            };
+            PyBool::new(py, b).to_owned().into_any().unbind()
+        }
+        STRING => {
+            let s = std::str::from_utf8(data).map_err(|_| Fallback)?;
+            PyString::new(py, s).into_any().unbind()
+        }
+        EMBEDDING | FLOAT_LIST => {
+            let values: Vec<f64> = float_list(data, dim)?.into_iter().map(f64::from).collect();
+            PyList::new(py, values)
+                .map_err(|_| Fallback)?
+                .into_any()
+                .unbind()
+        }
+        INT_LIST => PyList::new(py, int_list(data)?)
+            .map_err(|_| Fallback)?
+            .into_any()
+            .unbind(),
+        _ => return Err(Fallback),
+    })
+}
+
 // --- writing protobuf (serving.proto FeatureRow.values records) -------------------------
 
 fn put_varint(out: &mut Vec<u8>, mut n: u64) {
@@ -708,6 +748,32 @@ impl GroupCodec {
         let freshness = items[count].map(|ts| PyBytes::new(py, ts));
         Ok((self.loaded(py, &items[..count])?, freshness))
     }
+    /// The reply's first len(types) values as Python objects (None for none), as the
+    /// codecs' `fast_decode` makes them: the store client's read.
+    fn values<'py>(
+        &self,
+        py: Python<'py>,
+        reply: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if reply.len() < self.types.len() {
+            return Err(PyValueError::new_err(
+                "the reply has fewer values than the group",
+            ));
+        }
+        let mut out: Vec<PyObject> = Vec::with_capacity(self.types.len());
+        for (i, &(type_code, dim)) in self.types.iter().enumerate() {
+            let item = reply.get_item(i)?;
+            if item.is_none() {
+                out.push(py.None());
+                continue;
+            }
+            let bytes = item.downcast::<PyBytes>()?;
+            let value = py_value(py, type_code, dim, bytes.as_bytes()).map_err(|_| fallback(i))?;
+            out.push(value);
+        }
+        PyList::new(py, out)
+    }
+
     /// Each value's JSON (`null` for none), for answers that pick some features.
     fn json_parts<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyList>> {
         let values = unpack(raw, self.types.len())?;
