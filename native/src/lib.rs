@@ -251,6 +251,19 @@ impl Decimal {
         }
     }
 
+    /// The number with its sign: plain notation for exponents in `plain` (`whole` after a
+    /// whole number), scientific notation otherwise (`plus` before a positive exponent).
+    fn write(&self, out: &mut Vec<u8>, plain: std::ops::Range<i32>, whole: &[u8], plus: &[u8]) {
+        if self.negative {
+            out.push(b'-');
+        }
+        if plain.contains(&self.exp) {
+            self.plain(out, whole);
+        } else {
+            self.scientific(out, plus);
+        }
+    }
+
     /// Scientific notation `d.ddde<sign>exp`; `plus` is what a positive exponent gets.
     fn scientific(&self, out: &mut Vec<u8>, plus: &[u8]) {
         let digits = self.digits();
@@ -272,16 +285,7 @@ fn layout(out: &mut Vec<u8>, shortest: &str) {
     let negative = shortest.starts_with('-');
     match Decimal::parse(shortest) {
         None => out.extend_from_slice(if negative { b"-0.0" } else { b"0.0" }),
-        Some(d) => {
-            if d.negative {
-                out.push(b'-');
-            }
-            if (-5..16).contains(&d.exp) {
-                d.plain(out, b".0");
-            } else {
-                d.scientific(out, b"+");
-            }
-        }
+        Some(d) => d.write(out, -5..16, b".0", b"+"),
     }
 }
 
@@ -309,16 +313,7 @@ fn storage_f32(out: &mut Vec<u8>, x: f64) -> bool {
     }
     match Decimal::parse(ryu::Buffer::new().format_finite(f)) {
         None => out.extend_from_slice(if f.is_sign_negative() { b"-0" } else { b"0" }),
-        Some(d) => {
-            if d.negative {
-                out.push(b'-');
-            }
-            if (-4..16).contains(&d.exp) {
-                d.plain(out, b"");
-            } else {
-                d.scientific(out, b"");
-            }
-        }
+        Some(d) => d.write(out, -4..16, b"", b""),
     }
     true
 }
