@@ -23,8 +23,8 @@ from feature_store.errors import (
 )
 from feature_store.layout import entity_key
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
-from feature_store.serialization import FeatureType, Value
-from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json, to_json
+from feature_store.serialization import FeatureType
+from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json
 from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.loader import CachedReader, Resolved
@@ -157,19 +157,6 @@ class Lookup:
     ids: Sequence[EntityId]
     entries: list[list[Resolved]]  # per id, per projection group
     now: int  # unix seconds the ages are computed at
-
-
-def json_values(values: Sequence[Value | None]) -> Sequence[object]:
-    """Values as JSON can carry them (``serialization.json_floats``): NaN and infinities as
-    strings. Returned unchanged, without a copy, when every float is finite."""
-    out: list[object] | None = None
-    for i, v in enumerate(values):
-        fixed = to_json(v)
-        if fixed is not v:
-            if out is None:
-                out = list(values)
-            out[i] = fixed
-    return values if out is None else out
 
 
 def json_int(value: object) -> object:

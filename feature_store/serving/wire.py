@@ -3,9 +3,10 @@
 Building a message object per value and serializing it cost more than the Redis round trip
 (DESIGN.md, "Proto-to-dict conversion"). Protobuf's wire format is a concatenation of
 (tag, length, bytes) records, so the response is assembled from pieces: each cached entry
-keeps the encoded ``Value`` of each of its features, computed once on first use, and a
-response is a join of those. tests/integration/test_serving_grpc.py parses the result with
-the generated classes, which checks this encoder against the .proto.
+keeps its values' ``FeatureRow.values`` records, made from the stored bytes on first use by
+the native core (or its reference, ``serialization.answers``), and a response is a join of
+those with the ids, statuses and ages written here. tests/integration/test_serving_grpc.py
+parses the result with the generated classes, which checks this encoder against the .proto.
 
 Field numbers below mirror proto/feature_store/proto/v1/serving.proto.
 """
