@@ -657,6 +657,28 @@ type Loaded<'py> = (
 );
 
 impl GroupCodec {
+    /// Each packed value written on its own by `write` (`missing` for none).
+    fn parts<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &[u8],
+        missing: &[u8],
+        write: fn(&mut Vec<u8>, u8, u32, &[u8]) -> Native<()>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let values = unpack(raw, self.types.len())?;
+        let mut parts = Vec::with_capacity(values.len());
+        let mut buf = Vec::with_capacity(256);
+        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
+            buf.clear();
+            match value {
+                None => buf.extend_from_slice(missing),
+                Some(data) => write(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?,
+            }
+            parts.push(PyBytes::new(py, &buf));
+        }
+        PyList::new(py, parts)
+    }
+
     fn loaded<'py>(&self, py: Python<'py>, values: &[Option<&[u8]>]) -> PyResult<Loaded<'py>> {
         let mut raw = Vec::with_capacity(1024);
         let mut json = Vec::with_capacity(1024);
@@ -771,20 +793,7 @@ impl GroupCodec {
 
     /// Each value's JSON (`null` for none), for answers that pick some features.
     fn json_parts<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyList>> {
-        let values = unpack(raw, self.types.len())?;
-        let mut parts = Vec::with_capacity(values.len());
-        let mut buf = Vec::with_capacity(256);
-        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
-            buf.clear();
-            match value {
-                None => buf.extend_from_slice(b"null"),
-                Some(data) => {
-                    json_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?
-                }
-            }
-            parts.push(PyBytes::new(py, &buf));
-        }
-        PyList::new(py, parts)
+        self.parts(py, raw, b"null", json_value)
     }
 
     /// Every value's `FeatureRow.values` record, joined (a whole-group gRPC answer).
@@ -804,20 +813,7 @@ impl GroupCodec {
 
     /// Each value's `FeatureRow.values` record, for answers that pick some features.
     fn proto_parts<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyList>> {
-        let values = unpack(raw, self.types.len())?;
-        let mut parts = Vec::with_capacity(values.len());
-        let mut buf = Vec::with_capacity(256);
-        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
-            buf.clear();
-            match value {
-                None => buf.extend_from_slice(MISSING_VALUE),
-                Some(data) => {
-                    proto_value(&mut buf, type_code, dim, data).map_err(|_| fallback(i))?
-                }
-            }
-            parts.push(PyBytes::new(py, &buf));
-        }
-        PyList::new(py, parts)
+        self.parts(py, raw, MISSING_VALUE, proto_value)
     }
 }
 
