@@ -89,8 +89,11 @@ class GroupFormat:
         self._patterns: dict[bytes, bytes] = {}  # one ``present`` object per pattern
         self._statuses: dict[tuple[bytes, bool], bytes] = {}
 
-    def load(self, reply: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes]:
-        """``(packed, present, values_json)`` of a reply's values (the group's, in order).
+    def load(
+        self, reply: Sequence[bytes | None], proto: bool = False
+    ) -> tuple[bytes, bytes, bytes]:
+        """``(packed, present, answer)`` of a reply's values (the group's, in order):
+        ``answer`` is the values' JSON array, or with ``proto`` their gRPC records.
 
         Raises EncodingError for a value its codec does not decode. ``present`` is shared
         between entries with the same values missing."""
@@ -98,25 +101,29 @@ class GroupFormat:
         if self.native is not None:
             # ValueError: a form only the reference reads (or a bad value): it decides
             with contextlib.suppress(ValueError):
-                loaded = self.native.load(reply if type(reply) is list else list(reply))
-        raw, present, json = self.pure.load(reply) if loaded is None else loaded
-        return raw, self._shared(present), json
+                loaded = self.native.load(reply if type(reply) is list else list(reply), proto)
+        raw, present, answer = self.pure.load(reply, proto) if loaded is None else loaded
+        return raw, self._shared(present), answer
 
     def load_packed(
-        self, packed: bytes, first: int
+        self, packed: bytes, first: int, proto: bool = False
     ) -> tuple[tuple[bytes, bytes, bytes], bytes | None]:
         """``load`` of the group's values in a packed read (``resp_split``), from item
         ``first`` on, and the group's freshness value, the item after them."""
         if self.native is not None:
             try:
-                (raw, present, json), freshness = self.native.load_packed(packed, first)
-                return (raw, self._shared(present), json), freshness
+                (raw, present, answer), freshness = self.native.load_packed(packed, first, proto)
+                return (raw, self._shared(present), answer), freshness
             except ValueError:
                 pass
         items = unpack(packed)[first : first + len(self.codecs) + 1]
         if len(items) != len(self.codecs) + 1:
             raise ValueError("the read has fewer values than the group")
-        return self.load(items[:-1]), items[-1]
+        return self.load(items[:-1], proto), items[-1]
+
+    def json(self, raw: bytes) -> bytes:
+        """The values' JSON array (what ``load`` makes), from the packed values."""
+        return b"[" + b",".join(self.json_parts(raw)) + b"]"
 
     def _shared(self, present: bytes) -> bytes:
         """One object per pattern of missing values, for entries to share."""

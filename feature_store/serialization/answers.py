@@ -128,11 +128,17 @@ class PureGroupCodec:
     def __init__(self, codecs: Sequence[Codec]) -> None:
         self.codecs = tuple(codecs)
 
-    def load(self, reply: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes]:
-        """``(packed, present, values_json)`` of the reply's first len(codecs) values."""
+    def load(
+        self, reply: Sequence[bytes | None], proto: bool = False
+    ) -> tuple[bytes, bytes, bytes]:
+        """``(packed, present, answer)`` of the reply's first len(codecs) values: ``answer``
+        is the values' JSON array, or with ``proto`` what ``proto`` makes of ``packed``."""
         values = reply[: len(self.codecs)]
         present = bytes(0 if v is None else 1 for v in values)
-        return pack(values), present, b"[" + b",".join(self._json(values)) + b"]"
+        raw = pack(values)
+        if proto:
+            return raw, present, self.proto(raw)
+        return raw, present, b"[" + b",".join(self._json(values)) + b"]"
 
     def _json(self, values: Sequence[bytes | None]) -> list[bytes]:
         return [

@@ -508,7 +508,7 @@ def _whole_group_rows(lookup: Lookup) -> list[bytes]:
             b'{"id":%b,"values":%b,"statuses":%b,"ages":{%b:%b}}'
             % (
                 _id_json(entity_id),
-                entry.json,
+                entry.json if entry.json is not None else entry.fmt.json(cast(bytes, entry.raw)),
                 entry.fmt.statuses_json(entry.present, stale),
                 name,
                 age,

@@ -38,6 +38,8 @@ BYTES_OBJECT = 33
 class Entry:
     """One entity's values of one group, as stored: one packed ``bytes`` (``raw``) and the
     values' JSON, made once when loaded. ``raw`` None: the entity has none (negative).
+    Without the L1, an entry read for a gRPC answer holds its gRPC records (``wire``)
+    instead of the JSON, which REST would make from ``raw`` if it ever met one.
 
     Nothing in an entry is a Python object per value: the garbage collector has nothing to
     walk, and ``size`` is what the entry really takes, so the byte bound holds for RSS."""
@@ -46,7 +48,7 @@ class Entry:
     fmt: GroupFormat
     raw: bytes | None
     present: bytes  # one byte per feature: 1 where a value is stored
-    json: bytes  # the values as a JSON array
+    json: bytes | None  # the values as a JSON array (None: made when first needed)
     written_at: int | None  # unix seconds of the group's last write, from Redis
     cost: float = 0.0  # seconds the load took: XFetch's delta
     expires_at: float = 0.0  # monotonic seconds
@@ -66,7 +68,9 @@ class Entry:
 
 def entry_size(entry: Entry) -> int:
     """The bytes an entry holds in this process (the shared ``present`` is not counted)."""
-    size = ENTRY_OVERHEAD + len(entry.key[1]) + len(entry.json) + BYTES_OBJECT
+    size = ENTRY_OVERHEAD + len(entry.key[1])
+    if entry.json is not None:
+        size += len(entry.json) + BYTES_OBJECT
     if entry.raw is not None:
         size += len(entry.raw) + BYTES_OBJECT
     if entry.wire is not None:

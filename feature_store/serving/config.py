@@ -29,6 +29,10 @@ class ServingSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     grpc_port: int | None = 50051  # None: no gRPC server
+    # "native": GetFeatures on the extension's HTTP/2 front, other methods passed through to
+    # grpc.aio on a loopback port; "grpcio": every method on grpc.aio (also when the
+    # extension is off or missing)
+    grpc_front: str = "native"
     workers: int = 1
 
     # request limits
@@ -95,6 +99,8 @@ class ServingSettings:
             raise fail("port", "must be a TCP port")
         if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
             raise fail("grpc_port", "must be a TCP port")
+        if self.grpc_front not in ("native", "grpcio"):
+            raise fail("grpc_front", "must be native or grpcio")
         for name in (
             "cache_ttl",
             "redis_timeout_min",

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -24,12 +27,22 @@ from grpc_reflection.v1alpha import reflection
 
 from feature_store.batch import EntityId
 from feature_store.errors import ConfigError, FeatureStoreError
+from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving import wire
 from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.cache import Entry
 from feature_store.serving.client import proto_value
+from feature_store.serving.config import ServingSettings
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.service import MalformedRequestError, group_states, problem
+from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
+
+if TYPE_CHECKING:
+    from feature_store._native import Call
+
+_grpc_rows = None
+if native_enabled():
+    from feature_store._native import grpc_rows as _grpc_rows  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +100,36 @@ def _entity_id(e: pb.EntityId) -> EntityId:
     return result
 
 
+def answer_rows(lookup: Lookup, charge: Callable[[Entry], None] | None) -> bytes:
+    """GetFeaturesResponse's rows, joined: by the native core for a whole group (the common
+    request; ``grpc_rows``), else by ``_answer_rows``, its reference. ``charge`` counts
+    the gRPC records an entry gets on first use against the cache's bound."""
+    proj = lookup.projection
+    if not proj.whole_group or _grpc_rows is None:
+        return b"".join(_answer_rows(lookup, charge))
+    for ((entry, _),) in lookup.entries:
+        if entry.wire is None:
+            wire.entry_values(entry, charge)
+    group = proj.groups[0]
+    return _grpc_rows(
+        lookup.ids, lookup.entries, lookup.now, group.max_age_seconds, group.name.encode()
+    )
+
+
+def _answer_rows(lookup: Lookup, charge: Callable[[Entry], None] | None) -> list[bytes]:
+    proj, rows = lookup.projection, []
+    for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
+        stale, ages = group_states(proj, resolved, lookup.now)
+        if proj.whole_group:
+            entry = resolved[0].entry
+            values = wire.entry_values(entry, charge)
+            statuses = wire.statuses(entry.present, stale[0])
+        else:
+            values, statuses = wire.picked_values(proj.picks, resolved, stale)
+        rows.append(wire.row(wire.entity_id(entity_id) + values + statuses + wire.ages(ages)))
+    return rows
+
+
 class FeatureServicer:
     def __init__(self, runtime: ServingRuntime) -> None:
         self.runtime = runtime
@@ -128,9 +171,8 @@ class FeatureServicer:
             ],
         )
 
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, error: BaseException, method: str, t0: float
-    ) -> None:
+    def failure(self, error: BaseException, method: str, t0: float) -> tuple[grpc.StatusCode, str]:
+        """The status and details of a failed call (logged when unexpected, and counted)."""
         if not isinstance(error, FeatureStoreError):
             log.exception("unexpected error in gRPC %s", method)
         p = problem(error, writing=method == "write")
@@ -139,48 +181,50 @@ class FeatureServicer:
         details = f"{p.code}: {p.message}"
         if len(details) > MAX_DETAILS:
             details = details[: MAX_DETAILS - 20] + " ... (truncated)"
-        await context.abort(code, details)
+        return code, details
+
+    async def _abort(
+        self, context: grpc.aio.ServicerContext, error: BaseException, method: str, t0: float
+    ) -> None:
+        await context.abort(*self.failure(error, method, t0))
 
     async def get_features(
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
     ) -> bytes:
         t0 = time.perf_counter()
         try:
-            role = self.auth.require(_metadata(context), Role.READ)
-            _check_parsed(request)
-            if request.bypass_cache and role < Role.ADMIN:
-                raise AuthError("bypass_cache needs an admin API key", 403)
-            if request.int_ids and request.string_ids:
-                raise MalformedRequestError("set int_ids or string_ids, not both")
-            ids: Sequence[EntityId] = list(request.int_ids or request.string_ids)
-            lookup = await self.service.lookup(
-                request.entity_type,
-                ids,
-                list(request.features),
-                list(request.groups),
-                bypass=request.bypass_cache,
-            )
+            return await self.answer(request, _metadata(context), t0)
         except Exception as e:
             await self._abort(context, e, "get", t0)
             raise AssertionError("unreachable") from None  # abort raises
+
+    async def answer(self, request: object, authorization: str | None, t0: float) -> bytes:
+        """GetFeaturesResponse's bytes, on either front; raises what ``failure`` maps."""
+        role = self.auth.require(authorization, Role.READ)
+        _check_parsed(request)
+        assert isinstance(request, pb.GetFeaturesRequest)
+        if request.bypass_cache and role < Role.ADMIN:
+            raise AuthError("bypass_cache needs an admin API key", 403)
+        if request.int_ids and request.string_ids:
+            raise MalformedRequestError("set int_ids or string_ids, not both")
+        ids: Sequence[EntityId] = list(request.int_ids or request.string_ids)
+        lookup = await self.service.lookup(
+            request.entity_type,
+            ids,
+            list(request.features),
+            list(request.groups),
+            bypass=request.bypass_cache,
+            proto=True,
+        )
         proj = lookup.projection
         header = proj.memo.get(API)
         if header is None:
             header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
-        parts = [cast(bytes, header)]
         charge = self.cache.charge if self.cache is not None else None
-        for entity_id, resolved in zip(lookup.ids, lookup.entries, strict=True):
-            stale, ages = group_states(proj, resolved, lookup.now)
-            if proj.whole_group:
-                entry = resolved[0].entry
-                values = wire.entry_values(entry, charge)
-                statuses = wire.statuses(entry.present, stale[0])
-            else:
-                values, statuses = wire.picked_values(proj.picks, resolved, stale)
-            parts.append(wire.row(wire.entity_id(entity_id) + values + statuses + wire.ages(ages)))
+        body = cast(bytes, header) + answer_rows(lookup, charge)
         self.entities_served.inc(len(lookup.ids))
         self.observe(API, "get", "200").observe(time.perf_counter() - t0)
-        return b"".join(parts)
+        return body
 
     async def write_features(
         self, request: pb.WriteFeaturesRequest, context: grpc.aio.ServicerContext
@@ -241,19 +285,119 @@ class FeatureServicer:
         )
 
 
-class GrpcServer:
-    """A started grpc.aio server plus the task that keeps its health status current."""
+class NativeFront:
+    """GetFeatures on the extension's HTTP/2 front (``native/src/front.rs``).
 
-    def __init__(self, server: grpc.aio.Server, port: int, health_task: asyncio.Task[None]) -> None:
+    The front's thread queues each call and writes an eventfd; this loop reads it, takes
+    every queued call, and answers each on a task of its own with ``FeatureServicer.answer``
+    (the same code as grpc.aio's method). Other methods reach grpc.aio through the front.
+    """
+
+    def __init__(self, servicer: FeatureServicer, sock: socket.socket, backend: int) -> None:
+        from feature_store import _native
+
+        self.servicer = servicer
+        self.loop = asyncio.get_running_loop()
+        self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.parse = _parser(pb.GetFeaturesRequest)
+        try:
+            self.front = _native.Front(
+                sock.detach(),
+                self.wake,
+                f"/{SERVICE}/GetFeatures",
+                f"127.0.0.1:{backend}",
+                servicer.runtime.settings.max_body_bytes,
+            )
+        except BaseException:
+            os.close(self.wake)
+            raise
+        self.loop.add_reader(self.wake, self._take)
+
+    def _take(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.wake)
+        for call in self.front.take():
+            task = self.loop.create_task(self._answer(call))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, call: Call) -> None:
+        t0 = time.perf_counter()
+        try:
+            request = self.parse(call.request)
+            answer = await self.servicer.answer(request, call.authorization, t0)
+        except Exception as e:
+            code, details = self.servicer.failure(e, "get", t0)
+            call.fail(code.value[0], details)
+        else:
+            call.reply(answer)
+
+    async def stop(self, grace: float) -> None:
+        # the loop keeps answering queued calls while the front's thread winds down
+        await asyncio.to_thread(self.front.stop, grace)
+        if self.wake >= 0:  # a second stop finds it closed
+            self.loop.remove_reader(self.wake)
+            os.close(self.wake)
+            self.wake = -1
+
+
+class GrpcServer:
+    """A started gRPC server (and its native front) plus the task that keeps its health
+    status current."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        port: int,
+        health_task: asyncio.Task[None],
+        stopping: asyncio.Event,
+        front: NativeFront | None = None,
+    ) -> None:
         self.server = server
         self.port = port
+        self.front = front
         self._health_task = health_task
+        self._stopping = stopping
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        # a cancel can be lost while the tracker's ping waits for a pooled connection under
+        # load (the ping's timeout ends as TimeoutError, not CancelledError): the tracker
+        # also stops on the event, and its ping is bounded, so this wait is too
+        self._stopping.set()
         self._health_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._health_task
+        await asyncio.wait({self._health_task})
+        if self.front is not None:
+            await self.front.stop(grace or 0.0)
         await self.server.stop(grace)
+
+
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening socket for the native front, bound as grpc.aio would bind it."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ConfigError(f"cannot serve gRPC on {address}: {e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(where)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        reason = "the port is in use" if e.errno == errno.EADDRINUSE else str(e)
+        raise ConfigError(f"cannot serve gRPC on {address}: {reason}") from None
+    return sock
+
+
+def front_kind(settings: ServingSettings) -> str:
+    """The front that serves GetFeatures: "native" where the extension is on, else grpcio."""
+    return "native" if settings.grpc_front == "native" and native_enabled() else "grpcio"
 
 
 async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> GrpcServer:
@@ -261,14 +405,20 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
 
     SO_REUSEPORT only with several workers, so that they share the port; ``feature-store
     serve`` first checks that no other process holds it (``cli.check_port_free``). A single
-    worker binds without it and fails on a port in use, as the REST port does.
+    worker binds without it and fails on a port in use, as the REST port does. With the
+    native front, that is the front's port, and grpc.aio listens on a free loopback port
+    of its own behind it.
     """
+    settings = runtime.settings
+    native = front_kind(settings) == "native"
+    reuse_port = settings.workers > 1
+    sock = _listen(host, port, reuse_port) if native else None
     server = grpc.aio.server(
         options=[
-            ("grpc.so_reuseport", 1 if runtime.settings.workers > 1 else 0),
+            ("grpc.so_reuseport", 1 if reuse_port and not native else 0),
             # 1,000 entities x many features, embeddings included, can pass gRPC's 4 MiB
             ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.max_receive_message_length", runtime.settings.max_body_bytes),
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
         ]
     )
     servicer = FeatureServicer(runtime)
@@ -281,24 +431,38 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
         reflection.SERVICE_NAME,
     )
     reflection.enable_server_reflection(names, server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = "127.0.0.1:0" if native else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as e:  # grpc raises when the bind fails
+        if sock is not None:
+            sock.close()
         raise ConfigError(f"cannot serve gRPC on {address}: {e}") from None
     if bound == 0:
+        if sock is not None:
+            sock.close()
         raise ConfigError(f"cannot serve gRPC on {address}: the port is in use")
     await server.start()
-    task = asyncio.get_running_loop().create_task(_track_health(runtime, health_servicer))
-    log.info("gRPC on %s:%d", host, bound)
-    return GrpcServer(server, bound, task)
+    front = None
+    if sock is not None:
+        port = sock.getsockname()[1]
+        front = NativeFront(servicer, sock, bound)
+    else:
+        port = bound
+    stopping = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(_track_health(runtime, health_servicer, stopping))
+    log.info("gRPC on %s:%d (%s front)", host, port, "native" if native else "grpcio")
+    return GrpcServer(server, port, task, stopping, front)
 
 
-async def _track_health(runtime: ServingRuntime, servicer: health.aio.HealthServicer) -> None:
+async def _track_health(
+    runtime: ServingRuntime, servicer: health.aio.HealthServicer, stopping: asyncio.Event
+) -> None:
     serving = health_pb2.HealthCheckResponse.SERVING
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-    while True:
+    while not stopping.is_set():
         status = serving if await runtime.ready() else not_serving
         for name in ("", SERVICE):
             await servicer.set(name, status)
-        await asyncio.sleep(2.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), 2.0)

@@ -135,9 +135,11 @@ class CachedReader:
 
     # --- reads ---------------------------------------------------------------------------
 
-    async def get(self, keys: Sequence[CacheKey], *, bypass: bool = False) -> list[Resolved]:
+    async def get(
+        self, keys: Sequence[CacheKey], *, bypass: bool = False, proto: bool = False
+    ) -> list[Resolved]:
         if self.cache is None:
-            return await self._direct(keys)
+            return await self._direct(keys, proto)
         if not self.single_flight:
             return await self._unshared(keys, bypass)
         cache = self.cache
@@ -356,8 +358,9 @@ class CachedReader:
                 out[i] = Resolved(cache.put(resolved.entry), False)
         return out  # type: ignore[return-value]
 
-    async def _direct(self, keys: Sequence[CacheKey]) -> list[Resolved]:
-        """Without a cache: one pipeline per request, no sharing (the L1-off baseline)."""
+    async def _direct(self, keys: Sequence[CacheKey], proto: bool = False) -> list[Resolved]:
+        """Without a cache: one pipeline per request, no sharing (the L1-off baseline).
+        ``proto``: the entries are for a gRPC answer (``GroupSpec.entry``)."""
         if not self.breaker.allow():
             raise CircuitOpenError("Redis is unavailable (circuit open)")
         reads: list[Read] = [(entity_key, [self.specs[group]]) for group, entity_key in keys]
@@ -367,7 +370,7 @@ class CachedReader:
         for (group, entity_key), reply in zip(keys, replies, strict=True):
             if isinstance(reply, KeyDataError):
                 raise reply
-            entry = self.specs[group].entry((group, entity_key), reply)
+            entry = self.specs[group].entry((group, entity_key), reply, proto=proto)
             entry.cost, entry.expires_at, entry.loaded_at = cost, now, now
             out.append(Resolved(entry, False))
         return out

@@ -291,16 +291,21 @@ class FeatureService:
         groups: Sequence[str] = (),
         *,
         bypass: bool = False,
+        proto: bool = False,
     ) -> Lookup:
+        """The entries of ``ids``'s groups that hold ``features`` (or ``groups``). ``proto``:
+        the answer is gRPC's, so entries read without the L1 carry gRPC records, not JSON."""
         proj = self.projection(entity, features, groups)
         keys = self.check_ids(proj.entity, ids)
         names = [g.name for g in proj.groups]
         if len(names) == 1:
             name = names[0]
-            resolved = await self.reader.get([(name, k) for k in keys], bypass=bypass)
+            resolved = await self.reader.get([(name, k) for k in keys], bypass=bypass, proto=proto)
             entries = [[r] for r in resolved]
         else:
-            flat = await self.reader.get([(g, k) for k in keys for g in names], bypass=bypass)
+            flat = await self.reader.get(
+                [(g, k) for k in keys for g in names], bypass=bypass, proto=proto
+            )
             n = len(names)
             entries = [flat[i : i + n] for i in range(0, len(flat), n)]
         return Lookup(proj, ids, entries, int(time.time()))

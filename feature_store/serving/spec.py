@@ -37,18 +37,25 @@ class GroupSpec:
             hash_fields(registry, group.entity.name),
         )
 
-    def entry(self, key: CacheKey, reply: Sequence[bytes | None] | bytes, offset: int = 0) -> Entry:
+    def entry(
+        self,
+        key: CacheKey,
+        reply: Sequence[bytes | None] | bytes,
+        offset: int = 0,
+        proto: bool = False,
+    ) -> Entry:
         """This group's values in a read's reply, from value ``offset`` on (its fields in
         order, the freshness field last), as an entry; negative when the entity has
         nothing of this group. ``reply`` is a list of values, or the read's values packed
-        (``feature_store._native.resp_split``)."""
+        (``feature_store._native.resp_split``). ``proto``: the entry is for one gRPC answer
+        (no L1), so it gets the values' gRPC records and no JSON."""
         fmt, entity_key = self.fmt, key[1]
         try:
             if isinstance(reply, bytes):
-                (raw, present, json), freshness = fmt.load_packed(reply, offset)
+                (raw, present, answer), freshness = fmt.load_packed(reply, offset, proto)
             else:
                 part = reply if not offset else reply[offset : offset + len(self.fields)]
-                raw, present, json = fmt.load(part)
+                raw, present, answer = fmt.load(part, proto)
                 freshness = part[len(self.fields) - 1]
         except EncodingError:  # name the feature: the reference decodes each value again
             values = unpack(reply) if isinstance(reply, bytes) else reply
@@ -57,7 +64,9 @@ class GroupSpec:
         written_at = self.written_at(entity_key, freshness)
         if written_at is None and present == fmt.absent_present:
             return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
-        return Entry(key, fmt, raw, present, json, written_at)
+        if proto:
+            return Entry(key, fmt, raw, present, None, written_at, wire=answer)
+        return Entry(key, fmt, raw, present, answer, written_at)
 
     def _name_bad_value(self, entity_key: bytes, values: Sequence[bytes | None]) -> None:
         for f, r in zip(self.group.features, values, strict=False):

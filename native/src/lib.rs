@@ -8,6 +8,8 @@
 //! caller answers that value with the Python reference, which also owns every error
 //! message. So the native path can be faster, never different.
 
+mod front;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -650,6 +652,9 @@ struct GroupCodec {
     types: Vec<(u8, u32)>, // (type code, embedding dimension or 0)
 }
 
+/// How one stored value is written into an answer: `json_value` or `proto_value`.
+type Writer = fn(&mut Vec<u8>, u8, u32, &[u8]) -> Native<()>;
+
 type Loaded<'py> = (
     Bound<'py, PyBytes>,
     Bound<'py, PyBytes>,
@@ -663,7 +668,7 @@ impl GroupCodec {
         py: Python<'py>,
         raw: &[u8],
         missing: &[u8],
-        write: fn(&mut Vec<u8>, u8, u32, &[u8]) -> Native<()>,
+        write: Writer,
     ) -> PyResult<Bound<'py, PyList>> {
         let values = unpack(raw, self.types.len())?;
         let mut parts = Vec::with_capacity(values.len());
@@ -679,37 +684,51 @@ impl GroupCodec {
         PyList::new(py, parts)
     }
 
-    fn loaded<'py>(&self, py: Python<'py>, values: &[Option<&[u8]>]) -> PyResult<Loaded<'py>> {
+    /// `(packed, present, answer)`: `answer` is the values' JSON array, or with `proto`
+    /// their `FeatureRow.values` records joined (what `proto` makes of the packed bytes).
+    fn loaded<'py>(
+        &self,
+        py: Python<'py>,
+        values: &[Option<&[u8]>],
+        proto: bool,
+    ) -> PyResult<Loaded<'py>> {
         let mut raw = Vec::with_capacity(1024);
-        let mut json = Vec::with_capacity(1024);
+        let mut answer = Vec::with_capacity(1024);
         let mut present = Vec::with_capacity(self.types.len());
-        json.push(b'[');
+        let (write, missing): (Writer, &[u8]) = if proto {
+            (proto_value, MISSING_VALUE)
+        } else {
+            answer.push(b'[');
+            (json_value, b"null")
+        };
         for (i, (&(type_code, dim), value)) in self.types.iter().zip(values).enumerate() {
-            if i > 0 {
-                json.push(b',');
+            if i > 0 && !proto {
+                answer.push(b',');
             }
             match value {
                 None => {
                     raw.extend_from_slice(&ABSENT.to_le_bytes());
-                    json.extend_from_slice(b"null");
+                    answer.extend_from_slice(missing);
                     present.push(0);
                 }
                 Some(data) => {
                     if data.len() >= ABSENT as usize {
                         return Err(fallback(i));
                     }
-                    json_value(&mut json, type_code, dim, data).map_err(|_| fallback(i))?;
+                    write(&mut answer, type_code, dim, data).map_err(|_| fallback(i))?;
                     raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
                     raw.extend_from_slice(data);
                     present.push(1);
                 }
             }
         }
-        json.push(b']');
+        if !proto {
+            answer.push(b']');
+        }
         Ok((
             PyBytes::new(py, &raw),
             PyBytes::new(py, &present),
-            PyBytes::new(py, &json),
+            PyBytes::new(py, &answer),
         ))
     }
 }
@@ -721,9 +740,15 @@ impl GroupCodec {
         GroupCodec { types }
     }
 
-    /// `(packed, present, values_json)` of a reply's first len(types) values.
+    /// `(packed, present, answer)` of a reply's first len(types) values (see `loaded`).
     /// `present` has one byte per feature: 1 for a value, 0 for none.
-    fn load<'py>(&self, py: Python<'py>, reply: &Bound<'py, PyList>) -> PyResult<Loaded<'py>> {
+    #[pyo3(signature = (reply, proto = false))]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        reply: &Bound<'py, PyList>,
+        proto: bool,
+    ) -> PyResult<Loaded<'py>> {
         if reply.len() < self.types.len() {
             return Err(PyValueError::new_err(
                 "the reply has fewer values than the group",
@@ -738,16 +763,18 @@ impl GroupCodec {
                 Some(item.downcast::<PyBytes>()?.as_bytes())
             });
         }
-        self.loaded(py, &values)
+        self.loaded(py, &values, proto)
     }
 
     /// The same from a packed read (`resp_split`): the group's values start at item
     /// `first`, and the item after them is the group's freshness field, returned too.
+    #[pyo3(signature = (packed, first, proto = false))]
     fn load_packed<'py>(
         &self,
         py: Python<'py>,
         packed: &[u8],
         first: usize,
+        proto: bool,
     ) -> PyResult<(Loaded<'py>, Option<Bound<'py, PyBytes>>)> {
         let count = self.types.len();
         let items: Vec<Option<&[u8]>> = Packed {
@@ -763,7 +790,7 @@ impl GroupCodec {
             ));
         }
         let freshness = items[count].map(|ts| PyBytes::new(py, ts));
-        Ok((self.loaded(py, &items[..count])?, freshness))
+        Ok((self.loaded(py, &items[..count], proto)?, freshness))
     }
     /// The reply's first len(types) values as Python objects (None for none), as the
     /// codecs' `fast_decode` makes them: the store client's read.
@@ -1065,6 +1092,69 @@ fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
     out.push(b']');
 }
 
+/// The rows of a gRPC answer for all of one group's features: per entity a
+/// `GetFeaturesResponse.rows` record (field 3) of a `FeatureRow` holding the id, the
+/// entry's values records (`wire`, made before the call: `wire.entry_values`), the packed
+/// statuses and the group's age. `rows` is as for `rest_rows`. The reference is the per-row
+/// loop of `feature_store.serving.grpc_server.FeatureServicer.answer` (`serving/wire.py`).
+#[pyfunction]
+#[pyo3(signature = (ids, rows, now, max_age, group))]
+fn grpc_rows<'py>(
+    py: Python<'py>,
+    ids: &Bound<'py, PyList>,
+    rows: &Bound<'py, PyList>,
+    now: i64,
+    max_age: Option<i64>,
+    group: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::with_capacity(rows.len() * 1200);
+    let mut row = Vec::with_capacity(1200);
+    for (id, item) in ids.iter().zip(rows.iter()) {
+        let (entry, served_stale): (Bound<'py, PyAny>, bool) = item.get_item(0)?.extract()?;
+        let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+        let wire = entry.getattr(pyo3::intern!(py, "wire"))?;
+        let present = entry.getattr(pyo3::intern!(py, "present"))?;
+        row.clear();
+        // FeatureRow.id = 1, an EntityId: int_id = 1 (varint) or string_id = 2
+        if let Ok(n) = id.extract::<i64>() {
+            record(&mut row, 0x0A, |p| {
+                p.push(0x08);
+                put_varint(p, n as u64);
+            });
+        } else {
+            let text = id.downcast::<pyo3::types::PyString>()?.to_str()?;
+            record(&mut row, 0x0A, |p| {
+                record(p, 0x12, |q| q.extend_from_slice(text.as_bytes()))
+            });
+        }
+        row.extend_from_slice(wire.downcast::<PyBytes>()?.as_bytes());
+        let age = written_at.map(|w| (now - w).max(0));
+        let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+        // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
+        let present = present.downcast::<PyBytes>()?.as_bytes();
+        row.push(0x1A);
+        put_varint(&mut row, present.len() as u64);
+        row.extend(present.iter().map(|&p| match (p, stale) {
+            (0, _) => 2,
+            (1, false) => 1,
+            (1, true) => 3,
+            _ => 0,
+        }));
+        // FeatureRow.ages = 4, one map entry: key = 1, value = 2
+        if let Some(age) = age {
+            record(&mut row, 0x22, |p| {
+                record(p, 0x0A, |q| q.extend_from_slice(group));
+                p.push(0x10);
+                put_varint(p, age as u64);
+            });
+        }
+        out.push(0x1A);
+        put_varint(&mut out, row.len() as u64);
+        out.extend_from_slice(&row);
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
 /// The rows of a REST answer for all of one group's features, joined by commas: per
 /// entity `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`. `rows` holds each
 /// entity's one `(entry, served_stale)`; the values are the entry's JSON, made at load.
@@ -1086,7 +1176,14 @@ fn rest_rows<'py>(
         }
         let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
         let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
-        let json = entry.getattr(pyo3::intern!(py, "json"))?;
+        let mut json = entry.getattr(pyo3::intern!(py, "json"))?;
+        if json.is_none() {
+            // loaded for a gRPC answer (spec.GroupSpec.entry): made from the packed values
+            let raw = entry.getattr(pyo3::intern!(py, "raw"))?;
+            json = entry
+                .getattr(pyo3::intern!(py, "fmt"))?
+                .call_method1("json", (raw,))?;
+        }
         let present = entry.getattr(pyo3::intern!(py, "present"))?;
         out.extend_from_slice(b"{\"id\":");
         if let Ok(n) = id.extract::<i64>() {
@@ -1116,9 +1213,12 @@ fn rest_rows<'py>(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GroupCodec>()?;
     m.add_class::<ReadPlan>()?;
+    m.add_class::<front::Front>()?;
+    m.add_class::<front::Call>()?;
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;
     m.add_function(wrap_pyfunction!(rest_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(grpc_rows, m)?)?;
     m.add_function(wrap_pyfunction!(encode_float32_many, m)?)?;
     m.add_function(wrap_pyfunction!(float32_json, m)?)?;
     m.add_function(wrap_pyfunction!(float64_json, m)?)?;

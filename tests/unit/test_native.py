@@ -30,6 +30,7 @@ from feature_store.registry import parse_registry
 from feature_store.serialization import FeatureType, codec_for
 from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, pack, unpack
 from feature_store.serialization.codecs import encode_float32
+from feature_store.serving import grpc_server
 from feature_store.serving.app import _whole_group_rows
 from feature_store.serving.cache import Entry
 from feature_store.serving.loader import Resolved
@@ -119,6 +120,11 @@ def same_answers(names: list[str], reply: list[bytes | None]) -> bool:
     assert native.json_parts(raw) == pure.json_parts(raw)
     assert native.proto(raw) == pure.proto(raw)
     assert native.proto_parts(raw) == pure.proto_parts(raw)
+    # loaded for a gRPC answer: the records in place of the JSON
+    assert native.load(reply, True) == pure.load(reply, True) == (*loaded[:2], pure.proto(raw))
+    packed = pack([b"x", *reply, b"1700000000"])  # as resp_split packs a read
+    for proto in (False, True):
+        assert native.load_packed(packed, 1, proto) == (pure.load(reply, proto), b"1700000000")
     return True
 
 
@@ -369,7 +375,8 @@ def row_value(t: FeatureType, n: int) -> object:
         max_size=6,
     ),
 )
-def test_rest_rows_are_the_references(group_name: str, rows: list[tuple]) -> None:  # type: ignore[type-arg]
+def test_whole_group_rows_are_the_references(group_name: str, rows: list[tuple]) -> None:  # type: ignore[type-arg]
+    """REST's and gRPC's rows of whole-group answers: native and reference, byte for byte."""
     group = ROWS_REGISTRY.groups[group_name]
     fmt = GroupFormat([f.codec for f in group.features])
     now = 1_800_000_000
@@ -400,6 +407,13 @@ def test_rest_rows_are_the_references(group_name: str, rows: list[tuple]) -> Non
     native = _native.rest_rows(ids, entries, now, group.max_age_seconds, orjson.dumps(group.name))  # type: ignore[arg-type]
     assert native == b",".join(_whole_group_rows(lookup))
     assert orjson.loads(b"[" + native + b"]")[0]["id"] == ids[0]
+    assert grpc_server._grpc_rows is not None  # the native core answers whole groups
+    records = grpc_server.answer_rows(lookup, None)
+    assert records == b"".join(grpc_server._answer_rows(lookup, None))
+    answer = pb.GetFeaturesResponse.FromString(records)
+    assert [r.id.WhichOneof("id") for r in answer.rows] == [
+        "int_id" if isinstance(i, int) else "string_id" for i in ids
+    ]
 
 
 # --- the Spark job's float features ------------------------------------------------------

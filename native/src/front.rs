@@ -1,0 +1,539 @@
+//! The native gRPC front: HTTP/2 and gRPC framing on a thread of its own, so that the hot
+//! method (`GetFeatures`) costs what its lookup costs, not what grpc.aio's per-call
+//! machinery does.
+//!
+//! The thread runs a single-threaded tokio runtime and the `h2` crate. A call to the hot
+//! method is read whole, queued, and announced to Python by writing an eventfd that the
+//! asyncio loop watches; the loop takes every queued call at once (`Front.take`), answers
+//! each from the cache and the data plane's core, and hands the answer bytes back
+//! (`Call.reply` / `Call.fail`), which wakes the stream's task here. Neither side waits for
+//! the other's lock for long: this thread never holds the GIL.
+//!
+//! Every other method (WriteFeatures, GetRegistry, health checking, reflection) is passed
+//! through, stream for stream, to the grpc.aio server listening on a loopback port: one
+//! gRPC port for clients, with every method grpcio serves.
+
+use std::collections::VecDeque;
+use std::net::TcpListener as StdListener;
+use std::os::unix::io::{FromRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+
+// gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html)
+const OK: u32 = 0;
+const DEADLINE_EXCEEDED: u32 = 4;
+const RESOURCE_EXHAUSTED: u32 = 8;
+const UNIMPLEMENTED: u32 = 12;
+const INTERNAL: u32 = 13;
+const UNAVAILABLE: u32 = 14;
+
+/// What Python answers a queued call with.
+enum Answer {
+    Message(Vec<u8>), // the gRPC frame: 5-byte prefix and the message
+    Status(u32, String),
+}
+
+struct Queued {
+    request: Bytes,
+    authorization: Option<String>,
+    reply: oneshot::Sender<Answer>,
+}
+
+struct Shared {
+    queue: Mutex<VecDeque<Queued>>,
+    wake_fd: RawFd,
+    method: String,
+    backend: String,
+    max_request: usize,
+}
+
+impl Shared {
+    fn push(&self, call: Queued) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let was_empty = queue.is_empty();
+        queue.push_back(call);
+        drop(queue);
+        if was_empty {
+            // the loop drains the whole queue on each wake-up: one write per batch
+            let one: u64 = 1;
+            // SAFETY: wake_fd is an eventfd owned by the Python side for the front's life;
+            // an eventfd write of 8 bytes cannot be partial, and a full counter (EAGAIN) means
+            // a wake-up is already pending.
+            unsafe { libc::write(self.wake_fd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+}
+
+/// One call to the hot method, handed to Python.
+#[pyclass(module = "feature_store._native")]
+pub struct Call {
+    #[pyo3(get)]
+    authorization: Option<String>,
+    request: Bytes,
+    reply: Option<oneshot::Sender<Answer>>,
+}
+
+#[pymethods]
+impl Call {
+    /// The request message's bytes (without gRPC's 5-byte prefix).
+    #[getter]
+    fn request<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.request)
+    }
+
+    /// Answer with this message (serialized protobuf) and status OK.
+    fn reply(&mut self, message: &[u8]) -> PyResult<()> {
+        let mut frame = Vec::with_capacity(message.len() + 5);
+        frame.push(0);
+        frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        frame.extend_from_slice(message);
+        self.send(Answer::Message(frame))
+    }
+
+    /// Answer with a gRPC status code and message, and no response message.
+    fn fail(&mut self, code: u32, message: String) -> PyResult<()> {
+        if code == OK || code > 16 {
+            return Err(PyValueError::new_err(format!(
+                "not an error status: {code}"
+            )));
+        }
+        self.send(Answer::Status(code, message))
+    }
+}
+
+impl Call {
+    fn send(&mut self, answer: Answer) -> PyResult<()> {
+        match self.reply.take() {
+            // the client may have gone (deadline, reset): nothing to do then
+            Some(tx) => {
+                let _ = tx.send(answer);
+                Ok(())
+            }
+            None => Err(PyRuntimeError::new_err("the call was already answered")),
+        }
+    }
+}
+
+/// The front: a listening socket, served on its own thread until `stop`.
+#[pyclass(module = "feature_store._native")]
+pub struct Front {
+    shared: Arc<Shared>,
+    closing: watch::Sender<Option<Duration>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl Front {
+    /// Serve on `listen_fd` (a bound, listening TCP socket, now owned by the front). Calls to
+    /// `method` (e.g. "/pkg.Service/Method") are queued for `take`, announced on `wake_fd`;
+    /// other methods go to the gRPC server at `backend` ("127.0.0.1:port").
+    #[new]
+    fn new(
+        listen_fd: RawFd,
+        wake_fd: RawFd,
+        method: String,
+        backend: String,
+        max_request: usize,
+    ) -> PyResult<Self> {
+        // SAFETY: the caller passes a listening socket it has given up (socket.detach()).
+        let listener = unsafe { StdListener::from_raw_fd(listen_fd) };
+        listener.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(VecDeque::new()),
+            wake_fd,
+            method,
+            backend,
+            max_request,
+        });
+        let (closing, closed) = watch::channel(None);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let serving = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("grpc-front".into())
+            .spawn(move || runtime.block_on(serve(listener, serving, closed)))?;
+        Ok(Front {
+            shared,
+            closing,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Every call queued since the last take, oldest first.
+    fn take(&self) -> Vec<Call> {
+        let mut queue = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue
+            .drain(..)
+            .map(|q| Call {
+                authorization: q.authorization,
+                request: q.request,
+                reply: Some(q.reply),
+            })
+            .collect()
+    }
+
+    /// Stop accepting, tell clients to go away (GOAWAY), let calls in flight finish for up
+    /// to `grace` seconds, then close. Calls still queued are answered UNAVAILABLE.
+    fn stop(&self, py: Python<'_>, grace: f64) {
+        let grace = Duration::from_secs_f64(if grace.is_finite() {
+            grace.max(0.0)
+        } else {
+            0.0
+        });
+        let _ = self.closing.send(Some(grace));
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
+            py.allow_threads(move || {
+                let _ = thread.join();
+            });
+        }
+        self.take(); // dropping the replies answers them UNAVAILABLE (the thread is gone)
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        let _ = self.closing.send(Some(Duration::ZERO));
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(listener: StdListener, shared: Arc<Shared>, mut closed: Closing) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(_) => return,
+    };
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((socket, _)) = accepted {
+                    let _ = socket.set_nodelay(true);
+                    connections.spawn(connection(socket, Arc::clone(&shared), closed.clone()));
+                }
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = closed.changed() => break,
+        }
+    }
+    drop(listener);
+    // connections send GOAWAY and finish their calls; those that take longer are cut
+    let grace = closed.borrow().unwrap_or(Duration::ZERO);
+    let _ = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+}
+
+/// None while serving; the grace period for calls in flight once stopping.
+type Closing = watch::Receiver<Option<Duration>>;
+
+async fn connection(socket: TcpStream, shared: Arc<Shared>, mut closed: Closing) {
+    let mut conn = match h2::server::Builder::new()
+        .max_concurrent_streams(1000)
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(4 << 20)
+        .handshake::<_, Bytes>(socket)
+        .await
+    {
+        Ok(conn) => conn,
+        Err(_) => return,
+    };
+    let mut closing = closed.borrow().is_some();
+    if closing {
+        conn.graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            next = conn.accept() => match next {
+                Some(Ok((request, respond))) => {
+                    tokio::spawn(stream(request, respond, Arc::clone(&shared)));
+                }
+                _ => break, // closed, or a connection error (h2 has sent GOAWAY)
+            },
+            changed = closed.changed(), if !closing => {
+                closing = true;
+                if changed.is_ok() {
+                    conn.graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+async fn stream(request: Request<RecvStream>, respond: SendResponse<Bytes>, shared: Arc<Shared>) {
+    if request.uri().path() == shared.method {
+        hot(request, respond, &shared).await;
+    } else {
+        pass_through(request, respond, &shared).await;
+    }
+}
+
+async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared: &Shared) {
+    let (parts, mut body) = request.into_parts();
+    let is_grpc = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .map_or(false, |v| v.as_bytes().starts_with(b"application/grpc"));
+    if !is_grpc {
+        let response = Response::builder().status(415).body(()).unwrap_or_default();
+        let _ = respond.send_response(response, true);
+        return;
+    }
+    let deadline = parts
+        .headers
+        .get("grpc-timeout")
+        .and_then(|v| grpc_timeout(v.as_bytes()));
+    let mut data = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(_) => return, // the client reset the stream
+        };
+        let _ = body.flow_control().release_capacity(chunk.len());
+        if data.len() + chunk.len() > shared.max_request + 5 {
+            let limit = shared.max_request;
+            let message = format!("the request is larger than the limit of {limit} bytes");
+            return status(&mut respond, RESOURCE_EXHAUSTED, &message);
+        }
+        data.put(chunk);
+    }
+    let request = match unframe(data.freeze()) {
+        Ok(request) => request,
+        Err((code, message)) => return status(&mut respond, code, message),
+    };
+    let authorization = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (tx, rx) = oneshot::channel();
+    shared.push(Queued {
+        request,
+        authorization,
+        reply: tx,
+    });
+    let answer = match deadline {
+        Some(limit) => match tokio::time::timeout(limit, rx).await {
+            Ok(answer) => answer,
+            Err(_) => return status(&mut respond, DEADLINE_EXCEEDED, "Deadline Exceeded"),
+        },
+        None => rx.await,
+    };
+    match answer {
+        Ok(Answer::Message(frame)) => {
+            let response = Response::builder()
+                .status(200)
+                .header(http::header::CONTENT_TYPE, "application/grpc")
+                .body(())
+                .unwrap_or_default();
+            if let Ok(mut send) = respond.send_response(response, false) {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                if send.send_data(Bytes::from(frame), false).is_ok() {
+                    let _ = send.send_trailers(trailers);
+                }
+            }
+        }
+        Ok(Answer::Status(code, message)) => status(&mut respond, code, &message),
+        Err(_) => status(&mut respond, UNAVAILABLE, "the server is shutting down"),
+    }
+}
+
+/// The one message of a unary request, without its 5-byte prefix.
+fn unframe(data: Bytes) -> Result<Bytes, (u32, &'static str)> {
+    if data.len() < 5 {
+        return Err((INTERNAL, "the request has no complete gRPC message"));
+    }
+    if data[0] != 0 {
+        return Err((UNIMPLEMENTED, "compressed requests are not supported"));
+    }
+    let length = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    if data.len() - 5 != length {
+        return Err((INTERNAL, "the request is not one gRPC message"));
+    }
+    Ok(data.slice(5..))
+}
+
+/// A "Trailers-Only" answer: HTTP 200 and the gRPC status in one HEADERS frame.
+fn status(respond: &mut SendResponse<Bytes>, code: u32, message: &str) {
+    let mut response = Response::builder()
+        .status(200)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header("grpc-status", code)
+        .body(())
+        .unwrap_or_default();
+    if let Ok(value) = HeaderValue::from_bytes(&percent_encode(message)) {
+        response.headers_mut().insert("grpc-message", value);
+    }
+    let _ = respond.send_response(response, true);
+}
+
+/// grpc-message's encoding: bytes outside printable ASCII, and '%', as %XX.
+fn percent_encode(message: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len());
+    for &b in message.as_bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b);
+        } else {
+            out.extend_from_slice(format!("%{b:02X}").as_bytes());
+        }
+    }
+    out
+}
+
+/// grpc-timeout: at most 8 digits and a unit (H, M, S, m, u, n).
+fn grpc_timeout(value: &[u8]) -> Option<Duration> {
+    let (unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Another method: the same stream, both ways, with the gRPC server on the loopback port.
+async fn pass_through(
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    shared: &Shared,
+) {
+    let (parts, mut body) = request.into_parts();
+    let backend = match connect(&shared.backend).await {
+        Some(backend) => backend,
+        None => {
+            return status(
+                &mut respond,
+                UNAVAILABLE,
+                "the gRPC server is not reachable",
+            )
+        }
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let mut forward = Request::builder()
+        .method(parts.method)
+        .uri(format!("http://{}{}", shared.backend, path))
+        .body(())
+        .unwrap_or_default();
+    *forward.headers_mut() = parts.headers;
+    let mut backend = match backend.ready().await {
+        Ok(backend) => backend,
+        Err(_) => {
+            return status(
+                &mut respond,
+                UNAVAILABLE,
+                "the gRPC server is not reachable",
+            )
+        }
+    };
+    let (response, mut upstream) = match backend.send_request(forward, body.is_end_stream()) {
+        Ok(sent) => sent,
+        Err(_) => {
+            return status(
+                &mut respond,
+                UNAVAILABLE,
+                "the gRPC server is not reachable",
+            )
+        }
+    };
+    // the request's stream, copied on a task of its own: bidirectional methods (reflection)
+    // send more as answers arrive
+    tokio::spawn(async move {
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+            if upstream.send_data(chunk, false).is_err() {
+                return;
+            }
+        }
+        match body.trailers().await {
+            Ok(Some(trailers)) => {
+                let _ = upstream.send_trailers(trailers);
+            }
+            Ok(None) if !body.is_end_stream() => {}
+            _ => {
+                let _ = upstream.send_data(Bytes::new(), true);
+            }
+        }
+    });
+    let response = match response.await {
+        Ok(response) => response,
+        Err(_) => {
+            return status(
+                &mut respond,
+                UNAVAILABLE,
+                "the gRPC server is not reachable",
+            )
+        }
+    };
+    let (parts, mut body) = response.into_parts();
+    let ended = body.is_end_stream();
+    let mut send = match respond.send_response(Response::from_parts(parts, ()), ended) {
+        Ok(send) => send,
+        Err(_) => return,
+    };
+    if ended {
+        return;
+    }
+    while let Some(chunk) = body.data().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(_) => return send.send_reset(h2::Reason::INTERNAL_ERROR),
+        };
+        let _ = body.flow_control().release_capacity(chunk.len());
+        if send.send_data(chunk, false).is_err() {
+            return;
+        }
+    }
+    match body.trailers().await {
+        Ok(Some(trailers)) => {
+            let _ = send.send_trailers(trailers);
+        }
+        _ => {
+            let _ = send.send_data(Bytes::new(), true);
+        }
+    }
+}
+
+/// A new HTTP/2 connection to the gRPC server for each passed-through call: those methods
+/// are not the hot path, and a connection of their own never outlives a restart of it.
+async fn connect(backend: &str) -> Option<h2::client::SendRequest<Bytes>> {
+    let socket = TcpStream::connect(backend).await.ok()?;
+    let _ = socket.set_nodelay(true);
+    let (send, connection) = h2::client::handshake(socket).await.ok()?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Some(send)
+}
