@@ -34,12 +34,12 @@ FIGURES = {
         22.4, "bytes", "benchmarks/results/memory.md: full layout, shipped config"
     ),
     "redis_us_per_entity": Figure(
-        6.2, "µs CPU", "benchmarks/results/cost.md: rest, L1 off, batch 10 (Redis's own CPU)"
+        5.9, "µs CPU", "benchmarks/results/cost.md: rest, L1 off, batch 10 (Redis's own CPU)"
     ),
-    "rest_miss_us": Figure(25.4, "µs CPU", "benchmarks/results/cost.md: rest, L1 off, batch 10"),
-    "rest_hit_us": Figure(7.9, "µs CPU", "benchmarks/results/cost.md: rest, L1 on, batch 10"),
-    "grpc_miss_us": Figure(46.8, "µs CPU", "benchmarks/results/cost.md: grpc, L1 off, batch 10"),
-    "grpc_hit_us": Figure(24.1, "µs CPU", "benchmarks/results/cost.md: grpc, L1 on, batch 10"),
+    "rest_miss_us": Figure(21.9, "µs CPU", "benchmarks/results/cost.md: rest, L1 off, batch 10"),
+    "rest_hit_us": Figure(7.2, "µs CPU", "benchmarks/results/cost.md: rest, L1 on, batch 10"),
+    "grpc_miss_us": Figure(19.6, "µs CPU", "benchmarks/results/cost.md: grpc, L1 off, batch 10"),
+    "grpc_hit_us": Figure(4.2, "µs CPU", "benchmarks/results/cost.md: grpc, L1 on, batch 10"),
 }
 
 GIB = 1024**3
