@@ -7,7 +7,9 @@ shape, zipfian ids over 100,000 entities, 8 connections from wrk; gRPC: one such
 8 connections from h2load), L1 off and then on (after a warm-up). `py-spy record` samples
 the worker at 500 Hz; the report lists the functions with the most samples of their own
 (time in C called from them counts as theirs: an orjson or native call is its caller's
-self time), and the share of a few paths.
+self time), and the share of a few paths. py-spy sees Python threads only, so the CPU of
+each of the worker's threads over the window (/proc/<pid>/task) comes first: the native
+gRPC front's thread ("grpc-front") is not in the samples.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
+import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -37,9 +41,12 @@ PATHS = {  # frame name prefixes -> what they stand for
     ("NativeRoundTrip.__call__", "PackedRoundTrip.__call__"): (
         "the Redis round trip (reading the reply included)"
     ),
-    ("GroupFormat.load",): "stored values to their JSON (native, at load)",
+    ("GroupFormat.load",): "stored values to their answer bytes (native, at load)",
     ("whole_group_rows", "_whole_group_rows", "_picked_rows"): "the REST answer's rows",
-    ("FeatureServicer.get_features",): "the gRPC method (lookup and answer bytes included)",
+    ("answer_rows", "_answer_rows"): "the gRPC answer's rows",
+    ("NativeFront._answer", "FeatureServicer.get_features"): (
+        "the gRPC method (lookup and answer bytes included)"
+    ),
     ("CachedReader.get",): "the L1 and the read path (round trip and decoding included)",
     ("HttpToolsProtocol", "RequestResponseCycle.send"): "uvicorn: HTTP parsing, socket writes",
 }
@@ -52,6 +59,19 @@ def _frame(text: str) -> str:
     name, path = m.groups()
     path = re.sub(r".*/(site-packages|lib/python3\.\d+)/", "", path)
     return f"{name} ({re.sub(r'.*/feature_store/', 'feature_store/', path)})"
+
+
+def thread_cpu(pid: int) -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) of each thread of ``pid``, by (thread id, name)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            out[(tid, name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def profile(
@@ -83,8 +103,14 @@ def profile(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        before = thread_cpu(server.process.pid)
         subprocess.run([*load, duration, f"{seconds + 1:g}"], capture_output=True, check=True)
+        after = thread_cpu(server.process.pid)
         spy.wait()
+    used: Counter[str] = Counter()
+    for (tid, name), cpu in after.items():
+        used[name] += cpu - before.get((tid, name), 0.0)
+    busy = sum(used.values()) or 1.0
     own: Counter[str] = Counter()
     within: Counter[tuple[str, ...]] = Counter()
     total = 0
@@ -97,7 +123,10 @@ def profile(
         for prefixes in PATHS:
             if any(f.startswith(prefixes) for f in frames):
                 within[prefixes] += n
-    lines = [f"{total:,} samples.", "", "| share | function (self time) |", "|---:|---|"]
+    lines = ["| thread | CPU share of the worker |", "|---|---:|"]
+    lines += [f"| {name} | {100 * cpu / busy:.1f}% |" for name, cpu in used.most_common(4)]
+    lines += ["", f"{total:,} samples (Python threads).", ""]
+    lines += ["| share | function (self time) |", "|---:|---|"]
     lines += [f"| {100 * n / total:.1f}% | `{f}` |" for f, n in own.most_common(15)]
     lines += ["", "| share | path (inclusive) |", "|---:|---|"]
     lines += [f"| {100 * within[p] / total:.1f}% | {what} |" for p, what in PATHS.items()]
