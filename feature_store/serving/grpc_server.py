@@ -297,6 +297,7 @@ class NativeFront:
         from feature_store import _native
 
         self.servicer = servicer
+        self.backend = backend  # grpc.aio's loopback port
         self.loop = asyncio.get_running_loop()
         self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.tasks: set[asyncio.Task[None]] = set()

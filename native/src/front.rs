@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use h2::client::SendRequest;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Request, Response};
@@ -56,6 +57,7 @@ struct Shared {
     wake_fd: RawFd,
     method: String,
     backend: String,
+    upstream: Mutex<Option<SendRequest<Bytes>>>, // the connection to `backend`, once made
     max_request: usize,
 }
 
@@ -155,6 +157,7 @@ impl Front {
             wake_fd,
             method,
             backend,
+            upstream: Mutex::new(None),
             max_request,
         });
         let (closing, closed) = watch::channel(None);
@@ -427,16 +430,6 @@ async fn pass_through(
     shared: &Shared,
 ) {
     let (parts, mut body) = request.into_parts();
-    let backend = match connect(&shared.backend).await {
-        Some(backend) => backend,
-        None => {
-            return status(
-                &mut respond,
-                UNAVAILABLE,
-                "the gRPC server is not reachable",
-            )
-        }
-    };
     let path = parts
         .uri
         .path_and_query()
@@ -448,9 +441,9 @@ async fn pass_through(
         .body(())
         .unwrap_or_default();
     *forward.headers_mut() = parts.headers;
-    let mut backend = match backend.ready().await {
-        Ok(backend) => backend,
-        Err(_) => {
+    let mut backend = match backend(shared).await {
+        Some(backend) => backend,
+        None => {
             return status(
                 &mut respond,
                 UNAVAILABLE,
@@ -526,9 +519,25 @@ async fn pass_through(
     }
 }
 
-/// A new HTTP/2 connection to the gRPC server for each passed-through call: those methods
-/// are not the hot path, and a connection of their own never outlives a restart of it.
-async fn connect(backend: &str) -> Option<h2::client::SendRequest<Bytes>> {
+/// The HTTP/2 connection to the gRPC server that passed-through calls share, ready for
+/// one more stream; a new one when there is none yet or the last one failed.
+async fn backend(shared: &Shared) -> Option<SendRequest<Bytes>> {
+    let kept = shared
+        .upstream
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(kept) = kept {
+        if let Ok(ready) = kept.ready().await {
+            return Some(ready);
+        }
+    }
+    let ready = connect(&shared.backend).await?.ready().await.ok()?;
+    *shared.upstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(ready.clone());
+    Some(ready)
+}
+
+async fn connect(backend: &str) -> Option<SendRequest<Bytes>> {
     let socket = TcpStream::connect(backend).await.ok()?;
     let _ = socket.set_nodelay(true);
     let (send, connection) = h2::client::handshake(socket).await.ok()?;

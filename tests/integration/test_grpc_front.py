@@ -22,7 +22,7 @@ from feature_store.embedded import EmbeddedRedis
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.grpc_server import start_grpc_server
+from feature_store.serving.grpc_server import FeatureServicer, start_grpc_server
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
@@ -194,3 +194,30 @@ async def test_stop_finishes_calls_in_flight(redis_url: str, front: str) -> None
             check_answer(i, answer)
             done += 1
     assert done > 0
+
+
+@pytest.mark.usefixtures("data")
+async def test_passed_through_calls_reconnect_to_a_new_grpc_aio_server(redis_url: str) -> None:
+    settings = ServingSettings(shadow_fraction=0.0, warm_start_keys=0)
+    runtime = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
+    server = await start_grpc_server(runtime, "127.0.0.1", 0)
+    replacement = grpc.aio.server()
+    try:
+        assert server.front is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = FeatureServiceStub(channel)  # type: ignore[no-untyped-call]
+            first = await stub.GetRegistry(pb.GetRegistryRequest(), timeout=5)
+            # grpc.aio goes away, and another takes its loopback port: the front's shared
+            # connection to the old one is dead, and the next call makes a new one
+            await server.server.stop(None)
+            replacement.add_generic_rpc_handlers((FeatureServicer(runtime).handler(),))
+            assert replacement.add_insecure_port(f"127.0.0.1:{server.front.backend}")
+            await replacement.start()
+            again = await stub.GetRegistry(pb.GetRegistryRequest(), timeout=5)
+            assert again == first
+            answer = await stub.GetFeatures(request([3]), timeout=5)  # the front's own
+            assert answer.rows[0].values[0].int_value == sample.features(3)["int_0"]
+    finally:
+        await replacement.stop(None)
+        await server.stop(0)
+        await runtime.stop()
