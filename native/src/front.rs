@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::client::SendRequest;
 use h2::server::SendResponse;
-use h2::RecvStream;
+use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -39,6 +39,8 @@ const RESOURCE_EXHAUSTED: u32 = 8;
 const UNIMPLEMENTED: u32 = 12;
 const INTERNAL: u32 = 13;
 const UNAVAILABLE: u32 = 14;
+
+const UNREACHABLE: &str = "the gRPC server behind the front is not reachable";
 
 /// What Python answers a queued call with.
 enum Answer {
@@ -429,7 +431,7 @@ async fn pass_through(
     mut respond: SendResponse<Bytes>,
     shared: &Shared,
 ) {
-    let (parts, mut body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let path = parts
         .uri
         .path_and_query()
@@ -441,82 +443,52 @@ async fn pass_through(
         .body(())
         .unwrap_or_default();
     *forward.headers_mut() = parts.headers;
-    let mut backend = match backend(shared).await {
-        Some(backend) => backend,
-        None => {
-            return status(
-                &mut respond,
-                UNAVAILABLE,
-                "the gRPC server is not reachable",
-            )
-        }
+    let sent = match backend(shared).await {
+        Some(mut backend) => backend.send_request(forward, body.is_end_stream()).ok(),
+        None => None,
     };
-    let (response, mut upstream) = match backend.send_request(forward, body.is_end_stream()) {
-        Ok(sent) => sent,
-        Err(_) => {
-            return status(
-                &mut respond,
-                UNAVAILABLE,
-                "the gRPC server is not reachable",
-            )
-        }
+    let (response, upstream) = match sent {
+        Some(sent) => sent,
+        None => return status(&mut respond, UNAVAILABLE, UNREACHABLE),
     };
     // the request's stream, copied on a task of its own: bidirectional methods (reflection)
     // send more as answers arrive
-    tokio::spawn(async move {
-        while let Some(Ok(chunk)) = body.data().await {
-            let _ = body.flow_control().release_capacity(chunk.len());
-            if upstream.send_data(chunk, false).is_err() {
-                return;
-            }
-        }
-        match body.trailers().await {
-            Ok(Some(trailers)) => {
-                let _ = upstream.send_trailers(trailers);
-            }
-            Ok(None) if !body.is_end_stream() => {}
-            _ => {
-                let _ = upstream.send_data(Bytes::new(), true);
-            }
-        }
-    });
+    if !body.is_end_stream() {
+        tokio::spawn(copy(body, upstream));
+    }
     let response = match response.await {
         Ok(response) => response,
-        Err(_) => {
-            return status(
-                &mut respond,
-                UNAVAILABLE,
-                "the gRPC server is not reachable",
-            )
-        }
+        Err(_) => return status(&mut respond, UNAVAILABLE, UNREACHABLE),
     };
-    let (parts, mut body) = response.into_parts();
+    let (parts, body) = response.into_parts();
     let ended = body.is_end_stream();
-    let mut send = match respond.send_response(Response::from_parts(parts, ()), ended) {
+    let send = match respond.send_response(Response::from_parts(parts, ()), ended) {
         Ok(send) => send,
         Err(_) => return,
     };
-    if ended {
-        return;
+    if !ended {
+        copy(body, send).await;
     }
-    while let Some(chunk) = body.data().await {
+}
+
+/// One direction of a passed-through stream: its data (flow-control capacity given back as
+/// it is read), then its trailers or its end; a broken stream resets the other side.
+async fn copy(mut from: RecvStream, mut to: SendStream<Bytes>) {
+    while let Some(chunk) = from.data().await {
         let chunk = match chunk {
             Ok(chunk) => chunk,
-            Err(_) => return send.send_reset(h2::Reason::INTERNAL_ERROR),
+            Err(_) => return to.send_reset(h2::Reason::INTERNAL_ERROR),
         };
-        let _ = body.flow_control().release_capacity(chunk.len());
-        if send.send_data(chunk, false).is_err() {
+        let _ = from.flow_control().release_capacity(chunk.len());
+        if to.send_data(chunk, false).is_err() {
             return;
         }
     }
-    match body.trailers().await {
-        Ok(Some(trailers)) => {
-            let _ = send.send_trailers(trailers);
-        }
-        _ => {
-            let _ = send.send_data(Bytes::new(), true);
-        }
-    }
+    let _ = match from.trailers().await {
+        Ok(Some(trailers)) => to.send_trailers(trailers),
+        Ok(None) => to.send_data(Bytes::new(), true),
+        Err(_) => return to.send_reset(h2::Reason::INTERNAL_ERROR),
+    };
 }
 
 /// The HTTP/2 connection to the gRPC server that passed-through calls share, ready for

@@ -1092,6 +1092,22 @@ fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
     out.push(b']');
 }
 
+/// One row of a whole-group answer, `(entry, served_stale)`: the entry, the group's age
+/// (None: unknown), and whether its values are stale (served stale because Redis failed, or
+/// written longer ago than `max_age`), as `feature_store.serving.service.group_states`.
+fn row_state<'py>(
+    py: Python<'py>,
+    row: &Bound<'py, PyAny>,
+    now: i64,
+    max_age: Option<i64>,
+) -> PyResult<(Bound<'py, PyAny>, Option<i64>, bool)> {
+    let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
+    let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+    let age = written_at.map(|w| (now - w).max(0));
+    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+    Ok((entry, age, stale))
+}
+
 /// The rows of a gRPC answer for all of one group's features: per entity a
 /// `GetFeaturesResponse.rows` record (field 3) of a `FeatureRow` holding the id, the
 /// entry's values records (`wire`, made before the call: `wire.entry_values`), the packed
@@ -1110,8 +1126,7 @@ fn grpc_rows<'py>(
     let mut out = Vec::with_capacity(rows.len() * 1200);
     let mut row = Vec::with_capacity(1200);
     for (id, item) in ids.iter().zip(rows.iter()) {
-        let (entry, served_stale): (Bound<'py, PyAny>, bool) = item.get_item(0)?.extract()?;
-        let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+        let (entry, age, stale) = row_state(py, &item, now, max_age)?;
         let wire = entry.getattr(pyo3::intern!(py, "wire"))?;
         let present = entry.getattr(pyo3::intern!(py, "present"))?;
         row.clear();
@@ -1128,8 +1143,6 @@ fn grpc_rows<'py>(
             });
         }
         row.extend_from_slice(wire.downcast::<PyBytes>()?.as_bytes());
-        let age = written_at.map(|w| (now - w).max(0));
-        let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
         // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
         let present = present.downcast::<PyBytes>()?.as_bytes();
         row.push(0x1A);
@@ -1174,8 +1187,7 @@ fn rest_rows<'py>(
         if i > 0 {
             out.push(b',');
         }
-        let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
-        let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+        let (entry, age, stale) = row_state(py, &row, now, max_age)?;
         let mut json = entry.getattr(pyo3::intern!(py, "json"))?;
         if json.is_none() {
             // loaded for a gRPC answer (spec.GroupSpec.entry): made from the packed values
@@ -1193,8 +1205,6 @@ fn rest_rows<'py>(
         }
         out.extend_from_slice(b",\"values\":");
         out.extend_from_slice(json.downcast::<PyBytes>()?.as_bytes());
-        let age = written_at.map(|w| (now - w).max(0));
-        let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
         out.extend_from_slice(b",\"statuses\":");
         statuses_json(&mut out, present.downcast::<PyBytes>()?.as_bytes(), stale);
         out.extend_from_slice(b",\"ages\":{");
