@@ -1,7 +1,12 @@
-"""The gRPC API (serving.proto): the same service as REST, on grpc.aio in the same loop.
+"""The gRPC API (serving.proto): the same service as REST, answered in the same loop.
 
-GetFeatures answers with wire bytes assembled from the cache (``feature_store.serving.wire``)
-through an identity serializer; the other methods use the generated message classes.
+By default the port belongs to the extension's HTTP/2 front (``NativeFront``,
+native/src/front.rs): it serves GetFeatures itself, handing each call to this loop, and
+passes every other method through to grpc.aio on a loopback port. With
+``grpc_front="grpcio"`` (or the extension off) grpc.aio serves the port and every method.
+GetFeatures answers with wire bytes assembled from the cache (``feature_store.serving.wire``,
+the rows by the native core) through an identity serializer on grpc.aio, the same bytes
+on the front; the other methods use the generated message classes.
 Standard health checking (grpc.health.v1, status follows Redis readiness) and server
 reflection are served too. Errors map to status codes: INVALID_ARGUMENT for bad requests
 (with the same messages as REST), UNAUTHENTICATED / PERMISSION_DENIED, UNAVAILABLE when
