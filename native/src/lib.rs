@@ -881,13 +881,23 @@ fn float64_json<'py>(py: Python<'py>, x: f64) -> Bound<'py, PyBytes> {
 // --- RESP2 replies, straight from the socket's bytes ------------------------------------
 
 /// The line at `pos` (without its CRLF) and the position after it; None if incomplete.
-fn resp_line(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
-    let rest = buf.get(pos..)?;
-    let end = rest.iter().position(|&c| c == b'\r')?;
-    if rest.get(end + 1) != Some(&b'\n') {
-        return None; // the CRLF is cut (a stray CR, which Redis never sends, times out)
+/// A CR inside a line is a protocol error, as hiredis has it (Redis never sends one).
+fn resp_line(buf: &[u8], pos: usize) -> PyResult<Option<(&[u8], usize)>> {
+    let rest = match buf.get(pos..) {
+        Some(rest) => rest,
+        None => return Ok(None),
+    };
+    let end = match rest.iter().position(|&c| c == b'\r') {
+        Some(end) => end,
+        None => return Ok(None),
+    };
+    match rest.get(end + 1) {
+        Some(&b'\n') => Ok(Some((&rest[..end], pos + end + 2))),
+        Some(_) => Err(PyValueError::new_err(
+            "RESP protocol error: a CR inside a line",
+        )),
+        None => Ok(None), // the CRLF is cut: the rest comes with the next read
     }
-    Some((&rest[..end], pos + end + 2))
 }
 
 fn resp_int(line: &[u8]) -> PyResult<i64> {
@@ -903,7 +913,7 @@ fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
         Some(&k) => k,
         None => return Ok(None),
     };
-    let (line, mut next) = match resp_line(buf, pos + 1) {
+    let (line, mut next) = match resp_line(buf, pos + 1)? {
         Some(found) => found,
         None => return Ok(None),
     };
@@ -957,7 +967,7 @@ fn resp_scan(buf: &[u8], mut pos: usize, count: usize) -> PyResult<(usize, usize
 fn resp_bulk(buf: &[u8], pos: usize) -> PyResult<(Option<&[u8]>, usize)> {
     let protocol = || PyValueError::new_err("RESP protocol error: expected a bulk string");
     let kind = buf.get(pos).copied();
-    let (line, next) = resp_line(buf, pos + 1).ok_or_else(protocol)?;
+    let (line, next) = resp_line(buf, pos + 1)?.ok_or_else(protocol)?;
     match kind {
         Some(b'$') => {}
         Some(b'_') => return Ok((None, next)), // RESP3's null
@@ -1012,7 +1022,7 @@ fn resp_split<'py>(
     let mut pos = 0;
     let mut slots: Vec<Option<&[u8]>> = Vec::new();
     for plan in &plans {
-        let (line, next) = resp_line(buf, pos + 1)
+        let (line, next) = resp_line(buf, pos + 1)?
             .ok_or_else(|| PyValueError::new_err("RESP protocol error: a reply is cut short"))?;
         match buf.get(pos) {
             Some(b'-') => {

@@ -330,6 +330,15 @@ def test_a_cut_reply_is_not_counted_and_garbage_is_refused() -> None:
     assert _native.resp_scan(wire, 0, 1) == (len(wire), 1)
     with pytest.raises(ValueError, match="RESP protocol error"):
         _native.resp_scan(b"?what\r\n", 0, 1)
+    # a CR inside a line is refused at once, as hiredis refuses it (it used to leave the
+    # read waiting for a CRLF until its timeout)
+    for stray in (b"-ERR a\rb\r\n", b"*1\r\n$1\rx\r\na\r\n"):
+        reader = hiredis.Reader()
+        reader.feed(stray)
+        with pytest.raises(hiredis.ProtocolError):
+            reader.gets()
+        with pytest.raises(ValueError, match="RESP protocol error"):
+            _native.resp_scan(stray, 0, 1)
 
 
 # --- REST rows ---------------------------------------------------------------------------
