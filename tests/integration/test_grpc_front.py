@@ -6,8 +6,11 @@ for what grpcio never sends, several workers on one port, and a stop with calls 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,3 +224,42 @@ async def test_passed_through_calls_reconnect_to_a_new_grpc_aio_server(redis_url
         await replacement.stop(None)
         await server.stop(0)
         await runtime.stop()
+
+
+def test_calls_past_their_deadline_end_cleanly(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    env = {**NO_SHADOW, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.5"}
+    with EmbeddedRedis(tmp_path / "redis") as own:
+        assert own.process is not None
+        with FeatureStore.connect(own.url, sample.registry()) as store:
+            store.write(GROUP, sample.rows(N))
+        with (
+            ServingProcess(own.url, args=["--no-cache"], env=env, log_path=log) as server,
+            grpc.insecure_channel(server.grpc_target) as channel,
+        ):
+            stub = FeatureServiceStub(channel)  # type: ignore[no-untyped-call]
+            check_answer(1, stub.GetFeatures(request([1, 7]), timeout=5))
+            os.kill(own.process.pid, signal.SIGSTOP)  # Redis stops answering
+            try:
+                for i in range(3):
+                    with pytest.raises(grpc.RpcError) as e:
+                        stub.GetFeatures(request([i, (i * 7) % N]), timeout=0.1)
+                    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            finally:
+                os.kill(own.process.pid, signal.SIGCONT)
+            # the answers made after the deadlines went nowhere; the front serves on (once
+            # the circuit breaker, opened by the timed-out reads, lets reads through again)
+            refusals = set()
+            for _ in range(250):
+                try:
+                    check_answer(3, stub.GetFeatures(request([3, 21]), timeout=5))
+                    break
+                except grpc.RpcError as e:
+                    refusals.add(e.code())
+                    time.sleep(0.02)
+            else:
+                raise AssertionError("the front did not serve again after Redis came back")
+            assert refusals <= {grpc.StatusCode.UNAVAILABLE}
+            for i in range(5):
+                check_answer(i, stub.GetFeatures(request([i % N, (i * 7) % N]), timeout=5))
+    assert "Traceback" not in log.read_text()
