@@ -191,7 +191,8 @@ impl Front {
     }
 
     /// Stop accepting, tell clients to go away (GOAWAY), let calls in flight finish for up
-    /// to `grace` seconds, then close. Calls still queued are answered UNAVAILABLE.
+    /// to `grace` seconds, then close: calls unfinished by then go with their connections
+    /// (clients see UNAVAILABLE).
     fn stop(&self, py: Python<'_>, grace: f64) {
         let grace = Duration::from_secs_f64(if grace.is_finite() {
             grace.max(0.0)
@@ -205,7 +206,7 @@ impl Front {
                 let _ = thread.join();
             });
         }
-        self.take(); // dropping the replies answers them UNAVAILABLE (the thread is gone)
+        self.take(); // calls queued still: their streams are gone with the thread
     }
 }
 
