@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeAlias
 
-from feature_store.errors import EncodingError, RequestError
+from feature_store.errors import EncodingError, EntityDataError, RequestError
 from feature_store.layout import decode_timestamp, encode_timestamp, entity_key
 from feature_store.native import format_of
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
@@ -20,15 +20,50 @@ from feature_store.serialization import Value
 
 EntityId: TypeAlias = int | str
 Command: TypeAlias = tuple[bytes | str | int, ...]
+# one entity's raw values in a plan's field order, or why its key could not be read
+RawReply: TypeAlias = "Sequence[bytes | None] | EntityDataError"
 
 
 class Status(StrEnum):
     PRESENT = "present"
     MISSING = "missing"
     STALE = "stale"  # present, but its group was written longer ago than the group's max_age
+    ERROR = "error"  # the entity's stored data for this group cannot be read (BatchResult.errors)
 
 
-PRESENT, MISSING, STALE = Status.PRESENT, Status.MISSING, Status.STALE
+PRESENT, MISSING, STALE, ERROR = Status.PRESENT, Status.MISSING, Status.STALE, Status.ERROR
+
+
+class FaultReason(StrEnum):
+    """Why an entity's group was answered with status ``error`` (``EntityDataError``)."""
+
+    UNDECODABLE_VALUE = "undecodable_value"  # a stored value does not decode as its type
+    CORRUPT_WRITE_TIME = "corrupt_write_time"  # the group's freshness field is not a time
+    WRONG_TYPE = "wrong_type"  # the key holds another Redis type than a hash
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Why one entity's group could not be read: a ``FaultReason`` and a message that
+    names the key (and the feature, for an undecodable value)."""
+
+    reason: FaultReason
+    message: str
+
+    @classmethod
+    def of(cls, error: EntityDataError) -> Fault:
+        return cls(FaultReason(error.reason), str(error))
+
+
+@dataclass(frozen=True, slots=True)
+class EntityError:
+    """One entity whose stored data for ``group`` could not be read. Its values of that
+    group are None with status ``error``; the rest of the batch is answered as usual."""
+
+    entity_id: EntityId
+    group: str
+    reason: FaultReason
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +77,7 @@ class FeatureVector:
 
     @property
     def found(self) -> bool:
-        return any(s is not MISSING for s in self.statuses)
+        return any(s is not MISSING and s is not ERROR for s in self.statuses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +85,7 @@ class BatchResult:
     entity_type: str
     features: tuple[Feature, ...]
     rows: list[FeatureVector]
+    errors: list[EntityError] = field(default_factory=list)  # entities answered "error"
 
     def as_dicts(self) -> list[dict[str, Value | None]]:
         """Each entity as ``{feature: value}``; missing values are None."""
@@ -85,11 +121,14 @@ class ReadPlan:
             return [("HGETALL", key) for key in self.keys]
         return [("HMGET", key, *self.fields) for key in self.keys]
 
-    def align(self, replies: Sequence[object]) -> list[Sequence[bytes | None]]:
-        """Replies of ``commands()`` as lists of raw values in ``fields`` order."""
+    def align(self, replies: Sequence[object]) -> list[RawReply]:
+        """Replies of ``commands()`` as lists of raw values in ``fields`` order; an
+        ``EntityDataError`` (the store client's for a WRONGTYPE reply) is kept as it is."""
         if not self.whole_hash:
             return replies  # type: ignore[return-value]
-        return [align_hash(reply, self.fields) for reply in replies]
+        return [
+            r if isinstance(r, EntityDataError) else align_hash(r, self.fields) for r in replies
+        ]
 
 
 def reads_whole_hash(wanted_fields: int, hash_fields: int) -> bool:
@@ -149,57 +188,97 @@ def plan_read(
 
 
 def decode_read(
-    plan: ReadPlan, replies: Sequence[Sequence[bytes | None]], now: float | None = None
+    plan: ReadPlan, replies: Sequence[RawReply], now: float | None = None
 ) -> BatchResult:
-    """Typed values and statuses from aligned replies (``plan.align``), in the plan's order."""
+    """Typed values and statuses from aligned replies (``plan.align``), in the plan's order.
+
+    An entity whose stored data of a group cannot be read (``EntityDataError``: a value that
+    does not decode, a corrupt write time, a key of another type) gets None with status
+    ``error`` for that group's features and an entry in ``BatchResult.errors``; the other
+    entities and groups are decoded as usual."""
     now_s = int(time.time() if now is None else now)
     nfeat = len(plan.features)
     fmt = format_of(tuple(f.codec for f in plan.features))  # native, or the codecs
     group_of = {g.name: i for i, g in enumerate(plan.groups)}
     feature_group = [group_of[f.group] for f in plan.features]
     single_group = len(plan.groups) == 1
-    rows = []
+    rows, errors = [], []
     for entity_id, key, reply in zip(plan.ids, plan.keys, replies, strict=True):
+        faults: dict[int, Fault] = {}
+        if isinstance(reply, EntityDataError):
+            fault = Fault.of(reply)
+            faults = dict.fromkeys(range(len(plan.groups)), fault)
+            reply = [None] * len(plan.fields)
         raw = reply[:nfeat]
         try:
             values = fmt.decode(raw)
         except ValueError:  # EncodingError is one; fast decoders raise plain ValueError
-            raise _decode_error(plan, key, raw) from None
-        statuses = [MISSING if r is None else PRESENT for r in raw]
+            values = _decode_each(plan, key, raw, feature_group, faults)
         ages: dict[str, int | None] = {}
         stale_groups = []
         for gi, (group, ts) in enumerate(zip(plan.groups, reply[nfeat:], strict=True)):
             try:
                 age = None if ts is None else max(0, now_s - decode_timestamp(ts))
             except ValueError as e:
-                raise EncodingError(
-                    f"{key.decode(errors='replace')}: the write time of group {group.name!r} "
-                    f"is corrupt ({e})"
-                ) from None
-            ages[group.name] = age
+                age = None
+                faults.setdefault(
+                    gi,
+                    Fault(
+                        FaultReason.CORRUPT_WRITE_TIME,
+                        f"{key.decode(errors='replace')}: the write time of group "
+                        f"{group.name!r} is corrupt ({e})",
+                    ),
+                )
+            ages[group.name] = None if gi in faults else age
             if (
                 age is not None
                 and group.max_age_seconds is not None
                 and age > group.max_age_seconds
             ):
                 stale_groups.append(gi)
+        statuses = [MISSING if r is None else PRESENT for r in raw]
         if stale_groups:
             for i, r in enumerate(raw):
                 if r is not None and (single_group or feature_group[i] in stale_groups):
                     statuses[i] = STALE
+        if faults:
+            for i, gi in enumerate(feature_group):
+                if gi in faults:
+                    values[i], statuses[i] = None, ERROR
+            for gi, fault in faults.items():
+                errors.append(
+                    EntityError(entity_id, plan.groups[gi].name, fault.reason, fault.message)
+                )
         rows.append(FeatureVector(entity_id, values, statuses, ages))
-    return BatchResult(plan.entity.name, plan.features, rows)
+    return BatchResult(plan.entity.name, plan.features, rows, errors)
 
 
-def _decode_error(plan: ReadPlan, key: bytes, raw: Sequence[bytes | None]) -> EncodingError:
-    for f, r in zip(plan.features, raw, strict=True):
+def _decode_each(
+    plan: ReadPlan,
+    key: bytes,
+    raw: Sequence[bytes | None],
+    feature_group: Sequence[int],
+    faults: dict[int, Fault],
+) -> list[Value | None]:
+    """The values decoded one by one by the codecs (after the fast decode refused some);
+    the group of each value that does not decode is recorded in ``faults``."""
+    values: list[Value | None] = []
+    for f, gi, r in zip(plan.features, feature_group, raw, strict=True):
         if r is None:
+            values.append(None)
             continue
         try:
-            f.codec.decode(r)
+            values.append(f.codec.decode(r))
         except EncodingError as e:
-            return EncodingError(f"{key.decode(errors='replace')} feature {f.name!r}: {e}")
-    return EncodingError(f"{key.decode(errors='replace')}: undecodable value")
+            values.append(None)
+            faults.setdefault(
+                gi,
+                Fault(
+                    FaultReason.UNDECODABLE_VALUE,
+                    f"{key.decode(errors='replace')} feature {f.name!r}: {e}",
+                ),
+            )
+    return values
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -148,6 +149,8 @@ def run_get(args: argparse.Namespace) -> int:
     )
     with redis_url(settings, quiet=True) as url, FeatureStore.connect(url, registry) as store:
         result = store.read(args.entity, ids, args.features, args.groups)
+    for e in result.errors:  # the rest of the batch is printed as usual
+        print(f"error: entity {e.entity_id!r} group {e.group}: {e.message}", file=sys.stderr)
     if not args.json:
         print(format_table(result))
         return 0
@@ -217,6 +220,8 @@ def format_table(result: BatchResult, names: Sequence[str] | None = None) -> str
 def _cell(value: object, status: Status) -> str:
     if status is Status.MISSING:
         return "-"
+    if status is Status.ERROR:
+        return "!error"
     text = _scalar(value)
     if isinstance(value, list):
         shown = ", ".join(_scalar(v) for v in value[:3])

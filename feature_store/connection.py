@@ -11,7 +11,7 @@ Accepted URLs (redis-py's, plus one query option of ours):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -26,6 +26,7 @@ from redis.retry import Retry
 
 from feature_store.errors import (
     ConfigError,
+    EntityDataError,
     StoreError,
     StorePermissionError,
     StoreTimeoutError,
@@ -202,6 +203,25 @@ def translate(
         # no reachable node, slots not covered, a topology still settling: retry later
         return StoreUnavailableError(f"Redis Cluster is unavailable: {error}")
     return StoreError(f"Redis error: {error}")
+
+
+def is_key_error(error: BaseException) -> bool:
+    """An error reply about one key's data (WRONGTYPE), not about Redis or the cluster."""
+    return isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("WRONGTYPE")
+
+
+def read_replies(key_of: Sequence[bytes], replies: Sequence[object]) -> list[object]:
+    """A read pipeline's replies (run with ``raise_on_error=False``) with each WRONGTYPE
+    reply as its key's ``EntityDataError``; any other error reply raises, translated."""
+    out = list(replies)
+    for i, reply in enumerate(out):
+        if isinstance(reply, Exception):
+            if not is_key_error(reply):
+                with translated_errors():
+                    raise reply
+            key = key_of[i].decode(errors="replace")
+            out[i] = EntityDataError(f"{key}: Redis answered {reply}", "wrong_type")
+    return out
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ the project, so callers catch these and never a library's own types::
     ├── RegistryError               features.yaml or its lock file is wrong (names the entry)
     │   └── RegistryLockError       a deployed feature changed type without a rename
     ├── EncodingError               a value cannot be encoded or decoded for its feature type
+    │   └── EntityDataError         one entity's stored data cannot be read (``reason``)
     ├── RequestError                a read or write names unknown features, bad ids, ...
     └── StoreError                  Redis answered with an error
         ├── StorePermissionError    the Redis (ACL) user may not run a command
@@ -37,6 +38,20 @@ class RegistryLockError(RegistryError):
 
 class EncodingError(FeatureStoreError, ValueError):
     """A value does not fit its feature's type, or stored bytes do not decode."""
+
+
+class EntityDataError(EncodingError):
+    """One entity's stored data cannot be read. Reads answer that entity (and group) with
+    status ``error`` and serve the rest of the batch; ``reason`` says how it is broken:
+
+    - ``undecodable_value``: a stored value does not decode as its feature's type;
+    - ``corrupt_write_time``: the group's freshness field is not a unix time;
+    - ``wrong_type``: the entity's key holds another Redis type than a hash (WRONGTYPE).
+    """
+
+    def __init__(self, message: str, reason: str = "undecodable_value") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RequestError(FeatureStoreError, ValueError):

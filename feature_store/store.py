@@ -21,6 +21,7 @@ from feature_store.batch import (
     BatchResult,
     Command,
     EntityId,
+    RawReply,
     ReadPlan,
     WritePlan,
     WriteStats,
@@ -28,7 +29,13 @@ from feature_store.batch import (
     plan_read,
     plan_write,
 )
-from feature_store.connection import AsyncClient, RedisTarget, SyncClient, translated_errors
+from feature_store.connection import (
+    AsyncClient,
+    RedisTarget,
+    SyncClient,
+    read_replies,
+    translated_errors,
+)
 from feature_store.errors import StoreError
 from feature_store.layout import max_encoded_size
 from feature_store.registry import FeatureGroup, Registry
@@ -170,7 +177,12 @@ class FeatureStore(_Base[SyncClient]):
         groups: Iterable[str] = (),
     ) -> BatchResult:
         plan = self.plan(entity, ids, features, groups)
-        return decode_read(plan, plan.align(self._run(plan.commands())))
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for cmd in plan.commands():
+                pipe.execute_command(*cmd)
+            replies = pipe.execute(raise_on_error=False)
+        return decode_read(plan, plan.align(read_replies(plan.keys, replies)))
 
     def write(
         self,
@@ -246,9 +258,15 @@ class AsyncFeatureStore(_Base[AsyncClient]):
                 pipe.execute_command(*cmd)
             return await pipe.execute()
 
-    async def run_plan(self, plan: ReadPlan) -> list[Sequence[bytes | None]]:
-        """A plan's raw values, aligned with ``plan.fields``: for callers that decode later."""
-        return plan.align(await self._run(plan.commands()))
+    async def run_plan(self, plan: ReadPlan) -> list[RawReply]:
+        """A plan's raw values, aligned with ``plan.fields``: for callers that decode later.
+        A key of another type than a hash gives its ``EntityDataError`` in its place."""
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for cmd in plan.commands():
+                pipe.execute_command(*cmd)
+            replies = await pipe.execute(raise_on_error=False)
+        return plan.align(read_replies(plan.keys, replies))
 
     async def read(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -200,7 +201,11 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
                 orjson.dumps([f.type.value for f in proj.features]),
             )
         rows = whole_group_rows(lookup) if proj.whole_group else b",".join(_picked_rows(lookup))
-        content = b"%b%b]}" % (cast(bytes, head), rows)
+        if lookup.errors:
+            content = b'%b%b],"errors":%b}' % (cast(bytes, head), rows, errors_json(lookup))
+            runtime.metrics.count_errors(API, lookup.errors)
+        else:
+            content = b"%b%b]}" % (cast(bytes, head), rows)
         entities_served.inc(len(lookup.ids))
         observe(API, "get", "200").observe(time.perf_counter() - t0)
         return Answer(200, content)
@@ -485,7 +490,7 @@ def whole_group_rows(lookup: Lookup) -> bytes:
     each entry's values JSON, made when it was loaded, spliced in as it is. Written by the
     native core (``rest_rows``), or by ``_whole_group_rows``, its reference."""
     group = lookup.projection.groups[0]
-    if _rest_rows is None:
+    if _rest_rows is None or lookup.errors:  # fault entries: the reference writes them
         return b",".join(_whole_group_rows(lookup))
     return _rest_rows(
         lookup.ids, lookup.entries, lookup.now, group.max_age_seconds, orjson.dumps(group.name)
@@ -497,6 +502,17 @@ def _whole_group_rows(lookup: Lookup) -> list[bytes]:
     name, max_age, now = orjson.dumps(group.name), group.max_age_seconds, lookup.now
     rows = []
     for entity_id, ((entry, served_stale),) in zip(lookup.ids, lookup.entries, strict=True):
+        if entry.fault is not None:
+            rows.append(
+                b'{"id":%b,"values":%b,"statuses":%b,"ages":{%b:null}}'
+                % (
+                    _id_json(entity_id),
+                    entry.fmt.absent_json,
+                    _error_statuses(len(entry.present)),
+                    name,
+                )
+            )
+            continue
         written_at, stale = entry.written_at, served_stale
         if written_at is None:
             age = b"null"
@@ -517,6 +533,21 @@ def _whole_group_rows(lookup: Lookup) -> list[bytes]:
     return rows
 
 
+@functools.cache
+def _error_statuses(count: int) -> bytes:
+    return b"[" + b",".join([b'"error"'] * count) + b"]"
+
+
+def errors_json(lookup: Lookup) -> bytes:
+    """The answer's ``errors``: each entity and group answered with status "error", why."""
+    return orjson.dumps(
+        [
+            {"id": e.entity_id, "group": e.group, "reason": e.reason, "message": e.message}
+            for e in lookup.errors
+        ]
+    )
+
+
 def _picked_rows(lookup: Lookup) -> list[bytes]:
     """Rows of a request for some features, of one group or several."""
     proj = lookup.projection
@@ -529,7 +560,7 @@ def _picked_rows(lookup: Lookup) -> list[bytes]:
             part = parts[gi]
             if part is None or not resolved[gi].entry.present[fi]:
                 values.append(b"null")
-                statuses.append(b'"missing"')
+                statuses.append(b'"missing"' if resolved[gi].entry.fault is None else b'"error"')
             else:
                 values.append(part[fi])
                 statuses.append(b'"stale"' if stale[gi] else b'"present"')

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from feature_store.batch import Fault
 from feature_store.native import GroupFormat
 from feature_store.serialization import Value
 
@@ -32,6 +33,7 @@ CacheKey = tuple[str, bytes]  # (group name, entity key)
 # bytes, the OrderedDict's slot and link, and each bytes object's header.
 ENTRY_OVERHEAD = 400
 BYTES_OBJECT = 33
+FAULT_OVERHEAD = 160  # a Fault object and its message's str header
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +57,9 @@ class Entry:
     loaded_at: float = 0.0  # monotonic seconds: when it was read from Redis
     size: int = 0
     wire: bytes | None = None  # the values as gRPC records, made on first use
+    # the entity's stored data of this group cannot be read (raw is None): answered with
+    # status "error", cached like a missing entity (the negative TTL), never as values
+    fault: Fault | None = None
 
     @property
     def negative(self) -> bool:
@@ -75,6 +80,8 @@ def entry_size(entry: Entry) -> int:
         size += len(entry.raw) + BYTES_OBJECT
     if entry.wire is not None:
         size += len(entry.wire) + BYTES_OBJECT
+    if entry.fault is not None:
+        size += FAULT_OVERHEAD + len(entry.fault.message)
     return size
 
 
@@ -84,6 +91,7 @@ class CacheStats:
 
     hits: int = 0
     negative_hits: int = 0
+    error_hits: int = 0  # hits on entries of entities whose stored data cannot be read
     misses: int = 0
     deduplicated: int = 0  # misses that joined a read already in flight
     coalesced: int = 0  # keys that shared a round trip with other keys (saved round trips)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
 
-from feature_store.batch import EntityId, Status, WriteStats
+from feature_store.batch import EntityError, EntityId, FaultReason, Status, WriteStats
 from feature_store.errors import RequestError, StoreTimeoutError, StoreUnavailableError
 from feature_store.serialization import Value
 from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json, to_json
@@ -52,6 +52,9 @@ class FeatureResult:
     entity_type: str
     features: tuple[str, ...]
     rows: list[FeatureRow]
+    # entities whose stored data of a group could not be read: their values of that
+    # group are None with status ERROR; the rest of the batch is answered as usual
+    errors: list[EntityError] = field(default_factory=list)
 
     def as_dicts(self) -> list[dict[str, Value | None]]:
         """Each entity as ``{feature: value}``; missing values are None."""
@@ -125,7 +128,11 @@ def _rest_result(content: bytes) -> FeatureResult:
             if values[i]:
                 values[i] = array("f", values[i]).tolist()
         rows.append(FeatureRow(r["id"], values, [_STATUS[s] for s in r["statuses"]], r["ages"]))
-    return FeatureResult(doc["entity_type"], tuple(doc["features"]), rows)
+    errors = [
+        EntityError(e["id"], e["group"], FaultReason(e["reason"]), e["message"])
+        for e in doc.get("errors", ())
+    ]
+    return FeatureResult(doc["entity_type"], tuple(doc["features"]), rows, errors)
 
 
 def _rest_check(status: int, content: bytes) -> None:
@@ -289,7 +296,7 @@ class AsyncFeatureClient(_RestBase):
 
 # --- gRPC ------------------------------------------------------------------------------
 
-_GRPC_STATUS = {1: Status.PRESENT, 2: Status.MISSING, 3: Status.STALE}
+_GRPC_STATUS = {1: Status.PRESENT, 2: Status.MISSING, 3: Status.STALE, 4: Status.ERROR}
 # answers for 1,000 entities with embeddings can pass gRPC's default 4 MiB limit
 _CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 256 * 1024 * 1024),)
 
@@ -346,7 +353,16 @@ def _grpc_result(response: pb.GetFeaturesResponse) -> FeatureResult:
                 ages,
             )
         )
-    return FeatureResult(response.entity_type, features, rows)
+    errors = [
+        EntityError(
+            getattr(e.id, e.id.WhichOneof("id") or "int_id"),
+            e.group,
+            FaultReason(e.reason),
+            e.message,
+        )
+        for e in response.errors
+    ]
+    return FeatureResult(response.entity_type, features, rows, errors)
 
 
 def _grpc_write_request(

@@ -10,7 +10,8 @@ on the front; the other methods use the generated message classes.
 Standard health checking (grpc.health.v1, status follows Redis readiness) and server
 reflection are served too. Errors map to status codes: INVALID_ARGUMENT for bad requests
 (with the same messages as REST), UNAUTHENTICATED / PERMISSION_DENIED, UNAVAILABLE when
-Redis is down, INTERNAL for stored values that do not decode.
+Redis is down. An entity whose stored data cannot be read fails only itself: its values
+get status ERROR and the answer's ``errors`` names it, with the rest of the batch served.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def answer_rows(lookup: Lookup, charge: Callable[[Entry], None] | None) -> bytes
     request; ``grpc_rows``), else by ``_answer_rows``, its reference. ``charge`` counts
     the gRPC records an entry gets on first use against the cache's bound."""
     proj = lookup.projection
-    if not proj.whole_group or _grpc_rows is None:
+    if not proj.whole_group or _grpc_rows is None or lookup.errors:
         return b"".join(_answer_rows(lookup, charge))
     for ((entry, _),) in lookup.entries:
         if entry.wire is None:
@@ -128,7 +129,10 @@ def _answer_rows(lookup: Lookup, charge: Callable[[Entry], None] | None) -> list
         if proj.whole_group:
             entry = resolved[0].entry
             values = wire.entry_values(entry, charge)
-            statuses = wire.statuses(entry.present, stale[0])
+            if entry.fault is None:
+                statuses = wire.statuses(entry.present, stale[0])
+            else:
+                statuses = wire.error_statuses(len(entry.present))
         else:
             values, statuses = wire.picked_values(proj.picks, resolved, stale)
         rows.append(wire.row(wire.entity_id(entity_id) + values + statuses + wire.ages(ages)))
@@ -227,6 +231,9 @@ class FeatureServicer:
             header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
         charge = self.cache.charge if self.cache is not None else None
         body = cast(bytes, header) + answer_rows(lookup, charge)
+        if lookup.errors:
+            body += wire.errors(lookup.errors)
+            self.runtime.metrics.count_errors(API, lookup.errors)
         self.entities_served.inc(len(lookup.ids))
         self.observe(API, "get", "200").observe(time.perf_counter() - t0)
         return body

@@ -14,6 +14,10 @@
    callers share.
 5. If the read fails, or the circuit breaker is open, a key with an expired entry younger
    than ``max_stale`` is answered with it, marked stale; any other key raises the error.
+6. One entity whose stored data cannot be read (a value that does not decode, a corrupt
+   write time, a key of another type) is that entity's problem, not the batch's: it gets a
+   fault entry (``Entry.fault``; answered with status "error", cached like a missing
+   entity), and every other key of the round trip is answered as usual.
 
 Invalidation drops the entry and disowns a load in flight for the key, so a read that
 started before a write cannot put the pre-write value back into the cache.
@@ -32,6 +36,7 @@ from typing import NamedTuple
 
 from feature_store.errors import (
     EncodingError,
+    EntityDataError,
     FeatureStoreError,
     StoreError,
     StoreTimeoutError,
@@ -63,6 +68,33 @@ REFRESH_TICK = 0.05  # seconds: refreshes of entries near expiry are sent togeth
 # expiry than cost x beta x 37 is never refreshed early; the hit path skips the draw
 XFETCH_HORIZON = 37.0
 SHADOW_QUEUE = 10_000  # sampled hits waiting for their shadow read; the oldest go first
+FAULT_LOG_EVERY = 10.0  # seconds: at most one log line per fault reason this often
+
+
+class FaultLog:
+    """Logs entities whose stored data cannot be read, at most one line per reason every
+    FAULT_LOG_EVERY seconds, with how many more were seen: a broken hot key read on every
+    refresh must not flood the log."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def __call__(self, error: EntityDataError) -> None:
+        now, reason = self.clock(), error.reason
+        last = self._last.get(reason)
+        if last is not None and now - last < FAULT_LOG_EVERY:
+            self._quiet[reason] = self._quiet.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        more = self._quiet.pop(reason, 0)
+        log.warning(
+            "unreadable stored data (%s), served as status error: %s%s",
+            reason,
+            error,
+            f" (and {more} more in the last {now - last:.0f} s)" if more and last else "",
+        )
 
 
 class Resolved(NamedTuple):
@@ -132,6 +164,7 @@ class CachedReader:
         self._shadow: deque[tuple[CacheKey, Entry]] = deque(maxlen=SHADOW_QUEUE)
         self._shadow_wakeup: asyncio.Event | None = None
         self.on_shadow_mismatch: Callable[[float], None] | None = None
+        self.log_fault = FaultLog(self.clock)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -158,7 +191,10 @@ class CachedReader:
                 if entry is not None and now < entry.expires_at:
                     out[i] = Resolved(entry, False)
                     if entry.raw is None:
-                        stats.negative_hits += 1
+                        if entry.fault is None:
+                            stats.negative_hits += 1
+                        else:
+                            stats.error_hits += 1
                     else:
                         stats.hits += 1
                         remaining = entry.expires_at - now
@@ -275,25 +311,32 @@ class CachedReader:
             stats.coalesced += len(loads) - 1
         now = self.clock()
         for group_loads, reply in zip(by_entity.values(), replies, strict=True):
-            if isinstance(reply, KeyDataError):  # this entity's data is bad, not Redis
-                self._fail(group_loads, reply, count=False)
-                continue
             offset = 0
             for load in group_loads:
                 spec = self.specs[load.key[0]]
                 self._finish(load, spec, reply, offset, cost, now)
                 offset += len(spec.fields)
 
+    def _entry(
+        self, spec: GroupSpec, key: CacheKey, reply: Reply, offset: int = 0, proto: bool = False
+    ) -> Entry:
+        """The entry of ``key`` in a read's reply; a fault entry when the entity's stored
+        data cannot be read (its error reply, or bytes that do not decode), logged."""
+        try:
+            if isinstance(reply, KeyDataError):  # this entity's key is bad, not Redis
+                raise reply
+            return spec.entry(key, reply, offset, proto)
+        except EncodingError as e:
+            error = e if isinstance(e, EntityDataError) else EntityDataError(str(e))
+            self.log_fault(error)
+            return spec.fault_entry(key, error)
+
     def _finish(
         self, load: _Load, spec: GroupSpec, reply: Reply, offset: int, cost: float, now: float
     ) -> None:
         if self._inflight.get(load.key) is load:
             del self._inflight[load.key]
-        try:
-            entry = spec.entry(load.key, reply, offset)  # type: ignore[arg-type]  # not an error
-        except EncodingError as e:
-            load.future.set_exception(e)
-            return
+        entry = self._entry(spec, load.key, reply, offset)
         entry.cost = cost
         if load.store and self.cache is not None:
             self.cache.put(entry, now)
@@ -367,10 +410,8 @@ class CachedReader:
         replies, cost = await self._send(reads, len(keys))
         now = self.clock()
         out = []
-        for (group, entity_key), reply in zip(keys, replies, strict=True):
-            if isinstance(reply, KeyDataError):
-                raise reply
-            entry = self.specs[group].entry((group, entity_key), reply, proto=proto)
+        for key, reply in zip(keys, replies, strict=True):
+            entry = self._entry(self.specs[key[0]], key, reply, proto=proto)
             entry.cost, entry.expires_at, entry.loaded_at = cost, now, now
             out.append(Resolved(entry, False))
         return out

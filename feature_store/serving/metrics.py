@@ -15,7 +15,7 @@ metric call. Request latencies and Redis round trips are histograms.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -23,6 +23,7 @@ from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from feature_store.batch import EntityError
 from feature_store.serving.breaker import CircuitState
 from feature_store.serving.cache import CacheStats
 from feature_store.serving.loader import CachedReader
@@ -49,6 +50,7 @@ _LATENCY_BUCKETS = (
 _HELP = {
     "hits": "L1 cache hits (entity groups served from memory)",
     "negative_hits": "L1 hits on cached missing entities",
+    "error_hits": "L1 hits on cached entities whose stored data cannot be read (status error)",
     "misses": "L1 misses that started a Redis read",
     "deduplicated": "L1 misses that joined a Redis read already in flight (single-flight)",
     "coalesced": "keys that shared a Redis round trip with other keys",
@@ -141,8 +143,19 @@ class ServingMetrics:
             buckets=(0.1, 1, 5, 10, 30, 60, 300, 900, 3600),
             registry=self.registry,
         )
+        self.entity_errors = Counter(
+            f"{PREFIX}_entity_errors",
+            "entity groups answered with status error (stored data that cannot be read), "
+            "by API and reason",
+            ["api", "reason"],
+            registry=self.registry,
+        )
         reader.on_round_trip = self._round_trip
         reader.on_shadow_mismatch = self.shadow_age.observe
+
+    def count_errors(self, api: str, errors: Sequence[EntityError]) -> None:
+        for e in errors:
+            self.entity_errors.labels(api, e.reason.value).inc()
 
     def _round_trip(self, seconds: float, nkeys: int) -> None:
         self.round_trip.observe(seconds)

@@ -30,8 +30,8 @@ import redis.asyncio.cluster
 import redis.exceptions
 
 from feature_store.batch import align_hash, reads_whole_hash
-from feature_store.connection import AsyncClient, translated_errors
-from feature_store.errors import EncodingError, StoreTimeoutError
+from feature_store.connection import AsyncClient, is_key_error, translated_errors
+from feature_store.errors import EntityDataError, StoreTimeoutError
 from feature_store.native import native_enabled
 from feature_store.serving.spec import GroupSpec
 
@@ -47,12 +47,12 @@ class ConnectionWaitTimeout(StoreTimeoutError):
     """Every pooled connection stayed busy: the worker is overloaded, Redis may be fine."""
 
 
-class KeyDataError(EncodingError):
+class KeyDataError(EntityDataError):
     """Redis answered one read with an error (WRONGTYPE): bad data under that key."""
 
     @classmethod
     def of(cls, key: bytes, error: object) -> KeyDataError:
-        return cls(f"{key.decode(errors='replace')}: Redis answered {error}")
+        return cls(f"{key.decode(errors='replace')}: Redis answered {error}", "wrong_type")
 
 
 # A read's values in field order: a list, or packed in one bytes (NativeRoundTrip)
@@ -263,11 +263,6 @@ class PipelineRoundTrip:
             if isinstance(reply, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
                 raise reply
         return replies
-
-
-def is_key_error(error: BaseException) -> bool:
-    """An error reply about one key's data (WRONGTYPE), not about Redis or the cluster."""
-    return isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
 def round_trip_for(client: AsyncClient) -> RoundTrip:

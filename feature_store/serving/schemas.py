@@ -8,7 +8,7 @@ on the hot path. These models describe the same contract for /docs and client ge
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -26,10 +26,24 @@ JsonValue = float | int | bool | str | list[float | str] | list[int] | None
 class FeatureRow(BaseModel):
     id: int | str
     values: list[JsonValue] = Field(description="aligned with 'features'; null when missing")
-    statuses: list[str] = Field(description="present, missing or stale, per value")
+    statuses: list[Literal["present", "missing", "stale", "error"]] = Field(
+        description="present, missing, stale or error (the entity's stored data of the "
+        "feature's group cannot be read: see 'errors'), per value"
+    )
     ages: dict[str, int | None] = Field(
         description="per group: seconds since its last write, null when unknown"
     )
+
+
+class EntityError(BaseModel):
+    id: int | str
+    group: str
+    reason: Literal["undecodable_value", "corrupt_write_time", "wrong_type"] = Field(
+        description="undecodable_value: a stored value does not decode as its type; "
+        "corrupt_write_time: the group's write time is not a unix time; wrong_type: the "
+        "entity's key holds another Redis type than a hash"
+    )
+    message: str = Field(description="names the key, and the feature of an undecodable value")
 
 
 class GetFeaturesResponse(BaseModel):
@@ -40,6 +54,12 @@ class GetFeaturesResponse(BaseModel):
         "float_list, int_list), aligned with 'features'"
     )
     results: list[FeatureRow]
+    errors: list[EntityError] = Field(
+        default_factory=list,
+        description="present only when some entity's stored data could not be read: one "
+        "item per entity and group answered with status 'error'; the rest of the batch is "
+        "answered as usual",
+    )
 
 
 class WriteFeaturesResponse(BaseModel):

@@ -12,8 +12,8 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from feature_store.batch import EntityId, WriteStats, plan_write
-from feature_store.connection import translated_errors
+from feature_store.batch import EntityError, EntityId, WriteStats, plan_write
+from feature_store.connection import is_key_error, translated_errors
 from feature_store.errors import (
     EncodingError,
     RequestError,
@@ -28,7 +28,6 @@ from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json
 from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.loader import CachedReader, Resolved
-from feature_store.serving.roundtrip import is_key_error
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,9 @@ _CODES: tuple[tuple[type[BaseException], int, str], ...] = (
 
 
 def problem(error: BaseException, *, writing: bool = False) -> Problem:
-    """The answer to an error. EncodingError is the caller's on a write, the store's on a read."""
+    """The answer to an error. EncodingError is the caller's on a write, the store's on a
+    read (where one entity's unreadable data is answered per entity, status "error", and
+    reaches here only from a path that cannot isolate it)."""
     if isinstance(error, AuthError):
         return Problem(
             error.status, "unauthorized" if error.status == 401 else "forbidden", str(error)
@@ -157,6 +158,21 @@ class Lookup:
     ids: Sequence[EntityId]
     entries: list[list[Resolved]]  # per id, per projection group
     now: int  # unix seconds the ages are computed at
+    # entities whose stored data of a group cannot be read: answered with status "error"
+    errors: list[EntityError]
+
+
+def lookup_errors(
+    ids: Sequence[EntityId], groups: Sequence[FeatureGroup], entries: list[list[Resolved]]
+) -> list[EntityError]:
+    """The entity errors of a lookup's entries (fault entries), in id then group order."""
+    errors = []
+    for entity_id, row in zip(ids, entries, strict=True):
+        for group, (entry, _) in zip(groups, row, strict=True):
+            fault = entry.fault
+            if fault is not None:
+                errors.append(EntityError(entity_id, group.name, fault.reason, fault.message))
+    return errors
 
 
 def json_int(value: object) -> object:
@@ -300,15 +316,20 @@ class FeatureService:
         names = [g.name for g in proj.groups]
         if len(names) == 1:
             name = names[0]
-            resolved = await self.reader.get([(name, k) for k in keys], bypass=bypass, proto=proto)
-            entries = [[r] for r in resolved]
+            flat = await self.reader.get([(name, k) for k in keys], bypass=bypass, proto=proto)
+            entries = [[r] for r in flat]
         else:
             flat = await self.reader.get(
                 [(g, k) for k in keys for g in names], bypass=bypass, proto=proto
             )
             n = len(names)
             entries = [flat[i : i + n] for i in range(0, len(flat), n)]
-        return Lookup(proj, ids, entries, int(time.time()))
+        # a fault entry is rare: one pass finds there is none
+        if any(r.entry.fault is not None for r in flat):
+            errors = lookup_errors(ids, proj.groups, entries)
+        else:
+            errors = []
+        return Lookup(proj, ids, entries, int(time.time()), errors)
 
     # --- writes --------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from feature_store.batch import hash_fields
-from feature_store.errors import EncodingError
+from feature_store.batch import Fault, FaultReason, hash_fields
+from feature_store.errors import EncodingError, EntityDataError
 from feature_store.layout import decode_timestamp
 from feature_store.native import GroupFormat
 from feature_store.registry import FeatureGroup, Registry
@@ -57,10 +57,10 @@ class GroupSpec:
                 part = reply if not offset else reply[offset : offset + len(self.fields)]
                 raw, present, answer = fmt.load(part, proto)
                 freshness = part[len(self.fields) - 1]
-        except EncodingError:  # name the feature: the reference decodes each value again
+        except EncodingError as e:  # name the feature: the reference decodes each value again
             values = unpack(reply) if isinstance(reply, bytes) else reply
             self._name_bad_value(entity_key, values[offset : offset + len(self.fields)])
-            raise
+            raise EntityDataError(f"{entity_key.decode(errors='replace')}: {e}") from None
         written_at = self.written_at(entity_key, freshness)
         if written_at is None and present == fmt.absent_present:
             return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
@@ -74,7 +74,7 @@ class GroupSpec:
                 try:
                     f.codec.decode(r)
                 except EncodingError as e:
-                    raise EncodingError(
+                    raise EntityDataError(
                         f"{entity_key.decode(errors='replace')} feature {f.name!r}: {e}"
                     ) from None
 
@@ -85,7 +85,16 @@ class GroupSpec:
         try:
             return decode_timestamp(ts)
         except ValueError:
-            raise EncodingError(
+            raise EntityDataError(
                 f"{key.decode(errors='replace')}: the write time of group {self.group.name!r} "
-                f"is not a unix time: {ts[:40]!r}"
+                f"is not a unix time: {ts[:40]!r}",
+                FaultReason.CORRUPT_WRITE_TIME,
             ) from None
+
+    def fault_entry(self, key: CacheKey, error: EntityDataError) -> Entry:
+        """The entry of an entity whose data of this group cannot be read: no values,
+        answered with status "error" and ``error``'s reason."""
+        fmt = self.fmt
+        return Entry(
+            key, fmt, None, fmt.absent_present, fmt.absent_json, None, fault=Fault.of(error)
+        )

@@ -23,7 +23,7 @@ import orjson
 
 from feature_store import notices
 from feature_store.connection import AsyncClient, translated_errors
-from feature_store.errors import EncodingError, StoreError
+from feature_store.errors import StoreError
 from feature_store.registry import Registry
 from feature_store.serving.loader import CachedReader
 
@@ -89,10 +89,8 @@ class WarmStart:
             self.loaded[group] = 0
             for start in range(0, min(len(keys), budget), LOAD_CHUNK):
                 chunk = keys[start : min(start + LOAD_CHUNK, budget)]
-                try:
-                    await self.reader.get([(group, k) for k in chunk])
-                except EncodingError as e:  # a key with bad data: the others are loaded
-                    log.warning("warm start: %s", e)
+                # a key with bad data becomes a fault entry (logged by the reader)
+                await self.reader.get([(group, k) for k in chunk])
                 self.loaded[group] += len(chunk)
                 if self.reader.cache is not None:
                     self.reader.cache.stats.warm_loaded += len(chunk)

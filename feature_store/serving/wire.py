@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from feature_store.batch import EntityId
+from feature_store.batch import EntityError, EntityId
 from feature_store.serialization import varint
 from feature_store.serialization.answers import MISSING_VALUE
 from feature_store.serving.cache import Entry
 from feature_store.serving.loader import Resolved
 
-PRESENT, MISSING, STALE = 1, 2, 3  # serving.proto FeatureStatus
+PRESENT, MISSING, STALE, ERROR = 1, 2, 3, 4  # serving.proto Status
 _PRESENT_CODES = bytes([MISSING, PRESENT]) + bytes(254)
 _STALE_CODES = bytes([MISSING, STALE]) + bytes(254)
 
@@ -54,7 +54,7 @@ def picked_values(
         part = parts[gi]
         if part is None or not resolved[gi].entry.present[fi]:
             values.append(MISSING_VALUE)
-            codes.append(MISSING)
+            codes.append(MISSING if resolved[gi].entry.fault is None else ERROR)
         else:
             values.append(part[fi])
             codes.append(STALE if stale[gi] else PRESENT)
@@ -72,6 +72,25 @@ def statuses(present: bytes, stale: bool) -> bytes:
     """FeatureRow.statuses = 3, packed enum (every code fits one byte), of a whole group:
     from the entry's ``present`` bytes (1 value, 0 none) by one translate in C."""
     return record(0x1A, present.translate(_STALE_CODES if stale else _PRESENT_CODES))
+
+
+def error_statuses(count: int) -> bytes:
+    """FeatureRow.statuses of a whole group whose stored data cannot be read."""
+    return record(0x1A, bytes([ERROR]) * count)
+
+
+def errors(faults: Sequence[EntityError]) -> bytes:
+    """GetFeaturesResponse.errors = 4: id = 1, group = 2, reason = 3, message = 4."""
+    return b"".join(
+        record(
+            0x22,
+            entity_id(e.entity_id)
+            + record(0x12, e.group.encode())
+            + record(0x1A, e.reason.encode())
+            + record(0x22, e.message.encode()),
+        )
+        for e in faults
+    )
 
 
 def ages(values: dict[str, int | None]) -> bytes:

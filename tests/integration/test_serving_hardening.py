@@ -82,10 +82,12 @@ def test_a_corrupt_write_time_fails_its_key_only(redis_url: str, stamp: bytes) -
         store.write(GROUP, sample.rows(80))
     redis.Redis.from_url(redis_url).hset(key(60), mapping={INT_0.field: b"1", FRESHNESS: stamp})
     with ServingProcess(redis_url) as server:
-        bad = _post(server.rest_url, _get([60, 71, 72]))
-        assert bad.status_code == 500
-        error = bad.json()["error"]
-        assert error["code"] == "undecodable_value"
+        answer = _post(server.rest_url, _get([60, 71, 72]))
+        assert answer.status_code == 200, answer.text
+        doc = answer.json()
+        assert [r["statuses"] for r in doc["results"]] == [["error"], ["present"], ["present"]]
+        (error,) = doc["errors"]
+        assert (error["id"], error["reason"]) == (60, "corrupt_write_time")
         assert "c:60" in error["message"]
         for healthy in (71, 72):  # they shared the poisoned round trip: not poisoned
             ok = _post(server.rest_url, _get([healthy]))
@@ -93,13 +95,15 @@ def test_a_corrupt_write_time_fails_its_key_only(redis_url: str, stamp: bytes) -
             assert ok.json()["results"][0]["statuses"] == ["present"]
         with grpc.insecure_channel(server.grpc_target) as channel:
             stub = pb_grpc.FeatureServiceStub(channel)
-            with pytest.raises(grpc.RpcError) as raised:
-                stub.GetFeatures(
-                    pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[60], features=["int_0"]),
-                    timeout=5,
-                )
-            assert raised.value.code() is grpc.StatusCode.INTERNAL
-            assert "c:60" in (raised.value.details() or "")
+            response = stub.GetFeatures(
+                pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[60, 71], features=["int_0"]),
+                timeout=5,
+            )
+            assert [list(r.statuses) for r in response.rows] == [[pb.ERROR], [pb.PRESENT]]
+            assert [(e.id.int_id, e.reason) for e in response.errors] == [
+                (60, "corrupt_write_time")
+            ]
+            assert "c:60" in response.errors[0].message
 
 
 async def test_no_load_is_left_unresolved_when_any_step_raises(redis_url: str) -> None:
@@ -160,15 +164,14 @@ def test_a_wrong_type_key_fails_alone_and_does_not_trip_the_breaker(redis_url: s
 
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(one, range(320)))
-        bad = {status for i, status in answers if i == 62}
-        good = {status for i, status in answers if i != 62}
-        assert bad == {500}
-        assert good == {200}
+        assert {status for _, status in answers} == {200}
         text = httpx.get(f"{server.rest_url}/metrics").text
         assert metric(text, "feature_serving_circuit_opened_total") == 0
-        body = _post(server.rest_url, _get([62])).json()
-        assert body["error"]["code"] == "undecodable_value"
-        assert "WRONGTYPE" in body["error"]["message"]
+        assert metric(text, "feature_serving_entity_errors_total") == 80  # every 4th of 320
+        body = _post(server.rest_url, _get([62, 63])).json()
+        assert [r["statuses"] for r in body["results"]] == [["error"], ["present"]]
+        assert body["errors"][0]["reason"] == "wrong_type"
+        assert "WRONGTYPE" in body["errors"][0]["message"]
 
 
 # --- 2. a hung Redis opens the circuit ---------------------------------------------------

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.batch import MISSING, PRESENT, STALE, decode_read, plan_read, plan_write
-from feature_store.errors import EncodingError, RequestError
+from feature_store.batch import (
+    ERROR,
+    MISSING,
+    PRESENT,
+    STALE,
+    FaultReason,
+    decode_read,
+    plan_read,
+    plan_write,
+)
+from feature_store.errors import EncodingError, EntityDataError, RequestError
 from feature_store.layout import freshness_field
 from feature_store.registry import Registry, parse_registry
 from feature_store.serialization import field_name
@@ -124,10 +133,51 @@ def test_values_without_a_freshness_field_are_present_with_unknown_age() -> None
     assert result.rows[0].ages == {"daily": None}
 
 
-def test_undecodable_value_names_key_and_feature() -> None:
-    plan = plan_read(REG, "user", [7], ["a", "b"])
-    with pytest.raises(EncodingError, match=r"u:7 feature 'b': stored int value b'x'"):
-        decode_read(plan, [[b"1", b"x", None]])
+def test_an_undecodable_value_fails_its_entity_and_group_only() -> None:
+    plan = plan_read(REG, "user", [7, 8], ["a", "b", "c"])
+    # fields: a, b (daily), c (live), then the freshness of daily and of live
+    result = decode_read(
+        plan, [[b"1", b"x", b"hi", b"90", b"95"], [b"2", b"3", None, b"90", None]], now=100
+    )
+    bad, good = result.rows
+    assert bad.values == [None, None, "hi"]
+    assert bad.statuses == [ERROR, ERROR, PRESENT]
+    assert bad.ages == {"daily": None, "live": 5}
+    assert (good.values, good.statuses) == ([2.0, 3, None], [PRESENT, PRESENT, MISSING])
+    assert len(result.errors) == 1
+    error = result.errors[0]
+    assert (error.entity_id, error.group, error.reason) == (
+        7,
+        "daily",
+        FaultReason.UNDECODABLE_VALUE,
+    )
+    assert error.message.startswith("u:7 feature 'b': stored int value b'x'")
+    assert bad.found  # its other group is present
+
+
+def test_a_corrupt_write_time_fails_its_group_only() -> None:
+    plan = plan_read(REG, "user", [7], ["a", "c"])
+    result = decode_read(plan, [[b"1", b"hi", b"garbage", b"95"]], now=100)
+    row = result.rows[0]
+    assert (row.values, row.statuses) == ([None, "hi"], [ERROR, PRESENT])
+    assert [(e.group, e.reason) for e in result.errors] == [
+        ("daily", FaultReason.CORRUPT_WRITE_TIME)
+    ]
+    assert "u:7: the write time of group 'daily' is corrupt" in result.errors[0].message
+
+
+def test_a_key_of_another_type_fails_every_group_of_its_entity() -> None:
+    plan = plan_read(REG, "user", [7, 8], ["a", "c"])
+    wrong = EntityDataError("u:7: Redis answered WRONGTYPE ...", "wrong_type")
+    result = decode_read(plan, [wrong, [b"1", None, b"90", None]], now=100)
+    assert result.rows[0].statuses == [ERROR, ERROR]
+    assert result.rows[0].values == [None, None]
+    assert not result.rows[0].found
+    assert result.rows[1].statuses == [PRESENT, MISSING]
+    assert [(e.entity_id, e.group, e.reason) for e in result.errors] == [
+        (7, "daily", FaultReason.WRONG_TYPE),
+        (7, "live", FaultReason.WRONG_TYPE),
+    ]
 
 
 def test_write_plan_orders_hdel_hset_expire() -> None:

@@ -412,7 +412,7 @@ def test_whole_group_rows_are_the_references(group_name: str, rows: list[tuple])
         tuple((0, i) for i in range(len(group.features))),
         True,
     )
-    lookup = Lookup(proj, ids, entries, now)  # type: ignore[arg-type]
+    lookup = Lookup(proj, ids, entries, now, [])  # type: ignore[arg-type]
     native = _native.rest_rows(ids, entries, now, group.max_age_seconds, orjson.dumps(group.name))  # type: ignore[arg-type]
     assert native == b",".join(_whole_group_rows(lookup))
     assert orjson.loads(b"[" + native + b"]")[0]["id"] == ids[0]

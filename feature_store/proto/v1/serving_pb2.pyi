@@ -14,10 +14,12 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRESENT: _ClassVar[Status]
     MISSING: _ClassVar[Status]
     STALE: _ClassVar[Status]
+    ERROR: _ClassVar[Status]
 STATUS_UNSPECIFIED: Status
 PRESENT: Status
 MISSING: Status
 STALE: Status
+ERROR: Status
 
 class EntityId(_message.Message):
     __slots__ = ("int_id", "string_id")
@@ -78,15 +80,29 @@ class FeatureRow(_message.Message):
     ages: _containers.ScalarMap[str, int]
     def __init__(self, id: _Optional[_Union[EntityId, _Mapping]] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., statuses: _Optional[_Iterable[_Union[Status, str]]] = ..., ages: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
+class EntityError(_message.Message):
+    __slots__ = ("id", "group", "reason", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: EntityId
+    group: str
+    reason: str
+    message: str
+    def __init__(self, id: _Optional[_Union[EntityId, _Mapping]] = ..., group: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class GetFeaturesResponse(_message.Message):
-    __slots__ = ("entity_type", "features", "rows")
+    __slots__ = ("entity_type", "features", "rows", "errors")
     ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     entity_type: str
     features: _containers.RepeatedScalarFieldContainer[str]
     rows: _containers.RepeatedCompositeFieldContainer[FeatureRow]
-    def __init__(self, entity_type: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[FeatureRow, _Mapping]]] = ...) -> None: ...
+    errors: _containers.RepeatedCompositeFieldContainer[EntityError]
+    def __init__(self, entity_type: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[FeatureRow, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[EntityError, _Mapping]]] = ...) -> None: ...
 
 class WriteRow(_message.Message):
     __slots__ = ("id", "values")
