@@ -46,6 +46,22 @@ def apt_install(package: str, binary_hint: str) -> None:
             raise ServerError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
 
 
+SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+
+
+def system_tool(name: str, package: str) -> str:
+    """The path of an administration tool (runuser, useradd): on PATH, or in the sbin
+    directories that a root shell's PATH may lack (``su`` without ``-``, some containers)."""
+    found = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SYSTEM_DIRS))
+    if found is None:
+        raise ServerError(
+            f"{name} was not found on PATH or in {', '.join(SYSTEM_DIRS)}; it runs PostgreSQL "
+            f"as its own user when we are root: install it (Debian/Ubuntu: "
+            f"'apt-get install -y {package}')"
+        )
+    return found
+
+
 def ensure_redis_server() -> None:
     if shutil.which("redis-server") is None:
         apt_install("redis-server", "redis-server")
@@ -136,7 +152,7 @@ class Postgres:
     def _run(self, *cmd: str) -> None:
         argv = [str(self.bin / cmd[0]), *cmd[1:]]
         if self.as_root:
-            argv = ["runuser", "-u", self.USER, "--", *argv]
+            argv = [system_tool("runuser", "util-linux"), "-u", self.USER, "--", *argv]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             log = self.dir / "postgres.log"
@@ -147,8 +163,9 @@ class Postgres:
         if self.as_root:
             exists = subprocess.run(["id", "-u", self.USER], capture_output=True).returncode == 0
             if not exists:
+                useradd = system_tool("useradd", "passwd")
                 subprocess.run(
-                    ["useradd", "--system", "--no-create-home", "--shell", "/bin/false", self.USER],
+                    [useradd, "--system", "--no-create-home", "--shell", "/bin/false", self.USER],
                     check=True,
                 )
             shutil.chown(self.dir, self.USER, self.USER)

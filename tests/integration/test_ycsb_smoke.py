@@ -5,6 +5,7 @@ layout read back through the project's store client."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,11 +45,16 @@ runner = _module("runner")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """Runs the whole harness once in smoke mode; yields (results dir, its output)."""
     results = tmp_path_factory.mktemp("ycsb-results")
+    # as from a root shell whose PATH lacks the sbin directories (runuser, useradd live there)
+    path = os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not d.rstrip("/").endswith("sbin")
+    )
     done = subprocess.run(
         [str(YCSB / "run"), "--smoke", "--results-dir", str(results)],
         capture_output=True,
         text=True,
         timeout=840,
+        env={**os.environ, "PATH": path},
     )
     output = f"{done.stdout}\n{done.stderr}"
     assert done.returncode == 0, f"benchmarks/ycsb/run --smoke failed:\n{output[-6000:]}"
@@ -97,6 +103,15 @@ GOOD = """\
 [BATCH_READ], Return=OK, 95
 [UPDATE], Return=OK, 5
 """
+
+
+def test_admin_tools_are_found_off_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    servers = _module("servers")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = servers.system_tool("runuser", "util-linux")
+    assert found in {f"{d}/runuser" for d in servers.SYSTEM_DIRS}
+    with pytest.raises(servers.ServerError, match="apt-get install -y no-such-package"):
+        servers.system_tool("no-such-tool", "no-such-package")
 
 
 def test_check_accepts_a_clean_run() -> None:
