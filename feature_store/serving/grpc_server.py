@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from feature_store.batch import EntityId
 from feature_store.errors import ConfigError, FeatureStoreError
@@ -408,6 +408,26 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _reflection_v1(names: Sequence[str]) -> grpc.GenericRpcHandler:
+    """Server reflection ``grpc.reflection.v1`` beside ``v1alpha`` (which grpcio-reflection
+    serves alone): v1 renamed the package and kept every message field, so v1alpha's
+    messages and servicer answer it, byte for byte what a v1 server sends."""
+    servicer = reflection.aio.ReflectionServicer(names)
+    return grpc.method_handlers_generic_handler(
+        REFLECTION_V1,
+        {
+            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+                servicer.ServerReflectionInfo,
+                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+            )
+        },
+    )
+
+
 def front_kind(settings: ServingSettings) -> str:
     """The front that serves GetFeatures: "native" where the extension is on, else grpcio."""
     return "native" if settings.grpc_front == "native" and native_enabled() else "grpcio"
@@ -441,9 +461,11 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
     names = (
         SERVICE,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        REFLECTION_V1,
         reflection.SERVICE_NAME,
     )
     reflection.enable_server_reflection(names, server)
+    server.add_generic_rpc_handlers((_reflection_v1(names),))
     address = "127.0.0.1:0" if native else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

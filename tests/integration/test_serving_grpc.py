@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import grpc
 import httpx
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -122,6 +123,42 @@ def test_health_and_reflection(server: ServingProcess) -> None:
         names = {s.name for r in responses for s in r.list_services_response.service}
     assert "feature_store.v1.FeatureService" in names
     assert "grpc.health.v1.Health" in names
+    assert {
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
+
+
+@pytest.mark.parametrize("front", ["native", "grpcio"])
+def test_reflection_v1_lists_and_describes_the_service(redis_url: str, front: str) -> None:
+    """grpc.reflection.v1, as newer tools ask for it (grpcurl tries v1 first), through
+    either front: the method is called by its v1 path with v1's field numbers."""
+    env = {"FEATURE_SERVING_GRPC_FRONT": front}
+    with (
+        ServingProcess(redis_url, env=env) as server,
+        grpc.insecure_channel(server.grpc_target) as channel,
+    ):
+        call = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="feature_store.v1.FeatureService"
+            ),
+        ]
+        listed, described = list(call(iter(requests), timeout=5))
+    assert "feature_store.v1.FeatureService" in {
+        s.name for s in listed.list_services_response.service
+    }
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b)
+        for b in described.file_descriptor_response.file_descriptor_proto
+    ]
+    methods = {m.name for f in files for svc in f.service for m in svc.method}
+    assert {"GetFeatures", "WriteFeatures", "GetRegistry"} <= methods
 
 
 def test_registry_over_grpc(server: ServingProcess) -> None:
