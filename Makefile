@@ -1,9 +1,10 @@
 # make demo   set up, then run the main job end to end on an embedded Redis
-# make test   set up, then lint (Python and Rust) + typecheck + all tests (what CI runs)
+# make wheel  build the wheel (Rust extension compiled) into dist/
+# make test   set up, then lint (Python and Rust) + typecheck + alert rules + all tests (what CI runs)
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck pytest proto format
+.PHONY: setup demo test lint typecheck rules pytest proto format wheel
 
 setup:
 	./scripts/setup.sh
@@ -11,7 +12,7 @@ setup:
 demo: setup
 	./scripts/demo.sh
 
-test: setup lint typecheck pytest
+test: setup lint typecheck rules pytest
 
 lint:
 	$(VENV)/ruff check .
@@ -21,8 +22,15 @@ lint:
 typecheck:
 	$(VENV)/mypy
 
+rules:
+	promtool check rules deploy/prometheus/rules.yml
+	promtool test rules deploy/prometheus/rules_test.yml
+
 pytest:
 	$(VENV)/pytest -q $(PYTEST_ARGS)
+
+wheel: setup
+	./scripts/wheel.sh
 
 proto:
 	$(VENV)/python scripts/gen_proto.py

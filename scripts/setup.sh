@@ -16,6 +16,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  #
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS test certificates
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)  # HTTP load generator (benchmarks)
 command -v h2load >/dev/null 2>&1 || need_apt+=(nghttp2-client)  # gRPC load (benchmarks)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)  # alert rules: checks, tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian's packages"
   sudo_cmd=""

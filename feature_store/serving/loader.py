@@ -453,11 +453,11 @@ class CachedReader:
         coalesced round trips, so that a nightly refresh of every entity neither drops the
         cache at once nor sends every key to Redis at once.
         """
-        if group not in self.specs or self.cache is None:
+        if group not in self.specs or generation <= self.generations.get(group, 0):
             return
-        if generation <= self.generations.get(group, 0):
+        self.generations[group] = generation  # also without a cache: the metrics report it
+        if self.cache is None:
             return
-        self.generations[group] = generation
         previous = self._sweeps.pop(group, None)
         if previous is not None:
             previous.cancel()

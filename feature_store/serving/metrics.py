@@ -69,6 +69,21 @@ _HELP = {
 }
 
 
+_WRITTEN = (
+    "unix time of the group's last batch write (the nightly job's, announced to serving); "
+    "absent until one is announced"
+)
+_MAX_AGE = "the group's max_age from the registry (values older are served as stale)"
+
+
+def max_ages(reader: CachedReader) -> list[tuple[str, float]]:
+    return [
+        (name, float(g.max_age_seconds))
+        for name, g in reader.registry.groups.items()
+        if g.max_age_seconds is not None
+    ]
+
+
 class ServingCollector(Collector):
     def __init__(self, reader: CachedReader) -> None:
         self.reader = reader
@@ -105,6 +120,16 @@ class ServingCollector(Collector):
         for label, value in self.reader.timeout.labelled():
             timeouts.add_metric([label], value)
         yield timeouts
+        written = GaugeMetricFamily(
+            f"{PREFIX}_group_batch_written_seconds", _WRITTEN, labels=["group"]
+        )
+        for group, at in self.reader.generations.items():
+            written.add_metric([group], at)
+        yield written
+        max_age = GaugeMetricFamily(f"{PREFIX}_group_max_age_seconds", _MAX_AGE, labels=["group"])
+        for group, seconds in max_ages(self.reader):
+            max_age.add_metric([group], seconds)
+        yield max_age
 
 
 class ServingMetrics:
@@ -221,6 +246,21 @@ class _SharedStats:
             registry=registry,
             multiprocess_mode="liveall",
         )
+        # deployment-wide: the newest any worker heard of, the registry's (the same in all)
+        self.written = Gauge(
+            f"{PREFIX}_group_batch_written_seconds",
+            _WRITTEN,
+            ["group"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.max_age = Gauge(
+            f"{PREFIX}_group_max_age_seconds",
+            _MAX_AGE,
+            ["group"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
 
     def sync(self, reader: CachedReader) -> None:
         cache = reader.cache
@@ -240,3 +280,7 @@ class _SharedStats:
             self.state.labels(s.value).set(1.0 if breaker.state is s else 0.0)
         for label, value in reader.timeout.labelled():
             self.timeouts.labels(label).set(value)
+        for group, at in reader.generations.items():
+            self.written.labels(group).set(at)
+        for group, seconds in max_ages(reader):
+            self.max_age.labels(group).set(seconds)
