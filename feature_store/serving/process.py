@@ -37,6 +37,7 @@ class ServingProcess:
         ready_path: str = "/healthz",
         start_timeout: float = START_TIMEOUT_S,
         cwd: Path | None = None,
+        python: str | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.registry = str(registry)
@@ -47,6 +48,7 @@ class ServingProcess:
         self.ready_path = ready_path  # "/readyz" also waits until Redis answers
         self.start_timeout = start_timeout
         self.cwd = cwd  # `python -m` imports from here first: another checkout's package
+        self.python = python or sys.executable  # another environment's (an installed wheel)
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.process: subprocess.Popen[bytes] | None = None
@@ -63,7 +65,7 @@ class ServingProcess:
 
     def start(self) -> ServingProcess:
         command = [
-            sys.executable,
+            self.python,
             "-m",
             "feature_store.cli",
             "serve",
