@@ -17,10 +17,11 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -59,6 +60,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cache-ttl", type=float, help="L1 TTL in seconds (default 30)")
     p.add_argument("--cache-max-bytes", type=int, help="L1 bound in bytes (default 256 MiB)")
     p.add_argument("--max-entities", type=int, help="entity ids per request (default 1000)")
+    p.add_argument("--tls-cert", help="PEM certificate (chain): TLS on both ports")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", help="PEM CA: clients must present a certificate it signed (mTLS)"
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     add_redis_args(p)
     p.set_defaults(func=run_serve)
@@ -78,6 +84,9 @@ def run_serve(args: argparse.Namespace) -> int:
         cache_ttl=args.cache_ttl,
         cache_max_bytes=args.cache_max_bytes,
         max_entities=args.max_entities,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
     if args.no_grpc:
         serving = dataclasses.replace(serving, grpc_port=None)
@@ -124,8 +133,10 @@ def _serve(
             "max_connections": core.max_connections,
         }
         grpc_note = f", gRPC on {serving.host}:{serving.grpc_port}" if serving.grpc_port else ""
+        scheme = "http" if serving.tls_cert is None else "https"
+        tls_note = "" if serving.tls_cert is None else " (TLS on both ports)"
         print(
-            f"serving REST on http://{serving.host}:{serving.port}{grpc_note}, "
+            f"serving REST on {scheme}://{serving.host}:{serving.port}{grpc_note}{tls_note}, "
             f"{serving.workers} worker(s), Redis {url}",
             flush=True,
         )
@@ -139,6 +150,7 @@ def _serve(
                 log_level=args.log_level,
                 access_log=False,
                 timeout_graceful_shutdown=5,
+                **_tls(serving),
             )
         else:
             os.environ[WORKER_ENV] = orjson.dumps(config).decode()
@@ -153,7 +165,18 @@ def _serve(
                     log_level=args.log_level,
                     access_log=False,
                     timeout_graceful_shutdown=5,
+                    **_tls(serving),
                 )
+
+
+def _tls(serving: ServingSettings) -> dict[str, Any]:
+    """uvicorn's TLS arguments for the REST port (none without TLS)."""
+    if serving.tls_cert is None:
+        return {}
+    out: dict[str, Any] = {"ssl_certfile": serving.tls_cert, "ssl_keyfile": serving.tls_key}
+    if serving.tls_client_ca is not None:
+        out.update(ssl_ca_certs=serving.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return out
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ client that needs them.
 
 from __future__ import annotations
 
+import ssl
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,39 @@ class FeatureResult:
     def as_dicts(self) -> list[dict[str, Value | None]]:
         """Each entity as ``{feature: value}``; missing values are None."""
         return [dict(zip(self.features, r.values, strict=True)) for r in self.rows]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to a server started with ``--tls-cert``: ``ca`` is a PEM file of the CA that
+    signed the server's certificate (None: the system's CAs); ``cert`` and ``key`` are the
+    client's certificate and key, for a server that asks for them (``--tls-client-ca``).
+    REST clients then take an ``https://`` URL; gRPC clients connect with TLS."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca)
+        if self.cert is not None:
+            context.load_cert_chain(self.cert, self.key)
+        return context
+
+    def grpc_credentials(self) -> grpc.ChannelCredentials:
+        import grpc
+
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca),
+            private_key=read(self.key),
+            certificate_chain=read(self.cert),
+        )
 
 
 class ServingRequestError(RequestError):
@@ -168,13 +202,23 @@ class FeatureClient(_RestBase):
     """Blocking REST client (httpx, keep-alive connection pool)."""
 
     def __init__(
-        self, base_url: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tls: TlsConfig | None = None,
     ) -> None:
         import httpx
 
         super().__init__(base_url, api_key)
         self._httpx = httpx
-        self.http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers=self.headers,
+            timeout=timeout,
+            verify=tls.ssl_context() if tls is not None else True,
+        )
 
     def _post(self, path: str, body: bytes) -> bytes:
         try:
@@ -233,6 +277,7 @@ class AsyncFeatureClient(_RestBase):
         api_key: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = 32,
+        tls: TlsConfig | None = None,
     ) -> None:
         import httpx
 
@@ -242,6 +287,7 @@ class AsyncFeatureClient(_RestBase):
             base_url=self.base_url,
             headers=self.headers,
             timeout=timeout,
+            verify=tls.ssl_context() if tls is not None else True,
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -429,7 +475,12 @@ class GrpcFeatureClient(_GrpcBase):
     """Blocking gRPC client."""
 
     def __init__(
-        self, target: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        target: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tls: TlsConfig | None = None,
     ) -> None:
         import grpc
 
@@ -437,7 +488,11 @@ class GrpcFeatureClient(_GrpcBase):
 
         super().__init__(api_key, timeout)
         self._grpc = grpc
-        self.channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self.channel = (
+            grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            if tls is None
+            else grpc.secure_channel(target, tls.grpc_credentials(), options=_CHANNEL_OPTIONS)
+        )
         self.stub = FeatureServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     def get(
@@ -480,7 +535,12 @@ class AsyncGrpcFeatureClient(_GrpcBase):
     """asyncio gRPC client (grpc.aio)."""
 
     def __init__(
-        self, target: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        target: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tls: TlsConfig | None = None,
     ) -> None:
         import grpc.aio
 
@@ -488,7 +548,11 @@ class AsyncGrpcFeatureClient(_GrpcBase):
 
         super().__init__(api_key, timeout)
         self._grpc = grpc
-        self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self.channel = (
+            grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            if tls is None
+            else grpc.aio.secure_channel(target, tls.grpc_credentials(), options=_CHANNEL_OPTIONS)
+        )
         self.stub = FeatureServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     async def get(

@@ -73,6 +73,12 @@ class ServingSettings:
     breaker_open: float = 0.5  # first open period; doubles per failed probe up to the max
     breaker_open_max: float = 10.0
 
+    # TLS on both ports: PEM files of the server's certificate (chain) and key; with a
+    # client CA, clients must present a certificate it signed (mutual TLS)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+
     # auth: no keys at all means no auth
     read_keys: tuple[str, ...] = ()
     admin_keys: tuple[str, ...] = ()  # writes and cache bypass; also allowed to read
@@ -128,6 +134,20 @@ class ServingSettings:
             raise fail("cache_jitter", "must be in [0, 1)")
         if not 0 <= self.cache_refresh_ahead < 1:
             raise fail("cache_refresh_ahead", "must be in [0, 1)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise fail("tls_cert", "and FEATURE_SERVING_TLS_KEY go together: set both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise fail("tls_client_ca", "needs TLS: set FEATURE_SERVING_TLS_CERT and _KEY too")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            if path is not None:
+                try:
+                    with open(path, "rb") as f:
+                        pem = f.read()
+                except OSError as e:
+                    raise fail(name, f"cannot be read: {path}: {e.strerror}") from None
+                if b"-----BEGIN " not in pem:
+                    raise fail(name, f"is not a PEM file: {path}")
         if self.cache_max_bytes < 1 or self.cache_max_entries < 1:
             raise ConfigError(
                 f"{ENV_PREFIX}CACHE_MAX_BYTES and {ENV_PREFIX}CACHE_MAX_ENTRIES must be positive"

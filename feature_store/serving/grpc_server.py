@@ -24,6 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -429,8 +430,22 @@ def _reflection_v1(names: Sequence[str]) -> grpc.GenericRpcHandler:
 
 
 def front_kind(settings: ServingSettings) -> str:
-    """The front that serves GetFeatures: "native" where the extension is on, else grpcio."""
+    """The front that serves GetFeatures: "native" where the extension is on, else grpcio.
+    With TLS, grpc.aio serves the port: the native front does not speak TLS yet."""
+    if settings.tls_cert is not None:
+        return "grpcio"
     return "native" if settings.grpc_front == "native" and native_enabled() else "grpcio"
+
+
+def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
+    """TLS of the gRPC port from the PEM files (mutual TLS with a client CA)."""
+    assert settings.tls_cert is not None
+    assert settings.tls_key is not None
+    key, cert = Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes()
+    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> GrpcServer:
@@ -468,7 +483,10 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
     server.add_generic_rpc_handlers((_reflection_v1(names),))
     address = "127.0.0.1:0" if native else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if settings.tls_cert is not None and not native:
+            bound = server.add_secure_port(address, server_credentials(settings))
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError as e:  # grpc raises when the bind fails
         if sock is not None:
             sock.close()
@@ -486,6 +504,8 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
         port = bound
     stopping = asyncio.Event()
     task = asyncio.get_running_loop().create_task(_track_health(runtime, health_servicer, stopping))
+    if settings.tls_cert is not None and settings.grpc_front == "native" and native_enabled():
+        log.warning("gRPC with TLS is served by grpc.aio: the native front does not speak TLS yet")
     log.info("gRPC on %s:%d (%s front)", host, port, "native" if native else "grpcio")
     return GrpcServer(server, port, task, stopping, front)
 

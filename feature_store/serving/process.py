@@ -20,6 +20,7 @@ import httpx
 
 from feature_store.embedded import free_port
 from feature_store.errors import FeatureStoreError
+from feature_store.serving.client import TlsConfig
 
 START_TIMEOUT_S = 30.0
 
@@ -38,6 +39,7 @@ class ServingProcess:
         start_timeout: float = START_TIMEOUT_S,
         cwd: Path | None = None,
         python: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.registry = str(registry)
@@ -49,13 +51,15 @@ class ServingProcess:
         self.start_timeout = start_timeout
         self.cwd = cwd  # `python -m` imports from here first: another checkout's package
         self.python = python or sys.executable  # another environment's (an installed wheel)
+        self.tls = tls  # the server runs with TLS (its --tls-* args); how to check it
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def rest_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def grpc_target(self) -> str:
@@ -99,8 +103,10 @@ class ServingProcess:
                     f"feature-store serve exited with {self.process.returncode}: {command}"
                     + self._log_tail()
                 )
+            verify = True if self.tls is None else self.tls.ssl_context()
             try:
-                if httpx.get(f"{self.rest_url}{self.ready_path}", timeout=1.0).status_code == 200:
+                url = f"{self.rest_url}{self.ready_path}"
+                if httpx.get(url, timeout=1.0, verify=verify).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
