@@ -1,0 +1,710 @@
+"""Serving under faults for a long while: no wrong value, no 500, nothing lost, nothing leaking.
+
+    python3 benchmarks/soak.py [--minutes 10] [--entities 5000] [--out FILE] [--json FILE]
+
+A Redis Cluster of 3 masters and 3 replicas on loopback (cluster-node-timeout 2 s) holds
+the standard shape's group for ``--entities`` entities, whose ``int_0`` says which entity
+and which write it came from (``entity * 1,000,000 + write number``). Two deployments of
+`feature-store serve --workers 2` read it: A with the L1 on (TTL 5 s, so that entries
+expire and refresh many times inside the run), B with the L1 off. For the whole run:
+
+- **Reads**: one REST and one gRPC client per deployment, each about 40 requests/s of 10
+  random entities. The oracle checks every value: it must be one that was written for
+  that entity (the initial value, a push write's, or the nightly job's), never another
+  entity's or one never written. Every answer's status is recorded: no 500 and no gRPC
+  INTERNAL anywhere.
+- **Push writes** from a writer process (alternately through A and B): each acknowledged
+  write is then read back from both deployments on fresh connections (so from either
+  worker) until three reads in a row serve it or something newer; the time from the
+  acknowledgement to the first of those is its freshness.
+- **Faults on a schedule**: a master SIGKILLed (its replica takes over), one of A's
+  workers SIGKILLed (uvicorn starts another), a master SIGSTOPped for 5 s, and the nightly
+  Spark job (local[2]) writing the group for every entity.
+- **Resources**: RSS and open file descriptors of each deployment (supervisor and workers)
+  every 2 s; the drift is the mean of the last fifth of the run against the fifth after
+  warm-up.
+
+Reported: per fault, the window of failed requests after it and their kinds; wrong values;
+500s; the freshness distribution per deployment; RSS and fd drift; and a timeline PNG
+(requests/s, failures/s, p99 latency, RSS) beside the markdown file.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+from _results import header, save
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedCluster, EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+M = 1_000_000  # int_0 = entity * M + write number
+NIGHTLY = M - 1  # the nightly job's write number: newer than any push write
+READ_RATE = 40.0  # requests/s per reading client
+FRESH_READS = 3  # reads in a row (fresh connections) that must serve a write
+FRESH_TIMEOUT = 10.0  # seconds: a write not served by then counts as unserved
+STOP_SECONDS = 5.0  # how long a master is SIGSTOPped
+SAMPLE_EVERY = 2.0  # seconds between RSS / fd samples
+BURST_GAP = 2.0  # seconds without a failure that end a fault's burst of failures
+
+
+def value(entity: int, seq: int) -> int:
+    return entity * M + seq
+
+
+# --- the writer process -------------------------------------------------------------------
+
+
+def writer(urls: list[str], entities: int, log_path: str, seconds: float, seed: int) -> None:
+    """Push writes until ``seconds`` pass; each attempt and each ack goes to ``log_path``
+    (JSON lines) before the next write, then the write is read back from every URL."""
+    rng = random.Random(seed)
+    seqs: Counter[int] = Counter()
+    deadline = time.monotonic() + seconds
+    with open(log_path, "ab", buffering=0) as log, httpx.Client(timeout=5) as http:
+        i = 0
+        while time.monotonic() < deadline:
+            e = rng.randrange(entities)
+            seqs[e] += 1
+            seq = seqs[e]
+            target = urls[i % len(urls)]
+            i += 1
+            log.write(orjson.dumps({"e": e, "seq": seq, "sent": time.time()}) + b"\n")
+            body = {"group": sample.GROUP, "rows": [{"id": e, "values": {"int_0": value(e, seq)}}]}
+            try:
+                status = http.post(f"{target}/v1/features/write", json=body).status_code
+            except httpx.HTTPError as error:
+                status = type(error).__name__
+            acked = time.time()
+            record: dict[str, object] = {"e": e, "seq": seq, "status": status, "acked": acked}
+            if status == 200:
+                record["fresh"] = served_after(urls, e, seq, acked)
+            log.write(orjson.dumps(record) + b"\n")
+            time.sleep(0.05)
+
+
+def served_after(urls: list[str], e: int, seq: int, acked: float) -> list[float | None]:
+    """Per URL, seconds from the ack until it served the write (or newer) on FRESH_READS
+    fresh connections in a row, from the first of them; None if not within FRESH_TIMEOUT.
+    Each URL is read by a thread of its own, so that one's delay has no other's reads."""
+    out: list[float | None] = [None] * len(urls)
+
+    def probe(i: int) -> None:
+        out[i] = _served_after(urls[i], e, seq, acked)
+
+    threads = [threading.Thread(target=probe, args=(i,)) for i in range(len(urls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _served_after(url: str, e: int, seq: int, acked: float) -> float | None:
+    body = {"entity_type": sample.ENTITY, "ids": [e], "features": ["int_0"]}
+    first, run = None, 0
+    while time.time() - acked < FRESH_TIMEOUT:
+        t = time.time()
+        try:  # a fresh connection each time: either worker may answer
+            r = httpx.post(f"{url}/v1/features/get", json=body, timeout=2)
+            got = r.json()["results"][0]["values"][0] if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            got = None
+        if isinstance(got, int) and got % M >= seq:
+            first = t if run == 0 else first
+            run += 1
+            if run == FRESH_READS:
+                return max(0.0, (first or t) - acked)
+        else:
+            run = 0
+            time.sleep(0.005)
+    return None
+
+
+# --- the readers --------------------------------------------------------------------------
+
+
+@dataclass
+class Observations:
+    t0: float
+    requests: list[tuple[float, str, str, float]] = field(
+        default_factory=list
+    )  # t, who, outcome, s
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (entity, int_0) pairs served
+    wrong_entity: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(
+        self, who: str, outcome: str, start: float, values: list[tuple[int, object]]
+    ) -> None:
+        with self.lock:
+            self.requests.append((start - self.t0, who, outcome, time.monotonic() - start))
+            for e, v in values:
+                if v is None:
+                    continue
+                if not isinstance(v, int) or v // M != e:
+                    self.wrong_entity += 1
+                self.seen.add((e, v))  # type: ignore[arg-type]
+
+
+def rest_reader(
+    who: str, url: str, entities: int, obs: Observations, stop: threading.Event, seed: int
+) -> None:
+    rng = random.Random(seed)
+    http = httpx.Client(base_url=url, timeout=5)
+    while not stop.is_set():
+        ids = rng.sample(range(entities), 10)
+        body = {"entity_type": sample.ENTITY, "ids": ids, "features": ["int_0", "float_00"]}
+        start = time.monotonic()
+        try:
+            r = http.post("/v1/features/get", json=body)
+            outcome = str(r.status_code)
+            values = (
+                [(row["id"], row["values"][0]) for row in r.json()["results"]]
+                if r.status_code == 200
+                else []
+            )
+        except httpx.HTTPError as error:
+            outcome, values = type(error).__name__, []
+            http.close()
+            http = httpx.Client(base_url=url, timeout=5)
+        obs.record(who, outcome, start, values)
+        time.sleep(max(0.0, 1 / READ_RATE - (time.monotonic() - start)))
+    http.close()
+
+
+def grpc_reader(
+    who: str, target: str, entities: int, obs: Observations, stop: threading.Event, seed: int
+) -> None:
+    rng = random.Random(seed)
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.FeatureServiceStub(channel)  # type: ignore[no-untyped-call]
+        while not stop.is_set():
+            ids = rng.sample(range(entities), 10)
+            request = pb.GetFeaturesRequest(
+                entity_type=sample.ENTITY, int_ids=ids, features=["int_0", "float_00"]
+            )
+            start = time.monotonic()
+            try:
+                response = stub.GetFeatures(request, timeout=5)
+                outcome = "OK"
+                values: list[tuple[int, object]] = []
+                for row in response.rows:
+                    kind = row.values[0].WhichOneof("kind")
+                    values.append(
+                        (row.id.int_id, None if kind is None else row.values[0].int_value)
+                    )
+            except grpc.RpcError as error:
+                outcome, values = error.code().name, []  # type: ignore[attr-defined]
+            obs.record(who, outcome, start, values)
+            time.sleep(max(0.0, 1 / READ_RATE - (time.monotonic() - start)))
+
+
+# --- processes: resources, faults ---------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def resources(pids: list[int]) -> tuple[int, int]:
+    """RSS bytes and open fds of these processes, summed."""
+    rss = fds = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue
+    return rss, fds
+
+
+def workers_of(server: ServingProcess) -> list[int]:
+    assert server.process is not None
+    # serve --workers N: uvicorn's supervisor, whose children are the workers (and its
+    # multiprocessing helper, which has no children of its own and takes no requests)
+    return children(server.process.pid)
+
+
+@dataclass
+class Fault:
+    name: str
+    at: float  # seconds since t0
+    detail: str = ""
+
+
+def kill_master(cluster: EmbeddedCluster, keep: EmbeddedRedis) -> str:
+    victim = next(n for n in cluster.master_nodes() if n is not keep)
+    victim.kill()
+    took = cluster.wait_ok()
+    return f"port {victim.port}; the cluster was ok again after {took:.1f} s"
+
+
+def kill_worker(server: ServingProcess) -> str:
+    pids = [p for p in workers_of(server) if children(p) == [] and _is_worker(p)]
+    victim = pids[0]
+    os.kill(victim, signal.SIGKILL)
+    return f"pid {victim}"
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"multiprocessing.resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stop_master(cluster: EmbeddedCluster, keep: EmbeddedRedis) -> str:
+    victim = next(n for n in cluster.master_nodes() if n is not keep)
+    assert victim.process is not None
+    os.kill(victim.process.pid, signal.SIGSTOP)
+    time.sleep(STOP_SECONDS)
+    os.kill(victim.process.pid, signal.SIGCONT)
+    took = cluster.wait_ok()
+    return f"port {victim.port} for {STOP_SECONDS:.0f} s; the cluster was ok {took:.1f} s later"
+
+
+def nightly(cluster: EmbeddedCluster, tmp: Path, entities: int, log: Path) -> str:
+    """The nightly Spark job over the group: every entity's int_0 set to its NIGHTLY value."""
+    data = tmp / "nightly.json"
+    with data.open("wb") as f:
+        for e in range(entities):
+            f.write(orjson.dumps({"id": e, "int_0": value(e, NIGHTLY)}) + b"\n")
+    registry = tmp / "features.yaml"
+    registry.write_text(sample.registry_text())
+    report = tmp / "nightly-report.json"
+    t0 = time.monotonic()
+    with log.open("ab") as out:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "feature_store.cli",
+                "ingest",
+                *("--registry", str(registry), "--group", sample.GROUP),
+                *("--input", str(data), "--format", "json", "--id-column", "id"),
+                *("--redis-url", cluster.url, "--master", "local[2]"),
+                *("--allow-missing-features", "--report", str(report)),
+                *("--progress-interval", "0"),
+            ],
+            stdout=out,
+            stderr=out,
+            timeout=600,
+            check=False,
+        )
+    took = time.monotonic() - t0
+    if done.returncode != 0:
+        return f"FAILED (exit {done.returncode}) after {took:.0f} s; see {log}"
+    written = orjson.loads(report.read_bytes()).get("entities_written", "?")
+    return f"{written} entities written in {took:.0f} s (Spark start included)"
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def run(minutes: float, entities: int, tmp: Path) -> dict[str, object]:
+    seconds = minutes * 60
+    schedule = [
+        ("master SIGKILLed (failover)", 0.15),
+        ("serving worker SIGKILLed (A)", 0.35),
+        (f"master SIGSTOPped {STOP_SECONDS:.0f} s", 0.55),
+        ("nightly Spark job", 0.7),
+    ]
+    with EmbeddedCluster(tmp / "cluster", replicas=1, node_timeout_ms=2000) as cluster:
+        keep = cluster.nodes[0]  # the node the URL names (pub/sub, first contact) stays up
+        with FeatureStore.connect(cluster.url, sample.registry()) as store:
+            rows = [(e, {**sample.features(e), "int_0": value(e, 0)}) for e in range(entities)]
+            store.write(sample.GROUP, rows)
+        common = ["--workers", "2", "--log-level", "warning"]
+        env = {"FEATURE_SERVING_CACHE_TTL": "5"}
+        with (
+            ServingProcess(cluster.url, args=common, env=env, log_path=tmp / "a.log") as a,
+            ServingProcess(cluster.url, args=[*common, "--no-cache"], log_path=tmp / "b.log") as b,
+        ):
+            time.sleep(2.0)  # both workers of each deployment up
+            t0 = time.monotonic()
+            wall0 = time.time()
+            obs = Observations(t0)
+            stop = threading.Event()
+            readers = [
+                threading.Thread(
+                    target=rest_reader, args=("A rest", a.rest_url, entities, obs, stop, 1)
+                ),
+                threading.Thread(
+                    target=grpc_reader, args=("A grpc", a.grpc_target, entities, obs, stop, 2)
+                ),
+                threading.Thread(
+                    target=rest_reader, args=("B rest", b.rest_url, entities, obs, stop, 3)
+                ),
+                threading.Thread(
+                    target=grpc_reader, args=("B grpc", b.grpc_target, entities, obs, stop, 4)
+                ),
+            ]
+            for t in readers:
+                t.start()
+            write_log = tmp / "writes.jsonl"
+            writer_proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--writer",
+                    json.dumps([a.rest_url, b.rest_url]),
+                    "--entities",
+                    str(entities),
+                    "--write-log",
+                    str(write_log),
+                    "--minutes",
+                    str(minutes),
+                ]
+            )
+
+            def act(fault: Fault) -> None:
+                if fault.name.startswith("master SIGKILLed"):
+                    fault.detail = kill_master(cluster, keep)
+                elif fault.name.startswith("serving worker"):
+                    fault.detail = kill_worker(a)
+                elif fault.name.startswith("master SIGSTOPped"):
+                    fault.detail = stop_master(cluster, keep)
+                else:
+                    fault.detail = nightly(cluster, tmp, entities, tmp / "nightly.log")
+
+            samples: list[tuple[float, str, int, int]] = []
+            faults: list[Fault] = []
+            pending = list(schedule)
+            next_sample = 0.0
+            nightly_started: float | None = None
+            threads: list[threading.Thread] = []
+            while (now := time.monotonic() - t0) < seconds:
+                if now >= next_sample:
+                    for name, server in (("A", a), ("B", b)):
+                        assert server.process is not None
+                        pids = [server.process.pid, *workers_of(server)]
+                        rss, fds = resources(pids)
+                        samples.append((now, name, rss, fds))
+                    next_sample = now + SAMPLE_EVERY
+                if pending and now >= pending[0][1] * seconds:
+                    name, _ = pending.pop(0)
+                    fault = Fault(name, now)
+                    faults.append(fault)
+                    print(f"{now:6.1f} s  {name}", flush=True)
+                    if name.startswith("nightly"):
+                        nightly_started = time.time()
+                    thread = threading.Thread(target=act, args=(fault,))
+                    thread.start()
+                    threads.append(thread)
+                time.sleep(0.2)
+            stop.set()
+            for t in (*readers, *threads):
+                t.join(timeout=700)
+            writer_proc.wait(timeout=60)
+    return analyse(obs, faults, samples, write_log, wall0, nightly_started, seconds)
+
+
+def analyse(
+    obs: Observations,
+    faults: list[Fault],
+    samples: list[tuple[float, str, int, int]],
+    write_log: Path,
+    wall0: float,
+    nightly_started: float | None,
+    seconds: float,
+) -> dict[str, object]:
+    attempted: dict[int, int] = defaultdict(int)  # entity -> highest write number sent
+    fresh: dict[str, list[float]] = {"A": [], "B": []}
+    unserved: list[dict[str, object]] = []
+    writes = Counter()
+    for line in write_log.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        if "sent" in rec:
+            attempted[rec["e"]] = max(attempted[rec["e"]], rec["seq"])
+            continue
+        writes[str(rec["status"])] += 1
+        for name, delay in zip(("A", "B"), rec.get("fresh", ()), strict=False):
+            if delay is None:
+                unserved.append({"to": name, "at": rec["acked"] - wall0, "entity": rec["e"]})
+            else:
+                fresh[name].append(delay)
+    # every served value must have been written for its entity
+    never_written = sum(
+        1
+        for e, v in obs.seen
+        if v // M == e
+        and not (v % M <= attempted.get(e, 0) or (v % M == NIGHTLY and nightly_started))
+    )
+    requests = sorted(obs.requests)
+    failed = [(t, who, outcome) for t, who, outcome, _ in requests if outcome not in ("200", "OK")]
+    windows = []
+    bounds = [f.at for f in faults] + [seconds + 60]
+    for i, fault in enumerate(faults):
+        mine = [x for x in failed if bounds[i] <= x[0] < bounds[i + 1]]
+        # the burst: failures from the first on, each within BURST_GAP of the previous;
+        # failures after it are listed apart (an isolated timeout, a reconnect)
+        burst = mine[:1]
+        for x in mine[1:]:
+            if x[0] - burst[-1][0] > BURST_GAP:
+                break
+            burst.append(x)
+        later = mine[len(burst) :]
+        windows.append(
+            {
+                "fault": fault.name,
+                "at": round(fault.at, 1),
+                "detail": fault.detail,
+                "failed": len(mine),
+                "window": (
+                    [round(burst[0][0] - fault.at, 2), round(burst[-1][0] - fault.at, 2)]
+                    if burst
+                    else None
+                ),
+                "kinds": dict(Counter(f"{who}: {outcome}" for _, who, outcome in burst)),
+                "later": [(round(t - fault.at, 2), f"{who}: {o}") for t, who, o in later],
+            }
+        )
+    before_faults = [x for x in failed if not faults or x[0] < faults[0].at]
+    drift = {}
+    for name in ("A", "B"):
+        series = [(t, rss, fds) for t, n, rss, fds in samples if n == name]
+        fifth = max(1, len(series) // 5)
+        early, late = series[fifth : 2 * fifth], series[-fifth:]
+        if early and late:
+            drift[name] = {
+                "rss_mib": [
+                    round(_mean(x[1] for x in early) / 2**20, 1),
+                    round(_mean(x[1] for x in late) / 2**20, 1),
+                ],
+                "rss_drift": round(_mean(x[1] for x in late) / _mean(x[1] for x in early) - 1, 3),
+                "fds": [round(_mean(x[2] for x in early), 1), round(_mean(x[2] for x in late), 1)],
+                "fd_drift": round(_mean(x[2] for x in late) / _mean(x[2] for x in early) - 1, 3),
+            }
+    latencies = sorted(x[3] for x in requests)
+    return {
+        "seconds": seconds,
+        "requests": len(requests),
+        "failed": len(failed),
+        "failed_before_any_fault": len(before_faults),
+        "http_500": sum(1 for _, _, o in failed if o.startswith("5") and o != "503"),
+        "grpc_internal": sum(1 for _, _, o in failed if o in ("INTERNAL", "UNKNOWN")),
+        "wrong_entity_values": obs.wrong_entity,
+        "never_written_values": never_written,
+        "values_checked": len(obs.seen),
+        "latency_ms": {
+            "p50": round(_pct(latencies, 0.5) * 1000, 2),
+            "p99": round(_pct(latencies, 0.99) * 1000, 2),
+            "max": round(latencies[-1] * 1000, 1) if latencies else None,
+            "over_1s": sum(1 for x in latencies if x > 1.0),
+        },
+        "faults": windows,
+        "writes": dict(writes),
+        "freshness_s": {
+            name: {
+                "count": len(v),
+                "p50": round(_pct(sorted(v), 0.5), 4),
+                "p99": round(_pct(sorted(v), 0.99), 4),
+                "max": round(max(v), 4) if v else None,
+            }
+            for name, v in fresh.items()
+        },
+        "unserved_writes": unserved,
+        "resources": drift,
+        "timeline": _timeline(requests, faults, samples, seconds),
+    }
+
+
+def _mean(values: object) -> float:
+    xs = list(values)  # type: ignore[call-overload]
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _timeline(
+    requests: list[tuple[float, str, str, float]],
+    faults: list[Fault],
+    samples: list[tuple[float, str, int, int]],
+    seconds: float,
+) -> dict[str, object]:
+    n = int(seconds) + 1
+    per_second: dict[str, list[int]] = defaultdict(lambda: [0] * n)
+    failures = [0] * n
+    latency: dict[int, list[float]] = defaultdict(list)
+    for t, who, outcome, took in requests:
+        s = min(n - 1, int(t))
+        per_second[who][s] += 1
+        failures[s] += outcome not in ("200", "OK")
+        latency[s // 5].append(took)
+    p99 = [(k * 5, _pct(sorted(v), 0.99) * 1000) for k, v in sorted(latency.items())]
+    return {
+        "requests": dict(per_second),
+        "failures": failures,
+        "p99_ms": p99,
+        "rss_mib": {
+            name: [(t, rss / 2**20) for t, nm, rss, _ in samples if nm == name]
+            for name in ("A", "B")
+        },
+        "faults": [(f.at, f.name) for f in faults],
+    }
+
+
+def plot(result: dict[str, object], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = result["timeline"]
+    assert isinstance(tl, dict)
+    fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
+    for who, series in tl["requests"].items():
+        axes[0].plot(range(len(series)), series, label=who, linewidth=0.8)
+    axes[0].set_ylabel("requests/s")
+    axes[0].legend(loc="lower left", fontsize=7, ncol=4)
+    axes[1].plot(range(len(tl["failures"])), tl["failures"], color="tab:red", linewidth=0.8)
+    axes[1].set_ylabel("failed/s")
+    xs, ys = zip(*tl["p99_ms"], strict=True) if tl["p99_ms"] else ((), ())
+    axes[2].plot(xs, ys, color="tab:purple")
+    axes[2].set_ylabel("p99 ms (5 s)")
+    axes[2].set_yscale("log")
+    for name, series in tl["rss_mib"].items():
+        if series:
+            t, v = zip(*series, strict=True)
+            axes[3].plot(t, v, label=f"{name} (supervisor + 2 workers)")
+    axes[3].set_ylabel("RSS MiB")
+    axes[3].legend(loc="lower left", fontsize=7)
+    axes[3].set_xlabel("seconds")
+    for at, name in tl["faults"]:
+        for ax in axes:
+            ax.axvline(at, color="grey", linestyle="--", linewidth=0.7)
+        axes[0].annotate(name, (at, 0), rotation=90, fontsize=6, va="bottom")
+    fig.suptitle("Soak under faults: A = L1 on, B = L1 off; REST and gRPC each")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result: dict[str, object]) -> list[str]:
+    lat = result["latency_ms"]
+    assert isinstance(lat, dict)
+    lines = [
+        "## Answers",
+        "",
+        f"- {result['requests']:,} requests ({result['values_checked']:,} distinct "
+        f"(entity, value) pairs checked); {result['failed']} failed, "
+        f"{result['failed_before_any_fault']} of them before the first fault",
+        f"- wrong values: {result['wrong_entity_values']} of another entity, "
+        f"{result['never_written_values']} never written",
+        f"- HTTP 500: {result['http_500']}; gRPC INTERNAL/UNKNOWN: {result['grpc_internal']}",
+        f"- latency over the whole run: p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
+        f"max {lat['max']} ms, {lat['over_1s']} requests over 1 s",
+        "",
+        "## Faults",
+        "",
+        "| fault | at (s) | what happened | failed requests | burst after the fault (s) "
+        "| kinds in the burst | later, apart (s after the fault) |",
+        "|---|---:|---|---:|---|---|---|",
+    ]
+    for w in result["faults"]:  # type: ignore[attr-defined]
+        window = "-" if w["window"] is None else f"{w['window'][0]} to {w['window'][1]}"
+        kinds = ", ".join(f"{k} x {n}" for k, n in w["kinds"].items()) or "-"
+        later = ", ".join(f"{t}: {what}" for t, what in w["later"]) or "-"
+        lines.append(
+            f"| {w['fault']} | {w['at']} | {w['detail']} | {w['failed']} | {window} | {kinds} "
+            f"| {later} |"
+        )
+    lines += [
+        "",
+        "A fault's failed requests are those between it and the next fault; its burst runs "
+        f"from the first on while no {BURST_GAP:.0f} s pass without one.",
+        "",
+        "## Push writes: acknowledged to served by every worker",
+        "",
+        f"Writes by outcome: {result['writes']}.",
+        "",
+        "| deployment | writes read back | p50 (s) | p99 (s) | max (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, f in result["freshness_s"].items():  # type: ignore[attr-defined]
+        lines.append(f"| {name} | {f['count']} | {f['p50']} | {f['p99']} | {f['max']} |")
+    unserved = result["unserved_writes"]
+    assert isinstance(unserved, list)
+    lines += [
+        "",
+        f"Acknowledged writes not served within {FRESH_TIMEOUT:.0f} s: {len(unserved)}"
+        + (f" ({unserved[:5]})" if unserved else ""),
+        "",
+        "## Resources (mean of the last fifth of the run against the fifth after warm-up)",
+        "",
+        "| deployment | RSS MiB | RSS drift | open fds | fd drift |",
+        "|---|---|---:|---|---:|",
+    ]
+    for name, r in result["resources"].items():  # type: ignore[attr-defined]
+        lines.append(
+            f"| {name} | {r['rss_mib'][0]} -> {r['rss_mib'][1]} | {r['rss_drift']:+.1%} | "
+            f"{r['fds'][0]} -> {r['fds'][1]} | {r['fd_drift']:+.1%} |"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--entities", type=int, default=5000)
+    parser.add_argument("--out", type=Path, help="write the results as markdown here (+ .png)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--writer", help=argparse.SUPPRESS)  # the writer process: its URLs
+    parser.add_argument("--write-log", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.writer:
+        writer(json.loads(args.writer), args.entities, args.write_log, args.minutes * 60, seed=7)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(args.minutes, args.entities, Path(tmp))
+    lines = markdown(result)
+    print("\n".join(lines), flush=True)
+    if args.json:
+        summary = {k: v for k, v in result.items() if k != "timeline"}
+        args.json.write_text(json.dumps(summary, indent=1))
+    if args.out:
+        png = args.out.with_suffix(".png")
+        plot(result, png)
+        head = header(
+            f"A Redis Cluster of 3 masters + 3 replicas on loopback; {args.entities:,} entities "
+            "of the standard shape; two `serve --workers 2` deployments (A: L1 on, TTL 5 s; "
+            "B: L1 off), REST and gRPC readers at about 40 requests/s each, a writer process."
+        )
+        save(args.out, "Soak under faults", [*head, "", f"![timeline]({png.name})", "", *lines])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
