@@ -1,6 +1,6 @@
 """Cost per lookup: server CPU per entity looked up, next to Redis's, with compiled loaders.
 
-    python3 benchmarks/cost.py [--entities 100000] [--seconds 5] [--out FILE]
+    python3 benchmarks/cost.py [--entities 100000] [--seconds 5] [--out FILE] [--tls]
 
 One `feature-store serve` worker at a time (REST and gRPC; L1 off, and on after a warm-up),
 batches of 10 and 100 entities x all 50 features of the standard shape, 8 connections.
@@ -13,6 +13,11 @@ the server and of redis-server over the measured window:
 
 The same run measures Redis's own cost per entity; the ratio server/Redis is the figure
 to drive down. The figures feed `feature-store plan` (feature_store/capacity.py).
+
+``--tls``: batch 10 only, each cell twice in the same run, in plaintext and with TLS on
+both ports (a test CA's certificate made with openssl; wrk and h2load speak TLS, h2load
+with ALPN h2). With TLS the gRPC port is served by grpc.aio (the native front does not
+speak TLS yet), so gRPC's TLS cells also carry that front's cost.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import orjson
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
 from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.serving.client import TlsConfig
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,6 +61,7 @@ def cpu_seconds(pid: int) -> float:
 class Cell:
     api: str
     l1: str
+    tls: bool
     batch: int
     requests: int
     seconds: float
@@ -122,7 +129,12 @@ def wrk(
 
 
 def h2load(
-    target: str, body: bytes, seconds: float, work: Path, connections: int = CONNECTIONS
+    target: str,
+    body: bytes,
+    seconds: float,
+    work: Path,
+    connections: int = CONNECTIONS,
+    scheme: str = "http",
 ) -> tuple[int, float, float, int]:
     """Requests, p50 and p99 in ms (from h2load's per-request log), failures."""
     data = work / "request.bin"
@@ -134,7 +146,7 @@ def h2load(
             *("h2load", f"-c{connections}", "-m1", "-D", f"{seconds:g}", "--data", str(data)),
             *("-H", "content-type: application/grpc", "-H", "te: trailers"),
             f"--log-file={log}",
-            f"http://{target}/feature_store.v1.FeatureService/GetFeatures",
+            f"{scheme}://{target}/feature_store.v1.FeatureService/GetFeatures",
         ],
         capture_output=True,
         text=True,
@@ -154,10 +166,34 @@ def percentile(sorted_us: list[int], p: int) -> float:
     return sorted_us[min(len(sorted_us) - 1, len(sorted_us) * p // 100)] / 1000
 
 
+def make_pki(work: Path) -> tuple[list[str], TlsConfig]:
+    """A test CA and a server certificate for 127.0.0.1: serve's TLS args, the client's."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=work, check=True, capture_output=True)
+
+    key = ("-newkey", "rsa:2048", "-nodes", "-days", "1")
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=ca")
+    openssl("req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=server")
+    (work / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    sign = ("-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-extfile", "server.ext")
+    openssl("x509", "-req", "-in", "server.csr", *sign, "-out", "server.pem", "-days", "1")
+    args = ["--tls-cert", str(work / "server.pem"), "--tls-key", str(work / "server.key")]
+    return args, TlsConfig(ca=str(work / "ca.pem"))
+
+
 def measure(
-    redis: EmbeddedRedis, api: str, l1: bool, batch: int, seconds: float, work: Path
+    redis: EmbeddedRedis,
+    api: str,
+    l1: bool,
+    batch: int,
+    seconds: float,
+    work: Path,
+    tls: tuple[list[str], TlsConfig] | None = None,
 ) -> Cell:
     args = ["--cache-ttl", "3600"] if l1 else ["--no-cache"]
+    if tls is not None:
+        args += tls[0]
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
     batches = id_batches(100_000, batch, count=1000)
     bodies = [
@@ -168,13 +204,17 @@ def measure(
         entity_type=sample.ENTITY, int_ids=batches[0], groups=[sample.GROUP]
     ).SerializeToString()
     assert redis.process is not None
-    with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc") as server:
+    client_tls = tls[1] if tls is not None else None
+    with ServingProcess(
+        redis.url, args=args, env=env, grpc=api == "grpc", tls=client_tls
+    ) as server:
         assert server.process is not None
+        scheme = "https" if tls is not None else "http"
 
         def load(window: float) -> tuple[int, float | None, float | None, int]:
             if api == "rest":
                 return wrk(f"{server.rest_url}/v1/features/get", bodies, window, work)
-            return h2load(server.grpc_target, grpc_body, window, work)
+            return h2load(server.grpc_target, grpc_body, window, work, scheme=scheme)
 
         if l1:
             load(2.0)  # fill the cache: the window measures hits
@@ -184,7 +224,17 @@ def measure(
         elapsed = time.monotonic() - t0
         s1, r1 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
     return Cell(
-        api, "on" if l1 else "off", batch, requests, elapsed, p50, p99, errors, s1 - s0, r1 - r0
+        api,
+        "on" if l1 else "off",
+        tls is not None,
+        batch,
+        requests,
+        elapsed,
+        p50,
+        p99,
+        errors,
+        s1 - s0,
+        r1 - r0,
     )
 
 
@@ -194,7 +244,7 @@ def plot(path: Path, cells: list[Cell]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{c.api}\nL1 {c.l1}\nbatch {c.batch}" for c in cells]
+    labels = [f"{c.api}{' TLS' if c.tls else ''}\nL1 {c.l1}\nbatch {c.batch}" for c in cells]
     xs = range(len(cells))
     fig, ax = plt.subplots(figsize=(9, 3.8))
     ax.bar([x - 0.2 for x in xs], [c.server_us for c in cells], 0.4, label="serving worker")
@@ -213,6 +263,9 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
+    parser.add_argument(
+        "--tls", action="store_true", help="batch 10, each cell in plaintext and with TLS"
+    )
     add_data_dir(parser)
     args = parser.parse_args()
     for tool in ("wrk", "h2load"):
@@ -221,12 +274,15 @@ def main() -> int:
     cells = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)
+        pki = make_pki(Path(tmp)) if args.tls else None
+        variants = [(10, None), (10, pki)] if pki else [(10, None), (100, None)]
         for api in ("rest", "grpc"):
             for l1 in (False, True):
-                for batch in (10, 100):
-                    cell = measure(redis, api, l1, batch, args.seconds, Path(tmp))
+                for batch, tls in variants:
+                    cell = measure(redis, api, l1, batch, args.seconds, Path(tmp), tls)
                     print(
-                        f"{api} L1 {cell.l1} batch {batch}: {cell.requests / cell.seconds:,.0f} "
+                        f"{api}{' TLS' if cell.tls else ''} L1 {cell.l1} batch {batch}: "
+                        f"{cell.requests / cell.seconds:,.0f} "
                         f"req/s, server {cell.server_us:.1f} us/entity, "
                         f"Redis {cell.redis_us:.1f} us/entity",
                         flush=True,
@@ -238,9 +294,9 @@ def main() -> int:
             f"{args.seconds:g} s per cell."
         ),
         "",
-        "| API | L1 | batch | req/s | p50 ms | p99 ms | errors | server µs/entity "
+        "| API | TLS | L1 | batch | req/s | p50 ms | p99 ms | errors | server µs/entity "
         "| Redis µs/entity | server / Redis |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         p50 = f"{c.p50_ms:.2f}" if c.p50_ms is not None else "-"
@@ -248,7 +304,8 @@ def main() -> int:
         # with the L1 on Redis hardly works: no meaningful ratio
         ratio = f"{c.server_us / c.redis_us:.1f}x" if c.redis_us >= 0.5 else "-"
         lines.append(
-            f"| {c.api} | {c.l1} | {c.batch} | {c.requests / c.seconds:,.0f} | {p50} | {p99} | "
+            f"| {c.api} | {'yes' if c.tls else 'no'} | {c.l1} | {c.batch} | "
+            f"{c.requests / c.seconds:,.0f} | {p50} | {p99} | "
             f"{c.errors} | {c.server_us:.1f} | {c.redis_us:.1f} | {ratio} |"
         )
     save(args.out, "Cost per lookup", lines)
