@@ -16,8 +16,7 @@ to drive down. The figures feed `feature-store plan` (feature_store/capacity.py)
 
 ``--tls``: batch 10 only, each cell twice in the same run, in plaintext and with TLS on
 both ports (a test CA's certificate made with openssl; wrk and h2load speak TLS, h2load
-with ALPN h2). With TLS the gRPC port is served by grpc.aio (the native front does not
-speak TLS yet), so gRPC's TLS cells also carry that front's cost.
+with ALPN h2; gRPC's TLS is the native front's rustls).
 """
 
 from __future__ import annotations

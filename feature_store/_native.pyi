@@ -53,7 +53,13 @@ class Front:
     """HTTP/2 + gRPC on a thread of its own (native/src/front.rs)."""
 
     def __init__(
-        self, listen_fd: int, wake_fd: int, method: str, backend: str, max_request: int
+        self,
+        listen_fd: int,
+        wake_fd: int,
+        method: str,
+        backend: str,
+        max_request: int,
+        tls: tuple[bytes, bytes, bytes | None] | None = None,
     ) -> None: ...
     def take(self) -> list[Call]: ...
     def stop(self, grace: float) -> None: ...

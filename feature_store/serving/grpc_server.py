@@ -315,14 +315,19 @@ class NativeFront:
         self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.tasks: set[asyncio.Task[None]] = set()
         self.parse = _parser(pb.GetFeaturesRequest)
+        settings = servicer.runtime.settings
         try:
             self.front = _native.Front(
                 sock.detach(),
                 self.wake,
                 f"/{SERVICE}/GetFeatures",
                 f"127.0.0.1:{backend}",
-                servicer.runtime.settings.max_body_bytes,
+                settings.max_body_bytes,
+                tls_pem(settings),
             )
+        except ValueError as e:  # the PEM files, as rustls reads them
+            os.close(self.wake)
+            raise ConfigError(f"TLS of the gRPC port: {e}") from None
         except BaseException:
             os.close(self.wake)
             raise
@@ -430,11 +435,16 @@ def _reflection_v1(names: Sequence[str]) -> grpc.GenericRpcHandler:
 
 
 def front_kind(settings: ServingSettings) -> str:
-    """The front that serves GetFeatures: "native" where the extension is on, else grpcio.
-    With TLS, grpc.aio serves the port: the native front does not speak TLS yet."""
-    if settings.tls_cert is not None:
-        return "grpcio"
+    """The front that serves GetFeatures: "native" where the extension is on, else grpcio."""
     return "native" if settings.grpc_front == "native" and native_enabled() else "grpcio"
+
+
+def tls_pem(settings: ServingSettings) -> tuple[bytes, bytes, bytes | None] | None:
+    """The native front's TLS: PEM bytes of the certificate, its key and the client CA."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+    return Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes(), ca
 
 
 def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
@@ -504,8 +514,6 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
         port = bound
     stopping = asyncio.Event()
     task = asyncio.get_running_loop().create_task(_track_health(runtime, health_servicer, stopping))
-    if settings.tls_cert is not None and settings.grpc_front == "native" and native_enabled():
-        log.warning("gRPC with TLS is served by grpc.aio: the native front does not speak TLS yet")
     log.info("gRPC on %s:%d (%s front)", host, port, "native" if native else "grpcio")
     return GrpcServer(server, port, task, stopping, front)
 

@@ -12,6 +12,10 @@
 //! Every other method (WriteFeatures, GetRegistry, health checking, reflection) is passed
 //! through, stream for stream, to the grpc.aio server listening on a loopback port: one
 //! gRPC port for clients, with every method grpcio serves.
+//!
+//! With a certificate and key, the front speaks TLS (rustls, ALPN h2) and, with a client
+//! CA, asks every client for a certificate that CA signed (mutual TLS). The hop to
+//! grpc.aio stays on loopback, in plaintext.
 
 use std::collections::VecDeque;
 use std::net::TcpListener as StdListener;
@@ -28,9 +32,12 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
 
 // gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html)
 const OK: u32 = 0;
@@ -41,6 +48,11 @@ const INTERNAL: u32 = 13;
 const UNAVAILABLE: u32 = 14;
 
 const UNREACHABLE: &str = "the gRPC server behind the front is not reachable";
+/// A client that has not finished its TLS handshake by then is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// PEM bytes of TLS: the certificate chain, its key, and the client CA of mutual TLS.
+type TlsPem = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
 
 /// What Python answers a queued call with.
 enum Answer {
@@ -143,14 +155,23 @@ impl Front {
     /// Serve on `listen_fd` (a bound, listening TCP socket, now owned by the front). Calls to
     /// `method` (e.g. "/pkg.Service/Method") are queued for `take`, announced on `wake_fd`;
     /// other methods go to the gRPC server at `backend` ("127.0.0.1:port").
+    ///
+    /// `tls`: PEM bytes of the certificate chain, its private key and optionally a client
+    /// CA (mutual TLS); None serves plaintext HTTP/2.
     #[new]
+    #[pyo3(signature = (listen_fd, wake_fd, method, backend, max_request, tls=None))]
     fn new(
         listen_fd: RawFd,
         wake_fd: RawFd,
         method: String,
         backend: String,
         max_request: usize,
+        tls: Option<TlsPem>,
     ) -> PyResult<Self> {
+        let acceptor = match tls {
+            Some((cert, key, client_ca)) => Some(tls_acceptor(&cert, &key, client_ca.as_deref())?),
+            None => None,
+        };
         // SAFETY: the caller passes a listening socket it has given up (socket.detach()).
         let listener = unsafe { StdListener::from_raw_fd(listen_fd) };
         listener.set_nonblocking(true)?;
@@ -169,7 +190,7 @@ impl Front {
         let serving = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("grpc-front".into())
-            .spawn(move || runtime.block_on(serve(listener, serving, closed)))?;
+            .spawn(move || runtime.block_on(serve(listener, serving, closed, acceptor)))?;
         Ok(Front {
             shared,
             closing,
@@ -224,7 +245,66 @@ impl Drop for Front {
     }
 }
 
-async fn serve(listener: StdListener, shared: Arc<Shared>, mut closed: Closing) {
+/// The TLS side of the front: the server's certificate chain and key, HTTP/2 by ALPN, and
+/// with a client CA, client certificates it signed required.
+fn tls_acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> PyResult<TlsAcceptor> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
+    let chain: Vec<rustls::Certificate> = rustls_pemfile::certs(&mut &cert[..])
+        .map_err(|e| bad("the TLS certificate is not PEM", &e))?
+        .into_iter()
+        .map(rustls::Certificate)
+        .collect();
+    if chain.is_empty() {
+        return Err(PyValueError::new_err(
+            "the TLS certificate file holds no certificate",
+        ));
+    }
+    let mut keys = rustls_pemfile::read_all(&mut &key[..])
+        .map_err(|e| bad("the TLS key is not PEM", &e))?
+        .into_iter()
+        .filter_map(|item| match item {
+            rustls_pemfile::Item::PKCS8Key(k)
+            | rustls_pemfile::Item::RSAKey(k)
+            | rustls_pemfile::Item::ECKey(k) => Some(rustls::PrivateKey(k)),
+            _ => None,
+        });
+    let key = keys
+        .next()
+        .ok_or_else(|| PyValueError::new_err("the TLS key file holds no private key"))?;
+    let builder = rustls::ServerConfig::builder().with_safe_defaults();
+    let builder = match client_ca {
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for der in rustls_pemfile::certs(&mut &pem[..])
+                .map_err(|e| bad("the client CA is not PEM", &e))?
+            {
+                roots
+                    .add(&rustls::Certificate(der))
+                    .map_err(|e| bad("the client CA is not a usable certificate", &e))?;
+            }
+            if roots.is_empty() {
+                return Err(PyValueError::new_err(
+                    "the client CA file holds no certificate",
+                ));
+            }
+            let verifier = rustls::server::AllowAnyAuthenticatedClient::new(roots);
+            builder.with_client_cert_verifier(Arc::new(verifier))
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| bad("the TLS certificate and key do not fit", &e))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve(
+    listener: StdListener,
+    shared: Arc<Shared>,
+    mut closed: Closing,
+    acceptor: Option<TlsAcceptor>,
+) {
     let listener = match TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(_) => return,
@@ -235,7 +315,24 @@ async fn serve(listener: StdListener, shared: Arc<Shared>, mut closed: Closing) 
             accepted = listener.accept() => {
                 if let Ok((socket, _)) = accepted {
                     let _ = socket.set_nodelay(true);
-                    connections.spawn(connection(socket, Arc::clone(&shared), closed.clone()));
+                    let (shared, closed) = (Arc::clone(&shared), closed.clone());
+                    match acceptor.clone() {
+                        None => {
+                            connections.spawn(connection(socket, shared, closed));
+                        }
+                        Some(acceptor) => {
+                            connections.spawn(async move {
+                                // a handshake that fails (plaintext, an unknown CA) ends here
+                                let handshake = tokio::time::timeout(
+                                    TLS_HANDSHAKE_TIMEOUT,
+                                    acceptor.accept(socket),
+                                );
+                                if let Ok(Ok(stream)) = handshake.await {
+                                    connection(stream, shared, closed).await;
+                                }
+                            });
+                        }
+                    }
                 }
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -254,7 +351,10 @@ async fn serve(listener: StdListener, shared: Arc<Shared>, mut closed: Closing) 
 /// None while serving; the grace period for calls in flight once stopping.
 type Closing = watch::Receiver<Option<Duration>>;
 
-async fn connection(socket: TcpStream, shared: Arc<Shared>, mut closed: Closing) {
+async fn connection<S>(socket: S, shared: Arc<Shared>, mut closed: Closing)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut conn = match h2::server::Builder::new()
         .max_concurrent_streams(1000)
         .initial_window_size(1 << 20)

@@ -66,13 +66,17 @@ def _server_args(pki: Path) -> list[str]:
     return ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
 
 
-def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(redis_url: str, pki: Path) -> None:
+@pytest.mark.parametrize("front", ["native", "grpcio"])
+def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(
+    redis_url: str, pki: Path, front: str
+) -> None:
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, sample.rows(3))
     trusted = TlsConfig(ca=str(pki / "ca.pem"))
     other = TlsConfig(ca=str(pki / "other-ca.pem"))
+    env = {"FEATURE_SERVING_GRPC_FRONT": front}  # native: rustls in the extension's front
     with ServingProcess(
-        redis_url, args=[*_server_args(pki), "--workers", "2"], tls=trusted
+        redis_url, args=[*_server_args(pki), "--workers", "2"], env=env, tls=trusted
     ) as server:
         assert server.rest_url.startswith("https://")
         expected = sample.features(1)["int_0"]
@@ -80,6 +84,9 @@ def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(redis_url: str,
             assert rest.get(ENTITY, [1], ["int_0"]).rows[0].values == [expected]
         with GrpcFeatureClient(server.grpc_target, tls=trusted, timeout=5) as g:
             assert g.get(ENTITY, [1], ["int_0"]).rows[0].values == [expected]
+            # WriteFeatures: passed through the front to grpc.aio
+            assert g.write(GROUP, [(1, {"int_0": 7})]).entities == 1
+            assert g.get(ENTITY, [1], ["int_0"]).rows[0].values == [7]
         curl = subprocess.run(
             ["curl", "-sS", "--cacert", str(pki / "ca.pem"), f"{server.rest_url}/healthz"],
             capture_output=True,
@@ -119,13 +126,17 @@ def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(redis_url: str,
             g.get(ENTITY, [1], ["int_0"])
 
 
-def test_mutual_tls_needs_a_client_certificate_the_ca_signed(redis_url: str, pki: Path) -> None:
+@pytest.mark.parametrize("front", ["native", "grpcio"])
+def test_mutual_tls_needs_a_client_certificate_the_ca_signed(
+    redis_url: str, pki: Path, front: str
+) -> None:
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, sample.rows(3))
     ca = str(pki / "ca.pem")
     client = TlsConfig(ca=ca, cert=str(pki / "client.pem"), key=str(pki / "client.key"))
     args = [*_server_args(pki), "--tls-client-ca", ca]
-    with ServingProcess(redis_url, args=args, tls=client) as server:
+    env = {"FEATURE_SERVING_GRPC_FRONT": front}
+    with ServingProcess(redis_url, args=args, env=env, tls=client) as server:
         with FeatureClient(server.rest_url, tls=client, timeout=5) as rest:
             assert rest.get(ENTITY, [2], ["int_0"]).rows[0].values == [sample.features(2)["int_0"]]
         with GrpcFeatureClient(server.grpc_target, tls=client, timeout=5) as g:
