@@ -40,3 +40,17 @@ if [ "$sources" != "$(cat "$stamp" 2>/dev/null)" ] || ! ls feature_store/_native
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$sources" > "$stamp"
 fi
+
+# grpcurl: the tests check reflection and TLS with it, as users do. Built from its Go
+# module into the project's environment (Debian has no package of it); Go from Debian's
+# packages where none is installed.
+GRPCURL_VERSION=v1.9.3
+if ! command -v grpcurl >/dev/null 2>&1 && [ ! -x .venv/bin/grpcurl ]; then
+  if ! command -v go >/dev/null 2>&1; then
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq golang-go >/dev/null
+  fi
+  echo "building grpcurl $GRPCURL_VERSION (go install)"
+  GOBIN="$PWD/.venv/bin" go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+fi

@@ -7,7 +7,9 @@ client without a certificate that CA signed is refused too.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -87,6 +89,25 @@ def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(
             # WriteFeatures: passed through the front to grpc.aio
             assert g.write(GROUP, [(1, {"int_0": 7})]).entities == 1
             assert g.get(ENTITY, [1], ["int_0"]).rows[0].values == [7]
+        grpcurl = shutil.which("grpcurl") or shutil.which(
+            "grpcurl", path=str(Path(sys.executable).parent)
+        )
+        assert grpcurl is not None, "grpcurl is not installed: run ./scripts/setup.sh"
+        call = [server.grpc_target, "feature_store.v1.FeatureService/GetFeatures"]
+        body = '{"entity_type": "consumer", "int_ids": [1], "features": ["int_0"]}'
+        verified = subprocess.run(
+            [grpcurl, "-cacert", str(pki / "ca.pem"), "-d", body, *call],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert verified.returncode == 0, verified.stderr
+        assert "int_value" in verified.stdout
+        unverified = subprocess.run(  # the system's CAs do not know the test CA
+            [grpcurl, "-d", body, *call], capture_output=True, text=True, timeout=30
+        )
+        assert unverified.returncode != 0
+        assert "certificate" in unverified.stderr
         curl = subprocess.run(
             ["curl", "-sS", "--cacert", str(pki / "ca.pem"), f"{server.rest_url}/healthz"],
             capture_output=True,
