@@ -6,6 +6,8 @@ Nothing here is faked: a test that needs Redis talks to a redis-server.
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,16 @@ def cluster_url(redis_cluster: EmbeddedCluster) -> str:
         with redis.Redis.from_url(node.url) as client:
             client.flushall()
     return redis_cluster.url
+
+
+@pytest.fixture(scope="session")
+def grpcurl() -> str:
+    """grpcurl, as scripts/setup.sh installs it (into .venv/bin when not on PATH)."""
+    found = shutil.which("grpcurl") or shutil.which(
+        "grpcurl", path=str(Path(sys.executable).parent)
+    )
+    assert found is not None, "grpcurl is not installed: run ./scripts/setup.sh"
+    return found
 
 
 @pytest.fixture(scope="session")

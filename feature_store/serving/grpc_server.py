@@ -449,10 +449,9 @@ def tls_pem(settings: ServingSettings) -> tuple[bytes, bytes, bytes | None] | No
 
 def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
     """TLS of the gRPC port from the PEM files (mutual TLS with a client CA)."""
-    assert settings.tls_cert is not None
-    assert settings.tls_key is not None
-    key, cert = Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes()
-    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+    pem = tls_pem(settings)
+    assert pem is not None
+    cert, key, ca = pem
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )

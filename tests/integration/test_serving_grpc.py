@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import httpx
@@ -134,27 +131,19 @@ def test_health_and_reflection(server: ServingProcess) -> None:
     } <= names
 
 
-def grpcurl() -> str:
-    """grpcurl, as scripts/setup.sh installs it (into .venv/bin when not on PATH)."""
-    found = shutil.which("grpcurl") or shutil.which(
-        "grpcurl", path=str(Path(sys.executable).parent)
-    )
-    assert found is not None, "grpcurl is not installed: run ./scripts/setup.sh"
-    return found
-
-
 @pytest.mark.parametrize("front", ["native", "grpcio"])
-def test_grpcurl_lists_describes_and_calls_through_reflection(redis_url: str, front: str) -> None:
+def test_grpcurl_lists_describes_and_calls_through_reflection(
+    redis_url: str, front: str, grpcurl: str
+) -> None:
     """grpcurl (v1.9: asks for reflection v1, falls back to v1alpha) sees the service."""
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, sample.rows(3))
     env = {"FEATURE_SERVING_GRPC_FRONT": front}
     with ServingProcess(redis_url, env=env) as server:
-        tool = grpcurl()
 
         def run(*args: str) -> str:
             done = subprocess.run(
-                [tool, "-plaintext", *args], capture_output=True, text=True, timeout=30
+                [grpcurl, "-plaintext", *args], capture_output=True, text=True, timeout=30
             )
             assert done.returncode == 0, done.stderr
             return done.stdout

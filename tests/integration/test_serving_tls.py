@@ -7,9 +7,7 @@ client without a certificate that CA signed is refused too.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -70,7 +68,7 @@ def _server_args(pki: Path) -> list[str]:
 
 @pytest.mark.parametrize("front", ["native", "grpcio"])
 def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(
-    redis_url: str, pki: Path, front: str
+    redis_url: str, pki: Path, front: str, grpcurl: str
 ) -> None:
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, sample.rows(3))
@@ -89,10 +87,6 @@ def test_both_ports_speak_tls_and_refuse_plaintext_and_strangers(
             # WriteFeatures: passed through the front to grpc.aio
             assert g.write(GROUP, [(1, {"int_0": 7})]).entities == 1
             assert g.get(ENTITY, [1], ["int_0"]).rows[0].values == [7]
-        grpcurl = shutil.which("grpcurl") or shutil.which(
-            "grpcurl", path=str(Path(sys.executable).parent)
-        )
-        assert grpcurl is not None, "grpcurl is not installed: run ./scripts/setup.sh"
         call = [server.grpc_target, "feature_store.v1.FeatureService/GetFeatures"]
         body = '{"entity_type": "consumer", "int_ids": [1], "features": ["int_0"]}'
         verified = subprocess.run(
