@@ -440,7 +440,7 @@ def front_kind(settings: ServingSettings) -> str:
 
 
 def tls_pem(settings: ServingSettings) -> tuple[bytes, bytes, bytes | None] | None:
-    """The native front's TLS: PEM bytes of the certificate, its key and the client CA."""
+    """PEM bytes of the TLS certificate, its key and the client CA (None without TLS)."""
     if settings.tls_cert is None or settings.tls_key is None:
         return None
     ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
