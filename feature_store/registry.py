@@ -52,6 +52,9 @@ class EntityType:
     id_type: IdType
     ttl_seconds: int
     description: str = ""
+    # the column that names this entity type's ids in Feast-shaped requests (Feast's join
+    # key); the entity type's name unless the registry says otherwise, as in Feast
+    join_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class FeatureGroup:
     max_age_seconds: int | None
     freshness_field: bytes
     description: str = ""
+    push_source: str = ""  # the name Feast's /push uses for this group ("": the group's name)
 
     def feature(self, name: str) -> Feature:
         for f in self.features:
@@ -94,6 +98,8 @@ class Registry:
     entities: Mapping[str, EntityType]
     groups: Mapping[str, FeatureGroup]
     _by_entity: Mapping[str, Mapping[str, Feature]] = field(repr=False)
+    # named lists of "group:feature" (or "group") references, Feast's feature services
+    services: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def entity(self, name: str) -> EntityType:
         try:
@@ -115,6 +121,21 @@ class Registry:
         """Every feature of an entity type, by name (names are unique per entity type)."""
         self.entity(entity)
         return self._by_entity[entity]
+
+    def by_join_key(self, join_key: str) -> EntityType | None:
+        for e in self.entities.values():
+            if e.join_key == join_key:
+                return e
+        return None
+
+    def pushed_groups(self, source: str) -> tuple[FeatureGroup, ...]:
+        """The groups a Feast push source feeds: those that declare it, else the group of
+        that name."""
+        declared = tuple(g for g in self.groups.values() if g.push_source == source)
+        if declared:
+            return declared
+        group = self.groups.get(source)
+        return (group,) if group is not None else ()
 
     def resolve(
         self, entity: str, features: Iterable[str] = (), groups: Iterable[str] = ()
@@ -302,7 +323,11 @@ class _Builder:
         if doc is None:
             raise RegistryError(f"{self.source}: the registry is empty")
         top = self.mapping(doc, "top level")
-        _check_keys(top, {"version", "entities", "feature_groups"}, f"{self.source}: top level")
+        _check_keys(
+            top,
+            {"version", "entities", "feature_groups", "feature_services"},
+            f"{self.source}: top level",
+        )
         if top.get("version", 1) != 1:
             raise self.error("version", f"unsupported version {top['version']!r}; expected 1")
         entities = self.entities(top.get("entities"))
@@ -312,11 +337,13 @@ class _Builder:
             for f in g.features:
                 by_entity[g.entity.name][f.name] = f
         self.check_collisions(groups)
+        self.check_push_sources(groups)
         return Registry(
             source=self.source,
             entities=MappingProxyType(entities),
             groups=MappingProxyType(groups),
             _by_entity=MappingProxyType({k: MappingProxyType(v) for k, v in by_entity.items()}),
+            services=MappingProxyType(self.services(top.get("feature_services"), groups)),
         )
 
     def entities(self, raw: object) -> dict[str, EntityType]:
@@ -324,13 +351,16 @@ class _Builder:
             raise self.error("entities", "missing; declare at least one entity type")
         out: dict[str, EntityType] = {}
         prefixes: dict[str, str] = {}
+        join_keys: dict[str, str] = {}
         for name, spec in self.mapping(raw, "entities").items():
             where = f"entities.{name}"
             if not NAME_PATTERN.match(name):
                 raise self.error(where, "name must be an identifier of at most 128 characters")
             spec = self.mapping(spec, where)
             _check_keys(
-                spec, {"prefix", "id_type", "ttl", "description"}, f"{self.source}: {where}"
+                spec,
+                {"prefix", "id_type", "ttl", "description", "join_key"},
+                f"{self.source}: {where}",
             )
             for required in ("prefix", "id_type", "ttl"):
                 if required not in spec:
@@ -353,7 +383,22 @@ class _Builder:
                     f"{where}.id_type", f"{spec['id_type']!r} is not one of int, string"
                 ) from None
             ttl = parse_duration(spec["ttl"], f"{self.source}: {where}.ttl")
-            out[name] = EntityType(name, prefix, id_type, ttl, str(spec.get("description", "")))
+            join_key = spec.get("join_key", name)
+            if not isinstance(join_key, str) or not NAME_PATTERN.match(join_key):
+                raise self.error(
+                    f"{where}.join_key",
+                    f"{join_key!r} must be an identifier of at most 128 characters",
+                )
+            if join_key in join_keys:
+                raise self.error(
+                    f"{where}.join_key",
+                    f"{join_key!r} is already the join key of {join_keys[join_key]!r}; "
+                    "a Feast-shaped request names the entity type by it",
+                )
+            join_keys[join_key] = name
+            out[name] = EntityType(
+                name, prefix, id_type, ttl, str(spec.get("description", "")), join_key
+            )
         if not out:
             raise self.error("entities", "declare at least one entity type")
         return out
@@ -369,8 +414,18 @@ class _Builder:
                 raise self.error(where, "name must be an identifier of at most 128 characters")
             spec = self.mapping(spec, where)
             _check_keys(
-                spec, {"entity", "features", "max_age", "description"}, f"{self.source}: {where}"
+                spec,
+                {"entity", "features", "max_age", "description", "push_source"},
+                f"{self.source}: {where}",
             )
+            push_source = spec.get("push_source", "")
+            if not isinstance(push_source, str) or (
+                push_source and not NAME_PATTERN.match(push_source)
+            ):
+                raise self.error(
+                    f"{where}.push_source",
+                    f"{push_source!r} must be an identifier of at most 128 characters",
+                )
             entity = entities.get(str(spec.get("entity")))
             if entity is None:
                 raise self.error(
@@ -416,6 +471,7 @@ class _Builder:
                 max_age_seconds=max_age_s,
                 freshness_field=freshness_field(name),
                 description=str(spec.get("description", "")),
+                push_source=push_source,
             )
         if not out:
             raise self.error("feature_groups", "declare at least one feature group")
@@ -434,6 +490,45 @@ class _Builder:
                         f"its xxHash32 field {fld.hex()} collides with {other} in entity type "
                         f"{g.entity.name!r}; rename one of them",
                     )
+
+    def check_push_sources(self, groups: Mapping[str, FeatureGroup]) -> None:
+        """A push source feeds groups of one entity type (one id column in the pushed rows)."""
+        entity_of: dict[str, tuple[str, str]] = {}  # source -> (entity, first group)
+        for g in groups.values():
+            if not g.push_source:
+                continue
+            first = entity_of.setdefault(g.push_source, (g.entity.name, g.name))
+            if first[0] != g.entity.name:
+                raise self.error(
+                    f"feature_groups.{g.name}.push_source",
+                    f"{g.push_source!r} also feeds {first[1]!r} of entity type {first[0]!r}; "
+                    "a push source feeds groups of one entity type",
+                )
+
+    def services(
+        self, raw: object, groups: Mapping[str, FeatureGroup]
+    ) -> dict[str, tuple[str, ...]]:
+        """``feature_services``: name -> list of ``group:feature`` or ``group`` references."""
+        if raw is None:
+            return {}
+        out: dict[str, tuple[str, ...]] = {}
+        for name, refs in self.mapping(raw, "feature_services").items():
+            where = f"feature_services.{name}"
+            if not NAME_PATTERN.match(name):
+                raise self.error(where, "name must be an identifier of at most 128 characters")
+            if not isinstance(refs, list) or not refs:
+                raise self.error(where, "must be a non-empty list of 'group:feature' or 'group'")
+            for i, ref in enumerate(refs):
+                group_name, _, feature = str(ref).partition(":")
+                group = groups.get(group_name)
+                if not isinstance(ref, str) or group is None:
+                    raise self.error(f"{where}[{i}]", f"{ref!r} names no declared feature group")
+                if feature and all(f.name != feature for f in group.features):
+                    raise self.error(
+                        f"{where}[{i}]", f"feature group {group_name!r} has no feature {feature!r}"
+                    )
+            out[name] = tuple(refs)
+        return out
 
 
 def _check_keys(spec: Mapping[str, object], allowed: set[str], where: str) -> None:

@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import NamedTuple, cast
 
 import orjson
@@ -30,6 +30,8 @@ from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serving import schemas
 from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.feast_api import feast_error, feast_routes
+from feature_store.serving.json_answer import JSON, Answer, JSONBody, parse_object
 from feature_store.serving.runtime import ServingRuntime, tune_gc
 from feature_store.serving.service import (
     Lookup,
@@ -46,24 +48,7 @@ if native_enabled():
     from feature_store._native import rest_rows as _rest_rows  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
 API = "rest"
-
-
-class JSONBody(Response):
-    media_type = JSON
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A JSON answer, sendable as a FastAPI Response or straight over ASGI."""
-
-    status: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-
-    def response(self) -> Response:
-        return JSONBody(self.body, status_code=self.status, headers=dict(self.headers))
 
 
 def error_answer(p: Problem, retry_after: float | None = None) -> Answer:
@@ -117,18 +102,6 @@ def _known(body: Mapping[str, object], known: frozenset[str], where: str) -> Non
         )
 
 
-def _parse(raw: bytes, limit: int) -> dict[str, object]:
-    if len(raw) > limit:
-        raise MalformedRequestError(f"the body is larger than the limit of {limit} bytes")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise MalformedRequestError(f"the body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise MalformedRequestError("the body must be a JSON object")
-    return body
-
-
 def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> FastPath:
     """The app of one worker. With ``grpc_port``, its lifespan also runs the gRPC server."""
     settings = runtime.settings
@@ -177,7 +150,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         t0 = time.perf_counter()
         try:
             role = auth.require(authorization, Role.READ)
-            body = _parse(raw, body_limit)
+            body = parse_object(raw, body_limit)
             _known(body, GET_FIELDS, "the request")
             entity = _field(body, "entity_type", str)
             bypass = _field(body, "bypass_cache", bool, False)
@@ -214,7 +187,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         t0 = time.perf_counter()
         try:
             auth.require(authorization, Role.ADMIN)
-            body = _parse(raw, body_limit)
+            body = parse_object(raw, body_limit)
             _known(body, WRITE_FIELDS, "the request")
             group = cast(str, _field(body, "group", str))
             raw_rows = cast(list[object], _field(body, "rows", list))
@@ -345,11 +318,31 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         answer.headers.update(exc.headers or {})  # 405: Allow (RFC 9110)
         return answer
 
+    # Feast's feature-server API (docs/feast.md): answered by FastPath like the two above;
+    # FastAPI's routes give other methods their 405. Feast's clients are Feast's own, so
+    # these stay out of this API's OpenAPI document.
+    feast = feast_routes(runtime, auth)
+    for path, feast_route in feast.items():
+
+        async def feast_post(request: Request, handler: Handler = feast_route.handler) -> Response:
+            answer = await handler(request.headers.get("authorization"), await request.body())
+            return answer.response()
+
+        app.add_api_route(path, feast_post, methods=["POST"], include_in_schema=False)
+
+    @app.get("/health", include_in_schema=False)
+    async def feast_health() -> Response:
+        """Feast's health check: 200 while Redis answers, 503 when not."""
+        if await runtime.ready():
+            return JSONBody(b'{"status":"ok"}')
+        return JSONBody(b'{"status":"unavailable"}', status_code=503)
+
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
     routes = {
         "/v1/features/get": Route(get_answer, Role.READ),
         "/v1/features/write": Route(write_answer, Role.ADMIN),
+        **{path: Route(r.handler, r.role, feast_error) for path, r in feast.items()},
     }
     return FastPath(app, routes, auth, body_limit, settings.request_body_timeout)
 
@@ -360,6 +353,7 @@ Handler = Callable[[str | None, bytes], Awaitable[Answer]]
 class Route(NamedTuple):
     handler: Handler
     role: Role  # checked before the body is read
+    errors: Callable[[Problem], Answer] = error_answer  # the shape of the route's errors
 
 
 _JSON_HEADER = (b"content-type", JSON.encode())
@@ -408,13 +402,13 @@ class FastPath:
             # the key before the body: a caller without one does not get to send 8 MiB
             self.auth.require(authorization, route.role)
         except AuthError as e:
-            await self._send(send, error_answer(problem(e)))
+            await self._send(send, route.errors(problem(e)))
             return
         if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
             # also what keeps a web page from posting a text/plain "form" cross-site
             await self._send(
                 send,
-                error_answer(
+                route.errors(
                     Problem(415, "unsupported_media_type", "send the body as application/json")
                 ),
             )
@@ -424,12 +418,12 @@ class FastPath:
                 body = await self._body(receive)
         except TimeoutError:
             message = f"the request body did not arrive within {self.body_timeout:g} s"
-            await self._send(send, error_answer(Problem(408, "body_timeout", message)))
+            await self._send(send, route.errors(Problem(408, "body_timeout", message)))
             return
         if body is None:
             return  # the client went away
         if len(body) > self.body_limit:
-            answer = error_answer(
+            answer = route.errors(
                 Problem(413, "batch_too_large", f"the body is larger than {self.body_limit} bytes")
             )
         else:

@@ -1,0 +1,454 @@
+"""Feast's feature-server HTTP API, answered from this store's registry, L1 and Redis.
+
+Teams on Feast point its SDK (``online_store: type: remote``) or their HTTP clients at
+this server and keep their requests. The lookups go through the same validation, L1 and
+pipelined reads as ``/v1/features/get``; only the wire shapes are Feast's: entities as
+``{join_key: [values]}``, features as ``"view:feature"`` references, and a column-shaped
+answer (one ``values / statuses / event_timestamps`` per column, join keys first).
+
+    Feast                   here
+    feature view            feature group
+    entity (join key)       entity type (its ``join_key`` in the registry)
+    feature service         ``feature_services`` in the registry
+    push source             a group's ``push_source`` (else the group's own name)
+
+    PRESENT                 present
+    OUTSIDE_MAX_AGE         stale (older than the group's max_age: the value is given)
+    NOT_FOUND               missing: the entity holds nothing of the feature's group
+    NULL_VALUE              missing: the entity holds the group, not this feature
+    INVALID                 error: the entity's stored data of the group cannot be read
+
+Errors are answered as Feast's server answers them: a JSON string holding
+``{"module", "class", "message"}``, which Feast's SDK raises as that Feast exception.
+docs/feast.md has the contract and where it differs from Feast's own server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import orjson
+
+from feature_store.batch import EntityId, WriteStats
+from feature_store.errors import FeatureStoreError, RequestError
+from feature_store.registry import EntityType, FeatureGroup, Registry
+from feature_store.serving.auth import Authenticator, Role
+from feature_store.serving.json_answer import Answer, parse_object
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.service import (
+    Lookup,
+    MalformedRequestError,
+    Problem,
+    from_json_value,
+    group_states,
+    json_int,
+    problem,
+)
+
+log = logging.getLogger(__name__)
+API = "feast"
+EPOCH = b'"1970-01-01T00:00:00Z"'  # Feast's event timestamp of a value it does not have
+# columns of a pushed frame that are not features: Feast's event and creation times
+TIME_COLUMNS = frozenset({"event_timestamp", "created", "created_timestamp"})
+
+
+class FeastNotFoundError(RequestError):
+    """A feature view, feature service, push source or join key that the registry lacks;
+    answered 404 (422 for a push source) with the Feast exception named ``feast_class``."""
+
+    def __init__(self, message: str, feast_class: str, status: int = 404) -> None:
+        super().__init__(message)
+        self.feast_class = feast_class
+        self.status = status
+
+
+def feast_error(p: Problem, retry_after: float | None = None) -> Answer:
+    """An error as Feast's server gives it: the status, and a JSON string that Feast's SDK
+    turns back into the exception (``FeastError.from_error_detail``)."""
+    return _feast_error(p.status, _FEAST_CLASSES.get(p.code, "FeastError"), p.message, retry_after)
+
+
+_FEAST_CLASSES = {"unauthorized": "FeastPermissionError", "forbidden": "FeastPermissionError"}
+
+
+def _feast_error(
+    status: int, feast_class: str, message: str, retry_after: float | None = None
+) -> Answer:
+    detail = orjson.dumps({"module": "feast.errors", "class": feast_class, "message": message})
+    headers: list[tuple[str, str]] = []
+    if status == 401:
+        headers.append(("WWW-Authenticate", "Bearer"))
+    if retry_after is not None and status == 503:
+        headers.append(("Retry-After", str(max(1, round(retry_after)))))
+    return Answer(status, orjson.dumps(detail.decode()), tuple(headers))
+
+
+# --- requests ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """The lookups of one entity type: its ids (the join key's column) and feature refs."""
+
+    entity: EntityType
+    ids: list[EntityId]
+    refs: list[str]  # "group:feature", each once, in the order the request names them
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str  # as answered: "feature", or "view__feature" with full_feature_names
+    read: int  # index into FeastRead.reads
+    index: int  # the feature's index in that read's refs (its projection)
+
+
+@dataclass(frozen=True, slots=True)
+class FeastRead:
+    join_keys: list[tuple[str, list[EntityId]]]  # the entity columns answered first
+    reads: list[Read]
+    columns: list[Column]
+    with_views: bool  # include_feature_view_version_metadata
+
+
+def parse_read(body: Mapping[str, object], registry: Registry) -> FeastRead:
+    """A ``/get-online-features`` body (Feast's ``GetOnlineFeaturesRequest``). Fields Feast's
+    server does not know are ignored, as its server ignores them."""
+    entities = body.get("entities")
+    if not isinstance(entities, dict) or not entities:
+        raise MalformedRequestError(
+            "'entities' is required: an object of join key -> array of entity ids"
+        )
+    refs = _feature_refs(body, registry)
+    full = _flag(body, "full_feature_names")
+    with_views = _flag(body, "include_feature_view_version_metadata")
+    length = None
+    for join_key, values in entities.items():
+        if not isinstance(values, list):
+            raise MalformedRequestError(f"entities.{join_key} must be an array of entity ids")
+        if length is not None and len(values) != length:
+            raise MalformedRequestError(
+                f"the entity columns differ in length ({length} and {len(values)} in "
+                f"entities.{join_key}); each row needs a value in every column"
+            )
+        length = len(values)
+    reads: dict[str, Read] = {}
+    columns: list[Column] = []
+    names: dict[str, str] = {}  # answered name -> the ref it came from
+    for ref in refs:
+        view, _, feature = ref.partition(":")
+        group = registry.groups.get(view)
+        if group is None:
+            raise FeastNotFoundError(
+                f"Feature view {view} does not exist", "FeatureViewNotFoundException"
+            )
+        if all(f.name != feature for f in group.features):
+            raise FeastNotFoundError(
+                f"Feature view {view} has no feature {feature}; it has "
+                f"{', '.join(f.name for f in group.features[:10])}"
+                + (" ..." if len(group.features) > 10 else ""),
+                "FeatureViewNotFoundException",
+            )
+        name = f"{view}__{feature}" if full else feature
+        if name in names:
+            if names[name] == ref:
+                continue  # a repeated reference: answered once
+            raise MalformedRequestError(
+                f"feature name {name!r} is in {names[name]!r} and {ref!r}; "
+                "set full_feature_names to tell them apart"
+            )
+        names[name] = ref
+        entity = group.entity
+        read = reads.get(entity.name)
+        if read is None:
+            ids = entities.get(entity.join_key)
+            if ids is None:
+                raise FeastNotFoundError(
+                    f"the request has no entity column {entity.join_key!r}, the join key of "
+                    f"feature view {view} (entity {entity.name})",
+                    "RequestDataNotFoundInEntityRowsException",
+                    400,
+                )
+            read = reads[entity.name] = Read(entity, [cast(EntityId, json_int(i)) for i in ids], [])
+        columns.append(Column(name, list(reads).index(entity.name), len(read.refs)))
+        read.refs.append(f"{view}:{feature}")
+    join_keys = [(r.entity.join_key, r.ids) for r in reads.values()]
+    return FeastRead(join_keys, list(reads.values()), columns, with_views)
+
+
+def _flag(body: Mapping[str, object], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise MalformedRequestError(f"'{name}' must be true or false")
+    return value
+
+
+def _feature_refs(body: Mapping[str, object], registry: Registry) -> list[str]:
+    service = body.get("feature_service")
+    if service is not None:
+        if not isinstance(service, str):
+            raise MalformedRequestError("'feature_service' must be a string")
+        found = registry.services.get(service)
+        if found is None:
+            raise FeastNotFoundError(
+                f"Feature service {service} does not exist", "FeatureServiceNotFoundException"
+            )
+        refs = []
+        for ref in found:
+            if ":" in ref:
+                refs.append(ref)
+            else:  # a whole group
+                refs += [f"{ref}:{f.name}" for f in registry.groups[ref].features]
+        return refs
+    features = body.get("features", [])
+    if not isinstance(features, list) or not features:
+        raise MalformedRequestError(
+            "name the features: 'features' as an array of \"view:feature\", or 'feature_service'"
+        )
+    for ref in features:
+        if not isinstance(ref, str) or ref.count(":") != 1:
+            raise MalformedRequestError(
+                f'feature reference {ref!r} is not of the form "view:feature"'
+            )
+    return cast(list[str], features)
+
+
+# --- answers -----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _timestamp(seconds: int) -> bytes:
+    return b'"%b"' % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)).encode()
+
+
+def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
+    """Feast's column-shaped answer: the join key columns, then each feature's column."""
+    names: list[str] = []
+    results: list[bytes] = []
+    for join_key, ids in request.join_keys:
+        n = len(ids)
+        names.append(join_key)
+        results.append(
+            b'{"values":%b,"statuses":[%b],"event_timestamps":[%b]}'
+            % (orjson.dumps(ids), b",".join([b'"PRESENT"'] * n), b",".join([EPOCH] * n))
+        )
+    cells = [_cells(lookup) for lookup in lookups]
+    for column in request.columns:
+        lookup = lookups[column.read]
+        gi, fi = lookup.projection.picks[column.index]
+        values, statuses, stamps = [], [], []
+        for row in cells[column.read]:
+            parts, state, stamp, present = row[gi]
+            if parts is None:
+                values.append(b"null")
+                statuses.append(state)
+                stamps.append(EPOCH)
+            elif not present[fi]:
+                values.append(b"null")
+                statuses.append(b'"NULL_VALUE"')
+                stamps.append(stamp)
+            else:
+                values.append(parts[fi])
+                statuses.append(state)
+                stamps.append(stamp)
+        names.append(column.name)
+        results.append(
+            b'{"values":[%b],"statuses":[%b],"event_timestamps":[%b]}'
+            % (b",".join(values), b",".join(statuses), b",".join(stamps))
+        )
+    metadata: dict[str, object] = {"feature_names": names}
+    if request.with_views:
+        views = dict.fromkeys(g.name for lookup in lookups for g in lookup.projection.groups)
+        metadata["feature_view_metadata"] = [{"name": v} for v in views]
+    return b'{"metadata":%b,"results":[%b]}' % (orjson.dumps(metadata), b",".join(results))
+
+
+# one cell per entity row and group: the values' JSON (None: nothing stored or unreadable),
+# the status of a value that is there (or of one that is not, when parts is None), the
+# group's write time, and the entry's presence bytes
+_Cell = tuple[list[bytes] | None, bytes, bytes, bytes]
+
+
+def _cells(lookup: Lookup) -> list[list[_Cell]]:
+    proj = lookup.projection
+    rows = []
+    for resolved in lookup.entries:
+        stale, _ = group_states(proj, resolved, lookup.now)
+        row: list[_Cell] = []
+        for gi, (entry, _served_stale) in enumerate(resolved):
+            if entry.fault is not None:
+                row.append((None, b'"INVALID"', EPOCH, entry.present))
+            elif entry.raw is None:
+                row.append((None, b'"NOT_FOUND"', EPOCH, entry.present))
+            else:
+                row.append(
+                    (
+                        entry.fmt.json_parts(entry.raw),
+                        b'"OUTSIDE_MAX_AGE"' if stale[gi] else b'"PRESENT"',
+                        EPOCH if entry.written_at is None else _timestamp(entry.written_at),
+                        entry.present,
+                    )
+                )
+        rows.append(row)
+    return rows
+
+
+# --- writes ------------------------------------------------------------------------------
+
+
+def frame_rows(
+    groups: Sequence[FeatureGroup], frame: object
+) -> tuple[list[tuple[FeatureGroup, list[tuple[EntityId, dict[str, object]]]]], list[str]]:
+    """Feast's ``df`` (column -> values) as push-write rows per group, and the columns no
+    group takes (besides the join key and Feast's time columns), which are answered."""
+    if not isinstance(frame, dict) or not frame:
+        raise MalformedRequestError("'df' is required: an object of column -> array of values")
+    length = None
+    for name, values in frame.items():
+        if not isinstance(values, list):
+            raise MalformedRequestError(f"df.{name} must be an array")
+        if length is not None and len(values) != length:
+            raise MalformedRequestError(
+                f"the df columns differ in length ({length} and {len(values)} in df.{name})"
+            )
+        length = len(values)
+    join_key = groups[0].entity.join_key
+    ids = frame.get(join_key)
+    if ids is None:
+        raise MalformedRequestError(
+            f"df has no column {join_key!r}, the join key of {groups[0].name!r}"
+        )
+    taken = {join_key, *TIME_COLUMNS}
+    out = []
+    for group in groups:
+        features = [f for f in group.features if f.name in frame]
+        taken.update(f.name for f in features)
+        rows = [
+            (
+                cast(EntityId, json_int(entity_id)),
+                {f.name: from_json_value(f, frame[f.name][i]) for f in features},
+            )
+            for i, entity_id in enumerate(ids)
+        ]
+        out.append((group, rows))
+    return out, sorted(set(frame) - taken)
+
+
+# --- the routes --------------------------------------------------------------------------
+
+Handler = Callable[[str | None, bytes], Awaitable[Answer]]
+
+
+@dataclass(frozen=True, slots=True)
+class FeastRoute:
+    handler: Handler
+    role: Role
+
+
+def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, FeastRoute]:
+    """The POST routes of Feast's API, by path, for the app's fast path."""
+    service = runtime.service
+    registry = runtime.registry
+    metrics = runtime.metrics
+    observe = metrics.requests.labels
+    entities_served = metrics.entities.labels(API)
+    limit = runtime.settings.max_body_bytes
+
+    def fail(error: BaseException, method: str, t0: float, *, writing: bool = False) -> Answer:
+        if isinstance(error, FeastNotFoundError):
+            answer = _feast_error(error.status, error.feast_class, str(error))
+        else:
+            if not isinstance(error, FeatureStoreError):
+                log.exception("unexpected error in feast %s", method)
+            p = problem(error, writing=writing)
+            retry = runtime.reader.breaker.retry_after if p.status == 503 else None
+            answer = feast_error(p, retry)
+        observe(API, method, str(answer.status)).observe(time.perf_counter() - t0)
+        return answer
+
+    async def get_online_features(authorization: str | None, raw: bytes) -> Answer:
+        t0 = time.perf_counter()
+        try:
+            auth.require(authorization, Role.READ)
+            request = parse_read(parse_object(raw, limit), registry)
+            lookups = await asyncio.gather(
+                *(service.lookup(r.entity.name, r.ids, r.refs) for r in request.reads)
+            )
+        except Exception as e:
+            return fail(e, "get", t0)
+        for lookup in lookups:
+            if lookup.errors:
+                metrics.count_errors(API, lookup.errors)
+            entities_served.inc(len(lookup.ids))
+        content = answer_json(request, lookups)
+        observe(API, "get", "200").observe(time.perf_counter() - t0)
+        return Answer(200, content)
+
+    async def write(groups: Sequence[FeatureGroup], frame: object) -> bytes:
+        batches, ignored = frame_rows(groups, frame)
+        total = WriteStats()
+        for group, rows in batches:
+            total = total + await service.write(group.name, rows)
+        return orjson.dumps(
+            {
+                "entities": total.entities,
+                "values_written": total.values_written,
+                "values_removed": total.values_removed,
+                "ignored_columns": ignored,
+            }
+        )
+
+    async def push(authorization: str | None, raw: bytes) -> Answer:
+        t0 = time.perf_counter()
+        try:
+            auth.require(authorization, Role.ADMIN)
+            body = parse_object(raw, limit)
+            name = body.get("push_source_name")
+            if not isinstance(name, str):
+                raise MalformedRequestError("'push_source_name' is required: a string")
+            to = body.get("to", "online")
+            if to != "online":
+                raise MalformedRequestError(
+                    f"'to' is {to!r}: this server is an online store and takes only "
+                    "to='online'; write the offline store with Feast itself"
+                )
+            groups = registry.pushed_groups(name)
+            if not groups:
+                raise FeastNotFoundError(
+                    f"Push source {name} does not exist", "PushSourceNotFoundException", 422
+                )
+            content = await write(groups, body.get("df"))
+        except Exception as e:
+            return fail(e, "push", t0, writing=True)
+        observe(API, "push", "200").observe(time.perf_counter() - t0)
+        return Answer(200, content)
+
+    async def write_to_online_store(authorization: str | None, raw: bytes) -> Answer:
+        t0 = time.perf_counter()
+        try:
+            auth.require(authorization, Role.ADMIN)
+            body = parse_object(raw, limit)
+            view = body.get("feature_view_name")
+            if not isinstance(view, str):
+                raise MalformedRequestError("'feature_view_name' is required: a string")
+            group = registry.groups.get(view)
+            if group is None:
+                raise FeastNotFoundError(
+                    f"Feature view {view} does not exist", "FeatureViewNotFoundException"
+                )
+            content = await write([group], body.get("df"))
+        except Exception as e:
+            return fail(e, "write", t0, writing=True)
+        observe(API, "write", "200").observe(time.perf_counter() - t0)
+        return Answer(200, content)
+
+    return {
+        "/get-online-features": FeastRoute(get_online_features, Role.READ),
+        "/push": FeastRoute(push, Role.ADMIN),
+        "/write-to-online-store": FeastRoute(write_to_online_store, Role.ADMIN),
+    }
