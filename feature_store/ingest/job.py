@@ -55,6 +55,10 @@ LOCAL_LOG4J = Path(__file__).with_name("log4j2-local.properties")
 DEFAULT_SPARK_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",  # the job prints its own progress line
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    # pandas (and so Feast's sources) write timestamps in nanoseconds, a Parquet type Spark
+    # refuses to read; read it as a long instead, so such a file loads (the job writes no
+    # timestamp column as a feature)
+    "spark.sql.legacy.parquet.nanosAsLong": "true",
 }
 _SPARK_TYPES: dict[pa.DataType, T.DataType] = {
     pa.string(): T.StringType(),

@@ -345,3 +345,55 @@ def test_huge_numbers_are_refused_with_the_entry(old: str, new: str, expected: s
     with pytest.raises(RegistryError, match=expected) as raised:
         parse_registry(sample.registry_text().replace(old, new, 1), "features.yaml")
     assert str(raised.value).startswith("features.yaml")
+
+
+FEAST_SHAPED = """
+entities:
+  consumer: {prefix: c, id_type: int, ttl: 7d, join_key: consumer_id}
+  store: {prefix: s, id_type: string, ttl: 1d}
+feature_groups:
+  daily: {entity: consumer, push_source: pushed, features: {a: float, b: int}}
+  live: {entity: consumer, push_source: pushed, features: {c: float}}
+  store_daily: {entity: store, features: {d: double}}
+feature_services:
+  small: ["daily:a", live]
+"""
+
+
+def test_join_keys_push_sources_and_feature_services() -> None:
+    reg = parse_registry(FEAST_SHAPED, source="features.yaml")
+    assert reg.entities["consumer"].join_key == "consumer_id"
+    assert reg.entities["store"].join_key == "store"  # Feast's default: the entity's name
+    assert reg.by_join_key("consumer_id") is reg.entities["consumer"]
+    assert reg.by_join_key("consumer") is None
+    assert [g.name for g in reg.pushed_groups("pushed")] == ["daily", "live"]
+    assert [g.name for g in reg.pushed_groups("store_daily")] == ["store_daily"]
+    assert reg.pushed_groups("nothing") == ()
+    assert reg.services == {"small": ("daily:a", "live")}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "ttl: 1d}",
+            "ttl: 1d, join_key: consumer_id}",
+            "entities.store.join_key: 'consumer_id' is already the join key of 'consumer'",
+        ),
+        ("join_key: consumer_id", "join_key: 'a b'", "entities.consumer.join_key: 'a b'"),
+        (
+            "store_daily: {entity: store,",
+            "store_daily: {entity: store, push_source: pushed,",
+            "feature_groups.store_daily.push_source: 'pushed' also feeds 'daily' of entity "
+            "type 'consumer'",
+        ),
+        ('"daily:a"', '"daily:zz"', "feature_services.small[0]: feature group 'daily' has no"),
+        ("live]", "nope]", "feature_services.small[1]: 'nope' names no declared feature group"),
+        ('small: ["daily:a", live]', "small: []", "feature_services.small: must be a non-empty"),
+    ],
+)
+def test_feast_shaped_entries_name_the_entry(old: str, new: str, message: str) -> None:
+    assert old in FEAST_SHAPED
+    with pytest.raises(RegistryError) as info:
+        parse_registry(FEAST_SHAPED.replace(old, new, 1), source="features.yaml")
+    assert message in str(info.value)

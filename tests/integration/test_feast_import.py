@@ -1,0 +1,170 @@
+"""``feature-store import-feast`` on a real Feast repository, then the nightly job loads the
+parquet that repository's FileSource points at.
+
+The repository declares the standard shape the way a team on Feast would (a Python file,
+``feast apply`` run by Feast's own CLI); the imported registry must equal this project's
+sample registry in everything a lookup depends on, and ``feature-store ingest`` with it must
+load Feast's parquet (join key column, ``event_timestamp`` beside the features).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from feature_store import sample
+from feature_store.registry import load_registry
+from feature_store.serialization import Codec
+from feature_store.store import FeatureStore
+
+FEAST = str(Path(sys.executable).parent / "feast")
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+ENTITIES = 200
+
+DEFINITIONS = """
+from datetime import timedelta
+
+from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource, ValueType
+from feast.types import Array, Float32, Int64
+
+consumer = Entity(
+    name="consumer",
+    join_keys=["consumer_id"],
+    value_type=ValueType.INT64,
+    description="A consumer of the marketplace.",
+)
+source = FileSource(name="consumer_source", path="data/consumer.parquet",
+                    timestamp_field="event_timestamp")
+push = PushSource(name="consumer_push", batch_source=source)
+schema = (
+    [Field(name=f"float_{i:02d}", dtype=Float32) for i in range(40)]
+    + [Field(name=f"int_{i}", dtype=Int64) for i in range(5)]
+    + [Field(name=f"int_list_{i}", dtype=Array(Int64)) for i in range(3)]
+    + [Field(name=f"embedding_{i}", dtype=Array(Float32), vector_length=32) for i in range(2)]
+)
+consumer_features = FeatureView(
+    name="consumer_features",
+    entities=[consumer],
+    ttl=timedelta(hours=36),
+    schema=schema,
+    source=push,
+    description="Nightly consumer features.",
+)
+small = FeatureService(name="consumer_small",
+                       features=[consumer_features[["int_0", "embedding_0"]]])
+"""
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FEATURE_STORE_")}
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=300, cwd=cwd, env=clean
+    )
+
+
+@pytest.fixture(scope="module")
+def feast_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("feast_repo")
+    (repo / "data").mkdir()
+    (repo / "feature_store.yaml").write_text(
+        "project: import_test\nprovider: local\nregistry: data/registry.db\n"
+        "online_store:\n  type: sqlite\n  path: data/online.db\n"
+        "entity_key_serialization_version: 3\n"
+    )
+    (repo / "definitions.py").write_text(DEFINITIONS)
+    rows = list(sample.rows(ENTITIES))
+    names = [f.name for f in sample.registry().groups[GROUP].features]
+    pd.DataFrame(
+        {
+            "consumer_id": [i for i, _ in rows],
+            **{n: [values[n] for _, values in rows] for n in names},
+            "event_timestamp": [pd.Timestamp("2026-11-22", tz="UTC")] * len(rows),
+        }
+    ).to_parquet(repo / "data" / "consumer.parquet")
+    applied = run(FEAST, "apply", cwd=repo)
+    assert applied.returncode == 0, applied.stderr
+    return repo
+
+
+def test_import_feast_gives_the_sample_registry(feast_repo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "features.yaml"
+    done = run(
+        sys.executable,
+        "-m",
+        "feature_store.cli",
+        "import-feast",
+        str(feast_repo),
+        "--output",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "1 entity type(s), 1 feature group(s), 50 features, 1 feature service(s)" in done.stdout
+    imported = load_registry(out, check_lock=False)
+    ours = sample.registry()
+    e, o = imported.entities[ENTITY], ours.entities[ENTITY]
+    assert (e.prefix, e.id_type, e.join_key) == (o.prefix, o.id_type, o.join_key)
+    assert e.ttl_seconds == o.ttl_seconds  # 7 d, more than the view's 36 h
+    g, h = imported.groups[GROUP], ours.groups[GROUP]
+    assert [(f.name, f.codec.signature, f.field) for f in g.features] == [
+        (f.name, f.codec.signature, f.field) for f in h.features
+    ]
+    assert g.max_age_seconds == h.max_age_seconds == 36 * 3600
+    assert g.push_source == "consumer_push"
+    assert g.description == h.description
+    assert imported.services == {"consumer_small": (f"{GROUP}:int_0", f"{GROUP}:embedding_0")}
+    assert imported.fingerprint() == ours.fingerprint()  # the same data on Redis
+    # an existing file is not replaced without --force
+    again = run(
+        sys.executable,
+        "-m",
+        "feature_store.cli",
+        "import-feast",
+        str(feast_repo),
+        "--output",
+        str(out),
+    )
+    assert again.returncode == 2
+    assert "--force" in again.stderr
+
+
+@pytest.mark.spark
+def test_ingest_loads_the_parquet_feast_reads(
+    feast_repo: Path, tmp_path: Path, redis_url: str
+) -> None:
+    out = tmp_path / "features.yaml"
+    done = run(
+        sys.executable,
+        "-m",
+        "feature_store.cli",
+        "import-feast",
+        str(feast_repo),
+        "--output",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    ingest = run(
+        sys.executable, "-m", "feature_store.cli", "ingest",
+        "--registry", str(out), "--group", GROUP,
+        "--input", str(feast_repo / "data" / "consumer.parquet"),
+        "--id-column", "consumer_id", "--redis-url", redis_url,
+        "--ignore-extra-columns", "--progress-interval", "0", "--master", "local[1]",
+    )  # fmt: skip
+    assert ingest.returncode == 0, ingest.stdout + ingest.stderr
+    registry = load_registry(out, check_lock=False)
+    ids = [0, 1, 57, ENTITIES - 1]
+    with FeatureStore.connect(redis_url, registry) as store:
+        got = store.read(ENTITY, ids, groups=[GROUP])
+    expected = dict(sample.rows(ENTITIES))
+    features = registry.groups[GROUP].features
+
+    def stored(value: object, codec: Codec) -> object:  # as Redis holds it (float32)
+        return None if value is None else codec.decode(codec.encode(value))
+
+    for entity_id, row in zip(ids, got.rows, strict=True):
+        want = [stored(expected[entity_id][f.name], f.codec) for f in features]
+        assert list(row.values) == want, entity_id
