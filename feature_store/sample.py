@@ -18,6 +18,7 @@ import math
 import random
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 
 from feature_store.registry import Registry, parse_registry
 
@@ -79,6 +80,73 @@ def rows(n: int, seed: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str,
     """``(entity_id, features)`` for ids start .. start+n-1."""
     for entity_id in range(start, start + n):
         yield entity_id, features(entity_id, seed)
+
+
+# The standard shape as a team on Feast declares it: what `feature-store import-feast` reads
+# and what the Feast benchmarks serve (feast_repo writes it into a repository).
+FEAST_DEFINITIONS = """\
+from datetime import timedelta
+
+from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource, ValueType
+from feast.types import Array, Float32, Int64
+
+consumer = Entity(
+    name="consumer",
+    join_keys=["consumer_id"],
+    value_type=ValueType.INT64,
+    description="A consumer of the marketplace.",
+)
+source = FileSource(
+    name="consumer_source", path="data/consumer.parquet", timestamp_field="event_timestamp"
+)
+push = PushSource(name="consumer_push", batch_source=source)
+schema = (
+    [Field(name=f"float_{i:02d}", dtype=Float32) for i in range(40)]
+    + [Field(name=f"int_{i}", dtype=Int64) for i in range(5)]
+    + [Field(name=f"int_list_{i}", dtype=Array(Int64)) for i in range(3)]
+    + [Field(name=f"embedding_{i}", dtype=Array(Float32), vector_length=32) for i in range(2)]
+)
+consumer_features = FeatureView(
+    name="consumer_features",
+    entities=[consumer],
+    ttl=timedelta(hours=36),
+    schema=schema,
+    source=push,
+    description="Nightly consumer features.",
+)
+consumer_small = FeatureService(
+    name="consumer_small", features=[consumer_features[["int_0", "embedding_0"]]]
+)
+"""
+
+
+def feast_repo(
+    path: Path, online_store: str, entities: int = 0, seed: int = 0, event_time: float = 0.0
+) -> Path:
+    """A Feast repository of the standard shape at ``path``: ``feature_store.yaml`` with
+    ``online_store`` (its YAML block, indented), the definitions, and, with ``entities``,
+    ``data/consumer.parquet`` of that many rows at unix time ``event_time`` (needs pandas).
+    Run ``feast apply`` in it to register them."""
+    (path / "data").mkdir(parents=True, exist_ok=True)
+    (path / "feature_store.yaml").write_text(
+        "project: standard_shape\nprovider: local\nregistry: data/registry.db\n"
+        f"online_store:\n{online_store}\noffline_store:\n  type: file\n"
+        "entity_key_serialization_version: 3\n"
+    )
+    (path / "definitions.py").write_text(FEAST_DEFINITIONS)
+    if entities:
+        import pandas as pd  # type: ignore[import-untyped]
+
+        data = list(rows(entities, seed))
+        names = FLOATS + INTS + INT_LISTS + EMBEDDINGS
+        pd.DataFrame(
+            {
+                "consumer_id": [i for i, _ in data],
+                **{n: [values[n] for _, values in data] for n in names},
+                "event_timestamp": [pd.Timestamp(event_time, unit="s", tz="UTC")] * len(data),
+            }
+        ).to_parquet(path / "data" / "consumer.parquet")
+    return path
 
 
 class Zipf:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from feature_store import sample
@@ -26,39 +26,6 @@ FEAST = str(Path(sys.executable).parent / "feast")
 GROUP, ENTITY = sample.GROUP, sample.ENTITY
 ENTITIES = 200
 
-DEFINITIONS = """
-from datetime import timedelta
-
-from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource, ValueType
-from feast.types import Array, Float32, Int64
-
-consumer = Entity(
-    name="consumer",
-    join_keys=["consumer_id"],
-    value_type=ValueType.INT64,
-    description="A consumer of the marketplace.",
-)
-source = FileSource(name="consumer_source", path="data/consumer.parquet",
-                    timestamp_field="event_timestamp")
-push = PushSource(name="consumer_push", batch_source=source)
-schema = (
-    [Field(name=f"float_{i:02d}", dtype=Float32) for i in range(40)]
-    + [Field(name=f"int_{i}", dtype=Int64) for i in range(5)]
-    + [Field(name=f"int_list_{i}", dtype=Array(Int64)) for i in range(3)]
-    + [Field(name=f"embedding_{i}", dtype=Array(Float32), vector_length=32) for i in range(2)]
-)
-consumer_features = FeatureView(
-    name="consumer_features",
-    entities=[consumer],
-    ttl=timedelta(hours=36),
-    schema=schema,
-    source=push,
-    description="Nightly consumer features.",
-)
-small = FeatureService(name="consumer_small",
-                       features=[consumer_features[["int_0", "embedding_0"]]])
-"""
-
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FEATURE_STORE_")}
@@ -69,23 +36,12 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 
 @pytest.fixture(scope="module")
 def feast_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("feast_repo")
-    (repo / "data").mkdir()
-    (repo / "feature_store.yaml").write_text(
-        "project: import_test\nprovider: local\nregistry: data/registry.db\n"
-        "online_store:\n  type: sqlite\n  path: data/online.db\n"
-        "entity_key_serialization_version: 3\n"
+    repo = sample.feast_repo(
+        tmp_path_factory.mktemp("feast_repo"),
+        "  type: sqlite\n  path: data/online.db",
+        ENTITIES,
+        event_time=time.time() - 3600,
     )
-    (repo / "definitions.py").write_text(DEFINITIONS)
-    rows = list(sample.rows(ENTITIES))
-    names = [f.name for f in sample.registry().groups[GROUP].features]
-    pd.DataFrame(
-        {
-            "consumer_id": [i for i, _ in rows],
-            **{n: [values[n] for _, values in rows] for n in names},
-            "event_timestamp": [pd.Timestamp("2026-11-22", tz="UTC")] * len(rows),
-        }
-    ).to_parquet(repo / "data" / "consumer.parquet")
     applied = run(FEAST, "apply", cwd=repo)
     assert applied.returncode == 0, applied.stderr
     return repo
