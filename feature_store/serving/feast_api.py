@@ -42,11 +42,12 @@ from feature_store.serving.auth import Authenticator, Role
 from feature_store.serving.json_answer import Answer, parse_object
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import (
+    BatchTooLargeError,
     Lookup,
     MalformedRequestError,
     Problem,
     from_json_value,
-    group_states,
+    is_stale,
     json_int,
     problem,
 )
@@ -94,29 +95,36 @@ def _feast_error(
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """The lookups of one entity type: its ids (the join key's column) and feature refs."""
+    """The lookups of one entity type: its join key and feature refs."""
 
     entity: EntityType
-    ids: list[EntityId]
-    refs: list[str]  # "group:feature", each once, in the order the request names them
+    refs: tuple[str, ...]  # "group:feature", each once, in the order the request names them
 
 
 @dataclass(frozen=True, slots=True)
 class Column:
     name: str  # as answered: "feature", or "view__feature" with full_feature_names
-    read: int  # index into FeastRead.reads
+    read: int  # index into FeastShape.reads
     index: int  # the feature's index in that read's refs (its projection)
 
 
 @dataclass(frozen=True, slots=True)
-class FeastRead:
-    join_keys: list[tuple[str, list[EntityId]]]  # the entity columns answered first
-    reads: list[Read]
-    columns: list[Column]
+class FeastShape:
+    """What a request's names resolve to; the same for every request that names the same
+    features, so it is resolved once (``Shapes``)."""
+
+    reads: tuple[Read, ...]
+    columns: tuple[Column, ...]
     with_views: bool  # include_feature_view_version_metadata
 
 
-def parse_read(body: Mapping[str, object], registry: Registry) -> FeastRead:
+@dataclass(frozen=True, slots=True)
+class FeastRead:
+    shape: FeastShape
+    ids: list[list[EntityId]]  # per read: the join key's column
+
+
+def parse_read(body: Mapping[str, object], shapes: Shapes) -> FeastRead:
     """A ``/get-online-features`` body (Feast's ``GetOnlineFeaturesRequest``). Fields Feast's
     server does not know are ignored, as its server ignores them."""
     entities = body.get("entities")
@@ -124,9 +132,6 @@ def parse_read(body: Mapping[str, object], registry: Registry) -> FeastRead:
         raise MalformedRequestError(
             "'entities' is required: an object of join key -> array of entity ids"
         )
-    refs = _feature_refs(body, registry)
-    full = _flag(body, "full_feature_names")
-    with_views = _flag(body, "include_feature_view_version_metadata")
     length = None
     for join_key, values in entities.items():
         if not isinstance(values, list):
@@ -137,48 +142,103 @@ def parse_read(body: Mapping[str, object], registry: Registry) -> FeastRead:
                 f"entities.{join_key}); each row needs a value in every column"
             )
         length = len(values)
-    reads: dict[str, Read] = {}
-    columns: list[Column] = []
-    names: dict[str, str] = {}  # answered name -> the ref it came from
-    for ref in refs:
-        view, _, feature = ref.partition(":")
-        group = registry.groups.get(view)
-        if group is None:
+    shape = shapes.get(body)
+    ids = []
+    for read in shape.reads:
+        column = entities.get(read.entity.join_key)
+        if column is None:
             raise FeastNotFoundError(
-                f"Feature view {view} does not exist", "FeatureViewNotFoundException"
+                f"the request has no entity column {read.entity.join_key!r}, the join key of "
+                f"feature view {read.refs[0].partition(':')[0]} (entity {read.entity.name})",
+                "RequestDataNotFoundInEntityRowsException",
+                400,
             )
-        if all(f.name != feature for f in group.features):
-            raise FeastNotFoundError(
-                f"Feature view {view} has no feature {feature}; it has "
-                f"{', '.join(f.name for f in group.features[:10])}"
-                + (" ..." if len(group.features) > 10 else ""),
-                "FeatureViewNotFoundException",
+        ids.append([cast(EntityId, json_int(i)) for i in column])
+    return FeastRead(shape, ids)
+
+
+class Shapes:
+    """Resolved request shapes by the names that give them. Bounded: the names come from
+    clients, so an unbounded variety starts the memo over (as service projections do)."""
+
+    MAX = 1024
+    MAX_REFS = 1_000_000  # strings held, summed over the shapes
+
+    def __init__(self, registry: Registry, max_features: int) -> None:
+        self.registry = registry
+        self.max_features = max_features
+        self._shapes: dict[tuple[object, ...], FeastShape] = {}
+        self._refs = 0
+
+    def get(self, body: Mapping[str, object]) -> FeastShape:
+        full = _flag(body, "full_feature_names")
+        with_views = _flag(body, "include_feature_view_version_metadata")
+        features = body.get("features", [])
+        key = (
+            tuple(features) if isinstance(features, list) else features,
+            body.get("feature_service"),
+            full,
+            with_views,
+        )
+        try:
+            found = self._shapes.get(key)
+        except TypeError:  # an unhashable entry (a list in 'features'): refused below
+            found = None
+        if found is not None:
+            return found
+        shape = self.resolve(body, full, with_views)
+        size = len(shape.columns)
+        if len(self._shapes) >= self.MAX or self._refs + size > self.MAX_REFS:
+            self._shapes.clear()
+            self._refs = 0
+        self._shapes[key] = shape
+        self._refs += size
+        return shape
+
+    def resolve(self, body: Mapping[str, object], full: bool, with_views: bool) -> FeastShape:
+        registry = self.registry
+        refs = _feature_refs(body, registry)
+        if len(refs) > self.max_features:
+            raise BatchTooLargeError(
+                f"{len(refs)} features is more than the limit of {self.max_features}"
             )
-        name = f"{view}__{feature}" if full else feature
-        if name in names:
-            if names[name] == ref:
-                continue  # a repeated reference: answered once
-            raise MalformedRequestError(
-                f"feature name {name!r} is in {names[name]!r} and {ref!r}; "
-                "set full_feature_names to tell them apart"
-            )
-        names[name] = ref
-        entity = group.entity
-        read = reads.get(entity.name)
-        if read is None:
-            ids = entities.get(entity.join_key)
-            if ids is None:
+        reads: dict[str, tuple[EntityType, list[str]]] = {}
+        columns: list[Column] = []
+        names: dict[str, str] = {}  # answered name -> the ref it came from
+        for ref in refs:
+            view, _, feature = ref.partition(":")
+            group = registry.groups.get(view)
+            if group is None:
                 raise FeastNotFoundError(
-                    f"the request has no entity column {entity.join_key!r}, the join key of "
-                    f"feature view {view} (entity {entity.name})",
-                    "RequestDataNotFoundInEntityRowsException",
-                    400,
+                    f"Feature view {view} does not exist", "FeatureViewNotFoundException"
                 )
-            read = reads[entity.name] = Read(entity, [cast(EntityId, json_int(i)) for i in ids], [])
-        columns.append(Column(name, list(reads).index(entity.name), len(read.refs)))
-        read.refs.append(f"{view}:{feature}")
-    join_keys = [(r.entity.join_key, r.ids) for r in reads.values()]
-    return FeastRead(join_keys, list(reads.values()), columns, with_views)
+            if all(f.name != feature for f in group.features):
+                raise FeastNotFoundError(
+                    f"Feature view {view} has no feature {feature}; it has "
+                    f"{', '.join(f.name for f in group.features[:10])}"
+                    + (" ..." if len(group.features) > 10 else ""),
+                    "FeatureViewNotFoundException",
+                )
+            name = f"{view}__{feature}" if full else feature
+            if name in names:
+                if names[name] == ref:
+                    continue  # a repeated reference: answered once
+                raise MalformedRequestError(
+                    f"feature name {name!r} is in {names[name]!r} and {ref!r}; "
+                    "set full_feature_names to tell them apart"
+                )
+            names[name] = ref
+            entity = group.entity
+            if entity.name not in reads:
+                reads[entity.name] = (entity, [])
+            read_refs = reads[entity.name][1]
+            columns.append(Column(name, list(reads).index(entity.name), len(read_refs)))
+            read_refs.append(ref)
+        return FeastShape(
+            tuple(Read(entity, tuple(r)) for entity, r in reads.values()),
+            tuple(columns),
+            with_views,
+        )
 
 
 def _flag(body: Mapping[str, object], name: str) -> bool:
@@ -227,75 +287,106 @@ def _timestamp(seconds: int) -> bytes:
 
 
 def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
-    """Feast's column-shaped answer: the join key columns, then each feature's column."""
+    """Feast's column-shaped answer: the join key columns, then each feature's column.
+
+    The statuses and event timestamps of a column are those of its group's rows, the same
+    for every feature of the group unless a row lacks that one value (NULL_VALUE): they are
+    joined once per group, and a column only joins its values."""
     names: list[str] = []
     results: list[bytes] = []
-    for join_key, ids in request.join_keys:
-        n = len(ids)
+    shape = request.shape
+    for read, ids in zip(shape.reads, request.ids, strict=True):
+        join_key, n = read.entity.join_key, len(ids)
         names.append(join_key)
         results.append(
             b'{"values":%b,"statuses":[%b],"event_timestamps":[%b]}'
             % (orjson.dumps(ids), b",".join([b'"PRESENT"'] * n), b",".join([EPOCH] * n))
         )
-    cells = [_cells(lookup) for lookup in lookups]
-    for column in request.columns:
-        lookup = lookups[column.read]
-        gi, fi = lookup.projection.picks[column.index]
-        values, statuses, stamps = [], [], []
-        for row in cells[column.read]:
-            parts, state, stamp, present = row[gi]
-            if parts is None:
-                values.append(b"null")
-                statuses.append(state)
-                stamps.append(EPOCH)
-            elif not present[fi]:
-                values.append(b"null")
-                statuses.append(b'"NULL_VALUE"')
-                stamps.append(stamp)
-            else:
-                values.append(parts[fi])
-                statuses.append(state)
-                stamps.append(stamp)
+    groups = [
+        _GroupRows.of(lookup, gi) for lookup in lookups for gi in range(len(lookup.entries[0]))
+    ]
+    offsets = [0]
+    for lookup in lookups:
+        offsets.append(offsets[-1] + len(lookup.projection.groups))
+    for column in shape.columns:
+        gi, fi = lookups[column.read].projection.picks[column.index]
         names.append(column.name)
-        results.append(
-            b'{"values":[%b],"statuses":[%b],"event_timestamps":[%b]}'
-            % (b",".join(values), b",".join(statuses), b",".join(stamps))
-        )
+        results.append(groups[offsets[column.read] + gi].column(fi))
     metadata: dict[str, object] = {"feature_names": names}
-    if request.with_views:
+    if shape.with_views:
         views = dict.fromkeys(g.name for lookup in lookups for g in lookup.projection.groups)
         metadata["feature_view_metadata"] = [{"name": v} for v in views]
     return b'{"metadata":%b,"results":[%b]}' % (orjson.dumps(metadata), b",".join(results))
 
 
-# one cell per entity row and group: the values' JSON (None: nothing stored or unreadable),
-# the status of a value that is there (or of one that is not, when parts is None), the
-# group's write time, and the entry's presence bytes
-_Cell = tuple[list[bytes] | None, bytes, bytes, bytes]
+@dataclass(frozen=True, slots=True)
+class _GroupRows:
+    """One group's rows of a lookup: each row's values as JSON (all "null" where the entity
+    holds nothing of the group), presence, status and event timestamp."""
+
+    values: list[tuple[bytes, ...]]  # per feature of the group: each row's JSON
+    present: list[bytes | None]  # None: nothing stored (or unreadable): no NULL_VALUE
+    gaps: frozenset[int]  # the features some row holds the group but not the value of
+    statuses: list[bytes]
+    stamps: list[bytes]
+    joined: bytes  # '"statuses":[...],"event_timestamps":[...]' of a column with no gaps
+
+    @classmethod
+    def of(cls, lookup: Lookup, gi: int) -> _GroupRows:
+        group = lookup.projection.groups[gi]
+        max_age, now = group.max_age_seconds, lookup.now
+        nulls = _nulls(len(group.features))
+        parts: list[list[bytes]] = []
+        present: list[bytes | None] = []
+        statuses: list[bytes] = []
+        stamps: list[bytes] = []
+        for row in lookup.entries:
+            entry, served_stale = row[gi]
+            if entry.raw is None:
+                parts.append(nulls)
+                present.append(None)
+                statuses.append(b'"NOT_FOUND"' if entry.fault is None else b'"INVALID"')
+                stamps.append(EPOCH)
+                continue
+            written = entry.written_at
+            stale = is_stale(written, served_stale, max_age, now)
+            parts.append(entry.fmt.json_parts(entry.raw))
+            present.append(entry.present)
+            statuses.append(b'"OUTSIDE_MAX_AGE"' if stale else b'"PRESENT"')
+            stamps.append(EPOCH if written is None else _timestamp(written))
+        joined = b'"statuses":[%b],"event_timestamps":[%b]' % (
+            b",".join(statuses),
+            b",".join(stamps),
+        )
+        full = _ones(len(group.features))
+        gaps = frozenset(
+            fi for p in present if p is not None and p != full for fi, v in enumerate(p) if not v
+        )
+        return cls(list(zip(*parts, strict=True)), present, gaps, statuses, stamps, joined)
+
+    def column(self, fi: int) -> bytes:
+        values = b",".join(self.values[fi])
+        if fi not in self.gaps:
+            return b'{"values":[%b],%b}' % (values, self.joined)
+        statuses = [
+            s if p is None or p[fi] else b'"NULL_VALUE"'
+            for s, p in zip(self.statuses, self.present, strict=True)
+        ]
+        return b'{"values":[%b],"statuses":[%b],"event_timestamps":[%b]}' % (
+            values,
+            b",".join(statuses),
+            b",".join(self.stamps),
+        )
 
 
-def _cells(lookup: Lookup) -> list[list[_Cell]]:
-    proj = lookup.projection
-    rows = []
-    for resolved in lookup.entries:
-        stale, _ = group_states(proj, resolved, lookup.now)
-        row: list[_Cell] = []
-        for gi, (entry, _served_stale) in enumerate(resolved):
-            if entry.fault is not None:
-                row.append((None, b'"INVALID"', EPOCH, entry.present))
-            elif entry.raw is None:
-                row.append((None, b'"NOT_FOUND"', EPOCH, entry.present))
-            else:
-                row.append(
-                    (
-                        entry.fmt.json_parts(entry.raw),
-                        b'"OUTSIDE_MAX_AGE"' if stale[gi] else b'"PRESENT"',
-                        EPOCH if entry.written_at is None else _timestamp(entry.written_at),
-                        entry.present,
-                    )
-                )
-        rows.append(row)
-    return rows
+@functools.cache
+def _nulls(count: int) -> list[bytes]:
+    return [b"null"] * count
+
+
+@functools.cache
+def _ones(count: int) -> bytes:
+    return b"\x01" * count
 
 
 # --- writes ------------------------------------------------------------------------------
@@ -358,6 +449,7 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Feas
     observe = metrics.requests.labels
     entities_served = metrics.entities.labels(API)
     limit = runtime.settings.max_body_bytes
+    shapes = Shapes(registry, runtime.settings.max_features)
 
     def fail(error: BaseException, method: str, t0: float, *, writing: bool = False) -> Answer:
         if isinstance(error, FeastNotFoundError):
@@ -375,9 +467,10 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Feas
         t0 = time.perf_counter()
         try:
             auth.require(authorization, Role.READ)
-            request = parse_read(parse_object(raw, limit), registry)
+            request = parse_read(parse_object(raw, limit), shapes)
+            reads = zip(request.shape.reads, request.ids, strict=True)
             lookups = await asyncio.gather(
-                *(service.lookup(r.entity.name, r.ids, r.refs) for r in request.reads)
+                *(service.lookup(r.entity.name, ids, r.refs) for r, ids in reads)
             )
         except Exception as e:
             return fail(e, "get", t0)

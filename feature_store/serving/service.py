@@ -479,8 +479,15 @@ def group_states(
     stale: list[bool] = []
     ages: dict[str, int | None] = {}
     for group, (entry, served_stale) in zip(proj.groups, resolved, strict=True):
-        age = None if entry.written_at is None else max(0, now - entry.written_at)
-        ages[group.name] = age
-        max_age = group.max_age_seconds
-        stale.append(served_stale or (age is not None and max_age is not None and age > max_age))
+        written = entry.written_at
+        ages[group.name] = None if written is None else max(0, now - written)
+        stale.append(is_stale(written, served_stale, group.max_age_seconds, now))
     return stale, ages
+
+
+def is_stale(written_at: int | None, served_stale: bool, max_age: int | None, now: int) -> bool:
+    """Stale: served from an expired entry because Redis failed, or written more than the
+    group's ``max_age`` seconds before ``now``."""
+    return served_stale or (
+        written_at is not None and max_age is not None and now - written_at > max_age
+    )

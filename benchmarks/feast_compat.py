@@ -1,0 +1,498 @@
+"""Feast's clients against this server, and against Feast's own, on the same data.
+
+    python3 benchmarks/feast_compat.py [--entities 10000] [--seconds 15] [--out FILE]
+
+The standard shape (entity ``consumer``, one 50-feature view) is loaded twice from the
+same generated rows: into this project's Redis layout (``FeatureStore.write``) and, from a
+parquet file, into Feast 0.67's Redis online store (``feast apply`` + ``feast
+materialize``), each on its own embedded redis-server. Requests are batches of 10 zipfian
+ids x all 50 features.
+
+1. Feast's Python SDK, one client calling back to back for ``--seconds``:
+   ``get_online_features`` on Feast's Redis online store (its own read path, in process)
+   against the same SDK with ``online_store: type: remote`` pointed at this server
+   (``POST /get-online-features``), L1 off and on.
+2. Feast's HTTP API under a compiled load generator (wrk, a Lua script cycling through
+   1,000 batches, the same bodies for both): ``feast serve`` (one worker, its defaults, no
+   access log) against this server's ``/get-online-features`` (one worker, L1 off and on),
+   at 8 and 256 connections; and, as this server's own baseline, the same batches through
+   ``/v1/features/get``. Server CPU per entity is read from /proc over the window (the
+   whole process tree for ``feast serve``), next to its redis-server's.
+
+L1 on means a 1 s TTL: each window holds many expiries and refreshes (steady state).
+Before measuring, one batch is read through both servers and the values compared.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save
+from cost import _ms, cpu_seconds
+
+FEAST = str(Path(sys.executable).parent / "feast")
+BATCH = 10
+NAMES = sample.FLOATS + sample.INTS + sample.INT_LISTS + sample.EMBEDDINGS
+REFS = [f"{sample.GROUP}:{n}" for n in NAMES]
+L1_TTL = "1"
+BOUND_US = 1_000_000  # requests slower than 1 s are counted
+ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant (``feast serve``'s workers)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    family, total = {pid}, 0.0
+    grew = True
+    while grew:
+        grew = False
+        for child, parent in parents.items():
+            if parent in family and child not in family:
+                family.add(child)
+                grew = True
+    for p in family:
+        with suppress(OSError):
+            total += cpu_seconds(p)
+    return total
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def feast(*args: str, cwd: Path) -> None:
+    done = subprocess.run([FEAST, *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"feast {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+
+
+@contextmanager
+def feast_serve(repo: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [FEAST, "serve", "-h", "127.0.0.1", "-p", str(port), "--no-access-log"],
+        cwd=repo,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("feast serve did not start")
+            time.sleep(0.5)
+        yield url, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def as_float32(value: object) -> object:
+    if isinstance(value, float):
+        return np.float32(value)
+    if isinstance(value, list) and value and isinstance(value[0], float):
+        return list(np.float32(value))
+    return value
+
+
+def answer_columns(url: str, body: bytes) -> dict[str, list[object]]:
+    answer = httpx.post(
+        url,
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    doc = orjson.loads(answer.content)
+    return {
+        name: [as_float32(v) for v in column["values"]]
+        for name, column in zip(doc["metadata"]["feature_names"], doc["results"], strict=True)
+    }
+
+
+def non_200(base_url: str) -> str:
+    """This server's requests answered with another code than 200, from its /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    found = []
+    for m in re.finditer(
+        r'feature_serving_request_seconds_count\{api="(\w+)",code="(\d+)",method="(\w+)"\} (\S+)',
+        text,
+    ):
+        api, code, method, count = m.groups()
+        if code != "200" and float(count) > 0:
+            found.append(f"{api} {method} {code}: {float(count):.0f}")
+    return ", ".join(found)
+
+
+# --- 1. the SDK ----------------------------------------------------------------------------
+
+
+@dataclass
+class SdkCell:
+    name: str
+    requests: int
+    seconds: float
+    latencies_ms: list[float]
+
+    def p(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q))
+
+
+def sdk_cell(name: str, repo: Path, batches: list[list[int]], seconds: float) -> SdkCell:
+    import feast as feast_sdk
+
+    store = feast_sdk.FeatureStore(repo_path=str(repo))
+
+    def call(ids: list[int]) -> None:
+        got = store.get_online_features(
+            features=REFS, entity_rows=[{"consumer_id": i} for i in ids]
+        ).to_dict()
+        assert len(got["float_00"]) == len(ids)
+
+    for ids in batches[:50]:  # warm-up: registry, connections
+        call(ids)
+    latencies = []
+    t0 = time.perf_counter()
+    i = 0
+    while time.perf_counter() - t0 < seconds:
+        ids = batches[i % len(batches)]
+        i += 1
+        s = time.perf_counter()
+        call(ids)
+        latencies.append((time.perf_counter() - s) * 1000)
+    return SdkCell(name, len(latencies), time.perf_counter() - t0, latencies)
+
+
+# --- 2. HTTP under wrk -----------------------------------------------------------------------
+
+DONE_LUA = f"""
+done = function(summary, latency, requests)
+  local past = 0
+  if latency.max > {BOUND_US} then
+    local lo, hi = 0.0, 100.0
+    for _ = 1, 50 do
+      local mid = (lo + hi) / 2
+      if latency:percentile(mid) > {BOUND_US} then hi = mid else lo = mid end
+    end
+    past = math.floor((100 - hi) / 100 * summary.requests + 0.5)
+  end
+  io.write(string.format("MAX_US %d\\nPAST_BOUND %d\\nTIMEOUTS %d\\n",
+    latency.max, past, summary.errors.timeout))
+end
+"""
+
+
+@dataclass
+class HttpCell:
+    server: str
+    connections: int
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    past_1s: int
+    timeouts: int
+    errors: int
+    server_cpu: float
+    redis_cpu: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def server_us(self) -> float:
+        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    pid: int  # the server (its process tree is counted)
+    redis_pid: int
+    bodies: list[bytes]
+
+
+def wrk_cell(target: Target, connections: int, seconds: float, work: Path) -> HttpCell:
+    """The target under wrk for ``seconds`` (after 2 s of the same load), CPU read around."""
+    url, server_pid, redis_pid = target.url, target.pid, target.redis_pid
+    table = ",\n".join("[[" + b.decode() + "]]" for b in target.bodies)
+    script = work / "feast.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"local bodies = {{\n{table}\n}}\nlocal i = 0\n"
+        "request = function()\n  i = i % #bodies + 1\n"
+        "  return wrk.format(nil, nil, nil, bodies[i])\nend\n" + DONE_LUA
+    )
+    command = ["wrk", "-t2", f"-c{connections}", "--latency", "--timeout", "10s", "-s", str(script)]
+    subprocess.run(
+        [*command, "-d2s", f"{url}/get-online-features"], capture_output=True, check=True
+    )
+    s0, r0 = tree_cpu(server_pid), cpu_seconds(redis_pid)
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [*command, f"-d{seconds:g}s", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    elapsed = time.monotonic() - t0
+    s1, r1 = tree_cpu(server_pid), cpu_seconds(redis_pid)
+
+    def find(pattern: str, text: str = out) -> str:
+        m = re.search(pattern, text)
+        if m is None:
+            raise SystemExit(f"unexpected wrk output:\n{out}")
+        return m.group(1)
+
+    latency = out[out.index("Latency Distribution") :]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return HttpCell(
+        target.name,
+        connections,
+        int(find(r"(\d+) requests in")),
+        elapsed,
+        _ms(find(r"\s50%\s+(\S+)", latency)),
+        _ms(find(r"\s99%\s+(\S+)", latency)),
+        int(find(r"MAX_US (\d+)")) / 1000,
+        int(find(r"PAST_BOUND (\d+)")),
+        int(find(r"TIMEOUTS (\d+)")),
+        int(bad.group(1)) if bad else 0,
+        s1 - s0,
+        r1 - r0,
+    )
+
+
+def plot(path: Path, sdk: list[SdkCell], http: list[HttpCell]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    ax = axes[0]
+    xs = range(len(sdk))
+    ax.bar([x - 0.2 for x in xs], [c.p(50) for c in sdk], 0.4, label="p50")
+    ax.bar([x + 0.2 for x in xs], [c.p(99) for c in sdk], 0.4, label="p99")
+    ax.set_xticks(list(xs), [c.name.replace(", ", "\n") for c in sdk], fontsize=7)
+    ax.set_ylabel("ms per get_online_features (10 x 50)")
+    ax.set_title("Feast's Python SDK, one client")
+    ax.legend()
+    labels = [f"{c.server}\n{c.connections} conn" for c in http]
+    xs = range(len(http))
+    ax = axes[1]
+    ax.bar(
+        list(xs), [c.rps for c in http], color=["C3" if "feast" in c.server else "C0" for c in http]
+    )
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), labels, fontsize=6)
+    ax.set_ylabel("requests/s (log)")
+    ax.set_title("POST /get-online-features, wrk")
+    ax = axes[2]
+    ax.bar([x - 0.2 for x in xs], [c.server_us for c in http], 0.4, label="server")
+    ax.bar([x + 0.2 for x in xs], [c.redis_us for c in http], 0.4, label="redis-server")
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), labels, fontsize=6)
+    ax.set_ylabel("CPU µs per entity (log)")
+    ax.set_title("Cost per entity looked up")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entities", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=15.0, help="per measured cell")
+    parser.add_argument("--connections", default="8,256", help="wrk connection counts")
+    parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: run ./scripts/setup.sh")
+    connections = [int(c) for c in args.connections.split(",")]
+    zipf = sample.Zipf(args.entities, seed=BATCH)
+    batches = [zipf.sample(BATCH) for _ in range(1000)]
+    bodies = [orjson.dumps({"features": REFS, "entities": {"consumer_id": ids}}) for ids in batches]
+    random.Random(0).shuffle(bodies)
+    v1_bodies = [  # the same batches in this server's own API: its baseline
+        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        for ids in (orjson.loads(b)["entities"]["consumer_id"] for b in bodies)
+    ]
+    sdk: list[SdkCell] = []
+    http: list[HttpCell] = []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedRedis(Path(tmp) / "ours") as ours_redis,
+        EmbeddedRedis(Path(tmp) / "feast") as feast_redis,
+    ):
+        work = Path(tmp)
+        print(f"loading {args.entities:,} entities into both stores ...", flush=True)
+        t0 = time.perf_counter()
+        with FeatureStore.connect(ours_redis.url, sample.registry()) as store:
+            store.write(sample.GROUP, sample.rows(args.entities))
+        ours_load = time.perf_counter() - t0
+        feast_address = feast_redis.url.split("//")[1].split("/")[0]
+        feast_repo = sample.feast_repo(
+            work / "feast_repo",
+            f'  type: redis\n  connection_string: "{feast_address}"',
+            args.entities,
+            event_time=time.time() - 3600,
+        )
+        feast("apply", cwd=feast_repo)
+        t0 = time.perf_counter()
+        feast("materialize", "2000-01-01T00:00:00", "2100-01-01T00:00:00", cwd=feast_repo)
+        feast_load = time.perf_counter() - t0
+        print(f"loaded: this store {ours_load:.1f} s, Feast (materialize) {feast_load:.1f} s")
+        assert ours_redis.process is not None
+        assert feast_redis.process is not None
+        with (
+            ServingProcess(ours_redis.url, args=["--no-cache"], env=ENV, grpc=False) as off,
+            ServingProcess(ours_redis.url, args=["--cache-ttl", L1_TTL], env=ENV, grpc=False) as on,
+            feast_serve(feast_repo) as (feast_url, feast_process),
+        ):
+            assert off.process is not None
+            assert on.process is not None
+            feast_path = "/get-online-features"
+            ours_pid, feast_pid = ours_redis.process.pid, feast_redis.process.pid
+            servers = [
+                Target("feast serve (Feast's Redis)", feast_url + feast_path,
+                       feast_process.pid, feast_pid, bodies),
+                Target("this server, L1 off", off.rest_url + feast_path,
+                       off.process.pid, ours_pid, bodies),
+                Target(f"this server, L1 on ({L1_TTL} s TTL)", on.rest_url + feast_path,
+                       on.process.pid, ours_pid, bodies),
+                Target("this server's /v1/features/get, L1 off", off.rest_url + "/v1/features/get",
+                       off.process.pid, ours_pid, v1_bodies),
+            ]  # fmt: skip
+            theirs = answer_columns(servers[0].url, bodies[0])
+            for target in servers[1:3]:
+                if answer_columns(target.url, bodies[0]) != theirs:
+                    raise SystemExit(f"{target.url} and feast serve answer different values")
+            print("one batch read through both servers: the same values", flush=True)
+            repos: dict[str, Path] = {"Feast SDK on Feast's Redis online store": feast_repo}
+            for label, url in [("L1 off", off.rest_url), (f"L1 on, {L1_TTL} s TTL", on.rest_url)]:
+                repo = sample.feast_repo(
+                    work / f"remote_{len(repos)}", f"  type: remote\n  path: {url}"
+                )
+                feast("apply", cwd=repo)
+                repos[f"Feast SDK, remote -> this server, {label}"] = repo
+            for name, repo in repos.items():
+                cell = sdk_cell(name, repo, batches, args.seconds)
+                print(
+                    f"{name}: {cell.requests / cell.seconds:,.0f} req/s, "
+                    f"p50 {cell.p(50):.2f} ms, p99 {cell.p(99):.2f} ms",
+                    flush=True,
+                )
+                sdk.append(cell)
+            for c in connections:
+                for t in servers:
+                    cell = wrk_cell(t, c, args.seconds, work)
+                    print(
+                        f"{t.name}, {c} connections: {cell.rps:,.0f} req/s, p99 "
+                        f"{cell.p99_ms:.1f} ms, max {cell.max_ms:.0f} ms, past 1 s "
+                        f"{cell.past_1s}, server {cell.server_us:.1f} us/entity, Redis "
+                        f"{cell.redis_us:.1f}",
+                        flush=True,
+                    )
+                    http.append(cell)
+            codes = {"L1 off": non_200(off.rest_url), "L1 on": non_200(on.rest_url)}
+    lines = report(args, sdk, http)
+    lines += [
+        "",
+        "Answers other than 200 in this server's metrics (api method code: count): "
+        + "; ".join(f"{name}: {found or 'none'}" for name, found in codes.items()),
+    ]
+    save(args.out, "Feast's clients: this server against Feast's own", lines)
+    if args.out:
+        plot(args.out.with_suffix(".png"), sdk, http)
+    return 0
+
+
+def report(args: argparse.Namespace, sdk: list[SdkCell], http: list[HttpCell]) -> list[str]:
+    base_sdk = sdk[0]
+    lines = [
+        *header(
+            f"Feast 0.67.0. {args.entities:,} entities of the standard shape; batches of "
+            f"{BATCH} zipfian ids x all 50 features; {args.seconds:g} s per cell; each "
+            "server one worker; L1 on: 1 s TTL (many expiries per window)."
+        ),
+        "",
+        "## Feast's Python SDK, one client back to back",
+        "",
+        "| path | requests | req/s | p50 ms | p99 ms | max ms | p50 vs Feast's own |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in sdk:
+        lines.append(
+            f"| {c.name} | {c.requests:,} | {c.requests / c.seconds:,.0f} | {c.p(50):.2f} | "
+            f"{c.p(99):.2f} | {max(c.latencies_ms):.1f} | {base_sdk.p(50) / c.p(50):.2f}x |"
+        )
+    lines += [
+        "",
+        "## Feast's HTTP API under wrk (POST /get-online-features, the same bodies)",
+        "",
+        "| server | conn | req/s | p50 ms | p99 ms | max ms | past 1 s | timeouts | non-2xx "
+        "| server µs/entity | Redis µs/entity | req/s vs feast serve |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in http:
+        base = next(b for b in http if b.connections == c.connections and "feast" in b.server)
+        lines.append(
+            f"| {c.server} | {c.connections} | {c.rps:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.1f} "
+            f"| {c.max_ms:.0f} | {c.past_1s} | {c.timeouts} | {c.errors} | {c.server_us:.1f} "
+            f"| {c.redis_us:.1f} | {c.rps / base.rps:.1f}x |"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
