@@ -52,7 +52,7 @@ from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import _ms, cpu_seconds
+from cost import TICK, _ms, cpu_seconds
 
 FEAST = str(Path(sys.executable).parent / "feast")
 BATCH = 10
@@ -64,7 +64,9 @@ ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS"
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and every live descendant (``feast serve``'s workers)."""
+    """CPU seconds of ``pid`` and its descendants (``feast serve``'s workers), the ones
+    that ended too: a worker that gunicorn recycles (every 1,000 requests by default)
+    is counted in its parent's cutime and cstime once reaped."""
     parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -82,7 +84,8 @@ def tree_cpu(pid: int) -> float:
                 grew = True
     for p in family:
         with suppress(OSError):
-            total += cpu_seconds(p)
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / TICK  # utime stime cutime cstime
     return total
 
 

@@ -155,6 +155,15 @@ class GroupFormat:
                 pass
         return self.pure.json_parts(raw)
 
+    def json_columns(self, raws: Sequence[bytes | None]) -> list[bytes]:
+        """Per feature, its values' JSON across ``raws`` joined by ``,``."""
+        if self.native is not None:
+            try:
+                return self.native.json_columns(raws)
+            except ValueError:
+                pass
+        return self.pure.json_columns(raws)
+
     def proto(self, raw: bytes) -> bytes:
         """Every value's ``FeatureRow.values`` record, joined."""
         if self.native is not None:

@@ -149,6 +149,17 @@ class PureGroupCodec:
     def json_parts(self, raw: bytes) -> list[bytes]:
         return self._json(self._unpack(raw))
 
+    def json_columns(self, raws: Sequence[bytes | None]) -> list[bytes]:
+        """Per feature, its values' JSON across ``raws`` joined by ``,`` (``null`` where a
+        raw is None or lacks the value): the columns of a Feast-shaped answer."""
+        nulls = [b"null"] * len(self.codecs)
+        rows = [nulls if raw is None else self.json_parts(raw) for raw in raws]
+        return (
+            [b",".join(column) for column in zip(*rows, strict=True)]
+            if rows
+            else [b""] * len(nulls)
+        )
+
     def proto(self, raw: bytes) -> bytes:
         return b"".join(self.proto_parts(raw))
 

@@ -321,10 +321,10 @@ def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class _GroupRows:
-    """One group's rows of a lookup: each row's values as JSON (all "null" where the entity
-    holds nothing of the group), presence, status and event timestamp."""
+    """One group's rows of a lookup: per feature its column of JSON values ("null" where an
+    entity holds nothing of the group), and per row its presence, status and event time."""
 
-    values: list[tuple[bytes, ...]]  # per feature of the group: each row's JSON
+    values: list[bytes]  # per feature of the group: the rows' JSON values, joined
     present: list[bytes | None]  # None: nothing stored (or unreadable): no NULL_VALUE
     gaps: frozenset[int]  # the features some row holds the group but not the value of
     statuses: list[bytes]
@@ -335,22 +335,20 @@ class _GroupRows:
     def of(cls, lookup: Lookup, gi: int) -> _GroupRows:
         group = lookup.projection.groups[gi]
         max_age, now = group.max_age_seconds, lookup.now
-        nulls = _nulls(len(group.features))
-        parts: list[list[bytes]] = []
+        raws: list[bytes | None] = []
         present: list[bytes | None] = []
         statuses: list[bytes] = []
         stamps: list[bytes] = []
         for row in lookup.entries:
             entry, served_stale = row[gi]
+            raws.append(entry.raw)
             if entry.raw is None:
-                parts.append(nulls)
                 present.append(None)
                 statuses.append(b'"NOT_FOUND"' if entry.fault is None else b'"INVALID"')
                 stamps.append(EPOCH)
                 continue
             written = entry.written_at
             stale = is_stale(written, served_stale, max_age, now)
-            parts.append(entry.fmt.json_parts(entry.raw))
             present.append(entry.present)
             statuses.append(b'"OUTSIDE_MAX_AGE"' if stale else b'"PRESENT"')
             stamps.append(EPOCH if written is None else _timestamp(written))
@@ -362,10 +360,11 @@ class _GroupRows:
         gaps = frozenset(
             fi for p in present if p is not None and p != full for fi, v in enumerate(p) if not v
         )
-        return cls(list(zip(*parts, strict=True)), present, gaps, statuses, stamps, joined)
+        values = lookup.entries[0][gi].entry.fmt.json_columns(raws)
+        return cls(values, present, gaps, statuses, stamps, joined)
 
     def column(self, fi: int) -> bytes:
-        values = b",".join(self.values[fi])
+        values = self.values[fi]
         if fi not in self.gaps:
             return b'{"values":[%b],%b}' % (values, self.joined)
         statuses = [
@@ -377,11 +376,6 @@ class _GroupRows:
             b",".join(statuses),
             b",".join(self.stamps),
         )
-
-
-@functools.cache
-def _nulls(count: int) -> list[bytes]:
-    return [b"null"] * count
 
 
 @functools.cache

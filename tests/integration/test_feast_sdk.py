@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import feast
 import httpx
@@ -23,7 +24,7 @@ import pandas as pd
 import pytest
 import redis
 from feast import types as ft
-from feast.errors import FeastError, FeatureViewNotFoundException
+from feast.errors import FeastError, FeastPermissionError, FeatureViewNotFoundException
 from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
 from feature_store import sample
@@ -113,7 +114,11 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, server: ServingProcess) -> feast.FeatureStore:
-    repo = tmp_path_factory.mktemp("feast_repo")
+    return feast_store(tmp_path_factory.mktemp("feast_repo"), server.rest_url)
+
+
+def feast_store(repo: Path, url: str, auth: str = "") -> feast.FeatureStore:
+    """Feast's SDK with ``online_store: type: remote`` at ``url``, the definitions applied."""
     (repo / "feature_store.yaml").write_text(
         "project: compat\n"
         "provider: local\n"
@@ -121,9 +126,9 @@ def store(tmp_path_factory: pytest.TempPathFactory, server: ServingProcess) -> f
         "entity_key_serialization_version: 3\n"
         "online_store:\n"
         "  type: remote\n"
-        f"  path: {server.rest_url}\n"
+        f"  path: {url}\n"
         "offline_store:\n"
-        "  type: file\n"
+        "  type: file\n" + auth
     )
     fs = feast.FeatureStore(repo_path=str(repo))
     fs.apply(feast_objects(sample.registry()))
@@ -212,19 +217,23 @@ def test_feature_service_and_full_feature_names(
             assert same(got[f"{GROUP}__{name}"][i], value)
 
 
-def test_feast_writes_land_where_v1_reads_them(
-    store: feast.FeatureStore, rest: FeatureClient, server: ServingProcess
-) -> None:
-    rows = list(sample.rows(4, seed=7, start=101))
-    frame = pd.DataFrame(
+def frame(rows: list[tuple[int, dict[str, object]]]) -> pd.DataFrame:
+    """Rows as the frame Feast's SDK writes: the join key, every feature, the event time."""
+    return pd.DataFrame(
         {
             "consumer_id": [i for i, _ in rows],
             **{name: [values[name] for _, values in rows] for name in ALL},
             "event_timestamp": [pd.Timestamp.now(tz="UTC")] * len(rows),
         }
     )
-    store.write_to_online_store(GROUP, frame[:2])  # Feast's SDK: POST /write-to-online-store
-    store.push(PUSH_SOURCE, frame[2:])  # Feast's push, online
+
+
+def test_feast_writes_land_where_v1_reads_them(
+    store: feast.FeatureStore, rest: FeatureClient, server: ServingProcess
+) -> None:
+    rows = list(sample.rows(4, seed=7, start=101))
+    store.write_to_online_store(GROUP, frame(rows[:2]))  # Feast's SDK: /write-to-online-store
+    store.push(PUSH_SOURCE, frame(rows[2:]))  # Feast's push, online
     ids = [i for i, _ in rows]
     got = rest.get(ENTITY, ids, groups=[GROUP])
     for row, (_, values) in zip(got.rows, rows, strict=True):
@@ -279,3 +288,22 @@ def test_errors_reach_feast_as_feast_exceptions(
     assert offline.status_code == 400
     assert "online store" in offline.text
     assert httpx.get(base + "/health").status_code == 200
+
+
+def test_the_sdk_sends_an_api_key_as_a_static_bearer_token(
+    tmp_path: Path, server: ServingProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/feast.md: ``auth: {type: oidc, token_env_var: ...}`` carries a key."""
+    read, admin = "read-key-0123456789", "admin-key-0123456789"
+    env = {"FEATURE_SERVING_READ_KEYS": read, "FEATURE_SERVING_ADMIN_KEYS": admin}
+    with ServingProcess(server.redis_url, registry=server.registry, env=env, grpc=False) as keyed:
+        auth = "auth:\n  type: oidc\n  token_env_var: FEATURE_STORE_API_KEY\n"
+        fs = feast_store(tmp_path, keyed.rest_url, auth)
+        monkeypatch.setenv("FEATURE_STORE_API_KEY", read)
+        got = fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])
+        assert got.to_dict()["int_0"] == [dict(sample.rows(2))[1]["int_0"]]
+        with pytest.raises(FeastPermissionError, match="admin"):  # a read key cannot push
+            fs.push(PUSH_SOURCE, frame(list(sample.rows(1, start=1))))
+        monkeypatch.setenv("FEATURE_STORE_API_KEY", "wrong-key-0123456789")
+        with pytest.raises(FeastPermissionError):
+            fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])

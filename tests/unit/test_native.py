@@ -118,6 +118,13 @@ def same_answers(names: list[str], reply: list[bytes | None]) -> bool:
     assert loaded == pure.load(reply)
     raw = loaded[0]
     assert native.json_parts(raw) == pure.json_parts(raw)
+    # a Feast answer's columns: the rows' values per feature, an entity with nothing between
+    raws = [raw, None, raw]
+    columns = native.json_columns(raws)
+    assert columns == pure.json_columns(raws)
+    parts = pure.json_parts(raw)
+    assert columns == [b"%b,null,%b" % (p, p) for p in parts]
+    assert native.json_columns([]) == pure.json_columns([]) == [b""] * len(names)
     assert native.proto(raw) == pure.proto(raw)
     assert native.proto_parts(raw) == pure.proto_parts(raw)
     # loaded for a gRPC answer: the records in place of the JSON
