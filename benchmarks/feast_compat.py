@@ -320,30 +320,40 @@ def plot(path: Path, sdk: list[SdkCell], http: list[HttpCell]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     ax = axes[0]
     xs = range(len(sdk))
     ax.bar([x - 0.2 for x in xs], [c.p(50) for c in sdk], 0.4, label="p50")
     ax.bar([x + 0.2 for x in xs], [c.p(99) for c in sdk], 0.4, label="p99")
-    ax.set_xticks(list(xs), [c.name.replace(", ", "\n") for c in sdk], fontsize=7)
+    short = ["Feast's own\nRedis store", "remote ->\nthis, L1 off", "remote ->\nthis, L1 on"]
+    ax.set_xticks(list(xs), short[: len(sdk)], fontsize=8)
     ax.set_ylabel("ms per get_online_features (10 x 50)")
     ax.set_title("Feast's Python SDK, one client")
     ax.legend()
-    labels = [f"{c.server}\n{c.connections} conn" for c in http]
+    names = {
+        "feast serve": "feast\nserve",
+        "L1 off": "this,\nL1 off",
+        "L1 on": "this,\nL1 on",
+        "/v1/": "this /v1,\nL1 off",
+    }
+    labels = [
+        next(v for k, v in reversed(names.items()) if k in c.server) + f"\n{c.connections} conn"
+        for c in http
+    ]
     xs = range(len(http))
     ax = axes[1]
     ax.bar(
         list(xs), [c.rps for c in http], color=["C3" if "feast" in c.server else "C0" for c in http]
     )
     ax.set_yscale("log")
-    ax.set_xticks(list(xs), labels, fontsize=6)
+    ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("requests/s (log)")
     ax.set_title("POST /get-online-features, wrk")
     ax = axes[2]
     ax.bar([x - 0.2 for x in xs], [c.server_us for c in http], 0.4, label="server")
     ax.bar([x + 0.2 for x in xs], [c.redis_us for c in http], 0.4, label="redis-server")
     ax.set_yscale("log")
-    ax.set_xticks(list(xs), labels, fontsize=6)
+    ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("CPU µs per entity (log)")
     ax.set_title("Cost per entity looked up")
     ax.legend()

@@ -1,0 +1,368 @@
+"""Feast's feature-server API over raw HTTP, as a non-Python client of ``feast serve`` calls
+it: a real serving process and a real redis-server, a registry of two entity types (int and
+string ids), each status Feast has, and the 4xx answers. Feast's SDK itself is in
+test_feast_sdk.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from feature_store.embedded import EmbeddedRedis
+from feature_store.layout import entity_key
+from feature_store.registry import Registry, load_registry
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+REGISTRY = """
+version: 1
+entities:
+  consumer: {prefix: c, id_type: int, ttl: 7d, join_key: consumer_id}
+  store: {prefix: s, id_type: string, ttl: 7d, join_key: store_id}
+feature_groups:
+  consumer_daily:
+    entity: consumer
+    max_age: 1h
+    features: {orders: int, score: float, tags: int_list}
+  consumer_live:
+    entity: consumer
+    push_source: live
+    features: {online: bool, score_now: double}
+  store_daily:
+    entity: store
+    features: {rating: float, city: string, score: double}
+feature_services:
+  ranking: [consumer_daily:orders, store_daily]
+"""
+NOW = time.time()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Registry, str]]:
+    path = tmp_path_factory.mktemp("registry") / "features.yaml"
+    path.write_text(REGISTRY)
+    registry = load_registry(path, check_lock=False)
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
+        with FeatureStore.connect(server.url, registry) as store:
+            store.write(
+                "consumer_daily",
+                [
+                    (1, {"orders": 3, "score": 0.5, "tags": [1, 2]}),
+                    (2, {"orders": 4, "score": 0.0}),  # no tags: NULL_VALUE
+                ],
+            )
+            store.write("consumer_daily", [(3, {"orders": 9})], now=NOW - 7200)  # stale
+            store.write("consumer_live", [(1, {"online": True, "score_now": 1e-300})])
+            store.write("store_daily", [("s1", {"rating": 4.5, "city": "Oslo", "score": 2.0})])
+        with redis.Redis.from_url(server.url) as r:  # entity 4 cannot be read: INVALID
+            r.set(entity_key("c", registry.entities["consumer"].id_type, 4), b"not a hash")
+        with ServingProcess(
+            server.url, registry=path, grpc=False, env={"FEATURE_SERVING_MAX_FEATURES": "20"}
+        ) as process:
+            yield process.rest_url, registry, str(path)
+
+
+def post(url: str, path: str, body: object) -> httpx.Response:
+    return httpx.post(url + path, content=orjson.dumps(body), headers=JSON, timeout=10)
+
+
+JSON = {"content-type": "application/json"}
+
+
+def columns(answer: httpx.Response) -> dict[str, dict[str, list[object]]]:
+    assert answer.status_code == 200, answer.text
+    doc = orjson.loads(answer.content)
+    names = doc["metadata"]["feature_names"]
+    assert len(names) == len(doc["results"])
+    return dict(zip(names, doc["results"], strict=True))
+
+
+def test_every_status_and_two_entity_types_in_one_request(
+    served: tuple[str, Registry, str],
+) -> None:
+    url, _, _ = served
+    got = columns(
+        post(
+            url,
+            "/get-online-features",
+            {
+                "entities": {
+                    "consumer_id": [1, 2, 3, 4, 5],
+                    "store_id": ["s1", "s1", "x", "s1", "y"],
+                },
+                "features": [
+                    "consumer_daily:orders",
+                    "store_daily:city",
+                    "consumer_daily:tags",
+                    "consumer_live:score_now",
+                    "consumer_daily:orders",  # repeated: answered once
+                ],
+                "full_feature_names": False,
+                "some_future_field": 1,  # ignored, as Feast's server ignores it
+            },
+        )
+    )
+    assert list(got) == ["consumer_id", "store_id", "orders", "city", "tags", "score_now"]
+    assert got["consumer_id"]["values"] == [1, 2, 3, 4, 5]
+    assert got["store_id"]["values"] == ["s1", "s1", "x", "s1", "y"]
+    assert got["orders"]["values"] == [3, 4, 9, None, None]
+    assert got["orders"]["statuses"] == [
+        "PRESENT",
+        "PRESENT",
+        "OUTSIDE_MAX_AGE",
+        "INVALID",
+        "NOT_FOUND",
+    ]
+    assert got["tags"]["values"] == [[1, 2], None, None, None, None]
+    assert got["tags"]["statuses"][:2] == ["PRESENT", "NULL_VALUE"]  # 2 holds the group
+    assert got["city"]["values"] == ["Oslo", "Oslo", None, "Oslo", None]
+    assert got["city"]["statuses"] == ["PRESENT", "PRESENT", "NOT_FOUND", "PRESENT", "NOT_FOUND"]
+    assert got["score_now"]["values"] == [1e-300, None, None, None, None]
+    stamps = got["orders"]["event_timestamps"]
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 7200))
+    assert stamps[2] == written  # the stale group's write time
+    assert stamps[3:] == ["1970-01-01T00:00:00Z"] * 2
+    assert got["tags"]["event_timestamps"][1] == stamps[1]  # NULL_VALUE: the group's time
+    assert set(got["consumer_id"]["statuses"]) == {"PRESENT"}
+
+
+def test_feature_service_full_names_and_view_metadata(served: tuple[str, Registry, str]) -> None:
+    url, _, _ = served
+    body = {
+        "entities": {"consumer_id": [1], "store_id": ["s1"]},
+        "feature_service": "ranking",
+        "full_feature_names": True,
+        "include_feature_view_version_metadata": True,
+    }
+    for _ in range(2):  # the second answer comes from the resolved shape
+        answer = post(url, "/get-online-features", body)
+        got = columns(answer)
+        assert list(got) == [
+            "consumer_id",
+            "store_id",
+            "consumer_daily__orders",
+            "store_daily__rating",
+            "store_daily__city",
+            "store_daily__score",
+        ]
+        assert got["store_daily__score"]["values"] == [2.0]
+        views = orjson.loads(answer.content)["metadata"]["feature_view_metadata"]
+        assert views == [{"name": "consumer_daily"}, {"name": "store_daily"}]
+
+
+def test_push_and_write_reach_reads_at_once(served: tuple[str, Registry, str]) -> None:
+    url, _, _ = served
+    features = ["consumer_live:online", "consumer_live:score_now"]
+    before = columns(
+        post(url, "/get-online-features", {"entities": {"consumer_id": [7]}, "features": features})
+    )
+    assert before["online"]["statuses"] == ["NOT_FOUND"]  # now cached as missing
+    pushed = post(
+        url,
+        "/push",
+        {
+            "push_source_name": "live",
+            "df": {"consumer_id": [7], "online": [False], "score_now": ["NaN"]},
+        },
+    )
+    assert pushed.status_code == 200, pushed.text
+    assert orjson.loads(pushed.content) == {
+        "entities": 1,
+        "values_written": 2,
+        "values_removed": 0,
+        "ignored_columns": [],
+    }
+    after = columns(
+        post(url, "/get-online-features", {"entities": {"consumer_id": [7]}, "features": features})
+    )
+    assert after["online"]["values"] == [False]
+    assert after["score_now"]["values"] == ["NaN"]  # as Feast's server writes a NaN
+    written = post(
+        url,
+        "/write-to-online-store",
+        {"feature_view_name": "consumer_live", "df": {"consumer_id": [7], "online": [None]}},
+    )
+    assert orjson.loads(written.content)["values_removed"] == 1
+    again = columns(
+        post(url, "/get-online-features", {"entities": {"consumer_id": [7]}, "features": features})
+    )
+    assert again["online"]["statuses"] == ["NULL_VALUE"]
+    assert again["score_now"]["values"] == ["NaN"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "feast_class", "needle"),
+    [
+        (
+            "/get-online-features",
+            {
+                "entities": {"consumer_id": [1]},
+                "features": ["consumer_daily:orders", "consumer_live:orders"],
+            },
+            404,
+            "FeatureViewNotFoundException",
+            "has no feature orders",
+        ),
+        (
+            "/get-online-features",
+            {
+                "entities": {"consumer_id": [1], "store_id": ["a"]},
+                "features": ["consumer_daily:score", "store_daily:score"],
+            },
+            400,
+            "FeastError",
+            "full_feature_names",
+        ),
+        (
+            "/get-online-features",
+            {"entities": {"consumer_id": ["1"]}, "features": ["consumer_daily:orders"]},
+            400,
+            "FeastError",
+            "int ids",
+        ),
+        (
+            "/get-online-features",
+            {"entities": {"consumer_id": [1]}, "features": "consumer_daily:orders"},
+            400,
+            "FeastError",
+            "view:feature",
+        ),
+        (
+            "/get-online-features",
+            {"entities": {"consumer_id": [1]}, "features": ["orders"]},
+            400,
+            "FeastError",
+            "view:feature",
+        ),
+        (
+            "/get-online-features",
+            {"entities": {"consumer_id": [1]}, "features": [["x"]]},
+            400,
+            "FeastError",
+            "view:feature",
+        ),
+        (
+            "/get-online-features",
+            {
+                "entities": {"consumer_id": [1]},
+                "features": ["consumer_daily:orders"],
+                "full_feature_names": "yes",
+            },
+            400,
+            "FeastError",
+            "true or false",
+        ),
+        (
+            "/get-online-features",
+            {"entities": {"consumer_id": [1]}, "feature_service": "nope"},
+            404,
+            "FeatureServiceNotFoundException",
+            "nope",
+        ),
+        (
+            "/get-online-features",
+            {"entities": {"consumer_id": 1}, "features": ["consumer_daily:orders"]},
+            400,
+            "FeastError",
+            "array",
+        ),
+        (
+            "/get-online-features",
+            {
+                "entities": {"consumer_id": [1]},
+                "features": [f"consumer_daily:f{i}" for i in range(21)],
+            },
+            413,
+            "FeastError",
+            "limit of 20",
+        ),
+        ("/get-online-features", [1], 400, "FeastError", "JSON object"),
+        (
+            "/push",
+            {"push_source_name": "live", "df": {"online": [True]}},
+            400,
+            "FeastError",
+            "consumer_id",
+        ),
+        (
+            "/push",
+            {"push_source_name": "live", "df": {"consumer_id": [1], "online": ["maybe"]}},
+            400,
+            "FeastError",
+            "online",
+        ),
+        (
+            "/push",
+            {"push_source_name": "live", "df": {"consumer_id": [1, 2], "online": [True]}},
+            400,
+            "FeastError",
+            "differ in length",
+        ),
+        (
+            "/push",
+            {"push_source_name": "live", "df": {"consumer_id": [1]}, "to": "online_and_offline"},
+            400,
+            "FeastError",
+            "online store",
+        ),
+        (
+            "/write-to-online-store",
+            {"feature_view_name": "nope", "df": {"consumer_id": [1]}},
+            404,
+            "FeatureViewNotFoundException",
+            "nope",
+        ),
+    ],
+)
+def test_bad_requests_get_feast_errors_that_name_the_problem(
+    served: tuple[str, Registry, str],
+    path: str,
+    body: object,
+    status: int,
+    feast_class: str,
+    needle: str,
+) -> None:
+    url, _, _ = served
+    answer = post(url, path, body)
+    assert answer.status_code == status, answer.text
+    detail = orjson.loads(orjson.loads(answer.content))
+    assert detail["module"] == "feast.errors"
+    assert detail["class"] == feast_class
+    assert needle in detail["message"], detail
+
+
+def test_transport_errors_are_feast_shaped_too(served: tuple[str, Registry, str]) -> None:
+    url, _, _ = served
+    wrong_type = httpx.post(
+        url + "/get-online-features", content=b"{}", headers={"content-type": "text/plain"}
+    )
+    assert wrong_type.status_code == 415
+    assert orjson.loads(orjson.loads(wrong_type.content))["class"] == "FeastError"
+    assert httpx.get(url + "/get-online-features").status_code == 405
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_health_is_503_while_redis_is_down(tmp_path: Path) -> None:
+    registry = tmp_path / "features.yaml"
+    registry.write_text(REGISTRY)
+    with (
+        EmbeddedRedis(tmp_path / "redis") as server,
+        ServingProcess(server.url, registry=registry, grpc=False) as process,
+    ):
+        assert httpx.get(process.rest_url + "/health").status_code == 200
+        server.stop()
+        assert httpx.get(process.rest_url + "/health", timeout=10).status_code == 503
+        answer = post(
+            process.rest_url,
+            "/get-online-features",
+            {"entities": {"consumer_id": [1]}, "features": ["consumer_daily:orders"]},
+        )
+        assert answer.status_code == 503
+        assert "Retry-After" in answer.headers
+        assert orjson.loads(orjson.loads(answer.content))["class"] == "FeastError"
