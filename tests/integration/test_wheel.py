@@ -94,6 +94,18 @@ def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
     )
     assert helped.returncode == 0, helped.stderr
     assert "serve" in helped.stdout
+    assert "import-feast" in helped.stdout
+    # without the feast extra, the import says how to get it
+    no_feast = subprocess.run(
+        [str(venv / "bin" / "feature-store"), "import-feast", ".", "--output", "out.yaml"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert no_feast.returncode == 2
+    assert "pip install 'feature-store[feast]'" in no_feast.stderr
 
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, sample.rows(5))
