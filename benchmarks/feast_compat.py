@@ -11,7 +11,9 @@ ids x all 50 features.
 1. Feast's Python SDK, one client calling back to back for ``--seconds``:
    ``get_online_features`` on Feast's Redis online store (its own read path, in process)
    against the same SDK with ``online_store: type: remote`` pointed at this server
-   (``POST /get-online-features``), L1 off and on.
+   (``POST /get-online-features``), and with this project's typed store for Feast
+   (``feature_store.feast_online``: the same request, values made by declared type), L1
+   off and on.
 2. Feast's HTTP API under a compiled load generator (wrk, a Lua script cycling through
    1,000 batches, the same bodies for both): ``feast serve`` (one worker, its defaults, no
    access log) against this server's ``/get-online-features`` (one worker, L1 off and on),
@@ -59,6 +61,7 @@ BATCH = 10
 NAMES = sample.FLOATS + sample.INTS + sample.INT_LISTS + sample.EMBEDDINGS
 REFS = [f"{sample.GROUP}:{n}" for n in NAMES]
 L1_TTL = "1"
+TYPED = "feature_store.feast_online.FeatureStoreOnlineStore"  # this project's Feast store
 BOUND_US = 1_000_000  # requests slower than 1 s are counted
 ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
 
@@ -325,7 +328,13 @@ def plot(path: Path, sdk: list[SdkCell], http: list[HttpCell]) -> None:
     xs = range(len(sdk))
     ax.bar([x - 0.2 for x in xs], [c.p(50) for c in sdk], 0.4, label="p50")
     ax.bar([x + 0.2 for x in xs], [c.p(99) for c in sdk], 0.4, label="p99")
-    short = ["Feast's own\nRedis store", "remote ->\nthis, L1 off", "remote ->\nthis, L1 on"]
+    short = [
+        "Feast's own\nRedis store",
+        "remote ->\nthis, L1 off",
+        "remote ->\nthis, L1 on",
+        "typed ->\nthis, L1 off",
+        "typed ->\nthis, L1 on",
+    ]
     ax.set_xticks(list(xs), short[: len(sdk)], fontsize=8)
     ax.set_ylabel("ms per get_online_features (10 x 50)")
     ax.set_title("Feast's Python SDK, one client")
@@ -432,12 +441,18 @@ def main() -> int:
                     raise SystemExit(f"{target.url} and feast serve answer different values")
             print("one batch read through both servers: the same values", flush=True)
             repos: dict[str, Path] = {"Feast SDK on Feast's Redis online store": feast_repo}
-            for label, url in [("L1 off", off.rest_url), (f"L1 on, {L1_TTL} s TTL", on.rest_url)]:
+            stores = [
+                ("remote", "remote", off.rest_url, "L1 off"),
+                ("remote", "remote", on.rest_url, f"L1 on, {L1_TTL} s TTL"),
+                ("typed", TYPED, off.rest_url, "L1 off"),
+                ("typed", TYPED, on.rest_url, f"L1 on, {L1_TTL} s TTL"),
+            ]
+            for label, kind, url, l1 in stores:
                 repo = sample.feast_repo(
-                    work / f"remote_{len(repos)}", f"  type: remote\n  path: {url}"
+                    work / f"sdk_{len(repos)}", f"  type: {kind}\n  path: {url}"
                 )
                 feast("apply", cwd=repo)
-                repos[f"Feast SDK, remote -> this server, {label}"] = repo
+                repos[f"Feast SDK, {label} -> this server, {l1}"] = repo
             for name, repo in repos.items():
                 cell = sdk_cell(name, repo, batches, args.seconds)
                 print(

@@ -490,52 +490,62 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Feas
             }
         )
 
-    async def push(authorization: str | None, raw: bytes) -> Answer:
-        t0 = time.perf_counter()
-        try:
-            auth.require(authorization, Role.ADMIN)
-            body = parse_object(raw, limit)
-            name = body.get("push_source_name")
-            if not isinstance(name, str):
-                raise MalformedRequestError("'push_source_name' is required: a string")
-            to = body.get("to", "online")
-            if to != "online":
-                raise MalformedRequestError(
-                    f"'to' is {to!r}: this server is an online store and takes only "
-                    "to='online'; write the offline store with Feast itself"
-                )
-            groups = registry.pushed_groups(name)
-            if not groups:
-                raise FeastNotFoundError(
-                    f"Push source {name} does not exist", "PushSourceNotFoundException", 422
-                )
-            content = await write(groups, body.get("df"))
-        except Exception as e:
-            return fail(e, "push", t0, writing=True)
-        observe(API, "push", "200").observe(time.perf_counter() - t0)
-        return Answer(200, content)
+    def writing(
+        method: str, targets: Callable[[Mapping[str, object]], Sequence[FeatureGroup]]
+    ) -> Handler:
+        """A write route: an admin key, the body, the groups it names, then push writes."""
 
-    async def write_to_online_store(authorization: str | None, raw: bytes) -> Answer:
-        t0 = time.perf_counter()
-        try:
-            auth.require(authorization, Role.ADMIN)
-            body = parse_object(raw, limit)
-            view = body.get("feature_view_name")
-            if not isinstance(view, str):
-                raise MalformedRequestError("'feature_view_name' is required: a string")
-            group = registry.groups.get(view)
-            if group is None:
-                raise FeastNotFoundError(
-                    f"Feature view {view} does not exist", "FeatureViewNotFoundException"
-                )
-            content = await write([group], body.get("df"))
-        except Exception as e:
-            return fail(e, "write", t0, writing=True)
-        observe(API, "write", "200").observe(time.perf_counter() - t0)
-        return Answer(200, content)
+        async def handle(authorization: str | None, raw: bytes) -> Answer:
+            t0 = time.perf_counter()
+            try:
+                auth.require(authorization, Role.ADMIN)
+                body = parse_object(raw, limit)
+                content = await write(targets(body), body.get("df"))
+            except Exception as e:
+                return fail(e, method, t0, writing=True)
+            observe(API, method, "200").observe(time.perf_counter() - t0)
+            return Answer(200, content)
+
+        return handle
 
     return {
         "/get-online-features": FeastRoute(get_online_features, Role.READ),
-        "/push": FeastRoute(push, Role.ADMIN),
-        "/write-to-online-store": FeastRoute(write_to_online_store, Role.ADMIN),
+        "/push": FeastRoute(
+            writing("push", lambda body: pushed_groups(body, registry)), Role.ADMIN
+        ),
+        "/write-to-online-store": FeastRoute(
+            writing("write", lambda body: written_group(body, registry)), Role.ADMIN
+        ),
     }
+
+
+def pushed_groups(body: Mapping[str, object], registry: Registry) -> Sequence[FeatureGroup]:
+    """The groups a ``/push`` body's push source feeds (online writes only)."""
+    name = body.get("push_source_name")
+    if not isinstance(name, str):
+        raise MalformedRequestError("'push_source_name' is required: a string")
+    to = body.get("to", "online")
+    if to != "online":
+        raise MalformedRequestError(
+            f"'to' is {to!r}: this server is an online store and takes only "
+            "to='online'; write the offline store with Feast itself"
+        )
+    groups = registry.pushed_groups(name)
+    if not groups:
+        raise FeastNotFoundError(
+            f"Push source {name} does not exist", "PushSourceNotFoundException", 422
+        )
+    return groups
+
+
+def written_group(body: Mapping[str, object], registry: Registry) -> Sequence[FeatureGroup]:
+    """The group a ``/write-to-online-store`` body names."""
+    view = body.get("feature_view_name")
+    if not isinstance(view, str):
+        raise MalformedRequestError("'feature_view_name' is required: a string")
+    group = registry.groups.get(view)
+    if group is None:
+        raise FeastNotFoundError(
+            f"Feature view {view} does not exist", "FeatureViewNotFoundException"
+        )
+    return [group]

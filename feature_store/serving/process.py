@@ -82,10 +82,14 @@ class ServingProcess:
             *(["--grpc-port", str(self.grpc_port)] if self.grpc_port else ["--no-grpc"]),
             *self.args,
         ]
+        # Settings come from ``env`` alone, and so does a metrics directory: two servers
+        # started from one process must not share one (importing Feast's SDK sets
+        # PROMETHEUS_MULTIPROC_DIR in the importing process, for instance)
         env = {
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("FEATURE_SERVING_", "FEATURE_STORE_"))
+            and k != "PROMETHEUS_MULTIPROC_DIR"
         }
         env.update(self.env)
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115

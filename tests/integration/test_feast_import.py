@@ -34,6 +34,13 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+def import_feast(repo: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """``feature-store import-feast REPO --output OUT``, run as a user runs it."""
+    return run(
+        sys.executable, "-m", "feature_store.cli", "import-feast", str(repo), "--output", str(out)
+    )
+
+
 @pytest.fixture(scope="module")
 def feast_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = sample.feast_repo(
@@ -49,15 +56,7 @@ def feast_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_import_feast_gives_the_sample_registry(feast_repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "features.yaml"
-    done = run(
-        sys.executable,
-        "-m",
-        "feature_store.cli",
-        "import-feast",
-        str(feast_repo),
-        "--output",
-        str(out),
-    )
+    done = import_feast(feast_repo, out)
     assert done.returncode == 0, done.stderr
     assert "1 entity type(s), 1 feature group(s), 50 features, 1 feature service(s)" in done.stdout
     imported = load_registry(out, check_lock=False)
@@ -75,15 +74,7 @@ def test_import_feast_gives_the_sample_registry(feast_repo: Path, tmp_path: Path
     assert imported.services == {"consumer_small": (f"{GROUP}:int_0", f"{GROUP}:embedding_0")}
     assert imported.fingerprint() == ours.fingerprint()  # the same data on Redis
     # an existing file is not replaced without --force
-    again = run(
-        sys.executable,
-        "-m",
-        "feature_store.cli",
-        "import-feast",
-        str(feast_repo),
-        "--output",
-        str(out),
-    )
+    again = import_feast(feast_repo, out)
     assert again.returncode == 2
     assert "--force" in again.stderr
 
@@ -93,15 +84,7 @@ def test_ingest_loads_the_parquet_feast_reads(
     feast_repo: Path, tmp_path: Path, redis_url: str
 ) -> None:
     out = tmp_path / "features.yaml"
-    done = run(
-        sys.executable,
-        "-m",
-        "feature_store.cli",
-        "import-feast",
-        str(feast_repo),
-        "--output",
-        str(out),
-    )
+    done = import_feast(feast_repo, out)
     assert done.returncode == 0, done.stderr
     ingest = run(
         sys.executable, "-m", "feature_store.cli", "ingest",

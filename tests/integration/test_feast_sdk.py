@@ -117,15 +117,15 @@ def store(tmp_path_factory: pytest.TempPathFactory, server: ServingProcess) -> f
     return feast_store(tmp_path_factory.mktemp("feast_repo"), server.rest_url)
 
 
-def feast_store(repo: Path, url: str, auth: str = "") -> feast.FeatureStore:
-    """Feast's SDK with ``online_store: type: remote`` at ``url``, the definitions applied."""
+def feast_store(repo: Path, url: str, auth: str = "", kind: str = "remote") -> feast.FeatureStore:
+    """Feast's SDK with the online store ``kind`` at ``url``, the definitions applied."""
     (repo / "feature_store.yaml").write_text(
         "project: compat\n"
         "provider: local\n"
         "registry: registry.db\n"
         "entity_key_serialization_version: 3\n"
         "online_store:\n"
-        "  type: remote\n"
+        f"  type: {kind}\n"
         f"  path: {url}\n"
         "offline_store:\n"
         "  type: file\n" + auth
@@ -307,3 +307,41 @@ def test_the_sdk_sends_an_api_key_as_a_static_bearer_token(
         monkeypatch.setenv("FEATURE_STORE_API_KEY", "wrong-key-0123456789")
         with pytest.raises(FeastPermissionError):
             fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])
+
+
+TYPED = "feature_store.feast_online.FeatureStoreOnlineStore"
+
+
+def test_the_typed_online_store_answers_what_remote_answers(
+    tmp_path: Path, store: feast.FeatureStore, server: ServingProcess
+) -> None:
+    """feature_store.feast_online: the same request, values made from the declared types,
+    the server's event timestamps kept."""
+    typed = feast_store(tmp_path, server.rest_url, kind=TYPED)
+    rows = [{"consumer_id": i} for i in IDS]
+    got = typed.get_online_features(features=refs(ALL), entity_rows=rows)
+    want = store.get_online_features(features=refs(ALL), entity_rows=rows)
+    got_dict, want_dict = got.to_dict(), want.to_dict()
+    assert list(got_dict) == list(want_dict)
+    for name in want_dict:
+        for a, b in zip(got_dict[name], want_dict[name], strict=True):
+            assert same(a, b), name
+    assert [list(r.statuses) for r in got.proto.results] == [
+        list(r.statuses) for r in want.proto.results
+    ]
+    # the declared types: a Float32 feature is a float_val, an Int64 list an int64_list_val
+    vectors = dict(zip(got.proto.metadata.feature_names.val, got.proto.results, strict=True))
+    assert vectors["float_00"].values[0].WhichOneof("val") == "float_val"
+    assert vectors["int_list_0"].values[0].WhichOneof("val") == "int64_list_val"
+    assert vectors["embedding_0"].values[0].WhichOneof("val") == "float_list_val"
+    stamps = got.to_dict(include_event_timestamps=True)["int_0__ts"]
+    assert stamps[IDS.index(STALE_ID)] < stamps[0] - 40 * 3600  # written 48 h before
+    assert stamps[IDS.index(999)] == 0
+    service = typed.get_online_features(
+        features=typed.get_feature_service("consumer_small"),
+        entity_rows={"consumer_id": [1]},
+        full_feature_names=True,
+    ).to_dict()
+    assert isinstance(service[f"{GROUP}__int_0"][0], int)
+    with pytest.raises(FeatureViewNotFoundException):
+        typed.get_online_features(features=["nope:x"], entity_rows=[{"consumer_id": 1}])
