@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -54,6 +55,8 @@ STATUSES = {
     "NULL_VALUE": FieldStatus.NULL_VALUE,
     "OUTSIDE_MAX_AGE": FieldStatus.OUTSIDE_MAX_AGE,
 }
+TYPES_TTL = 60.0  # seconds a list of features' types is kept: registry changes reach it
+TYPES_MAX = 1024
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -107,7 +110,14 @@ class FeatureStoreOnlineStoreConfig(RemoteOnlineStoreConfig):
 
 
 class FeatureStoreOnlineStore(RemoteOnlineStore):
-    """Feast's ``remote`` online store, with answers built from the declared types."""
+    """Feast's ``remote`` online store, with answers built from the declared types.
+
+    The types of a list of features are looked up in Feast's registry once a minute at
+    most (a lookup builds the feature view objects, which costs more than the call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._types: dict[tuple[object, ...], tuple[float, dict[str, ValueType]]] = {}
 
     def get_online_features(
         self,
@@ -143,8 +153,21 @@ class FeatureStoreOnlineStore(RemoteOnlineStore):
             raise RuntimeError(
                 f"Failed to get online features: {response.status_code} {response.text}"
             )
-        types = declared_types(features, registry, project, full_feature_names)
-        return typed_response(response.json(), types)
+        cache_key = (
+            features.name if isinstance(features, FeatureService) else tuple(features),
+            project,
+            full_feature_names,
+        )
+        now = time.monotonic()
+        found = self._types.get(cache_key)
+        if found is None or now - found[0] > TYPES_TTL:
+            if len(self._types) >= TYPES_MAX:
+                self._types.clear()
+            found = self._types[cache_key] = (
+                now,
+                declared_types(features, registry, project, full_feature_names),
+            )
+        return typed_response(response.json(), found[1])
 
 
 def declared_types(
@@ -154,7 +177,7 @@ def declared_types(
     full_feature_names: bool,
 ) -> dict[str, ValueType]:
     """The ValueType of each answered feature name, from the feature views' schemas."""
-    wanted: list[tuple[str, list[str] | None]] = []  # (view, features or None for all)
+    wanted: list[tuple[str, list[str]]] = []  # (view, features)
     if isinstance(features, FeatureService):
         for projection in features.feature_view_projections:
             view = projection.name_alias or projection.name
@@ -163,14 +186,17 @@ def declared_types(
         for ref in features:
             view, _, name = ref.partition(":")
             wanted.append((view, [name]))
-    types: dict[str, ValueType] = {}
+    by_view: dict[str, set[str]] = {}
     for view, names in wanted:
+        by_view.setdefault(view, set()).update(names)
+    types: dict[str, ValueType] = {}
+    for view, wanted_names in by_view.items():  # one registry lookup a view: it builds objects
         try:
             fv = registry.get_any_feature_view(view, project, allow_cache=True)
         except Exception:  # the server names what it does not know; the answer says so
             continue
         for field in fv.features:
-            if names is None or field.name in names:
+            if field.name in wanted_names:
                 key = f"{view}__{field.name}" if full_feature_names else field.name
                 types[key] = field.dtype.to_value_type()
     return types
