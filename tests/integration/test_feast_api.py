@@ -5,6 +5,7 @@ test_feast_sdk.py."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ import httpx
 import orjson
 import pytest
 import redis
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import entity_key
@@ -366,3 +369,108 @@ def test_health_is_503_while_redis_is_down(tmp_path: Path) -> None:
         assert answer.status_code == 503
         assert "Retry-After" in answer.headers
         assert orjson.loads(orjson.loads(answer.content))["class"] == "FeastError"
+
+
+# Anything a client may send: JSON values, and bodies close to valid ones built from the
+# registry's names, with wrong types and sizes mixed in.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+REFS = [
+    "consumer_daily:orders", "consumer_daily:tags", "consumer_live:online",
+    "store_daily:city", "store_daily:nope", "nope:x", "consumer_daily", ":", "a:b:c",
+]  # fmt: skip
+JOIN_KEYS = ["consumer_id", "store_id", "other"]
+ids = st.lists(
+    st.integers(-(2**64), 2**64) | st.text(max_size=6) | st.none() | st.floats() | json_values,
+    max_size=4,
+)
+read_bodies = st.fixed_dictionaries(
+    {"entities": st.dictionaries(st.sampled_from(JOIN_KEYS), ids, max_size=3) | json_values},
+    optional={
+        "features": st.lists(st.sampled_from(REFS), max_size=4) | json_values,
+        "feature_service": st.sampled_from(["ranking", "nope"]) | json_values,
+        "full_feature_names": st.booleans() | json_values,
+        "include_feature_view_version_metadata": st.booleans() | json_values,
+    },
+)
+frames = st.dictionaries(
+    st.sampled_from(["consumer_id", "online", "score_now", "orders", "event_timestamp", "x"]),
+    st.lists(json_values, max_size=3) | json_values,
+    max_size=4,
+)
+write_bodies = st.fixed_dictionaries(
+    {"df": frames | json_values},
+    optional={
+        "push_source_name": st.sampled_from(["live", "consumer_daily", "nope"]) | json_values,
+        "feature_view_name": st.sampled_from(["consumer_live", "nope"]) | json_values,
+        "to": st.sampled_from(["online", "offline"]) | json_values,
+    },
+)
+
+
+near_reads = st.fixed_dictionaries(  # valid but for the odd wrong name or length
+    {
+        "entities": st.fixed_dictionaries(
+            {"consumer_id": st.lists(st.integers(0, 9), min_size=1, max_size=3)},
+            optional={"store_id": st.lists(st.sampled_from(["s1", "x"]), min_size=1, max_size=3)},
+        ),
+        "features": st.lists(st.sampled_from(REFS[:4] + REFS[:4] + REFS), min_size=1, max_size=4),
+    },
+    optional={"full_feature_names": st.booleans(), "feature_service": st.just("ranking")},
+)
+near_writes = st.fixed_dictionaries(
+    {
+        "push_source_name": st.just("live"),
+        "df": st.integers(1, 3).flatmap(
+            lambda n: st.fixed_dictionaries(
+                {"consumer_id": st.lists(st.integers(100, 120), min_size=n, max_size=n)},
+                optional={
+                    "online": st.lists(
+                        st.booleans() | st.none() | json_values, min_size=n, max_size=n
+                    ),
+                    "score_now": st.lists(st.floats() | st.none(), min_size=n, max_size=n),
+                    "event_timestamp": st.lists(st.text(max_size=4), min_size=n, max_size=n),
+                },
+            )
+        ),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    call=st.one_of(
+        st.tuples(st.just("/get-online-features"), near_reads),
+        st.tuples(st.just("/get-online-features"), read_bodies | json_values),
+        st.tuples(st.just("/push"), near_writes),
+        st.tuples(st.sampled_from(["/push", "/write-to-online-store"]), write_bodies | json_values),
+    )
+)
+def test_any_body_gets_an_answer_and_never_a_500(
+    served: tuple[str, Registry, str], call: tuple[str, object]
+) -> None:
+    """Every answer is a 200 in Feast's shape or a 4xx in Feast's error shape."""
+    url, _, _ = served
+    path, body = call
+    answer = httpx.post(
+        url + path,
+        content=json.dumps(body).encode(),  # big ints and NaN too (not JSON: a 400)
+        headers=JSON,
+        timeout=10,
+    )
+    event(f"{path} {answer.status_code}")  # --hypothesis-show-statistics shows the mix
+    assert answer.status_code == 200 or 400 <= answer.status_code < 500, (body, answer.text)
+    doc = orjson.loads(answer.content)
+    if answer.status_code == 200:
+        assert set(doc) >= (
+            {"metadata", "results"} if path == "/get-online-features" else {"entities"}
+        )
+    else:
+        detail = orjson.loads(doc)
+        assert detail["module"] == "feast.errors"
+        assert detail["message"]
