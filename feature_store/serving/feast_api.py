@@ -182,8 +182,8 @@ class Shapes:
         )
         try:
             found = self._shapes.get(key)
-        except TypeError:  # an unhashable entry (a list in 'features'): refused below
-            found = None
+        except TypeError:  # a list or object among the names: resolving refuses it
+            return self.resolve(body, full, with_views)
         if found is not None:
             return found
         shape = self.resolve(body, full, with_views)
