@@ -12,9 +12,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict
-from typing import NamedTuple, cast
+from typing import cast
 
 import orjson
 from fastapi import FastAPI, Request
@@ -30,8 +30,16 @@ from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serving import schemas
 from feature_store.serving.auth import Authenticator, AuthError, Role
-from feature_store.serving.feast_api import feast_error, feast_routes
-from feature_store.serving.json_answer import JSON, Answer, JSONBody, parse_object
+from feature_store.serving.feast_api import feast_routes
+from feature_store.serving.json_answer import (
+    JSON,
+    Answer,
+    Handler,
+    JSONBody,
+    Route,
+    error_answer,
+    parse_object,
+)
 from feature_store.serving.runtime import ServingRuntime, tune_gc
 from feature_store.serving.service import (
     Lookup,
@@ -49,16 +57,6 @@ if native_enabled():
 
 log = logging.getLogger(__name__)
 API = "rest"
-
-
-def error_answer(p: Problem, retry_after: float | None = None) -> Answer:
-    headers: list[tuple[str, str]] = []
-    if p.status == 401:
-        headers.append(("WWW-Authenticate", "Bearer"))
-    if retry_after is not None and p.status == 503:
-        headers.append(("Retry-After", str(max(1, round(retry_after)))))
-    body = orjson.dumps({"error": {"code": p.code, "message": p.message, **(p.details or {})}})
-    return Answer(p.status, body, tuple(headers))
 
 
 def _field(body: Mapping[str, object], name: str, kind: type, default: object = None) -> object:
@@ -342,18 +340,9 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
     routes = {
         "/v1/features/get": Route(get_answer, Role.READ),
         "/v1/features/write": Route(write_answer, Role.ADMIN),
-        **{path: Route(r.handler, r.role, feast_error) for path, r in feast.items()},
+        **feast,
     }
     return FastPath(app, routes, auth, body_limit, settings.request_body_timeout)
-
-
-Handler = Callable[[str | None, bytes], Awaitable[Answer]]
-
-
-class Route(NamedTuple):
-    handler: Handler
-    role: Role  # checked before the body is read
-    errors: Callable[[Problem], Answer] = error_answer  # the shape of the route's errors
 
 
 _JSON_HEADER = (b"content-type", JSON.encode())

@@ -29,7 +29,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -39,7 +39,7 @@ from feature_store.batch import EntityId, WriteStats
 from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.registry import EntityType, FeatureGroup, Registry
 from feature_store.serving.auth import Authenticator, Role
-from feature_store.serving.json_answer import Answer, parse_object
+from feature_store.serving.json_answer import Answer, Handler, Route, error_headers, parse_object
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import (
     BatchTooLargeError,
@@ -82,12 +82,7 @@ def _feast_error(
     status: int, feast_class: str, message: str, retry_after: float | None = None
 ) -> Answer:
     detail = orjson.dumps({"module": "feast.errors", "class": feast_class, "message": message})
-    headers: list[tuple[str, str]] = []
-    if status == 401:
-        headers.append(("WWW-Authenticate", "Bearer"))
-    if retry_after is not None and status == 503:
-        headers.append(("Retry-After", str(max(1, round(retry_after)))))
-    return Answer(status, orjson.dumps(detail.decode()), tuple(headers))
+    return Answer(status, orjson.dumps(detail.decode()), error_headers(status, retry_after))
 
 
 # --- requests ----------------------------------------------------------------------------
@@ -132,16 +127,10 @@ def parse_read(body: Mapping[str, object], shapes: Shapes) -> FeastRead:
         raise MalformedRequestError(
             "'entities' is required: an object of join key -> array of entity ids"
         )
-    length = None
-    for join_key, values in entities.items():
-        if not isinstance(values, list):
-            raise MalformedRequestError(f"entities.{join_key} must be an array of entity ids")
-        if length is not None and len(values) != length:
-            raise MalformedRequestError(
-                f"the entity columns differ in length ({length} and {len(values)} in "
-                f"entities.{join_key}); each row needs a value in every column"
-            )
-        length = len(values)
+    _check_columns(
+        entities, "entities", "entity", "an array of entity ids",
+        "; each row needs a value in every column",
+    )  # fmt: skip
     shape = shapes.get(body)
     ids = []
     for read in shape.reads:
@@ -155,6 +144,22 @@ def parse_read(body: Mapping[str, object], shapes: Shapes) -> FeastRead:
             )
         ids.append([cast(EntityId, json_int(i)) for i in column])
     return FeastRead(shape, ids)
+
+
+def _check_columns(
+    columns: Mapping[str, object], where: str, kind: str, array: str, hint: str = ""
+) -> None:
+    """Column-shaped data (Feast's entities and frames): arrays, all of one length."""
+    length = None
+    for name, values in columns.items():
+        if not isinstance(values, list):
+            raise MalformedRequestError(f"{where}.{name} must be {array}")
+        if length is not None and len(values) != length:
+            raise MalformedRequestError(
+                f"the {kind} columns differ in length ({length} and {len(values)} in "
+                f"{where}.{name}){hint}"
+            )
+        length = len(values)
 
 
 class Shapes:
@@ -393,15 +398,7 @@ def frame_rows(
     group takes (besides the join key and Feast's time columns), which are answered."""
     if not isinstance(frame, dict) or not frame:
         raise MalformedRequestError("'df' is required: an object of column -> array of values")
-    length = None
-    for name, values in frame.items():
-        if not isinstance(values, list):
-            raise MalformedRequestError(f"df.{name} must be an array")
-        if length is not None and len(values) != length:
-            raise MalformedRequestError(
-                f"the df columns differ in length ({length} and {len(values)} in df.{name})"
-            )
-        length = len(values)
+    _check_columns(frame, "df", "df", "an array")
     join_key = groups[0].entity.join_key
     ids = frame.get(join_key)
     if ids is None:
@@ -426,17 +423,9 @@ def frame_rows(
 
 # --- the routes --------------------------------------------------------------------------
 
-Handler = Callable[[str | None, bytes], Awaitable[Answer]]
 
-
-@dataclass(frozen=True, slots=True)
-class FeastRoute:
-    handler: Handler
-    role: Role
-
-
-def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, FeastRoute]:
-    """The POST routes of Feast's API, by path, for the app's fast path."""
+def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Route]:
+    """The POST routes of Feast's API, by path, for the app's fast path (Feast's errors)."""
     service = runtime.service
     registry = runtime.registry
     metrics = runtime.metrics
@@ -509,12 +498,12 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Feas
         return handle
 
     return {
-        "/get-online-features": FeastRoute(get_online_features, Role.READ),
-        "/push": FeastRoute(
-            writing("push", lambda body: pushed_groups(body, registry)), Role.ADMIN
+        "/get-online-features": Route(get_online_features, Role.READ, feast_error),
+        "/push": Route(
+            writing("push", lambda body: pushed_groups(body, registry)), Role.ADMIN, feast_error
         ),
-        "/write-to-online-store": FeastRoute(
-            writing("write", lambda body: written_group(body, registry)), Role.ADMIN
+        "/write-to-online-store": Route(
+            writing("write", lambda body: written_group(body, registry)), Role.ADMIN, feast_error
         ),
     }
 

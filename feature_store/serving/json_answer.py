@@ -1,13 +1,17 @@
-"""What every HTTP route shares: the JSON answer type and the parsing of a JSON body."""
+"""What every HTTP route shares: the JSON answer type, error answers, the routes of the
+app's fast path, and the parsing of a JSON body."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 from fastapi.responses import Response
 
-from feature_store.serving.service import MalformedRequestError
+from feature_store.serving.auth import Role
+from feature_store.serving.service import MalformedRequestError, Problem
 
 JSON = "application/json"
 
@@ -26,6 +30,33 @@ class Answer:
 
     def response(self) -> Response:
         return JSONBody(self.body, status_code=self.status, headers=dict(self.headers))
+
+
+def error_headers(status: int, retry_after: float | None = None) -> tuple[tuple[str, str], ...]:
+    """The headers of an error answer: the auth scheme of a 401, when to retry a 503."""
+    headers: list[tuple[str, str]] = []
+    if status == 401:
+        headers.append(("WWW-Authenticate", "Bearer"))
+    if retry_after is not None and status == 503:
+        headers.append(("Retry-After", str(max(1, round(retry_after)))))
+    return tuple(headers)
+
+
+def error_answer(p: Problem, retry_after: float | None = None) -> Answer:
+    """An error of this API: ``{"error": {"code", "message", ...details}}``."""
+    body = orjson.dumps({"error": {"code": p.code, "message": p.message, **(p.details or {})}})
+    return Answer(p.status, body, error_headers(p.status, retry_after))
+
+
+Handler = Callable[[str | None, bytes], Awaitable[Answer]]
+
+
+class Route(NamedTuple):
+    """A POST route of the app's fast path."""
+
+    handler: Handler
+    role: Role  # checked before the body is read
+    errors: Callable[[Problem], Answer] = error_answer  # the shape of the route's errors
 
 
 def parse_object(raw: bytes, limit: int) -> dict[str, object]:
