@@ -9,11 +9,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import TypeAlias
 
 from feature_store.errors import EncodingError, EntityDataError, RequestError
-from feature_store.layout import decode_timestamp, encode_timestamp, entity_key
+from feature_store.layout import (
+    MAX_TIMESTAMP,
+    SKIPPED,
+    decode_timestamp,
+    encode_timestamp,
+    entity_key,
+    guarded_write,
+)
 from feature_store.native import format_of
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
 from feature_store.serialization import Value
@@ -22,6 +30,10 @@ EntityId: TypeAlias = int | str
 Command: TypeAlias = tuple[bytes | str | int, ...]
 # one entity's raw values in a plan's field order, or why its key could not be read
 RawReply: TypeAlias = "Sequence[bytes | None] | EntityDataError"
+# a write's row: id and values (None removes a value), with or without its own event time
+WriteRow: TypeAlias = (
+    "tuple[EntityId, Mapping[str, object]] | tuple[EntityId, Mapping[str, object], object]"
+)
 
 
 class Status(StrEnum):
@@ -281,67 +293,133 @@ def _decode_each(
     return values
 
 
+MAX_FUTURE_SECONDS = 3600  # a later event time would hide every write of its entity until then
+
+
 @dataclass(frozen=True, slots=True)
 class WriteStats:
-    entities: int = 0
+    entities: int = 0  # entities whose values were written
     values_written: int = 0
     values_removed: int = 0
+    # entities left as they were: Redis holds a newer event time for their group
+    skipped: int = 0
 
     def __add__(self, other: WriteStats) -> WriteStats:
         return WriteStats(
             self.entities + other.entities,
             self.values_written + other.values_written,
             self.values_removed + other.values_removed,
+            self.skipped + other.skipped,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class WritePlan:
+    """One guarded write command per entity, and what each writes if it is applied."""
+
     commands: list[Command]
-    stats: WriteStats
+    keys: list[bytes]
+    counts: list[tuple[int, int]]  # per command: values written, values removed
+
+    @property
+    def stats(self) -> WriteStats:
+        """The totals if every command is applied."""
+        return WriteStats(
+            len(self.counts), sum(w for w, _ in self.counts), sum(r for _, r in self.counts)
+        )
+
+    def outcome(self, replies: Sequence[object]) -> WriteStats:
+        """The totals from WRITE_SCRIPT's replies; an error reply counts as neither."""
+        entities = written = removed = skipped = 0
+        for (w, r), reply in zip(self.counts, replies, strict=True):
+            if reply == SKIPPED:
+                skipped += 1
+            elif not isinstance(reply, Exception):
+                entities, written, removed = entities + 1, written + w, removed + r
+        return WriteStats(entities, written, removed, skipped)
+
+
+def event_time_seconds(value: object, now: float) -> float:
+    """A row's event time as unix seconds, from unix seconds (a number), an RFC 3339 string
+    or an aware datetime. RequestError for anything else, a time before 1970, or a time
+    more than MAX_FUTURE_SECONDS ahead of ``now``."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise RequestError(f"event time {value!r} has no time zone")
+        seconds = value.timestamp()
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise RequestError(
+                f"event time {value[:40]!r} is not an RFC 3339 time (e.g. 2026-11-23T10:00:00Z)"
+            ) from None
+        if parsed.tzinfo is None:
+            raise RequestError(f"event time {value[:40]!r} has no time zone (add Z or +00:00)")
+        seconds = parsed.timestamp()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise RequestError(f"event time {value!r} must be unix seconds or an RFC 3339 string")
+    if not 0 <= seconds <= MAX_TIMESTAMP:  # also NaN
+        raise RequestError(f"event time {value!r} is not a time after 1970")
+    if seconds > now + MAX_FUTURE_SECONDS:
+        raise RequestError(
+            f"event time {value!r} is more than {MAX_FUTURE_SECONDS} s in the future: it would "
+            "hide every later write of its entity until then"
+        )
+    return seconds
 
 
 def plan_write(
     group: FeatureGroup,
-    rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+    rows: Iterable[WriteRow],
     *,
+    event_time: object = None,
     now: float | None = None,
 ) -> WritePlan:
-    """Commands that write one feature group's values for some entities.
+    """One guarded write command (``layout.WRITE_SCRIPT``) per row of one feature group.
 
-    A feature the row maps to None is removed (HDEL), so a snapshot never leaves yesterday's
-    value beside today's timestamp; a feature the row leaves out is not touched. Per entity
-    the order is HDEL, HSET (values and the group's timestamp in one command), EXPIRE: a
-    connection lost between them leaves old values marked with their old timestamp, or a
-    removed value, never an old value under a new timestamp. Every command is idempotent,
-    so a retried chunk gives the same state.
+    A row is ``(id, values)`` or ``(id, values, event_time)``; a row without its own event
+    time has ``event_time`` (default: ``now``). A feature the row maps to None is removed,
+    so a snapshot never leaves yesterday's value beside today's time; a feature the row
+    leaves out is not touched. Redis applies a command only if the group's stored event
+    time is not newer, atomically, so any writer may race any other. Every command is
+    idempotent: a retried chunk gives the same state. Everything is validated and encoded
+    here, before any I/O.
     """
-    ts = encode_timestamp(int(time.time() if now is None else now))
+    now = time.time() if now is None else now
+    default = now if event_time is None else event_time_seconds(event_time, now)
+    default_ts = encode_timestamp(default)
     entity = group.entity
     by_name = {f.name: f for f in group.features}
     commands: list[Command] = []
-    entities = written = removed = 0
-    for entity_id, values in rows:
+    keys: list[bytes] = []
+    counts: list[tuple[int, int]] = []
+    for row in rows:
+        entity_id, values = row[0], row[1]
         key = entity_key(entity.prefix, entity.id_type, entity_id)
-        hset: list[bytes | str | int] = ["HSET", key]
-        hdel: list[bytes | str | int] = ["HDEL", key]
+        ts = default_ts
+        if len(row) > 2:
+            try:
+                ts = encode_timestamp(event_time_seconds(row[2], now))
+            except RequestError as e:
+                raise RequestError(f"entity {entity_id!r}: {e}") from None
+        hset: list[bytes] = []
+        remove: list[bytes] = []
         for name, value in values.items():
             f = by_name.get(name)
             if f is None:
                 raise RequestError(f"feature group {group.name!r} has no feature {name!r}")
             if value is None:
-                hdel.append(f.field)
+                remove.append(f.field)
                 continue
             try:
                 hset += (f.field, f.codec.encode(value))
             except EncodingError as e:
                 raise EncodingError(f"entity {entity_id!r} feature {name!r}: {e}") from None
-        if len(hdel) > 2:
-            commands.append(tuple(hdel))
+        counts.append((len(hset) // 2, len(remove)))
         hset += (group.freshness_field, ts)
-        commands.append(tuple(hset))
-        commands.append(("EXPIRE", key, entity.ttl_seconds))
-        entities += 1
-        written += (len(hset) - 4) // 2
-        removed += len(hdel) - 2
-    return WritePlan(commands, WriteStats(entities, written, removed))
+        commands.append(guarded_write(key, entity.ttl_seconds, remove, hset))
+        keys.append(key)
+    return WritePlan(commands, keys, counts)

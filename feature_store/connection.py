@@ -210,6 +210,12 @@ def is_key_error(error: BaseException) -> bool:
     return isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
+def missing_script(replies: Sequence[object]) -> list[int]:
+    """Where a pipeline's replies say NOSCRIPT: Redis restarted or flushed its scripts since
+    the write script was loaded. The caller loads it and sends those commands again."""
+    return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+
+
 def read_replies(key_of: Sequence[bytes], replies: Sequence[object]) -> list[object]:
     """A read pipeline's replies (run with ``raise_on_error=False``) with each WRONGTYPE
     reply as its key's ``EntityDataError``; any other error reply raises, translated."""

@@ -3,8 +3,11 @@
     key        "{prefix}:{entity_id}"            one HASH per entity
     field      xxh32(feature_name), 4 raw bytes   see serialization.names
     value      codec of the feature's type        see serialization.codecs
-    freshness  field xxh32("__written_at__:{group}") = unix seconds of the group's last write
+    freshness  field xxh32("__written_at__:{group}") = the event time of the group's values:
+               unix seconds, with up to 3 decimals ("1767225600" or "1767225600.25")
     expiry     EXPIRE key <entity ttl>, set by every writer on every write
+    ordering   every write of one entity's group is one call of WRITE_SCRIPT, which changes
+               nothing if the stored event time is newer (see ``guarded_write``)
 
 A hash stays in Redis's compact listpack encoding only while every field and value is at
 most ``hash-max-listpack-value`` bytes and it has at most ``hash-max-listpack-entries``
@@ -17,7 +20,9 @@ external Redis what the registry needs.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 
 from feature_store.errors import RequestError
@@ -69,21 +74,78 @@ def freshness_field(group_name: str) -> bytes:
     return field_name(FRESHNESS_NAME.format(group=group_name))
 
 
-def encode_timestamp(unix_seconds: int) -> bytes:
-    return str(unix_seconds).encode("ascii")
-
-
 MAX_TIMESTAMP = 2**40  # unix seconds: year 36812; a larger or negative one is corrupt
 
 
+def encode_timestamp(unix_seconds: float) -> bytes:
+    """An event time as stored: whole seconds, or seconds and milliseconds ("12.5" -> b"12.5").
+
+    Milliseconds are what order two events of one entity a moment apart; finer fractions
+    are rounded to the nearest one. ValueError for a negative or absurd time.
+    """
+    if unix_seconds != unix_seconds or not 0 <= unix_seconds <= MAX_TIMESTAMP:
+        raise ValueError(f"not a unix time: {unix_seconds!r}")
+    seconds, millis = divmod(round(unix_seconds * 1000), 1000)
+    if not millis:
+        return b"%d" % seconds
+    return (b"%d.%03d" % (seconds, millis)).rstrip(b"0")
+
+
 def decode_timestamp(data: bytes) -> int:
-    """A stored write time. ValueError for anything but decimal digits of a sane time."""
-    if not data.isdigit():
+    """A stored event time in whole seconds (the fraction dropped). ValueError for anything
+    but the digits of a sane time, with at most one decimal point."""
+    whole, dot, fraction = data.partition(b".")
+    if not whole.isdigit() or (dot and not (fraction.isdigit() and len(fraction) <= 9)):
         raise ValueError(f"not a unix time: {data[:40]!r}")
-    value = int(data)
+    value = int(whole)
     if value > MAX_TIMESTAMP:
         raise ValueError(f"not a unix time: {value}")
     return value
+
+
+# The ordering guard: one call per entity and group write (one key, so Redis Cluster routes
+# it like any command on that key). The compare and the write are one script, so no other
+# writer can come between them. An older event time changes nothing; an equal one writes
+# (a redelivered event writes the same bytes again, and a correction made at the same event
+# time lands instead of being dropped unseen); a stored time that is not a number is treated
+# as absent. Replies: 0 skipped (older), 1 written, 2 written over an equal event time.
+#   KEYS[1] the entity's key
+#   ARGV    ttl, n, n fields to remove, field/value pairs..., freshness field, event time
+WRITE_SCRIPT = b"""\
+local n = tonumber(ARGV[2])
+local event_time = tonumber(ARGV[#ARGV])
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[#ARGV - 1]) or '')
+local verdict = 1
+if held then
+  if event_time < held then return 0 end
+  if event_time == held then verdict = 2 end
+end
+if n > 0 then redis.call('HDEL', KEYS[1], unpack(ARGV, 3, 2 + n)) end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3 + n))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return verdict
+"""
+WRITE_SCRIPT_SHA = hashlib.sha1(WRITE_SCRIPT).hexdigest()
+SKIPPED, WRITTEN, WRITTEN_EQUAL = 0, 1, 2  # WRITE_SCRIPT's replies
+
+
+def guarded_write(
+    key: bytes, ttl_seconds: int, remove: Sequence[bytes], hset: Sequence[bytes]
+) -> tuple[bytes | str | int, ...]:
+    """One entity's write of one group as a WRITE_SCRIPT call. ``hset`` is the field/value
+    pairs to set, ending with the group's freshness field and the event time."""
+    return ("EVALSHA", WRITE_SCRIPT_SHA, 1, key, ttl_seconds, len(remove), *remove, *hset)
+
+
+def unguarded_write(
+    key: bytes, ttl_seconds: int, remove: Sequence[bytes], hset: Sequence[bytes]
+) -> list[tuple[bytes | str | int, ...]]:
+    """The same write without the guard, last writer wins: HDEL, HSET, EXPIRE. For a first
+    load into an empty store. A connection lost between them leaves old values under their
+    old time, or a removed value, never an old value under a new time."""
+    out: list[tuple[bytes | str | int, ...]] = [("HDEL", key, *remove)] if remove else []
+    out += [("HSET", key, *hset), ("EXPIRE", key, ttl_seconds)]
+    return out
 
 
 def max_encoded_size(type_: FeatureType, dim: int | None) -> int | None:

@@ -6,10 +6,11 @@ caches do not hide the new values until their TTL:
 - ``{"origin": o, "group": g, "keys": [k, ...]}``: these entity keys changed (push writes
   through the serving API, small library writes). Serving drops the entries.
 - ``{"origin": o, "group": g, "generation": t}``: the group was written in bulk (the Spark
-  job, a large library write) with write time ``t`` (unix seconds, the group's freshness
-  field). Serving refreshes, in the background and at a bounded rate, every entry of the
-  group written before ``t``, and serves the current entry meanwhile: no mass drop, no
-  stampede.
+  job, a large library write) that ended at ``t`` (unix seconds, wall clock). Serving
+  refreshes, in the background and at a bounded rate, every entry of the group it read
+  from Redis before ``t``, and serves the current entry meanwhile: no mass drop, no
+  stampede. (Not the event time of the values: a bulk write of old events must still
+  refresh entries read before it.)
 
 Pub/sub delivers at most once: a writer that cannot publish logs it and the write stands;
 the cache TTL stays the bound. Also here: the Redis key of a group's warm-start snapshot
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -43,15 +45,17 @@ def keys_message(origin: str, group: str, keys: Sequence[bytes]) -> bytes:
     return orjson.dumps({"origin": origin, "group": group, "keys": [k.decode() for k in keys]})
 
 
-def generation_message(origin: str, group: str, generation: int) -> bytes:
-    return orjson.dumps({"origin": origin, "group": group, "generation": generation})
+def generation_message(origin: str, group: str, generation: float) -> bytes:
+    """A bulk write of ``group`` that ended at ``generation`` (unix seconds): entries read
+    before it are refreshed. Whole seconds, rounded up, so that none read during it stays."""
+    return orjson.dumps({"origin": origin, "group": group, "generation": math.ceil(generation)})
 
 
-def write_message(origin: str, group: str, keys: Sequence[bytes], written_at: int) -> bytes:
+def write_message(origin: str, group: str, keys: Sequence[bytes], now: float) -> bytes:
     """The message for a write of ``keys``: the keys themselves, or a generation if many."""
     if len(keys) <= KEYS_MAX:
         return keys_message(origin, group, keys)
-    return generation_message(origin, group, written_at)
+    return generation_message(origin, group, now)
 
 
 def parse(data: bytes) -> Mapping[str, object] | None:

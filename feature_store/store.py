@@ -24,6 +24,7 @@ from feature_store.batch import (
     RawReply,
     ReadPlan,
     WritePlan,
+    WriteRow,
     WriteStats,
     decode_read,
     plan_read,
@@ -33,11 +34,12 @@ from feature_store.connection import (
     AsyncClient,
     RedisTarget,
     SyncClient,
+    missing_script,
     read_replies,
     translated_errors,
 )
 from feature_store.errors import StoreError
-from feature_store.layout import max_encoded_size
+from feature_store.layout import WRITE_SCRIPT, max_encoded_size
 from feature_store.registry import FeatureGroup, Registry
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,7 @@ DEFAULT_CHUNK = 500  # entities per write pipeline: ~50k fields, a few MB on the
 C = TypeVar("C")
 
 
-def _chunks(
-    rows: Iterable[tuple[EntityId, Mapping[str, object]]], size: int
-) -> Iterable[list[tuple[EntityId, Mapping[str, object]]]]:
+def _chunks(rows: Iterable[WriteRow], size: int) -> Iterable[list[WriteRow]]:
     it = iter(rows)
     while chunk := list(islice(it, size)):
         yield chunk
@@ -62,37 +62,39 @@ def listpack_value_needed(registry: Registry) -> int:
 
 
 class _Write:
-    """The logic of one write, for both clients (they only run the plans): one write time
-    for every chunk, the plans chunk by chunk, the totals, and the notice for serving."""
+    """The logic of one write, for both clients (they only run the plans): one default
+    event time for every chunk, the plans chunk by chunk, the totals from Redis's replies,
+    and the notice for serving."""
 
     def __init__(
         self,
         group: FeatureGroup,
-        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        rows: Iterable[WriteRow],
         chunk_size: int,
-        now: float | None,
+        event_time: object,
         origin: str | None,
     ) -> None:
         self.group, self.rows, self.chunk_size = group, rows, chunk_size
-        self.now = time.time() if now is None else now
+        self.now = time.time()
+        self.event_time = self.now if event_time is None else event_time
         self.origin = origin  # None: tell no one
         self.total = WriteStats()
         self.keys: list[bytes] = []  # up to one more than a keys notice carries
 
     def plans(self) -> Iterator[WritePlan]:
         for chunk in _chunks(self.rows, self.chunk_size):
-            plan = plan_write(self.group, chunk, now=self.now)
-            for cmd in plan.commands:
-                if cmd[0] == "HSET" and len(self.keys) <= notices.KEYS_MAX:
-                    self.keys.append(cmd[1])  # type: ignore[arg-type]  # HSET's key: bytes
+            plan = plan_write(self.group, chunk, event_time=self.event_time, now=self.now)
+            self.keys += plan.keys[: notices.KEYS_MAX + 1 - len(self.keys)]
             yield plan
-            self.total += plan.stats  # after the caller ran the plan
+
+    def ran(self, plan: WritePlan, replies: Sequence[object]) -> None:
+        self.total += plan.outcome(replies)
 
     def notice(self) -> bytes | None:
         """What serving instances are told: the keys, or the group's generation if many."""
         if self.origin is None or not self.keys:
             return None
-        return notices.write_message(self.origin, self.group.name, self.keys, int(self.now))
+        return notices.write_message(self.origin, self.group.name, self.keys, time.time())
 
 
 class _Base(Generic[C]):
@@ -124,14 +126,10 @@ class _Base(Generic[C]):
         )
 
     def _writing(
-        self,
-        group: str,
-        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
-        chunk_size: int,
-        now: float | None,
+        self, group: str, rows: Iterable[WriteRow], chunk_size: int, event_time: object
     ) -> _Write:
         origin = self.origin if self.notify else None
-        return _Write(self.registry.group(group), rows, chunk_size, now, origin)
+        return _Write(self.registry.group(group), rows, chunk_size, event_time, origin)
 
     @staticmethod
     def _notice_failed(error: Exception) -> None:
@@ -162,12 +160,22 @@ class FeatureStore(_Base[SyncClient]):
         target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
         return cls(registry, target.sync_client(), notify=notify)
 
+    def _pipeline(self, commands: list[Command]) -> list[object]:
+        pipe = self.client.pipeline(transaction=False)
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return pipe.execute(raise_on_error=False)
+
     def _run(self, commands: list[Command]) -> list[object]:
+        """Each command's reply; the write script is loaded again if Redis lost it."""
         with translated_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for cmd in commands:
-                pipe.execute_command(*cmd)
-            return pipe.execute()
+            replies = self._pipeline(commands)
+            if missing := missing_script(replies):
+                self.client.script_load(WRITE_SCRIPT)
+                again = self._pipeline([commands[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            return _raised(replies)
 
     def read(
         self,
@@ -187,17 +195,22 @@ class FeatureStore(_Base[SyncClient]):
     def write(
         self,
         group: str,
-        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        rows: Iterable[WriteRow],
         *,
         chunk_size: int = DEFAULT_CHUNK,
-        now: float | None = None,
+        event_time: object = None,
     ) -> WriteStats:
         """Write rows of one group, in pipelines of ``chunk_size`` entities; then tell
-        serving instances (``notify``), also when a chunk failed after others were sent."""
-        write = self._writing(group, rows, chunk_size, now)
+        serving instances (``notify``), also when a chunk failed after others were sent.
+
+        A row is ``(id, values)`` or ``(id, values, event_time)``; ``event_time`` (unix
+        seconds, an RFC 3339 string or an aware datetime) is for rows without their own,
+        default now. A row older than what Redis holds for its entity's group changes
+        nothing and is counted in ``WriteStats.skipped``."""
+        write = self._writing(group, rows, chunk_size, event_time)
         try:
             for plan in write.plans():
-                self._run(plan.commands)
+                write.ran(plan, self._run(plan.commands))
         finally:
             message = write.notice()
             if message is not None:
@@ -208,11 +221,12 @@ class FeatureStore(_Base[SyncClient]):
                     self._notice_failed(e)
         return write.total
 
-    def announce(self, group: str, written_at: int) -> bool:
-        """Tell serving instances that ``group`` was written in bulk at ``written_at`` (the
-        Spark job does, at its end); False, logged, if the message could not be sent."""
+    def announce(self, group: str, ended_at: float) -> bool:
+        """Tell serving instances that ``group`` was written in bulk until ``ended_at``
+        (unix seconds; the Spark job does, at its end); False, logged, if the message could
+        not be sent."""
         self.registry.group(group)
-        message = notices.generation_message(self.origin, group, written_at)
+        message = notices.generation_message(self.origin, group, ended_at)
         try:
             with translated_errors():
                 self.client.publish(notices.CHANNEL, message)
@@ -251,12 +265,22 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
         return cls(registry, target.async_client(), notify=notify)
 
+    async def _pipeline(self, commands: list[Command]) -> list[object]:
+        pipe = self.client.pipeline(transaction=False)
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return await pipe.execute(raise_on_error=False)
+
     async def _run(self, commands: list[Command]) -> list[object]:
+        """As ``FeatureStore._run``."""
         with translated_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for cmd in commands:
-                pipe.execute_command(*cmd)
-            return await pipe.execute()
+            replies = await self._pipeline(commands)
+            if missing := missing_script(replies):
+                await self.client.script_load(WRITE_SCRIPT)
+                again = await self._pipeline([commands[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            return _raised(replies)
 
     async def run_plan(self, plan: ReadPlan) -> list[RawReply]:
         """A plan's raw values, aligned with ``plan.fields``: for callers that decode later.
@@ -281,16 +305,16 @@ class AsyncFeatureStore(_Base[AsyncClient]):
     async def write(
         self,
         group: str,
-        rows: Iterable[tuple[EntityId, Mapping[str, object]]],
+        rows: Iterable[WriteRow],
         *,
         chunk_size: int = DEFAULT_CHUNK,
-        now: float | None = None,
+        event_time: object = None,
     ) -> WriteStats:
         """As ``FeatureStore.write``."""
-        write = self._writing(group, rows, chunk_size, now)
+        write = self._writing(group, rows, chunk_size, event_time)
         try:
             for plan in write.plans():
-                await self._run(plan.commands)
+                write.ran(plan, await self._run(plan.commands))
         finally:
             message = write.notice()
             if message is not None:
@@ -318,6 +342,13 @@ class AsyncFeatureStore(_Base[AsyncClient]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _raised(replies: list[object]) -> list[object]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _flatten_config(cfg: object) -> dict[bytes | str, bytes | str]:

@@ -25,7 +25,8 @@ except ImportError:  # the system python3, say: the pinned grpcio-tools is in th
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_PACKAGE = "feature_store/proto"
-GRPC_PROTOS = {"serving.proto"}  # the files that declare a service
+GRPC_PROTOS = {"serving.proto"}
+WELL_KNOWN = Path(protoc.__file__).parent / "_proto"  # the files that declare a service
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -35,6 +36,7 @@ def generate(out_root: Path) -> list[Path]:
         args = [
             "grpc_tools.protoc",
             f"-I{PROTO_DIR}",
+            f"-I{WELL_KNOWN}",  # google/protobuf/timestamp.proto, shipped with grpcio-tools
             f"--python_out={out_root}",
             f"--pyi_out={out_root}",
         ]

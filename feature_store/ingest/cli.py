@@ -11,10 +11,12 @@ import argparse
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from feature_store.batch import event_time_seconds
 from feature_store.commands import add_redis_args, redis_url, settings_from
 from feature_store.errors import FeatureStoreError, RequestError
 
@@ -99,10 +101,39 @@ def _add_ingest(
         default=10.0,
         help="seconds between progress lines (10; 0: none)",
     )
+    p.add_argument(
+        "--event-time-column",
+        help="column with each row's event time (timestamp, unix seconds, or RFC 3339 text); "
+        "a row older than what Redis holds for its entity is skipped and counted",
+    )
+    p.add_argument(
+        "--event-time",
+        type=parse_event_time,
+        help="the snapshot's event time for every row, as unix seconds or RFC 3339 "
+        "(default: the job's start)",
+    )
+    p.add_argument(
+        "--no-ordering",
+        action="store_true",
+        help="write without the event-time guard, last writer wins: for a first load into "
+        "an empty store",
+    )
     p.add_argument("--profile-dir", help="write a cProfile dump of every task here")
     _add_spark_args(p, default_master)
     add_redis_args(p)
     p.set_defaults(func=run_ingest_command)
+
+
+def parse_event_time(text: str) -> float:
+    """``--event-time``: unix seconds or RFC 3339 text."""
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text
+    try:
+        return event_time_seconds(value, time.time())
+    except RequestError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_generate(
@@ -190,6 +221,9 @@ def run_ingest_command(args: argparse.Namespace) -> int:
             socket_timeout=args.socket_timeout,
             progress_interval=args.progress_interval,
             profile_dir=args.profile_dir,
+            written_at=args.event_time,
+            event_time_column=args.event_time_column,
+            ordered=not args.no_ordering,
         )
         with _session(args, conf, "feature-store-ingest") as spark:
             report = run_ingest(spark, job, progress=_stderr)

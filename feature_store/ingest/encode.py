@@ -15,13 +15,16 @@ most of the job's time, so this module produces the same commands from Arrow col
 * Rows are assembled in a numpy object matrix and turned into argument lists in one
   ``tolist()`` call instead of a Python loop per value.
 
-Per entity the commands are plan_write's: HDEL of the null cells (if any), HSET of the
-values plus the group's freshness field, EXPIRE with the entity type's TTL.
+Per entity the command is plan_write's: one guarded write (``layout.guarded_write``) of
+the values, the null cells to remove and the group's event time: the job's snapshot time,
+or each row's own from ``--event-time-column`` (a timestamp, unix seconds as a number, or
+RFC 3339 text; a timestamp without a zone is UTC).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,10 +33,16 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import snappy
 
-from feature_store.batch import Command
+from feature_store.batch import Command, event_time_seconds
 from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.spec import BadReason, ColumnSpec, Source
-from feature_store.layout import IdType, encode_timestamp, entity_key
+from feature_store.layout import (
+    IdType,
+    encode_timestamp,
+    entity_key,
+    guarded_write,
+    unguarded_write,
+)
 from feature_store.native import float32_encoder
 from feature_store.registry import Feature, FeatureGroup
 from feature_store.serialization import FeatureType, varint
@@ -70,17 +79,18 @@ class EncodedBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def commands(self, ttl_seconds: int, start: int = 0, stop: int | None = None) -> list[Command]:
-        """The commands of entities ``start:stop``, in plan_write's order."""
-        out: list[Command] = []
+    def commands(
+        self, ttl_seconds: int, start: int = 0, stop: int | None = None, ordered: bool = True
+    ) -> list[Command]:
+        """The commands of entities ``start:stop``: plan_write's guarded call per entity,
+        or (``ordered`` False) the same write unguarded."""
         end = len(self.keys) if stop is None else stop
-        for key, hset, hdel in zip(
-            self.keys[start:end], self.hset[start:end], self.hdel[start:end], strict=True
-        ):
-            if hdel:
-                out.append(("HDEL", key, *hdel))
-            out.append(("HSET", key, *hset))
-            out.append(("EXPIRE", key, ttl_seconds))
+        rows = zip(self.keys[start:end], self.hset[start:end], self.hdel[start:end], strict=True)
+        if ordered:
+            return [guarded_write(key, ttl_seconds, hdel, hset) for key, hset, hdel in rows]
+        out: list[Command] = []
+        for key, hset, hdel in rows:
+            out += unguarded_write(key, ttl_seconds, hdel, hset)
         return out
 
 
@@ -117,11 +127,15 @@ class BatchEncoder:
         group: FeatureGroup,
         id_column: str,
         columns: Sequence[ColumnSpec],
-        written_at: int,
+        written_at: float,
         *,
         id_source: Source = Source.NATIVE,
         memos: FloatMemos | None = None,
+        event_time_column: str | None = None,
+        now: float | None = None,
     ) -> None:
+        """``written_at``: the event time of every row, unless ``event_time_column`` names
+        the column that holds each row's (then ``now`` bounds how far ahead one may be)."""
         by_name = {f.name: f for f in group.features}
         order = {f.name: i for i, f in enumerate(group.features)}
         # group order, so that a row's HSET matches plan_write's for a dict in that order
@@ -131,6 +145,8 @@ class BatchEncoder:
         self.id_column = id_column
         self.id_source = id_source
         self.freshness = [group.freshness_field, encode_timestamp(written_at)]
+        self.event_time_column = event_time_column
+        self.now = time.time() if now is None else now
         self.memos = FloatMemos() if memos is None else memos
 
     def encode(self, batch: pa.RecordBatch) -> EncodedBatch:
@@ -156,7 +172,15 @@ class BatchEncoder:
             matrix[:, 2 * j] = feature.field
             matrix[:, 2 * j + 1] = values
         matrix[:, 2 * k] = self.freshness[0]
-        matrix[:, 2 * k + 1] = self.freshness[1]
+        if self.event_time_column is None:
+            matrix[:, 2 * k + 1] = self.freshness[1]
+        else:
+            column = self.event_time_column
+            times = event_times(batch.column(column), self.now)
+            for i, (reason, detail) in times.errors.items():
+                bad.setdefault(i, (reason, f"column {column!r}: {detail}"))
+            matrix[:, 2 * k + 1] = times.values
+        event_time = 2 * k + 1
         rows: list[list[bytes]] = matrix.tolist()
 
         null_rows = set(np.flatnonzero(any_null).tolist())
@@ -171,7 +195,7 @@ class BatchEncoder:
                         hdel.append(row[j])
                     else:
                         hset += (row[j], row[j + 1])
-                hset += self.freshness
+                hset += (self.freshness[0], row[event_time])
                 row = hset
                 out.values_removed += len(hdel)
                 out.values_written += len(hset) // 2 - 1
@@ -207,6 +231,41 @@ class BatchEncoder:
                 bad[i] = (BadReason.INVALID_ID, str(e))
                 keys.append(None)
         return keys, bad
+
+
+def event_times(array: pa.Array, now: float) -> _ColumnResult:
+    """Each row's event time as stored (``layout.encode_timestamp``): from a timestamp
+    (without a zone: UTC), a number of unix seconds, or RFC 3339 text."""
+    n = len(array)
+    errors: dict[int, tuple[BadReason, str]] = {}
+    seconds: list[object]
+    if pa.types.is_timestamp(array.type):
+        scale = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[array.type.unit]
+        ints = array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        seconds = (ints / scale).tolist()
+    elif pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
+        seconds = array.cast(pa.float64()).fill_null(0).to_numpy(zero_copy_only=False).tolist()
+    elif pa.types.is_decimal(array.type):
+        seconds = array.cast(pa.float64()).fill_null(0).to_pylist()
+    else:  # string: parsed (and checked) row by row below
+        seconds = array.to_pylist()
+    nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
+    memo: dict[object, bytes] = {}
+    values: list[bytes | None] = [None] * n
+    for i, value in enumerate(seconds):
+        if nulls is not None and nulls[i]:
+            errors[i] = (BadReason.NULL_EVENT_TIME, "no event time")
+            continue
+        encoded = memo.get(value)
+        if encoded is None:
+            try:
+                encoded = encode_timestamp(event_time_seconds(value, now))
+            except RequestError as e:
+                errors[i] = (BadReason.INVALID_EVENT_TIME, str(e))
+                continue
+            memo[value] = encoded
+        values[i] = encoded
+    return _ColumnResult(values, errors)
 
 
 def _encode_column(

@@ -86,7 +86,9 @@ class IngestJob:
     report_path: Path | None = None
     allow_missing_features: bool = False
     ignore_extra_columns: bool = False
-    written_at: int | None = None  # default: the job's start time
+    written_at: float | None = None  # the snapshot's event time; default: the job's start
+    event_time_column: str | None = None  # each row's event time instead (ingest.encode)
+    ordered: bool = True  # False: no ordering guard, last writer wins (a first load)
     partitions: int | None = None  # repartition the input first; None keeps Spark's split
     socket_timeout: float = 5.0
     connect_timeout: float = 2.0
@@ -141,6 +143,8 @@ def run_ingest(
         "input": job.input,
         "target": "(not parsed)",
         "written_at": written_at,
+        "event_time_column": job.event_time_column,
+        "ordered": job.ordered,
         "chunk_size": job.chunk_size,
     }
     try:
@@ -180,6 +184,7 @@ def _run(
         job.mapping,
         allow_missing=job.allow_missing_features,
         ignore_extra=job.ignore_extra_columns,
+        event_time_column=job.event_time_column,
     )
     run_ids = _check_redis(target, registry)  # fails here, before any write, if Redis is down
     redis_url = job.redis_url
@@ -188,7 +193,7 @@ def _run(
         target = RedisTarget.parse(
             redis_url, socket_timeout=job.socket_timeout, connect_timeout=job.connect_timeout
         )
-    written_at = cast(int, base["written_at"])
+    written_at = cast(float, base["written_at"])
     spec = TaskSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
         registry_source=str(job.registry),
@@ -198,6 +203,8 @@ def _run(
         columns=plan.columns,
         redis_url=redis_url,
         written_at=written_at,
+        event_time_column=job.event_time_column,
+        ordered=job.ordered,
         chunk_size=job.chunk_size,
         retry=job.retry,
         socket_timeout=job.socket_timeout,
@@ -211,7 +218,7 @@ def _run(
         report = _execute(spark, df, plan, spec, job, quarantine, base, started, progress)
     finally:
         # also after a failure: rows that were written are new, serving must not hide them
-        announced = _announce(target, registry, group.name, written_at)
+        announced = _announce(target, registry, group.name)
     if not announced:
         report = _with_warning(
             report,
@@ -300,6 +307,7 @@ def _execute(
         outcome=Outcome.BAD_ROWS_OVER_THRESHOLD if over else Outcome.SUCCEEDED,
         rows_read=rows,
         entities_written=int(sums["_ingest_entities"] or 0),
+        entities_skipped=int(sums["_ingest_skipped"] or 0),
         values_written=written,
         values_removed=int(sums["_ingest_removed"] or 0),
         bad_rows=bad,
@@ -346,11 +354,11 @@ def _with_cluster_nodes(target: RedisTarget) -> str:
     return target.with_seeds(nodes)
 
 
-def _announce(target: RedisTarget, registry: Registry, group: str, written_at: int) -> bool:
+def _announce(target: RedisTarget, registry: Registry, group: str) -> bool:
     """Publish the group's new generation for serving instances' caches (notices)."""
     try:
         with FeatureStore.connect(target, registry) as store:
-            return store.announce(group, written_at)
+            return store.announce(group, time.time())
     except FeatureStoreError as e:
         log.warning("could not announce the write of %s: %s", group, e)
         return False
@@ -462,6 +470,7 @@ def _failed_report(base: Mapping[str, object], started: float, message: str) -> 
         outcome=Outcome.FAILED,
         rows_read=0,
         entities_written=0,
+        entities_skipped=0,
         values_written=0,
         values_removed=0,
         bad_rows=0,

@@ -56,11 +56,15 @@ class IngestReport:
     entities_written: int
     values_written: int
     values_removed: int
+    # rows not written: Redis holds a newer event time for their entity's group
+    entities_skipped: int
     bad_rows: int
     bad_rows_by_reason: dict[str, int]
     elapsed_seconds: float
     values_per_second: float
-    written_at: int  # the freshness timestamp every entity got
+    written_at: float  # the snapshot's event time: every row's without event_time_column
+    event_time_column: str | None  # the column each row's event time came from
+    ordered: bool  # the ordering guard was on (off: last writer wins)
     chunk_size: int
     chunks: int
     retries: int
@@ -90,6 +94,7 @@ class IngestReport:
             f"  entities written   {self.entities_written:>15,}",
             f"  values written     {self.values_written:>15,}",
             f"  values removed     {self.values_removed:>15,}  (null cells)",
+            f"  entities skipped   {self.entities_skipped:>15,}  (Redis holds newer events)",
             f"  bad rows           {self.bad_rows:>15,}",
         ]
         for reason, count in sorted(self.bad_rows_by_reason.items()):

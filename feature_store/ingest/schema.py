@@ -22,6 +22,7 @@ RESERVED_PREFIX = "_ingest_"  # the job's own output columns (see task.py)
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
+_EVENT_TIME_TYPES = (*_NUMERIC, T.TimestampType, T.TimestampNTZType, T.StringType)
 
 # Spark types accepted natively per feature type, and how they are described in errors
 _ACCEPTS: dict[FeatureType, tuple[tuple[type[T.DataType], ...], str]] = {
@@ -44,10 +45,12 @@ class ColumnPlan:
     id_source: Source
     columns: tuple[ColumnSpec, ...]
     ignored: tuple[str, ...]  # extra input columns left out (only with ignore_extra)
+    event_time_column: str | None = None
 
     @property
     def input_columns(self) -> list[str]:
-        return [self.id_column, *(c.column for c in self.columns)]
+        event_time = [] if self.event_time_column is None else [self.event_time_column]
+        return [self.id_column, *(c.column for c in self.columns), *event_time]
 
 
 def plan_columns(
@@ -58,8 +61,11 @@ def plan_columns(
     *,
     allow_missing: bool = False,
     ignore_extra: bool = False,
+    event_time_column: str | None = None,
 ) -> ColumnPlan:
-    """Which input column feeds which feature, or a RequestError naming every bad column."""
+    """Which input column feeds which feature, or a RequestError naming every bad column.
+    ``event_time_column`` holds each row's event time: a timestamp, a number of unix
+    seconds, or RFC 3339 text."""
     mapping = dict(mapping or {})
     types = {f.name: f.dataType for f in schema.fields}
     problems: list[str] = []
@@ -76,6 +82,17 @@ def plan_columns(
             f"the input has no id column {id_column!r}; its columns are {_names(types)}"
         )
     id_source = _id_source(types[id_column], group, id_column, problems)
+    if event_time_column is not None:
+        dtype = types.get(event_time_column)
+        if dtype is None:
+            problems.append(f"--event-time-column: the input has no column {event_time_column!r}")
+        elif not isinstance(dtype, _EVENT_TIME_TYPES):
+            problems.append(
+                f"event time column {event_time_column!r} has type {dtype.simpleString()} "
+                "(accepted: timestamp, a number of unix seconds, or RFC 3339 string)"
+            )
+        elif event_time_column == id_column or event_time_column in mapping:
+            problems.append(f"column {event_time_column!r} cannot be the event time and more")
 
     target: dict[str, str] = {}  # feature -> column
     for column, name in mapping.items():
@@ -89,7 +106,11 @@ def plan_columns(
             target[name] = column
     ignored = [c for c in reserved if ignore_extra]
     for column in types:
-        if column == id_column or column in mapping or column.startswith(RESERVED_PREFIX):
+        if (
+            column in (id_column, event_time_column)
+            or column in mapping
+            or column.startswith(RESERVED_PREFIX)
+        ):
             continue
         if column in features and column not in target:
             target[column] = column
@@ -134,7 +155,7 @@ def plan_columns(
             "the input does not match the registry, nothing was written:\n  - "
             + "\n  - ".join(problems)
         )
-    return ColumnPlan(id_column, id_source, tuple(columns), tuple(ignored))
+    return ColumnPlan(id_column, id_source, tuple(columns), tuple(ignored), event_time_column)
 
 
 def _id_source(

@@ -25,6 +25,9 @@ class BadReason(StrEnum):
     WRONG_EMBEDDING_DIM = "wrong_embedding_dim"
     UNPARSEABLE_VALUE = "unparseable_value"  # text that is not a number / JSON list / bool
     INVALID_VALUE = "invalid_value"  # parsed, but outside the type (int64 or float32 range)
+    NULL_EVENT_TIME = "null_event_time"  # --event-time-column is null in this row
+    # before 1970, unparseable text, or more than batch.MAX_FUTURE_SECONDS ahead
+    INVALID_EVENT_TIME = "invalid_event_time"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,9 @@ class TaskSpec:
     id_source: Source
     columns: tuple[ColumnSpec, ...]
     redis_url: str
-    written_at: int  # unix seconds: the snapshot's freshness timestamp, the same for every row
+    written_at: float  # unix seconds: the snapshot's event time, for every row without a column
+    event_time_column: str | None = None  # each row's event time (see ingest.encode)
+    ordered: bool = True  # False: no ordering guard, last writer wins (a first load)
     chunk_size: int = 500
     retry: RetrySpec = field(default_factory=RetrySpec)
     socket_timeout: float = 5.0

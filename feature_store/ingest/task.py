@@ -34,6 +34,7 @@ STATS: tuple[tuple[str, pa.DataType], ...] = (
     ("_ingest_entities", pa.int64()),
     ("_ingest_written", pa.int64()),
     ("_ingest_removed", pa.int64()),
+    ("_ingest_skipped", pa.int64()),  # entities Redis holds newer event times for
     ("_ingest_bad", pa.int64()),
     ("_ingest_chunks", pa.int64()),
     ("_ingest_retries", pa.int64()),
@@ -105,6 +106,7 @@ def _write_partition(
         spec.written_at,
         id_source=spec.id_source,
         memos=_MEMOS,
+        event_time_column=spec.event_time_column,
     )
     target = RedisTarget.parse(
         spec.redis_url,
@@ -117,6 +119,7 @@ def _write_partition(
         ttl_seconds=group.entity.ttl_seconds,
         chunk_size=spec.chunk_size,
         retry=spec.retry,
+        ordered=spec.ordered,
     )
     rows = bad = 0
     read_s = encode_s = 0.0
@@ -128,10 +131,11 @@ def _write_partition(
             rows += batch.num_rows
             encoded = encoder.encode(batch)
             encode_s += time.perf_counter() - t1
+            before = writer.counters.entities, writer.counters.values_written
             writer.write(encoded)
             counters.rows.add(batch.num_rows)
-            counters.entities.add(len(encoded))
-            counters.values.add(encoded.values_written)
+            counters.entities.add(writer.counters.entities - before[0])
+            counters.values.add(writer.counters.values_written - before[1])
             if encoded.bad:
                 bad += len(encoded.bad)
                 yield _quarantine(schema, batch, encoded)
@@ -175,6 +179,7 @@ def _stats(
         "_ingest_entities": counters.entities,
         "_ingest_written": counters.values_written,
         "_ingest_removed": counters.values_removed,
+        "_ingest_skipped": counters.skipped,
         "_ingest_bad": bad,
         "_ingest_chunks": counters.chunks,
         "_ingest_retries": counters.retries,

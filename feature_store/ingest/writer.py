@@ -1,10 +1,13 @@
 """The Redis side of one partition: chunks of entities, one pipeline each, retried.
 
-Every command of a chunk (HDEL, HSET, EXPIRE) is idempotent, so when Redis goes away in
-the middle of a pipeline the whole chunk is sent again once it is back: whatever part of
-it had been applied is applied again with the same bytes. Retries use redis-py's own
-``Retry`` with equal-jitter exponential backoff; the bound (``RetrySpec.retries``) turns a
-long outage into a clear StoreUnavailableError instead of a job that hangs.
+Each entity is one call of the ordering guard (``layout.WRITE_SCRIPT``): it writes unless
+Redis holds a newer event time for the entity's group, and says which. Every command of a
+chunk is idempotent, so when Redis goes away in the middle of a pipeline the whole chunk
+is sent again once it is back: whatever part of it had been applied is applied again with
+the same bytes (an equal event time writes), and nothing newer is overwritten. Retries use
+redis-py's own ``Retry`` with equal-jitter exponential backoff; the bound
+(``RetrySpec.retries``) turns a long outage into a clear StoreUnavailableError instead of
+a job that hangs.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from redis.retry import Retry
 from redis.utils import HIREDIS_AVAILABLE
 
 from feature_store.batch import Command
-from feature_store.connection import RedisTarget, SyncClient, translated_errors
+from feature_store.connection import RedisTarget, SyncClient, missing_script, translated_errors
 from feature_store.errors import StoreUnavailableError
 from feature_store.ingest.encode import EncodedBatch
 from feature_store.ingest.spec import RetrySpec
+from feature_store.layout import SKIPPED, WRITE_SCRIPT
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +36,10 @@ log = logging.getLogger(__name__)
 class WriteCounters:
     """What one writer did; summed over partitions into the job's report."""
 
-    entities: int = 0
+    entities: int = 0  # written
     values_written: int = 0
     values_removed: int = 0
+    skipped: int = 0  # entities not written: Redis holds a newer event time for the group
     chunks: int = 0
     retries: int = 0
     redis_seconds: float = 0.0  # wall time inside pipeline round trips, retries included
@@ -50,9 +55,12 @@ class ChunkWriter:
         ttl_seconds: int,
         chunk_size: int,
         retry: RetrySpec,
+        ordered: bool = True,
     ) -> None:
+        """``ordered`` False: plain HDEL/HSET/EXPIRE, last writer wins (a first load)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
+        self.ordered = ordered
         self.target = target
         self.ttl_seconds = ttl_seconds
         self.chunk_size = chunk_size
@@ -72,18 +80,29 @@ class ChunkWriter:
         return self._client
 
     def write(self, batch: EncodedBatch) -> None:
+        counters = self.counters
         for start in range(0, len(batch), self.chunk_size):
             stop = min(start + self.chunk_size, len(batch))
-            self._send(batch.commands(self.ttl_seconds, start, stop))
-            self.counters.entities += stop - start
-            self.counters.chunks += 1
-        self.counters.values_written += batch.values_written
-        self.counters.values_removed += batch.values_removed
+            replies = self._send(batch.commands(self.ttl_seconds, start, stop, self.ordered))
+            counters.chunks += 1
+            if not self.ordered:
+                counters.entities += stop - start
+                continue
+            for i, reply in zip(range(start, stop), replies, strict=True):
+                if reply == SKIPPED:
+                    counters.skipped += 1
+                else:
+                    counters.entities += 1
+                    counters.values_written += len(batch.hset[i]) // 2 - 1
+                    counters.values_removed += len(batch.hdel[i])
+        if not self.ordered:
+            counters.values_written += batch.values_written
+            counters.values_removed += batch.values_removed
 
-    def _send(self, commands: list[Command]) -> None:
+    def _send(self, commands: list[Command]) -> list[object]:
         t0 = time.perf_counter()
         try:
-            self._retry.call_with_retry(lambda: self._execute(commands), self._failed)
+            return self._retry.call_with_retry(lambda: self._attempt(commands), self._failed)
         except StoreUnavailableError as e:
             raise StoreUnavailableError(
                 f"a chunk of {self.chunk_size} entities could not be written to "
@@ -93,16 +112,29 @@ class ChunkWriter:
         finally:
             self.counters.redis_seconds += time.perf_counter() - t0
 
-    def _execute(self, commands: list[Command]) -> None:
+    def _attempt(self, commands: list[Command]) -> list[object]:
+        """The chunk's replies; the write script is loaded again if Redis lost it (a
+        restart, SCRIPT FLUSH). The first error reply is raised, translated."""
         with translated_errors():
-            client = self.client
-            if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
-                _send_packed(client, commands)
-                return
-            pipe = client.pipeline(transaction=False)  # Redis Cluster: routed per node
-            for cmd in commands:
-                pipe.execute_command(*cmd)
-            pipe.execute()
+            replies = self._execute(commands)
+            if missing := missing_script(replies):
+                self.client.script_load(WRITE_SCRIPT)
+                again = self._execute([commands[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+    def _execute(self, commands: list[Command]) -> list[object]:
+        client = self.client
+        if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
+            return _send_packed(client, commands)
+        pipe = client.pipeline(transaction=False)  # Redis Cluster: routed per node
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return pipe.execute(raise_on_error=False)
 
     def _failed(self, error: Exception) -> None:
         self.counters.retries += 1
@@ -122,13 +154,13 @@ class ChunkWriter:
                 log.debug("closing the Redis client failed", exc_info=True)
 
 
-def _send_packed(client: redis.Redis, commands: list[Command]) -> None:
+def _send_packed(client: redis.Redis, commands: list[Command]) -> list[object]:
     """One pipeline round trip on one pooled connection, packed by hiredis.
 
     What redis-py's ``Pipeline`` does for a non-transactional pipeline (send every packed
     command, then read every reply), without its per-argument Python checks, which cost
-    more than the packing itself for HSETs of ~100 arguments. Every reply is read even
-    after an error reply, so the connection stays in step; the first error is raised.
+    more than the packing itself for calls of ~100 arguments. Every reply is read, an
+    error reply in its command's place, so the connection stays in step.
     """
     import hiredis  # present: HIREDIS_AVAILABLE
 
@@ -136,18 +168,17 @@ def _send_packed(client: redis.Redis, commands: list[Command]) -> None:
     payload = b"".join([pack(cmd) for cmd in commands])  # type: ignore[arg-type]
     pool = client.connection_pool
     conn = pool.get_connection()
-    first_error: redis.exceptions.ResponseError | None = None
+    replies: list[object] = []
     try:
         conn.send_packed_command([payload], check_health=False)  # type: ignore[no-untyped-call]
         for _ in commands:
             try:
-                conn.read_response()
+                replies.append(conn.read_response())
             except redis.exceptions.ResponseError as e:
-                first_error = first_error or e
+                replies.append(e)
     except BaseException:
         conn.disconnect()  # type: ignore[no-untyped-call]  # a half-read reply stream
         raise
     finally:
         pool.release(conn)
-    if first_error is not None:
-        raise first_error
+    return replies

@@ -25,7 +25,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from feature_store.batch import EntityId
+from feature_store.batch import EntityId, WriteRow
 from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serving import schemas
@@ -87,7 +87,7 @@ def _ids(body: Mapping[str, object]) -> list[EntityId]:
 
 GET_FIELDS = frozenset({"entity_type", "ids", "features", "groups", "bypass_cache"})
 WRITE_FIELDS = frozenset({"group", "rows"})
-ROW_FIELDS = frozenset({"id", "values"})
+ROW_FIELDS = frozenset({"id", "values", "event_time"})
 
 
 def _known(body: Mapping[str, object], known: frozenset[str], where: str) -> None:
@@ -191,7 +191,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             raw_rows = cast(list[object], _field(body, "rows", list))
             known = registry.groups.get(group)
             by_name = {f.name: f for f in known.features} if known is not None else {}
-            rows: list[tuple[EntityId, Mapping[str, object]]] = []
+            rows: list[WriteRow] = []
             for i, row in enumerate(raw_rows):
                 if not isinstance(row, dict) or "id" not in row:
                     raise MalformedRequestError(f"rows[{i}] must be an object with 'id'")
@@ -199,29 +199,21 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
                 values = row.get("values")
                 if not isinstance(values, dict):
                     raise MalformedRequestError(f"rows[{i}].values must be an object")
-                rows.append(
-                    (
-                        cast(EntityId, json_int(row["id"])),
-                        {
-                            k: v if k not in by_name else from_json_value(by_name[k], v)
-                            for k, v in values.items()
-                        },
-                    )
-                )
-            stats = await service.write(group, rows)
+                entity_id = cast(EntityId, json_int(row["id"]))
+                converted = {
+                    k: v if k not in by_name else from_json_value(by_name[k], v)
+                    for k, v in values.items()
+                }
+                event_time = row.get("event_time")
+                if event_time is None:
+                    rows.append((entity_id, converted))
+                else:
+                    rows.append((entity_id, converted, event_time))
+            written = await service.write(group, rows)
         except Exception as e:
             return fail(e, "write", t0, writing=True)
         observe(API, "write", "200").observe(time.perf_counter() - t0)
-        return Answer(
-            200,
-            orjson.dumps(
-                {
-                    "entities": stats.entities,
-                    "values_written": stats.values_written,
-                    "values_removed": stats.values_removed,
-                }
-            ),
-        )
+        return Answer(200, orjson.dumps(written.as_json()))
 
     # The routes below document the API and serve requests that reach FastAPI; POSTs to
     # these two paths are answered by FastPath first, with the same functions.

@@ -18,14 +18,24 @@ client that needs them.
 from __future__ import annotations
 
 import ssl
+import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import orjson
 
-from feature_store.batch import EntityError, EntityId, FaultReason, Status, WriteStats
+from feature_store.batch import (
+    EntityError,
+    EntityId,
+    FaultReason,
+    Status,
+    WriteRow,
+    WriteStats,
+    event_time_seconds,
+)
 from feature_store.errors import RequestError, StoreTimeoutError, StoreUnavailableError
 from feature_store.serialization import Value
 from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json, to_json
@@ -135,14 +145,26 @@ def _get_body(
     )
 
 
-def _write_body(group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]) -> bytes:
-    # orjson writes NaN and infinities as null, which would remove the value: send strings
-    return orjson.dumps(
-        {
-            "group": group,
-            "rows": [{"id": i, "values": {k: to_json(x) for k, x in v.items()}} for i, v in rows],
+def _write_body(group: str, rows: Iterable[WriteRow]) -> bytes:
+    out = []
+    for row in rows:
+        # orjson writes NaN and infinities as null, which would remove the value: send strings
+        doc: dict[str, object] = {
+            "id": row[0],
+            "values": {k: to_json(x) for k, x in row[1].items()},
         }
-    )
+        if len(row) > 2:
+            doc["event_time"] = _event_time_json(row[2])
+        out.append(doc)
+    return orjson.dumps({"group": group, "rows": out})
+
+
+def _event_time_json(value: object) -> object:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise RequestError(f"event time {value!r} has no time zone")
+        return value.isoformat()
+    return value  # unix seconds or RFC 3339 text: the server checks them
 
 
 FLOAT32_LISTS = frozenset({"embedding", "float_list"})
@@ -187,7 +209,9 @@ def _rest_check(status: int, content: bytes) -> None:
 
 
 def _write_stats(doc: Mapping[str, int]) -> WriteStats:
-    return WriteStats(doc["entities"], doc["values_written"], doc["values_removed"])
+    return WriteStats(
+        doc["entities"], doc["values_written"], doc["values_removed"], doc.get("skipped", 0)
+    )
 
 
 class _RestBase:
@@ -242,9 +266,7 @@ class FeatureClient(_RestBase):
         body = _get_body(entity_type, ids, features, groups, bypass_cache)
         return _rest_result(self._post("/v1/features/get", body))
 
-    def write(
-        self, group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]
-    ) -> WriteStats:
+    def write(self, group: str, rows: Iterable[WriteRow]) -> WriteStats:
         content = self._post("/v1/features/write", _write_body(group, rows))
         return _write_stats(orjson.loads(content))
 
@@ -315,9 +337,7 @@ class AsyncFeatureClient(_RestBase):
         body = _get_body(entity_type, ids, features, groups, bypass_cache)
         return _rest_result(await self._post("/v1/features/get", body))
 
-    async def write(
-        self, group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]
-    ) -> WriteStats:
+    async def write(self, group: str, rows: Iterable[WriteRow]) -> WriteStats:
         content = await self._post("/v1/features/write", _write_body(group, rows))
         return _write_stats(orjson.loads(content))
 
@@ -411,9 +431,7 @@ def _grpc_result(response: pb.GetFeaturesResponse) -> FeatureResult:
     return FeatureResult(response.entity_type, features, rows, errors)
 
 
-def _grpc_write_request(
-    group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]
-) -> pb.WriteFeaturesRequest:
+def _grpc_write_request(group: str, rows: Iterable[WriteRow]) -> pb.WriteFeaturesRequest:
     from feature_store.proto.v1 import serving_pb2 as pb
     from feature_store.proto.v1.values_pb2 import FloatList, IntList
 
@@ -435,7 +453,9 @@ def _grpc_write_request(
         raise RequestError(f"cannot send a {type(v).__name__} over gRPC")
 
     out = pb.WriteFeaturesRequest(group=group)
-    for entity_id, values in rows:
+    now = time.time()
+    for entry in rows:
+        entity_id, values = entry[0], entry[1]
         row = out.rows.add()
         if isinstance(entity_id, str):
             row.id.string_id = entity_id
@@ -443,6 +463,9 @@ def _grpc_write_request(
             row.id.int_id = entity_id
         for name, v in values.items():
             row.values[name].CopyFrom(value(v))
+        if len(entry) > 2:
+            micros = round(event_time_seconds(entry[2], now) * 1e6)
+            row.event_time.FromMicroseconds(micros)
     return out
 
 
@@ -511,15 +534,13 @@ class GrpcFeatureClient(_GrpcBase):
             raise _grpc_error(e) from None
         return _grpc_result(response)
 
-    def write(
-        self, group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]
-    ) -> WriteStats:
+    def write(self, group: str, rows: Iterable[WriteRow]) -> WriteStats:
         request = _grpc_write_request(group, rows)
         try:
             r = self.stub.WriteFeatures(request, timeout=self.timeout, metadata=self.metadata)
         except self._grpc.RpcError as e:
             raise _grpc_error(e) from None
-        return WriteStats(r.entities, r.values_written, r.values_removed)
+        return WriteStats(r.entities, r.values_written, r.values_removed, r.skipped)
 
     def close(self) -> None:
         self.channel.close()
@@ -573,15 +594,13 @@ class AsyncGrpcFeatureClient(_GrpcBase):
             raise _grpc_error(e) from None
         return _grpc_result(response)
 
-    async def write(
-        self, group: str, rows: Iterable[tuple[EntityId, Mapping[str, object]]]
-    ) -> WriteStats:
+    async def write(self, group: str, rows: Iterable[WriteRow]) -> WriteStats:
         request = _grpc_write_request(group, rows)
         try:
             r = await self.stub.WriteFeatures(request, timeout=self.timeout, metadata=self.metadata)
         except self._grpc.RpcError as e:
             raise _grpc_error(e) from None
-        return WriteStats(r.entities, r.values_written, r.values_removed)
+        return WriteStats(r.entities, r.values_written, r.values_removed, r.skipped)
 
     async def aclose(self) -> None:
         await self.channel.close()

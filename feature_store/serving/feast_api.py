@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import cast
 
 import orjson
 
-from feature_store.batch import EntityId, WriteStats
+from feature_store.batch import EntityId, WriteRow, WriteStats
 from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.registry import EntityType, FeatureGroup, Registry
 from feature_store.serving.auth import Authenticator, Role
@@ -393,9 +394,11 @@ def _ones(count: int) -> bytes:
 
 def frame_rows(
     groups: Sequence[FeatureGroup], frame: object
-) -> tuple[list[tuple[FeatureGroup, list[tuple[EntityId, dict[str, object]]]]], list[str]]:
+) -> tuple[list[tuple[FeatureGroup, list[WriteRow]]], list[str]]:
     """Feast's ``df`` (column -> values) as push-write rows per group, and the columns no
-    group takes (besides the join key and Feast's time columns), which are answered."""
+    group takes (besides the join key and Feast's time columns), which are answered.
+    ``event_timestamp`` is each row's event time; a time without a zone is UTC, as in
+    Feast."""
     if not isinstance(frame, dict) or not frame:
         raise MalformedRequestError("'df' is required: an object of column -> array of values")
     _check_columns(frame, "df", "df", "an array")
@@ -406,19 +409,31 @@ def frame_rows(
             f"df has no column {join_key!r}, the join key of {groups[0].name!r}"
         )
     taken = {join_key, *TIME_COLUMNS}
-    out = []
+    times = frame.get("event_timestamp")
+    out: list[tuple[FeatureGroup, list[WriteRow]]] = []
     for group in groups:
         features = [f for f in group.features if f.name in frame]
         taken.update(f.name for f in features)
-        rows = [
-            (
+        rows: list[WriteRow] = []
+        for i, entity_id in enumerate(ids):
+            row = (
                 cast(EntityId, json_int(entity_id)),
                 {f.name: from_json_value(f, frame[f.name][i]) for f in features},
             )
-            for i, entity_id in enumerate(ids)
-        ]
+            event_time = None if times is None else _utc(times[i])
+            rows.append(row if event_time is None else (*row, event_time))
         out.append((group, rows))
     return out, sorted(set(frame) - taken)
+
+
+def _utc(value: object) -> object:
+    """A Feast event timestamp: text without a zone is UTC (pandas writes them so)."""
+    if isinstance(value, str) and value and not _ZONE.search(value):
+        return value + "+00:00"
+    return value
+
+
+_ZONE = re.compile(r"(Z|[+-]\d\d:?\d\d)$")
 
 
 # --- the routes --------------------------------------------------------------------------
@@ -468,13 +483,18 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Rout
     async def write(groups: Sequence[FeatureGroup], frame: object) -> bytes:
         batches, ignored = frame_rows(groups, frame)
         total = WriteStats()
+        skipped: list[EntityId] = []
         for group, rows in batches:
-            total = total + await service.write(group.name, rows)
+            written = await service.write(group.name, rows)
+            total += written.stats
+            skipped += written.skipped
         return orjson.dumps(
             {
                 "entities": total.entities,
                 "values_written": total.values_written,
                 "values_removed": total.values_removed,
+                "skipped": total.skipped,
+                "skipped_ids": skipped,
                 "ignored_columns": ignored,
             }
         )

@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
-from feature_store.batch import EntityId
+from feature_store.batch import EntityId, WriteRow
 from feature_store.errors import ConfigError, FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
@@ -246,19 +246,28 @@ class FeatureServicer:
         try:
             self.auth.require(_metadata(context), Role.ADMIN)
             _check_parsed(request)
-            rows: list[tuple[EntityId, Mapping[str, object]]] = [
-                (_entity_id(r.id), {name: proto_value(v) for name, v in r.values.items()})
-                for r in request.rows
-            ]
-            stats = await self.service.write(request.group, rows)
+            rows: list[WriteRow] = []
+            for r in request.rows:
+                values = {name: proto_value(v) for name, v in r.values.items()}
+                if r.HasField("event_time"):
+                    rows.append((_entity_id(r.id), values, r.event_time.ToMicroseconds() / 1e6))
+                else:
+                    rows.append((_entity_id(r.id), values))
+            written = await self.service.write(request.group, rows)
         except Exception as e:
             await self._abort(context, e, "write", t0)
             raise AssertionError("unreachable") from None
         self.observe(API, "write", "200").observe(time.perf_counter() - t0)
+        stats = written.stats
         return pb.WriteFeaturesResponse(
             entities=stats.entities,
             values_written=stats.values_written,
             values_removed=stats.values_removed,
+            skipped=stats.skipped,
+            skipped_ids=[
+                pb.EntityId(string_id=i) if isinstance(i, str) else pb.EntityId(int_id=i)
+                for i in written.skipped
+            ],
         )
 
     async def get_registry(

@@ -151,8 +151,9 @@ class CachedReader:
         self._pending: list[_Load] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        # batch writes announced per group (unix seconds): older entries are refreshed
+        # batch writes announced per group (unix seconds): entries read before are refreshed
         self.generations: dict[str, int] = {}
+        self._marks: dict[str, float] = {}  # the same on this loader's clock
         self.refresh_rate = refresh_rate
         self._sweeps: dict[str, asyncio.Task[None]] = {}
         # entries hit in the last ``refresh_ahead`` of their lifetime: refreshed together
@@ -442,20 +443,23 @@ class CachedReader:
     # --- batch writes: refresh older entries in the background -----------------------------
 
     def _outdated(self, group: str, entry: Entry) -> bool:
-        generation = self.generations.get(group) if self.generations else None
-        return generation is not None and (entry.written_at or 0) < generation
+        mark = self._marks.get(group) if self._marks else None
+        return mark is not None and entry.loaded_at < mark
 
     def new_generation(self, group: str, generation: int) -> None:
-        """A batch write of ``group`` at ``generation`` (unix seconds) was announced.
+        """A batch write of ``group`` that ended at ``generation`` (unix seconds) was
+        announced.
 
-        Entries written before it are refreshed: on their next hit (which is still answered
-        from the entry), and by a background sweep at ``refresh_rate`` keys per second in
-        coalesced round trips, so that a nightly refresh of every entity neither drops the
-        cache at once nor sends every key to Redis at once.
+        Entries read from Redis before it are refreshed: on their next hit (which is still
+        answered from the entry), and by a background sweep at ``refresh_rate`` keys per
+        second in coalesced round trips, so that a nightly refresh of every entity neither
+        drops the cache at once nor sends every key to Redis at once. Read time, not the
+        values' event time: a bulk write of old events changes entries all the same.
         """
         if group not in self.specs or generation <= self.generations.get(group, 0):
             return
         self.generations[group] = generation  # also without a cache: the metrics report it
+        self._marks[group] = self.clock() - (time.time() - generation)
         if self.cache is None:
             return
         previous = self._sweeps.pop(group, None)

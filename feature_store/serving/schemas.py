@@ -63,9 +63,13 @@ class GetFeaturesResponse(BaseModel):
 
 
 class WriteFeaturesResponse(BaseModel):
-    entities: int
+    entities: int = Field(description="entities written")
     values_written: int
     values_removed: int
+    skipped: int = Field(
+        description="rows not written: Redis holds a newer event time for their entity's group"
+    )
+    skipped_ids: list[int | str] = Field(description="the ids of those rows")
 
 
 class FeatureInfo(BaseModel):
@@ -262,6 +266,15 @@ def write_request_schema(registry: Registry, max_entities: int) -> JsonSchema:
                     "properties": {f.name: _value_schema(f) for f in group.features},
                     "description": "feature -> value; null removes it, a feature left out "
                     "is not touched",
+                },
+                "event_time": {
+                    "oneOf": [
+                        {"type": "number", "minimum": 0},
+                        {"type": "string", "format": "date-time"},
+                    ],
+                    "description": "when the values were true: unix seconds or RFC 3339 "
+                    "(default: now). A row older than the entity's stored values of the "
+                    "group is not written and is named in skipped_ids",
                 },
             },
         }

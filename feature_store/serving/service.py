@@ -12,8 +12,8 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from feature_store.batch import EntityError, EntityId, WriteStats, plan_write
-from feature_store.connection import is_key_error, translated_errors
+from feature_store.batch import EntityError, EntityId, WriteRow, WriteStats, plan_write
+from feature_store.connection import is_key_error, missing_script, translated_errors
 from feature_store.errors import (
     EncodingError,
     RequestError,
@@ -21,7 +21,7 @@ from feature_store.errors import (
     StorePermissionError,
     StoreUnavailableError,
 )
-from feature_store.layout import entity_key
+from feature_store.layout import SKIPPED, WRITE_SCRIPT, entity_key
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
 from feature_store.serialization import FeatureType
 from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json
@@ -333,9 +333,10 @@ class FeatureService:
 
     # --- writes --------------------------------------------------------------------------
 
-    async def write(
-        self, group: str, rows: Sequence[tuple[EntityId, Mapping[str, object]]]
-    ) -> WriteStats:
+    async def write(self, group: str, rows: Sequence[WriteRow]) -> Written:
+        """Push-write rows of one group (see ``batch.plan_write``): each entity's values
+        are written unless Redis holds a newer event time for that group; those rows are
+        named in the answer. Caches here and elsewhere drop the keys."""
         if group not in self.registry.groups:
             known = ", ".join(sorted(self.registry.groups))
             raise UnknownFeatureError(f"unknown feature group {group!r}; known: {known}")
@@ -360,11 +361,12 @@ class FeatureService:
             raise
         self.reader.invalidate((group, k) for k in keys)
         await self._publish(group, keys)
-        failed = _failed_rows(plan.commands, replies, dict(zip(keys, ids, strict=True)))
+        failed = _failed_rows(keys, replies, ids)
         if failed:
             written = [i for k, i in zip(keys, ids, strict=True) if k not in failed]
             raise PartialWriteError(written, list(failed.values()))
-        return plan.stats
+        skipped = [i for i, reply in zip(ids, replies, strict=True) if reply == SKIPPED]
+        return Written(plan.outcome(replies), skipped)
 
     async def _publish(self, group: str, keys: Sequence[bytes]) -> None:
         try:
@@ -440,14 +442,24 @@ class Writer:
     def __init__(self, client: object) -> None:
         self.client = client
 
+    async def _pipeline(self, commands: list[tuple[bytes | str | int, ...]]) -> list[object]:
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        result: list[object] = await pipe.execute(raise_on_error=False)
+        return result
+
     async def run(self, commands: list[tuple[bytes | str | int, ...]]) -> list[object]:
         """Each command's reply, an error reply (WRONGTYPE) in its place; raises StoreError
-        when Redis fails or refuses for another reason than one key's data."""
+        when Redis fails or refuses for another reason than one key's data. The write
+        script is loaded again where Redis lost it (a restart, SCRIPT FLUSH)."""
         with translated_errors():
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
-            for cmd in commands:
-                pipe.execute_command(*cmd)
-            result: list[object] = await pipe.execute(raise_on_error=False)
+            result = await self._pipeline(commands)
+            if missing := missing_script(result):
+                await self.client.script_load(WRITE_SCRIPT)  # type: ignore[attr-defined]
+                again = await self._pipeline([commands[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    result[i] = reply
             for reply in result:
                 if isinstance(reply, Exception) and not is_key_error(reply):
                     raise reply
@@ -455,18 +467,32 @@ class Writer:
 
 
 def _failed_rows(
-    commands: Sequence[tuple[bytes | str | int, ...]],
-    replies: Sequence[object],
-    id_of: Mapping[bytes, EntityId],
+    keys: Sequence[bytes], replies: Sequence[object], ids: Sequence[EntityId]
 ) -> dict[bytes, tuple[EntityId, str]]:
-    """The rows whose commands Redis refused (their key holds another type), by key."""
+    """The rows whose write Redis refused (their key holds another type), by key."""
     failed: dict[bytes, tuple[EntityId, str]] = {}
-    for cmd, reply in zip(commands, replies, strict=True):
+    for key, reply, entity_id in zip(keys, replies, ids, strict=True):
         if isinstance(reply, Exception):
-            key = cmd[1]
-            assert isinstance(key, bytes)
-            failed.setdefault(key, (id_of[key], f"{key.decode(errors='replace')}: {reply}"))
+            failed.setdefault(key, (entity_id, f"{key.decode(errors='replace')}: {reply}"))
     return failed
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A push write's outcome: the totals, and the ids of the rows Redis holds newer data
+    for (not written, counted in ``stats.skipped``)."""
+
+    stats: WriteStats
+    skipped: list[EntityId]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "entities": self.stats.entities,
+            "values_written": self.stats.values_written,
+            "values_removed": self.stats.values_removed,
+            "skipped": self.stats.skipped,
+            "skipped_ids": self.skipped,
+        }
 
 
 def group_states(

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
+from redis.exceptions import ResponseError
 
 from feature_store.batch import (
     ERROR,
+    MAX_FUTURE_SECONDS,
     MISSING,
     PRESENT,
     STALE,
     FaultReason,
+    WriteStats,
     decode_read,
     plan_read,
     plan_write,
 )
 from feature_store.errors import EncodingError, EntityDataError, RequestError
-from feature_store.layout import freshness_field
+from feature_store.layout import (
+    SKIPPED,
+    WRITE_SCRIPT_SHA,
+    WRITTEN,
+    WRITTEN_EQUAL,
+    freshness_field,
+)
 from feature_store.registry import Registry, parse_registry
 from feature_store.serialization import field_name
 
@@ -180,28 +191,63 @@ def test_a_key_of_another_type_fails_every_group_of_its_entity() -> None:
     ]
 
 
-def test_write_plan_orders_hdel_hset_expire() -> None:
+def test_write_plan_is_one_guarded_call_per_entity() -> None:
     plan = plan_write(REG.group("daily"), [(1, {"a": 0.0, "b": None, "e": [1, 2]})], now=500)
-    hdel, hset, expire = plan.commands
-    assert hdel == ("HDEL", b"u:1", field_name("b"))
-    assert hset == (
-        "HSET",
-        b"u:1",
-        field_name("a"),
-        b"0",
-        field_name("e"),
-        REG.group("daily").feature("e").codec.encode([1, 2]),
-        freshness_field("daily"),
-        b"500",
-    )
-    assert expire == ("EXPIRE", b"u:1", 86400)
+    assert plan.commands == [
+        (
+            "EVALSHA",
+            WRITE_SCRIPT_SHA,
+            1,
+            b"u:1",
+            86400,  # the entity type's TTL
+            1,  # one field to remove
+            field_name("b"),
+            field_name("a"),
+            b"0",
+            field_name("e"),
+            REG.group("daily").feature("e").codec.encode([1, 2]),
+            freshness_field("daily"),
+            b"500",  # the event time: now, by default
+        )
+    ]
+    assert plan.keys == [b"u:1"]
     assert (plan.stats.entities, plan.stats.values_written, plan.stats.values_removed) == (1, 2, 1)
 
 
-def test_write_plan_without_nulls_has_no_hdel() -> None:
-    plan = plan_write(REG.group("live"), [(1, {"c": "x"}), (2, {})], now=1)
-    assert [c[0] for c in plan.commands] == ["HSET", "EXPIRE", "HSET", "EXPIRE"]
+def test_write_plan_event_times_per_row_and_per_call() -> None:
+    rows = [(1, {"c": "x"}), (2, {}, 1_700_000_000.25), (3, {}, "2023-11-14T22:13:20Z")]
+    plan = plan_write(REG.group("live"), rows, event_time=1000, now=1_800_000_000)
+    assert [c[-1] for c in plan.commands] == [b"1000", b"1700000000.25", b"1700000000"]
+    assert [c[5] for c in plan.commands] == [0, 0, 0]  # nothing to remove
     assert plan.stats.values_written == 1
+
+
+@pytest.mark.parametrize(
+    ("event_time", "message"),
+    [
+        (-1, "not a time after 1970"),
+        (float("nan"), "not a time after 1970"),
+        ("yesterday", "not an RFC 3339 time"),
+        ("2026-11-23T10:00:00", "has no time zone"),
+        (datetime(2026, 11, 23), "has no time zone"),
+        (True, "must be unix seconds or an RFC 3339 string"),
+        (2000 + MAX_FUTURE_SECONDS + 1, "in the future"),
+    ],
+)
+def test_write_plan_refuses_bad_event_times_naming_the_entity(
+    event_time: object, message: str
+) -> None:
+    with pytest.raises(RequestError, match=message):
+        plan_write(REG.group("live"), [(1, {"c": "x"})], event_time=event_time, now=2000)
+    with pytest.raises(RequestError, match=f"entity 7: .*{message}"):
+        plan_write(REG.group("live"), [(7, {"c": "x"}, event_time)], now=2000)
+
+
+def test_write_outcome_counts_skipped_and_refused_entities() -> None:
+    rows = [(1, {"c": "x"}), (2, {"c": None}), (3, {"c": "y"}), (4, {"c": "z"})]
+    plan = plan_write(REG.group("live"), rows, now=1)
+    stats = plan.outcome([WRITTEN, WRITTEN_EQUAL, SKIPPED, ResponseError("WRONGTYPE")])
+    assert stats == WriteStats(entities=2, values_written=1, values_removed=1, skipped=1)
 
 
 def test_write_plan_errors_name_entity_and_feature() -> None:

@@ -148,6 +148,7 @@ def _report(outcome: Outcome) -> IngestReport:
         target="redis://127.0.0.1:1",
         rows_read=10,
         entities_written=9,
+        entities_skipped=4,
         values_written=90,
         values_removed=3,
         bad_rows=1,
@@ -155,6 +156,8 @@ def _report(outcome: Outcome) -> IngestReport:
         elapsed_seconds=2.0,
         values_per_second=45.0,
         written_at=1,
+        event_time_column="ts",
+        ordered=True,
         chunk_size=500,
         chunks=1,
         retries=0,
@@ -171,6 +174,8 @@ def test_report_json_fields_and_exit_codes(tmp_path: Path) -> None:
     for key in (
         "rows_read",
         "entities_written",
+        "entities_skipped",
+        "event_time_column",
         "values_written",
         "values_removed",
         "bad_rows_by_reason",
@@ -184,6 +189,7 @@ def test_report_json_fields_and_exit_codes(tmp_path: Path) -> None:
     assert _report(Outcome.SUCCEEDED).exit_code == 0
     assert _report(Outcome.FAILED).exit_code == 2
     assert "null_id" in report.summary()
+    assert "entities skipped                 4" in report.summary()
 
 
 def test_cli_parses_ingest_and_generate_without_importing_spark() -> None:

@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from feature_store.proto.v1 import values_pb2 as feature__store_dot_proto_dot_v1_dot_values__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$feature_store/proto/v1/serving.proto\x12\x10\x66\x65\x61ture_store.v1\x1a#feature_store/proto/v1/values.proto\"7\n\x08\x45ntityId\x12\x10\n\x06int_id\x18\x01 \x01(\x03H\x00\x12\x13\n\tstring_id\x18\x02 \x01(\tH\x00\x42\x04\n\x02id\"\x86\x01\n\x12GetFeaturesRequest\x12\x13\n\x0b\x65ntity_type\x18\x01 \x01(\t\x12\x0f\n\x07int_ids\x18\x02 \x03(\x03\x12\x12\n\nstring_ids\x18\x03 \x03(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x04 \x03(\t\x12\x0e\n\x06groups\x18\x05 \x03(\t\x12\x14\n\x0c\x62ypass_cache\x18\x06 \x01(\x08\"\xcb\x01\n\x05Value\x12\x15\n\x0b\x66loat_value\x18\x01 \x01(\x01H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12\x31\n\nfloat_list\x18\x05 \x01(\x0b\x32\x1b.feature_store.v1.FloatListH\x00\x12-\n\x08int_list\x18\x06 \x01(\x0b\x32\x19.feature_store.v1.IntListH\x00\x42\x06\n\x04kind\"\xec\x01\n\nFeatureRow\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.feature_store.v1.EntityId\x12\'\n\x06values\x18\x02 \x03(\x0b\x32\x17.feature_store.v1.Value\x12*\n\x08statuses\x18\x03 \x03(\x0e\x32\x18.feature_store.v1.Status\x12\x34\n\x04\x61ges\x18\x04 \x03(\x0b\x32&.feature_store.v1.FeatureRow.AgesEntry\x1a+\n\tAgesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"e\n\x0b\x45ntityError\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.feature_store.v1.EntityId\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x97\x01\n\x13GetFeaturesResponse\x12\x13\n\x0b\x65ntity_type\x18\x01 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\t\x12*\n\x04rows\x18\x03 \x03(\x0b\x32\x1c.feature_store.v1.FeatureRow\x12-\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x1d.feature_store.v1.EntityError\"\xb2\x01\n\x08WriteRow\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.feature_store.v1.EntityId\x12\x36\n\x06values\x18\x02 \x03(\x0b\x32&.feature_store.v1.WriteRow.ValuesEntry\x1a\x46\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.feature_store.v1.Value:\x02\x38\x01\"O\n\x14WriteFeaturesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12(\n\x04rows\x18\x02 \x03(\x0b\x32\x1a.feature_store.v1.WriteRow\"Y\n\x15WriteFeaturesResponse\x12\x10\n\x08\x65ntities\x18\x01 \x01(\x03\x12\x16\n\x0evalues_written\x18\x02 \x01(\x03\x12\x16\n\x0evalues_removed\x18\x03 \x01(\x03\"\x14\n\x12GetRegistryRequest\"K\n\x0b\x46\x65\x61tureInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"i\n\x0e\x45ntityTypeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x0f\n\x07id_type\x18\x03 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\"\x94\x01\n\x10\x46\x65\x61tureGroupInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x65ntity_type\x18\x02 \x01(\t\x12\x17\n\x0fmax_age_seconds\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12/\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x1d.feature_store.v1.FeatureInfo\"}\n\x13GetRegistryResponse\x12\x32\n\x08\x65ntities\x18\x01 \x03(\x0b\x32 .feature_store.v1.EntityTypeInfo\x12\x32\n\x06groups\x18\x02 \x03(\x0b\x32\".feature_store.v1.FeatureGroupInfo*P\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PRESENT\x10\x01\x12\x0b\n\x07MISSING\x10\x02\x12\t\n\x05STALE\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x32\xaa\x02\n\x0e\x46\x65\x61tureService\x12Z\n\x0bGetFeatures\x12$.feature_store.v1.GetFeaturesRequest\x1a%.feature_store.v1.GetFeaturesResponse\x12`\n\rWriteFeatures\x12&.feature_store.v1.WriteFeaturesRequest\x1a\'.feature_store.v1.WriteFeaturesResponse\x12Z\n\x0bGetRegistry\x12$.feature_store.v1.GetRegistryRequest\x1a%.feature_store.v1.GetRegistryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$feature_store/proto/v1/serving.proto\x12\x10\x66\x65\x61ture_store.v1\x1a#feature_store/proto/v1/values.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n\x08\x45ntityId\x12\x10\n\x06int_id\x18\x01 \x01(\x03H\x00\x12\x13\n\tstring_id\x18\x02 \x01(\tH\x00\x42\x04\n\x02id\"\x86\x01\n\x12GetFeaturesRequest\x12\x13\n\x0b\x65ntity_type\x18\x01 \x01(\t\x12\x0f\n\x07int_ids\x18\x02 \x03(\x03\x12\x12\n\nstring_ids\x18\x03 \x03(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x04 \x03(\t\x12\x0e\n\x06groups\x18\x05 \x03(\t\x12\x14\n\x0c\x62ypass_cache\x18\x06 \x01(\x08\"\xcb\x01\n\x05Value\x12\x15\n\x0b\x66loat_value\x18\x01 \x01(\x01H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12\x31\n\nfloat_list\x18\x05 \x01(\x0b\x32\x1b.feature_store.v1.FloatListH\x00\x12-\n\x08int_list\x18\x06 \x01(\x0b\x32\x19.feature_store.v1.IntListH\x00\x42\x06\n\x04kind\"\xec\x01\n\nFeatureRow\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.feature_store.v1.EntityId\x12\'\n\x06values\x18\x02 \x03(\x0b\x32\x17.feature_store.v1.Value\x12*\n\x08statuses\x18\x03 \x03(\x0e\x32\x18.feature_store.v1.Status\x12\x34\n\x04\x61ges\x18\x04 \x03(\x0b\x32&.feature_store.v1.FeatureRow.AgesEntry\x1a+\n\tAgesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"e\n\x0b\x45ntityError\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.feature_store.v1.EntityId\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x97\x01\n\x13GetFeaturesResponse\x12\x13\n\x0b\x65ntity_type\x18\x01 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\t\x12*\n\x04rows\x18\x03 \x03(\x0b\x32\x1c.feature_store.v1.FeatureRow\x12-\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x1d.feature_store.v1.EntityError\"\xe2\x01\n\x08WriteRow\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.feature_store.v1.EntityId\x12\x36\n\x06values\x18\x02 \x03(\x0b\x32&.feature_store.v1.WriteRow.ValuesEntry\x12.\n\nevent_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x46\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.feature_store.v1.Value:\x02\x38\x01\"O\n\x14WriteFeaturesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12(\n\x04rows\x18\x02 \x03(\x0b\x32\x1a.feature_store.v1.WriteRow\"\x9b\x01\n\x15WriteFeaturesResponse\x12\x10\n\x08\x65ntities\x18\x01 \x01(\x03\x12\x16\n\x0evalues_written\x18\x02 \x01(\x03\x12\x16\n\x0evalues_removed\x18\x03 \x01(\x03\x12\x0f\n\x07skipped\x18\x04 \x01(\x03\x12/\n\x0bskipped_ids\x18\x05 \x03(\x0b\x32\x1a.feature_store.v1.EntityId\"\x14\n\x12GetRegistryRequest\"K\n\x0b\x46\x65\x61tureInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"i\n\x0e\x45ntityTypeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x0f\n\x07id_type\x18\x03 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\"\x94\x01\n\x10\x46\x65\x61tureGroupInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x65ntity_type\x18\x02 \x01(\t\x12\x17\n\x0fmax_age_seconds\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12/\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x1d.feature_store.v1.FeatureInfo\"}\n\x13GetRegistryResponse\x12\x32\n\x08\x65ntities\x18\x01 \x03(\x0b\x32 .feature_store.v1.EntityTypeInfo\x12\x32\n\x06groups\x18\x02 \x03(\x0b\x32\".feature_store.v1.FeatureGroupInfo*P\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PRESENT\x10\x01\x12\x0b\n\x07MISSING\x10\x02\x12\t\n\x05STALE\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x32\xaa\x02\n\x0e\x46\x65\x61tureService\x12Z\n\x0bGetFeatures\x12$.feature_store.v1.GetFeaturesRequest\x1a%.feature_store.v1.GetFeaturesResponse\x12`\n\rWriteFeatures\x12&.feature_store.v1.WriteFeaturesRequest\x1a\'.feature_store.v1.WriteFeaturesResponse\x12Z\n\x0bGetRegistry\x12$.feature_store.v1.GetRegistryRequest\x1a%.feature_store.v1.GetRegistryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,40 +37,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FEATUREROW_AGESENTRY']._serialized_options = b'8\001'
   _globals['_WRITEROW_VALUESENTRY']._loaded_options = None
   _globals['_WRITEROW_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_STATUS']._serialized_start=1828
-  _globals['_STATUS']._serialized_end=1908
-  _globals['_ENTITYID']._serialized_start=95
-  _globals['_ENTITYID']._serialized_end=150
-  _globals['_GETFEATURESREQUEST']._serialized_start=153
-  _globals['_GETFEATURESREQUEST']._serialized_end=287
-  _globals['_VALUE']._serialized_start=290
-  _globals['_VALUE']._serialized_end=493
-  _globals['_FEATUREROW']._serialized_start=496
-  _globals['_FEATUREROW']._serialized_end=732
-  _globals['_FEATUREROW_AGESENTRY']._serialized_start=689
-  _globals['_FEATUREROW_AGESENTRY']._serialized_end=732
-  _globals['_ENTITYERROR']._serialized_start=734
-  _globals['_ENTITYERROR']._serialized_end=835
-  _globals['_GETFEATURESRESPONSE']._serialized_start=838
-  _globals['_GETFEATURESRESPONSE']._serialized_end=989
-  _globals['_WRITEROW']._serialized_start=992
-  _globals['_WRITEROW']._serialized_end=1170
-  _globals['_WRITEROW_VALUESENTRY']._serialized_start=1100
-  _globals['_WRITEROW_VALUESENTRY']._serialized_end=1170
-  _globals['_WRITEFEATURESREQUEST']._serialized_start=1172
-  _globals['_WRITEFEATURESREQUEST']._serialized_end=1251
-  _globals['_WRITEFEATURESRESPONSE']._serialized_start=1253
-  _globals['_WRITEFEATURESRESPONSE']._serialized_end=1342
-  _globals['_GETREGISTRYREQUEST']._serialized_start=1344
-  _globals['_GETREGISTRYREQUEST']._serialized_end=1364
-  _globals['_FEATUREINFO']._serialized_start=1366
-  _globals['_FEATUREINFO']._serialized_end=1441
-  _globals['_ENTITYTYPEINFO']._serialized_start=1443
-  _globals['_ENTITYTYPEINFO']._serialized_end=1548
-  _globals['_FEATUREGROUPINFO']._serialized_start=1551
-  _globals['_FEATUREGROUPINFO']._serialized_end=1699
-  _globals['_GETREGISTRYRESPONSE']._serialized_start=1701
-  _globals['_GETREGISTRYRESPONSE']._serialized_end=1826
-  _globals['_FEATURESERVICE']._serialized_start=1911
-  _globals['_FEATURESERVICE']._serialized_end=2209
+  _globals['_STATUS']._serialized_start=1976
+  _globals['_STATUS']._serialized_end=2056
+  _globals['_ENTITYID']._serialized_start=128
+  _globals['_ENTITYID']._serialized_end=183
+  _globals['_GETFEATURESREQUEST']._serialized_start=186
+  _globals['_GETFEATURESREQUEST']._serialized_end=320
+  _globals['_VALUE']._serialized_start=323
+  _globals['_VALUE']._serialized_end=526
+  _globals['_FEATUREROW']._serialized_start=529
+  _globals['_FEATUREROW']._serialized_end=765
+  _globals['_FEATUREROW_AGESENTRY']._serialized_start=722
+  _globals['_FEATUREROW_AGESENTRY']._serialized_end=765
+  _globals['_ENTITYERROR']._serialized_start=767
+  _globals['_ENTITYERROR']._serialized_end=868
+  _globals['_GETFEATURESRESPONSE']._serialized_start=871
+  _globals['_GETFEATURESRESPONSE']._serialized_end=1022
+  _globals['_WRITEROW']._serialized_start=1025
+  _globals['_WRITEROW']._serialized_end=1251
+  _globals['_WRITEROW_VALUESENTRY']._serialized_start=1181
+  _globals['_WRITEROW_VALUESENTRY']._serialized_end=1251
+  _globals['_WRITEFEATURESREQUEST']._serialized_start=1253
+  _globals['_WRITEFEATURESREQUEST']._serialized_end=1332
+  _globals['_WRITEFEATURESRESPONSE']._serialized_start=1335
+  _globals['_WRITEFEATURESRESPONSE']._serialized_end=1490
+  _globals['_GETREGISTRYREQUEST']._serialized_start=1492
+  _globals['_GETREGISTRYREQUEST']._serialized_end=1512
+  _globals['_FEATUREINFO']._serialized_start=1514
+  _globals['_FEATUREINFO']._serialized_end=1589
+  _globals['_ENTITYTYPEINFO']._serialized_start=1591
+  _globals['_ENTITYTYPEINFO']._serialized_end=1696
+  _globals['_FEATUREGROUPINFO']._serialized_start=1699
+  _globals['_FEATUREGROUPINFO']._serialized_end=1847
+  _globals['_GETREGISTRYRESPONSE']._serialized_start=1849
+  _globals['_GETREGISTRYRESPONSE']._serialized_end=1974
+  _globals['_FEATURESERVICE']._serialized_start=2059
+  _globals['_FEATURESERVICE']._serialized_end=2357
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,7 @@
+import datetime
+
 from feature_store.proto.v1 import values_pb2 as _values_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -105,7 +108,7 @@ class GetFeaturesResponse(_message.Message):
     def __init__(self, entity_type: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[FeatureRow, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[EntityError, _Mapping]]] = ...) -> None: ...
 
 class WriteRow(_message.Message):
-    __slots__ = ("id", "values")
+    __slots__ = ("id", "values", "event_time")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,9 +118,11 @@ class WriteRow(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
     id: EntityId
     values: _containers.MessageMap[str, Value]
-    def __init__(self, id: _Optional[_Union[EntityId, _Mapping]] = ..., values: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    event_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[_Union[EntityId, _Mapping]] = ..., values: _Optional[_Mapping[str, Value]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WriteFeaturesRequest(_message.Message):
     __slots__ = ("group", "rows")
@@ -128,14 +133,18 @@ class WriteFeaturesRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[WriteRow, _Mapping]]] = ...) -> None: ...
 
 class WriteFeaturesResponse(_message.Message):
-    __slots__ = ("entities", "values_written", "values_removed")
+    __slots__ = ("entities", "values_written", "values_removed", "skipped", "skipped_ids")
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     VALUES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     VALUES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_IDS_FIELD_NUMBER: _ClassVar[int]
     entities: int
     values_written: int
     values_removed: int
-    def __init__(self, entities: _Optional[int] = ..., values_written: _Optional[int] = ..., values_removed: _Optional[int] = ...) -> None: ...
+    skipped: int
+    skipped_ids: _containers.RepeatedCompositeFieldContainer[EntityId]
+    def __init__(self, entities: _Optional[int] = ..., values_written: _Optional[int] = ..., values_removed: _Optional[int] = ..., skipped: _Optional[int] = ..., skipped_ids: _Optional[_Iterable[_Union[EntityId, _Mapping]]] = ...) -> None: ...
 
 class GetRegistryRequest(_message.Message):
     __slots__ = ()
