@@ -267,7 +267,9 @@ def _execute(
         [T.StructField(f.name, f.dataType, True) for f in selected.schema.fields]
         + [T.StructField(name, _spark_type(t), True) for name, t in EXTRA]
     )
-    arrow_schema = to_arrow_schema(out_schema)
+    # Spark hands timestamps (an event time column) to Arrow in the session's zone
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    arrow_schema = to_arrow_schema(out_schema, timezone=zone)
     sc = spark.sparkContext
     counters = Counters(sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
     result = selected.mapInArrow(partial(write_partition, spec, arrow_schema, counters), out_schema)

@@ -60,7 +60,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Regi
                     (2, {"orders": 4, "score": 0.0}),  # no tags: NULL_VALUE
                 ],
             )
-            store.write("consumer_daily", [(3, {"orders": 9})], now=NOW - 7200)  # stale
+            store.write("consumer_daily", [(3, {"orders": 9})], event_time=NOW - 7200)  # stale
             store.write("consumer_live", [(1, {"online": True, "score_now": 1e-300})])
             store.write("store_daily", [("s1", {"rating": 4.5, "city": "Oslo", "score": 2.0})])
         with redis.Redis.from_url(server.url) as r:  # entity 4 cannot be read: INVALID

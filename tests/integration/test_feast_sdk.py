@@ -101,7 +101,9 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator
     rows = list(sample.rows(10))
     with FeatureStore.connect(redis_url, registry) as store:
         store.write(GROUP, [r for r in rows if r[0] != STALE_ID])
-        store.write(GROUP, [r for r in rows if r[0] == STALE_ID], now=time.time() - 48 * 3600)
+        store.write(
+            GROUP, [r for r in rows if r[0] == STALE_ID], event_time=time.time() - 48 * 3600
+        )
     with redis.Redis.from_url(redis_url) as r:
         e = registry.entities[ENTITY]
         r.hdel(

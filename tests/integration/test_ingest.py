@@ -37,7 +37,7 @@ from feature_store.store import FeatureStore
 
 pytestmark = pytest.mark.spark
 
-WRITTEN_AT = 1_800_000_000
+WRITTEN_AT = 1_760_000_000  # a past snapshot: a future one is refused
 N = 300  # entities of the small inputs
 
 
@@ -449,7 +449,9 @@ def test_serving_sees_the_job_s_values_at_its_end_not_at_its_cache_ttl(
     """The job announces its group's generation; a serving cache refreshes what is older."""
     registry = load_registry(registry_file)
     with FeatureStore.connect(redis_url, registry, notify=False) as store:  # yesterday's run
-        store.write(sample.GROUP, [(i, {"int_0": -1}) for i in range(N)], now=WRITTEN_AT - 86400)
+        store.write(
+            sample.GROUP, [(i, {"int_0": -1}) for i in range(N)], event_time=WRITTEN_AT - 86400
+        )
     env = {"FEATURE_SERVING_CACHE_TTL": "3600", "FEATURE_SERVING_SHADOW_FRACTION": "0"}
     with (
         ServingProcess(redis_url, registry=registry_file, env=env, grpc=False) as server,
@@ -465,6 +467,58 @@ def test_serving_sees_the_job_s_values_at_its_end_not_at_its_cache_ttl(
         while [r.values[0] for r in client.get(sample.ENTITY, ids, ["int_0"]).rows] != expected:
             assert time.monotonic() < deadline, "serving kept the cached values"
             time.sleep(0.1)
+
+
+def test_event_time_column_never_overwrites_newer_push_writes(
+    spark: SparkSession, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """Each row's event time from a timestamp column: entities pushed with newer events
+    keep them (skipped and counted), older pushes are overwritten, a null time is
+    quarantined; a second run of the same input changes nothing but writes again."""
+    registry = load_registry(registry_file)
+    t0 = 1_760_000_000
+    path = str(tmp_path / "events.parquet")
+    seconds = F.col(ID_COLUMN).cast("long") + t0
+    frame = sample_frame(spark, N, seed=7, partitions=2).withColumn(
+        "ts", F.when(F.col(ID_COLUMN) == N - 1, None).otherwise(F.timestamp_seconds(seconds))
+    )
+    frame.write.parquet(path)
+    with FeatureStore.connect(redis_url, registry, notify=False) as store:
+        store.write(sample.GROUP, [(i, {"int_0": -7}, t0 + 10_000) for i in range(100)])
+        store.write(sample.GROUP, [(i, {"int_0": -8}, t0 - 10_000) for i in range(100, 150)])
+    job = _job(registry_file, path, redis_url, event_time_column="ts")
+    report = run_ingest(spark, job)
+    assert report.outcome is Outcome.BAD_ROWS_OVER_THRESHOLD  # the null time, quarantined
+    assert report.bad_rows_by_reason == {"null_event_time": 1}
+    assert (report.entities_written, report.entities_skipped) == (N - 101, 100)
+    assert report.event_time_column == "ts"
+    expected = _expected(registry, range(N))
+    got = _read_back(redis_url, registry, list(range(N - 1)))
+    assert all(got[i]["int_0"] == -7 for i in range(100))
+    assert all(got[i] == expected[i] for i in range(100, N - 1))
+    group = registry.group(sample.GROUP)
+    with redis.Redis.from_url(redis_url) as client:
+        key = f"{group.entity.prefix}:150".encode()
+        assert client.hget(key, group.freshness_field) == str(t0 + 150).encode()
+    again = run_ingest(spark, job)  # equal event times: written again, nothing regresses
+    assert (again.entities_written, again.entities_skipped) == (N - 101, 100)
+    assert _read_back(redis_url, registry, list(range(N - 1))) == got
+
+
+def test_a_snapshot_older_than_the_stored_events_is_skipped_not_written(
+    spark: SparkSession, sample_input: str, registry_file: Path, redis_url: str
+) -> None:
+    """A nightly run whose snapshot time is older than a push write does not undo it;
+    --no-ordering does (last writer wins)."""
+    registry = load_registry(registry_file)
+    with FeatureStore.connect(redis_url, registry, notify=False) as store:
+        store.write(sample.GROUP, [(5, {"int_0": -9})], event_time=WRITTEN_AT + 60)
+    report = run_ingest(spark, _job(registry_file, sample_input, redis_url))
+    assert (report.entities_written, report.entities_skipped) == (N - 1, 1)
+    assert _read_back(redis_url, registry, [5])[5]["int_0"] == -9
+    report = run_ingest(spark, _job(registry_file, sample_input, redis_url, ordered=False))
+    assert (report.entities_written, report.entities_skipped, report.ordered) == (N, 0, False)
+    assert _read_back(redis_url, registry, [5])[5] == _expected(registry, range(5, 6))[5]
 
 
 @pytest.mark.cluster

@@ -58,7 +58,7 @@ def test_a_batch_write_reaches_every_instance_without_a_stampede(redis_url: str)
     n = 3000  # more than notices.KEYS_MAX: announced as a generation, not as keys
     assert n > notices.KEYS_MAX
     with FeatureStore.connect(redis_url, REGISTRY) as store:
-        store.write(GROUP, sample.rows(n), now=time.time() - 3600)
+        store.write(GROUP, sample.rows(n), event_time=time.time() - 3600)
     env = {**LONG_TTL, "FEATURE_SERVING_REFRESH_RATE": "2000"}
     with (
         ServingProcess(redis_url, env=env, grpc=False) as a,

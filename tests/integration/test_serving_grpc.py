@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import grpc
 import httpx
@@ -74,6 +75,36 @@ async def test_async_grpc_client_reads_and_writes(server: ServingProcess) -> Non
         result = await client.get(ENTITY, [3], features=["float_00", "int_list_0", "int_0"])
         assert result.rows[0].values == [2.5, [1, 2, 3], None]
         assert [s.value for s in result.rows[0].statuses] == ["present", "present", "missing"]
+
+
+async def test_grpc_writes_carry_event_times_and_name_skipped_rows(
+    server: ServingProcess,
+) -> None:
+    async with AsyncGrpcFeatureClient(server.grpc_target, timeout=5) as client:
+        stats = await client.write(
+            GROUP,
+            [
+                (40, {"int_0": 1}, "2026-01-01T00:00:00.250Z"),
+                (41, {"int_0": 2}, datetime(2026, 1, 1, tzinfo=UTC)),
+            ],
+        )
+        assert (stats.entities, stats.skipped) == (2, 0)
+        stats = await client.write(
+            GROUP, [(40, {"int_0": 3}, 1767225600.249), (41, {"int_0": 4}, 1767225600.001)]
+        )
+        assert (stats.entities, stats.skipped) == (1, 1)
+        result = await client.get(ENTITY, [40, 41], features=["int_0"])
+        assert [r.values for r in result.rows] == [[1], [4]]
+    # the raw answer names the skipped ids
+    request = pb.WriteFeaturesRequest(group=GROUP)
+    row = request.rows.add()
+    row.id.int_id = 41
+    row.values["int_0"].int_value = 5
+    row.event_time.FromSeconds(1767225600)
+    async with grpc.aio.insecure_channel(server.grpc_target) as channel:
+        answer = await FeatureServiceStub(channel).WriteFeatures(request, timeout=5)
+    assert answer.skipped == 1
+    assert [i.int_id for i in answer.skipped_ids] == [41]
 
 
 @pytest.mark.parametrize(

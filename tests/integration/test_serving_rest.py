@@ -44,7 +44,7 @@ def http(server: ServingProcess, redis_url: str) -> Iterator[httpx.Client]:
 
 def write_sample(redis_url: str, n: int = 20, now: float | None = None) -> None:
     with FeatureStore.connect(redis_url, sample.registry()) as store:
-        store.write(GROUP, sample.rows(n), now=now)
+        store.write(GROUP, sample.rows(n), event_time=now)
 
 
 def expected(redis_url: str, ids: list[int], features: list[str]) -> list[list[object]]:
@@ -128,13 +128,51 @@ def test_push_write_then_read_and_null_removes(http: httpx.Client, redis_url: st
         },
     )
     assert r.status_code == 200, r.text
-    assert r.json() == {"entities": 1, "values_written": 2, "values_removed": 1}
+    assert r.json() == {
+        "entities": 1,
+        "values_written": 2,
+        "values_removed": 1,
+        "skipped": 0,
+        "skipped_ids": [],
+    }
     got = http.post(
         "/v1/features/get",
         json={"entity_type": ENTITY, "ids": [1], "features": ["float_00", "int_0", "embedding_0"]},
     ).json()["results"][0]
     assert got["values"] == [0.25, None, [0.5] * 32]
     assert got["statuses"] == ["present", "missing", "present"]
+
+
+def test_push_writes_are_ordered_by_event_time(http: httpx.Client) -> None:
+    def write(*rows: dict[str, object]) -> dict[str, object]:
+        r = http.post("/v1/features/write", json={"group": GROUP, "rows": list(rows)})
+        assert r.status_code == 200, r.text
+        answer: dict[str, object] = r.json()
+        return answer
+
+    assert write(
+        {"id": 1, "values": {"int_0": 5}, "event_time": "2026-01-01T00:00:00Z"},
+        {"id": 2, "values": {"int_0": 6}, "event_time": 1767225600.5},
+        {"id": 3, "values": {"int_0": 7}},  # now
+    ) == {"entities": 3, "values_written": 3, "values_removed": 0, "skipped": 0, "skipped_ids": []}
+    assert write(
+        {"id": 1, "values": {"int_0": None}, "event_time": "2025-12-31T23:59:59+00:00"},  # older
+        {"id": 2, "values": {"int_0": 60}, "event_time": 1767225600.5},  # equal: a correction
+        {"id": 3, "values": {"int_0": 70}, "event_time": 1767225600},  # older than "now"
+    ) == {
+        "entities": 1,
+        "values_written": 1,
+        "values_removed": 0,
+        "skipped": 2,
+        "skipped_ids": [1, 3],
+    }
+    got = http.post(
+        "/v1/features/get", json={"entity_type": ENTITY, "ids": [1, 2, 3], "features": ["int_0"]}
+    ).json()["results"]
+    assert [r["values"] for r in got] == [[5], [60], [7]]
+    # the age is the age of the data: from the event time, not from the write
+    assert got[0]["ages"][GROUP] >= time.time() - 1767225600 - 5
+    assert got[2]["ages"][GROUP] <= 5
 
 
 BAD_GETS = [
@@ -246,6 +284,14 @@ BAD_WRITES = [
     ({"group": GROUP, "rows": [{"id": 1, "values": {"float_00": "high"}}]}, "invalid_value"),
     ({"group": GROUP, "rows": [{"id": 1, "values": {"embedding_0": [1.0, 2.0]}}]}, "invalid_value"),
     ({"group": GROUP, "rows": [{"id": 1, "values": {"int_0": 2**70}}]}, "invalid_value"),
+    ({"group": GROUP, "rows": [{"id": 1, "values": {}, "event_time": "soon"}]}, "bad_request"),
+    ({"group": GROUP, "rows": [{"id": 1, "values": {}, "event_time": -5}]}, "bad_request"),
+    ({"group": GROUP, "rows": [{"id": 1, "values": {}, "event_time": 4e9}]}, "bad_request"),
+    (
+        {"group": GROUP, "rows": [{"id": 1, "values": {}, "event_time": "2026-01-01T00:00:00"}]},
+        "bad_request",
+    ),
+    ({"group": GROUP, "rows": [{"id": 1, "values": {}, "event_time": [1]}]}, "bad_request"),
 ]
 
 

@@ -114,7 +114,7 @@ def test_every_write_sets_the_entity_ttl(redis_url: str, sample_registry: Regist
 def test_stale_against_max_age(store: FeatureStore, sample_registry: Registry) -> None:
     max_age = sample_registry.group(sample.GROUP).max_age_seconds
     assert max_age is not None
-    store.write(sample.GROUP, [(1, {"int_0": 1})], now=time.time() - max_age - 60)
+    store.write(sample.GROUP, [(1, {"int_0": 1})], event_time=time.time() - max_age - 60)
     store.write(sample.GROUP, [(2, {"int_0": 2})])
     rows = store.read(sample.ENTITY, [1, 2], ["int_0", "int_1"]).rows
     assert rows[0].statuses == [STALE, MISSING]
@@ -126,7 +126,7 @@ def test_entity_hash_uses_the_layout(redis_url: str, sample_registry: Registry) 
     """The bytes in Redis are the layout's: 4-byte fields, codec values, a freshness field."""
     admin = redis.Redis.from_url(redis_url)
     with FeatureStore.connect(redis_url, sample_registry) as store:
-        store.write(sample.GROUP, [(9, {"float_00": 0.0, "float_01": 0.25})], now=1234)
+        store.write(sample.GROUP, [(9, {"float_00": 0.0, "float_01": 0.25})], event_time=1234)
     group = sample_registry.group(sample.GROUP)
     key = entity_key("c", sample_registry.entity("consumer").id_type, 9)
     assert admin.hgetall(key) == {

@@ -342,3 +342,64 @@ def test_struct_sanity_float32_max_is_the_codecs() -> None:
     )
     with pytest.raises(OverflowError):
         struct.pack("<f", 3.5e38)
+
+
+def test_event_times_from_a_column_match_plan_write_per_row() -> None:
+    """Timestamps (with or without a zone), unix seconds and RFC 3339 text give each row
+    the event time plan_write gives the same row; a null or unusable time quarantines it."""
+    group = _small()
+    now = 1_800_000_000
+    times = {
+        "ts": pa.array(
+            [1_700_000_000_250_000, 1_700_000_001_000_000, None, 0, 1_900_000_000_000_000],
+            pa.timestamp("us", tz="UTC"),
+        ),
+        "ntz": pa.array(
+            [1_700_000_000_250, 1_700_000_001_000, None, 0, 1_900_000_000_000],
+            pa.timestamp("ms"),
+        ),
+        "secs": pa.array([1_700_000_000.25, 1_700_000_001, None, 0, 1.9e9], pa.float64()),
+        "text": pa.array(
+            [
+                "2023-11-14T22:13:20.250Z",
+                "2023-11-14T23:13:21+01:00",
+                None,
+                "1970-01-01T00:00:00Z",
+                "2030-03-17T17:46:40Z",
+            ]
+        ),
+    }
+    for column, array in times.items():
+        batch = pa.RecordBatch.from_pydict(
+            {"id": pa.array([1, 2, 3, 4, 5]), "f": pa.array([1.0] * 5, pa.float32()), column: array}
+        )
+        enc = BatchEncoder(
+            group, "id", [ColumnSpec("f", "f")], WRITTEN_AT, event_time_column=column, now=now
+        )
+        out = enc.encode(batch)
+        assert out.keys == [b"u:1", b"u:2", b"u:4"], column
+        assert [h[-1] for h in out.hset] == [b"1700000000.25", b"1700000001", b"0"], column
+        assert [(b.index, b.reason) for b in out.bad] == [
+            (2, BadReason.NULL_EVENT_TIME),
+            (4, BadReason.INVALID_EVENT_TIME),
+        ], column
+        assert "in the future" in out.bad[1].detail
+        rows = [
+            (1, {"f": 1.0}, 1_700_000_000.25),
+            (2, {"f": 1.0}, 1_700_000_001),
+            (4, {"f": 1.0}, 0),
+        ]
+        expected = plan_write(group, rows, now=now)
+        assert out.commands(86400) == expected.commands, column
+
+
+def test_unordered_commands_are_the_same_write_without_the_guard() -> None:
+    group = _small()
+    batch = pa.RecordBatch.from_pydict({"id": pa.array([1]), "f": pa.array([None], pa.float32())})
+    out = BatchEncoder(group, "id", [ColumnSpec("f", "f")], WRITTEN_AT).encode(batch)
+    f = group.feature("f").field
+    assert out.commands(60, ordered=False) == [
+        ("HDEL", b"u:1", f),
+        ("HSET", b"u:1", group.freshness_field, str(WRITTEN_AT).encode()),
+        ("EXPIRE", b"u:1", 60),
+    ]
