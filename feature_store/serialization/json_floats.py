@@ -9,6 +9,10 @@ or float list), and reads them back the same way.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from feature_store.registry import Feature
 
 FLOAT_TYPE_NAMES = frozenset({"float", "double", "embedding", "float_list"})
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -45,4 +49,24 @@ def from_json(value: object) -> object:
         return NON_FINITE.get(value, value)
     if isinstance(value, list) and any(isinstance(x, str) for x in value):
         return [NON_FINITE.get(x, x) if isinstance(x, str) else x for x in value]
+    return value
+
+
+def json_int(value: object) -> object:
+    """A JSON number with no fraction (``5.0``) is an integer, as JSON Schema has it; only
+    within 2**53, where a float holds every integer exactly (a larger one was rounded)."""
+    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+def from_json_value(feature: Feature, value: object) -> object:
+    """A written JSON value as its type reads it: "NaN", "Infinity", "-Infinity" as floats
+    where floats go; whole numbers written with a fraction (``5.0``) as ints where ints go."""
+    if feature.type.value in FLOAT_TYPE_NAMES:
+        return from_json(value)
+    if feature.type.value == "int":
+        return json_int(value)
+    if feature.type.value == "int_list" and isinstance(value, list):
+        return [json_int(v) for v in value]
     return value

@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from feature_store.batch import EntityId, WriteRow
 from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
+from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving import schemas
 from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.feast_api import feast_routes
@@ -45,9 +46,7 @@ from feature_store.serving.service import (
     Lookup,
     MalformedRequestError,
     Problem,
-    from_json_value,
     group_states,
-    json_int,
     problem,
 )
 

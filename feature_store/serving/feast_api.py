@@ -39,6 +39,7 @@ import orjson
 from feature_store.batch import EntityId, WriteRow, WriteStats
 from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.registry import EntityType, FeatureGroup, Registry
+from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.auth import Authenticator, Role
 from feature_store.serving.json_answer import Answer, Handler, Route, error_headers, parse_object
 from feature_store.serving.runtime import ServingRuntime
@@ -47,9 +48,7 @@ from feature_store.serving.service import (
     Lookup,
     MalformedRequestError,
     Problem,
-    from_json_value,
     is_stale,
-    json_int,
     problem,
 )
 

@@ -23,8 +23,6 @@ from feature_store.errors import (
 )
 from feature_store.layout import SKIPPED, WRITE_SCRIPT, entity_key
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
-from feature_store.serialization import FeatureType
-from feature_store.serialization.json_floats import FLOAT_TYPE_NAMES, from_json
 from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.loader import CachedReader, Resolved
@@ -173,26 +171,6 @@ def lookup_errors(
             if fault is not None:
                 errors.append(EntityError(entity_id, group.name, fault.reason, fault.message))
     return errors
-
-
-def json_int(value: object) -> object:
-    """A JSON number with no fraction (``5.0``) is an integer, as JSON Schema has it; only
-    within 2**53, where a float holds every integer exactly (a larger one was rounded)."""
-    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
-        return int(value)
-    return value
-
-
-def from_json_value(feature: Feature, value: object) -> object:
-    """A written JSON value as its type reads it: "NaN", "Infinity", "-Infinity" as floats
-    where floats go; whole numbers written with a fraction (``5.0``) as ints where ints go."""
-    if feature.type.value in FLOAT_TYPE_NAMES:
-        return from_json(value)
-    if feature.type is FeatureType.INT:
-        return json_int(value)
-    if feature.type is FeatureType.INT_LIST and isinstance(value, list):
-        return [json_int(v) for v in value]
-    return value
 
 
 class Publisher:

@@ -179,6 +179,8 @@ def test_push_and_write_reach_reads_at_once(served: tuple[str, Registry, str]) -
         "entities": 1,
         "values_written": 2,
         "values_removed": 0,
+        "skipped": 0,
+        "skipped_ids": [],
         "ignored_columns": [],
     }
     after = columns(
@@ -197,6 +199,21 @@ def test_push_and_write_reach_reads_at_once(served: tuple[str, Registry, str]) -
     )
     assert again["online"]["statuses"] == ["NULL_VALUE"]
     assert again["score_now"]["values"] == ["NaN"]
+    # Feast's event_timestamp orders pushes (no zone: UTC, as pandas writes them)
+    df = {"consumer_id": [7, 7], "online": [True, True]}
+    old = post(
+        url,
+        "/push",
+        {"push_source_name": "live", "df": {**df, "event_timestamp": ["2020-01-01 00:00:00"] * 2}},
+    )
+    assert orjson.loads(old.content)["skipped_ids"] == [7, 7]
+    future = post(
+        url,
+        "/push",
+        {"push_source_name": "live", "df": {**df, "event_timestamp": ["2099-01-01T00:00:00Z"] * 2}},
+    )
+    assert future.status_code == 400
+    assert "in the future" in future.text
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import feast
@@ -247,13 +247,22 @@ def test_feast_writes_land_where_v1_reads_them(
         f"{server.rest_url}/push",
         json={
             "push_source_name": PUSH_SOURCE,
-            "df": {"consumer_id": [105], "int_0": [9], "event_timestamp": ["x"], "typo": [1]},
+            "df": {
+                "consumer_id": [105],
+                "int_0": [9],
+                "event_timestamp": [datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")],
+                "typo": [1],
+            },
             "to": "online",
         },
     )
     assert answer.status_code == 200, answer.text
     assert orjson.loads(answer.content)["ignored_columns"] == ["typo"]
     assert rest.get(ENTITY, [105], ["int_0"]).rows[0].values == [9]
+    bad = {"push_source_name": PUSH_SOURCE, "df": {"consumer_id": [105], "event_timestamp": ["x"]}}
+    answer = httpx.post(f"{server.rest_url}/push", json=bad)
+    assert answer.status_code == 400
+    assert "not an RFC 3339 time" in answer.text
 
 
 def test_errors_reach_feast_as_feast_exceptions(
