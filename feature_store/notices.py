@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -46,9 +45,9 @@ def keys_message(origin: str, group: str, keys: Sequence[bytes]) -> bytes:
 
 
 def generation_message(origin: str, group: str, generation: float) -> bytes:
-    """A bulk write of ``group`` that ended at ``generation`` (unix seconds): entries read
-    before it are refreshed. Whole seconds, rounded up, so that none read during it stays."""
-    return orjson.dumps({"origin": origin, "group": group, "generation": math.ceil(generation)})
+    """A bulk write of ``group`` that ended at ``generation`` (unix seconds, to the
+    millisecond): entries read before it are refreshed."""
+    return orjson.dumps({"origin": origin, "group": group, "generation": round(generation, 3)})
 
 
 def write_message(origin: str, group: str, keys: Sequence[bytes], now: float) -> bytes:
@@ -69,7 +68,7 @@ def parse(data: bytes) -> Mapping[str, object] | None:
     keys, generation = doc.get("keys"), doc.get("generation")
     if isinstance(keys, list) and all(isinstance(k, str) for k in keys):
         return doc
-    if type(generation) is int:
+    if type(generation) in (int, float) and 0 <= generation < 2**40:  # type: ignore[operator]
         return doc
     return None
 

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
 
+from redis.exceptions import NoScriptError
+
 from feature_store import notices
 from feature_store.batch import (
     BatchResult,
@@ -34,7 +36,6 @@ from feature_store.connection import (
     AsyncClient,
     RedisTarget,
     SyncClient,
-    missing_script,
     read_replies,
     translated_errors,
 )
@@ -164,18 +165,17 @@ class FeatureStore(_Base[SyncClient]):
         pipe = self.client.pipeline(transaction=False)
         for cmd in commands:
             pipe.execute_command(*cmd)
-        return pipe.execute(raise_on_error=False)
+        return pipe.execute()  # raises the first error: a cluster client learns from it
 
     def _run(self, commands: list[Command]) -> list[object]:
-        """Each command's reply; the write script is loaded again if Redis lost it."""
+        """Each command's reply; the write script is loaded again if Redis lost it (a
+        restart, SCRIPT FLUSH) and the commands sent again (they are idempotent)."""
         with translated_errors():
-            replies = self._pipeline(commands)
-            if missing := missing_script(replies):
+            try:
+                return self._pipeline(commands)
+            except NoScriptError:
                 self.client.script_load(WRITE_SCRIPT)
-                again = self._pipeline([commands[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
-            return _raised(replies)
+                return self._pipeline(commands)
 
     def read(
         self,
@@ -269,18 +269,16 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         pipe = self.client.pipeline(transaction=False)
         for cmd in commands:
             pipe.execute_command(*cmd)
-        return await pipe.execute(raise_on_error=False)
+        return await pipe.execute()
 
     async def _run(self, commands: list[Command]) -> list[object]:
         """As ``FeatureStore._run``."""
         with translated_errors():
-            replies = await self._pipeline(commands)
-            if missing := missing_script(replies):
+            try:
+                return await self._pipeline(commands)
+            except NoScriptError:
                 await self.client.script_load(WRITE_SCRIPT)
-                again = await self._pipeline([commands[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
-            return _raised(replies)
+                return await self._pipeline(commands)
 
     async def run_plan(self, plan: ReadPlan) -> list[RawReply]:
         """A plan's raw values, aligned with ``plan.fields``: for callers that decode later.
@@ -342,13 +340,6 @@ class AsyncFeatureStore(_Base[AsyncClient]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _raised(replies: list[object]) -> list[object]:
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
 
 
 def _flatten_config(cfg: object) -> dict[bytes | str, bytes | str]:

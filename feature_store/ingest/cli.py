@@ -29,7 +29,103 @@ SPARK_LOG_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_ingest(sub, default_master=LOCAL_MASTER)
+    _add_stream(sub, default_master=LOCAL_MASTER)
     _add_generate(sub, default_master=LOCAL_MASTER)
+
+
+def _add_stream(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], default_master: str | None
+) -> None:
+    p = sub.add_parser(
+        "stream",
+        help="write a Kafka topic's records into Redis as they come (Spark Structured Streaming)",
+        description="Read JSON records (entity id, event time, features) from a Kafka topic "
+        "and write them through the event-time guard, in micro-batches, checkpointed. "
+        "Runs until stopped (see docs/streaming.md).",
+    )
+    p.add_argument(
+        "--registry",
+        type=Path,
+        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
+    )
+    p.add_argument("--group", required=True, help="feature group to write")
+    p.add_argument("--topic", required=True, help="Kafka topic")
+    p.add_argument("--bootstrap-servers", required=True, help="Kafka's host:port[,host:port]")
+    p.add_argument(
+        "--checkpoint", required=True, help="checkpoint directory: where a restart resumes"
+    )
+    p.add_argument("--id-field", help="the record's entity id field (default: the join key)")
+    p.add_argument(
+        "--event-time-field",
+        default="event_time",
+        help="the record's event time field: unix seconds or RFC 3339 (event_time)",
+    )
+    p.add_argument(
+        "--ignore-extra-fields",
+        action="store_true",
+        help="write records with fields that are no feature (default: quarantine them)",
+    )
+    p.add_argument("--quarantine", help="parquet directory for bad records")
+    p.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        choices=("earliest", "latest"),
+        help="where a new checkpoint starts reading (earliest)",
+    )
+    p.add_argument("--trigger-seconds", type=float, default=0.5, help="micro-batch interval (0.5)")
+    p.add_argument("--max-records-per-batch", type=int, help="cap a micro-batch's records")
+    p.add_argument(
+        "--available-now",
+        action="store_true",
+        help="write what the topic holds now, then stop",
+    )
+    p.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark Kafka source option, repeatable (e.g. kafka.security.protocol=SSL)",
+    )
+    p.add_argument("--chunk-size", type=int, default=500, help="entities per Redis pipeline")
+    p.add_argument(
+        "--progress-interval", type=float, default=10.0, help="seconds between lag lines (10)"
+    )
+    _add_spark_args(p, default_master)
+    add_redis_args(p)
+    p.set_defaults(func=run_stream_command)
+
+
+def run_stream_command(args: argparse.Namespace) -> int:
+    from feature_store.ingest.stream import StreamJob, connector_conf, run_stream
+
+    settings = settings_from(args)
+    registry = args.registry or settings.registry
+    if not registry.exists():
+        raise RequestError(f"registry file {str(registry)!r} does not exist")
+    conf = {**connector_conf(), **_pairs(args.conf, "--conf")}
+    with redis_url(settings) as url:
+        job = StreamJob(
+            registry=registry,
+            group=args.group,
+            topic=args.topic,
+            bootstrap_servers=args.bootstrap_servers,
+            redis_url=url,
+            checkpoint=args.checkpoint,
+            id_field=args.id_field,
+            event_time_field=args.event_time_field,
+            ignore_extra_fields=args.ignore_extra_fields,
+            quarantine=args.quarantine,
+            starting_offsets=args.starting_offsets,
+            trigger_seconds=args.trigger_seconds,
+            max_records_per_batch=args.max_records_per_batch,
+            available_now=args.available_now,
+            kafka_options=_pairs(args.kafka_option, "--kafka-option"),
+            chunk_size=args.chunk_size,
+            progress_interval=args.progress_interval,
+        )
+        with _session(args, conf, "feature-store-stream") as spark:
+            run_stream(spark, job, progress=_stderr)
+    return 0
 
 
 def _add_ingest(
@@ -287,6 +383,7 @@ def submit_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_ingest(sub, default_master=None)
+    _add_stream(sub, default_master=None)
     _add_generate(sub, default_master=None)
     return parser
 

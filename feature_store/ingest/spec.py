@@ -28,6 +28,8 @@ class BadReason(StrEnum):
     NULL_EVENT_TIME = "null_event_time"  # --event-time-column is null in this row
     # before 1970, unparseable text, or more than batch.MAX_FUTURE_SECONDS ahead
     INVALID_EVENT_TIME = "invalid_event_time"
+    MALFORMED_RECORD = "malformed_record"  # a stream record that is not a JSON object
+    UNKNOWN_FIELD = "unknown_field"  # a stream record's field that is no feature of the group
 
 
 @dataclass(frozen=True, slots=True)

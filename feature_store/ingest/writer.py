@@ -22,9 +22,10 @@ from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 from redis.utils import HIREDIS_AVAILABLE
 
+from feature_store import notices
 from feature_store.batch import Command
 from feature_store.connection import RedisTarget, SyncClient, missing_script, translated_errors
-from feature_store.errors import StoreUnavailableError
+from feature_store.errors import StoreError, StoreUnavailableError
 from feature_store.ingest.encode import EncodedBatch
 from feature_store.ingest.spec import RetrySpec
 from feature_store.layout import SKIPPED, WRITE_SCRIPT
@@ -99,6 +100,21 @@ class ChunkWriter:
             counters.values_written += batch.values_written
             counters.values_removed += batch.values_removed
 
+    def send(self, commands: list[Command]) -> list[object]:
+        """One chunk's commands, retried as a whole; their replies."""
+        return self._send(commands)
+
+    def publish(self, message: bytes | None) -> None:
+        """Tell serving instances (``feature_store.notices``); a failure is logged only:
+        the write stands and their caches catch up within their TTL."""
+        if message is None:
+            return
+        try:
+            with translated_errors():
+                self.client.publish(notices.CHANNEL, message)
+        except StoreError as e:
+            log.warning("could not tell serving instances about a write: %s", e)
+
     def _send(self, commands: list[Command]) -> list[object]:
         t0 = time.perf_counter()
         try:
@@ -116,25 +132,23 @@ class ChunkWriter:
         """The chunk's replies; the write script is loaded again if Redis lost it (a
         restart, SCRIPT FLUSH). The first error reply is raised, translated."""
         with translated_errors():
-            replies = self._execute(commands)
-            if missing := missing_script(replies):
-                self.client.script_load(WRITE_SCRIPT)
-                again = self._execute([commands[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-
-    def _execute(self, commands: list[Command]) -> list[object]:
-        client = self.client
-        if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
-            return _send_packed(client, commands)
-        pipe = client.pipeline(transaction=False)  # Redis Cluster: routed per node
-        for cmd in commands:
-            pipe.execute_command(*cmd)
-        return pipe.execute(raise_on_error=False)
+            client = self.client
+            if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
+                replies = _send_packed(client, commands)
+                if missing := missing_script(replies):
+                    client.script_load(WRITE_SCRIPT)
+                    again = _send_packed(client, [commands[i] for i in missing])
+                    for i, reply in zip(missing, again, strict=True):
+                        replies[i] = reply
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+                return replies
+            try:
+                return _pipeline(client, commands)
+            except redis.exceptions.NoScriptError:
+                client.script_load(WRITE_SCRIPT)  # on every primary of a cluster
+                return _pipeline(client, commands)  # idempotent: the whole chunk again
 
     def _failed(self, error: Exception) -> None:
         self.counters.retries += 1
@@ -152,6 +166,15 @@ class ChunkWriter:
                 client.close()
             except Exception:  # closing a dead connection must not hide the real error
                 log.debug("closing the Redis client failed", exc_info=True)
+
+
+def _pipeline(client: SyncClient, commands: list[Command]) -> list[object]:
+    """redis-py's pipeline, raising on the first error reply: a cluster client re-learns
+    its topology only from an error that is raised, after a failover."""
+    pipe = client.pipeline(transaction=False)  # Redis Cluster: routed per node
+    for cmd in commands:
+        pipe.execute_command(*cmd)
+    return pipe.execute()
 
 
 def _send_packed(client: redis.Redis, commands: list[Command]) -> list[object]:

@@ -9,10 +9,8 @@ or float list), and reads them back the same way.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from feature_store.registry import Feature
+from feature_store.serialization.codecs import FeatureType
 
 FLOAT_TYPE_NAMES = frozenset({"float", "double", "embedding", "float_list"})
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -60,13 +58,13 @@ def json_int(value: object) -> object:
     return value
 
 
-def from_json_value(feature: Feature, value: object) -> object:
+def from_json_value(type_: FeatureType, value: object) -> object:
     """A written JSON value as its type reads it: "NaN", "Infinity", "-Infinity" as floats
     where floats go; whole numbers written with a fraction (``5.0``) as ints where ints go."""
-    if feature.type.value in FLOAT_TYPE_NAMES:
+    if type_.value in FLOAT_TYPE_NAMES:
         return from_json(value)
-    if feature.type.value == "int":
+    if type_ is FeatureType.INT:
         return json_int(value)
-    if feature.type.value == "int_list" and isinstance(value, list):
+    if type_ is FeatureType.INT_LIST and isinstance(value, list):
         return [json_int(v) for v in value]
     return value

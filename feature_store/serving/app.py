@@ -200,7 +200,7 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
                     raise MalformedRequestError(f"rows[{i}].values must be an object")
                 entity_id = cast(EntityId, json_int(row["id"]))
                 converted = {
-                    k: v if k not in by_name else from_json_value(by_name[k], v)
+                    k: v if k not in by_name else from_json_value(by_name[k].type, v)
                     for k, v in values.items()
                 }
                 event_time = row.get("event_time")

@@ -417,7 +417,7 @@ def frame_rows(
         for i, entity_id in enumerate(ids):
             row = (
                 cast(EntityId, json_int(entity_id)),
-                {f.name: from_json_value(f, frame[f.name][i]) for f in features},
+                {f.name: from_json_value(f.type, frame[f.name][i]) for f in features},
             )
             event_time = None if times is None else _utc(times[i])
             rows.append(row if event_time is None else (*row, event_time))

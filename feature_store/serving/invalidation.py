@@ -86,7 +86,7 @@ class InvalidationListener:
         channel: str,
         invalidate: Callable[[list[CacheKey]], object],
         invalidate_all: Callable[[], object],
-        new_generation: Callable[[str, int], object],
+        new_generation: Callable[[str, float], object],
     ) -> None:
         self.subscriptions = subscriptions
         self.client: redis.asyncio.Redis | None = None
@@ -152,4 +152,4 @@ class InvalidationListener:
         if isinstance(keys, list):
             self.invalidate([(group, k.encode()) for k in keys])
         else:
-            self.new_generation(group, int(doc["generation"]))  # type: ignore[call-overload]
+            self.new_generation(group, float(doc["generation"]))  # type: ignore[arg-type]

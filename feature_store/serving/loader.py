@@ -152,7 +152,7 @@ class CachedReader:
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         # batch writes announced per group (unix seconds): entries read before are refreshed
-        self.generations: dict[str, int] = {}
+        self.generations: dict[str, float] = {}
         self._marks: dict[str, float] = {}  # the same on this loader's clock
         self.refresh_rate = refresh_rate
         self._sweeps: dict[str, asyncio.Task[None]] = {}
@@ -446,7 +446,7 @@ class CachedReader:
         mark = self._marks.get(group) if self._marks else None
         return mark is not None and entry.loaded_at < mark
 
-    def new_generation(self, group: str, generation: int) -> None:
+    def new_generation(self, group: str, generation: float) -> None:
         """A batch write of ``group`` that ended at ``generation`` (unix seconds) was
         announced.
 

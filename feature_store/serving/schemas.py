@@ -143,7 +143,7 @@ class CacheSummary(BaseModel):
     bytes: int
     counters: dict[str, int] = Field(description="the cache counters of /metrics, this worker")
     shadow: ShadowSummary
-    generations: dict[str, int] = Field(
+    generations: dict[str, float] = Field(
         description="per group: the latest batch write announced (unix seconds)"
     )
     circuit: str
@@ -271,10 +271,12 @@ def write_request_schema(registry: Registry, max_entities: int) -> JsonSchema:
                     "oneOf": [
                         {"type": "number", "minimum": 0},
                         {"type": "string", "format": "date-time"},
+                        {"type": "null"},
                     ],
                     "description": "when the values were true: unix seconds or RFC 3339 "
-                    "(default: now). A row older than the entity's stored values of the "
-                    "group is not written and is named in skipped_ids",
+                    "(null or left out: now); at most an hour ahead. A row older than the "
+                    "entity's stored values of the group is not written and is named in "
+                    "skipped_ids",
                 },
             },
         }

@@ -75,10 +75,10 @@ async def test_features_of_two_groups_one_read_per_entity_and_per_group_stalenes
 ) -> None:
     now = time.time()
     with FeatureStore.connect(redis_url, registry) as store:
-        store.write("daily", [("a", {"orders": 5, "rating": 4.5, "tags": [1, 2]})], now=now)
+        store.write("daily", [("a", {"orders": 5, "rating": 4.5, "tags": [1, 2]})], event_time=now)
         # written 20 minutes ago: past realtime's max_age of 10 minutes
-        store.write("realtime", [("a", {"open": True, "queue": 3})], now=now - 1200)
-        store.write("realtime", [("b", {"open": False, "name": "bee"})], now=now)
+        store.write("realtime", [("a", {"open": True, "queue": 3})], event_time=now - 1200)
+        store.write("realtime", [("b", {"open": False, "name": "bee"})], event_time=now)
         store.client.config_resetstat()
     lookup = await runtime.service.lookup(
         "shop", ["a", "b", "c"], ["queue", "daily:rating", "name", "tags", "open"]

@@ -1,0 +1,252 @@
+"""``feature-store stream`` against a real Kafka broker (KRaft, embedded), real Spark and
+real Redis: out-of-order and duplicated events end in "newest event wins", bad records are
+quarantined with their reasons, a SIGKILLed job resumes from its checkpoint with nothing
+lost, a broker restart is ridden out, and a serving cache shows streamed values at once."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+import redis
+from confluent_kafka import Producer
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.kafka import EmbeddedKafka
+from feature_store.layout import entity_key
+from feature_store.registry import Registry
+from feature_store.serving.client import FeatureClient
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+pytestmark = pytest.mark.spark
+
+GROUP = sample.GROUP
+T0 = 1_760_000_000.0
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    with EmbeddedKafka(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+def _produce(bootstrap: str, topic: str, records: list[bytes]) -> None:
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "message.timeout.ms": 60000}
+    )
+    for i, record in enumerate(records):
+        producer.produce(topic, record)
+        if i % 5000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0, "records were not delivered"
+
+
+def _event(entity_id: object, event_time: object, **values: object) -> bytes:
+    return orjson.dumps({"consumer_id": entity_id, "event_time": event_time, **values})
+
+
+def _stream(
+    registry_file: Path, redis_url: str, bootstrap: str, topic: str, tmp: Path, *extra: str
+) -> subprocess.Popen[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "feature_store.cli",
+        "stream",
+        "--registry",
+        str(registry_file),
+        "--group",
+        GROUP,
+        "--topic",
+        topic,
+        "--bootstrap-servers",
+        bootstrap,
+        "--checkpoint",
+        str(tmp / "checkpoint"),
+        "--quarantine",
+        str(tmp / "quarantine"),
+        "--redis-url",
+        redis_url,
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.sql.shuffle.partitions=2",
+        "--progress-interval",
+        "2",
+        *extra,
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+
+
+def _drain(registry_file: Path, redis_url: str, bootstrap: str, topic: str, tmp: Path) -> str:
+    process = _stream(registry_file, redis_url, bootstrap, topic, tmp, "--available-now")
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+def _values(redis_url: str, registry: Registry, ids: list[int]) -> list[object]:
+    with FeatureStore.connect(redis_url, registry, notify=False) as store:
+        result = store.read(sample.ENTITY, ids, features=["int_0"])
+    return [r.values[0] for r in result.rows]
+
+
+def _stored_times(redis_url: str, registry: Registry, ids: list[int]) -> list[bytes | None]:
+    entity = registry.group(GROUP).entity
+    field = registry.group(GROUP).freshness_field
+    with redis.Redis.from_url(redis_url) as client:
+        return [client.hget(entity_key(entity.prefix, entity.id_type, i), field) for i in ids]
+
+
+def test_newest_event_wins_and_bad_records_are_quarantined(
+    kafka: EmbeddedKafka, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """2,000 events of 200 entities, shuffled, a third of them delivered twice, and five
+    bad records: each entity ends with its newest event; the bad ones are quarantined."""
+    registry = sample.registry()
+    rng = random.Random(3)
+    events = [
+        (i, T0 + step + rng.random() / 2, step * 1000 + i) for i in range(200) for step in range(10)
+    ]
+    records = [_event(i, t, int_0=v) for i, t, v in events]
+    records += rng.sample(records, len(records) // 3)  # at least once: redelivered
+    rng.shuffle(records)
+    bad = [
+        b"not json",
+        orjson.dumps({"event_time": T0, "int_0": 1}),  # no id
+        _event(1, T0 + 50, int_0="many"),  # not an int
+        _event(1, T0 + 50, int_0=1, colour="red"),  # no such feature
+        _event(1, time.time() + 86400, int_0=1),  # a day ahead
+    ]
+    _produce(kafka.bootstrap, "events-a", records + bad)
+
+    out = _drain(registry_file, redis_url, kafka.bootstrap, "events-a", tmp_path)
+    assert "stream: batch 0:" in out
+
+    ids = list(range(200))
+    assert _values(redis_url, registry, ids) == [9000 + i for i in ids]
+    newest = {i: t for i, t, _ in events}  # steps ascend: the last one per id is the newest
+    times = _stored_times(redis_url, registry, ids)
+    assert all(abs(float(t or 0) - newest[i]) < 0.001 for i, t in zip(ids, times, strict=True))
+    quarantined = pq.read_table(tmp_path / "quarantine").to_pylist()
+    assert sorted(r["_stream_reason"] for r in quarantined) == [
+        "invalid_event_time",
+        "invalid_value",
+        "malformed_record",
+        "null_id",
+        "unknown_field",
+    ]
+    assert all(r["offset"] is not None for r in quarantined)
+
+
+def test_killed_job_resumes_from_its_checkpoint_and_serving_sees_values_at_once(
+    kafka: EmbeddedKafka,
+    registry_file: Path,
+    redis_server: EmbeddedRedis,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    """A running job: a serving cache (TTL 300 s) shows streamed values within seconds;
+    the broker is SIGKILLed and restarted under it; then the job itself is SIGKILLed and a
+    new one drains the topic from the checkpoint: every entity ends with its newest event."""
+    registry = sample.registry()
+    ids = list(range(500, 700))
+    env = {"FEATURE_SERVING_CACHE_TTL": "300", "FEATURE_SERVING_SHADOW_FRACTION": "0"}
+    with (
+        ServingProcess(redis_url, registry=registry_file, env=env, grpc=False) as server,
+        FeatureClient(server.rest_url, timeout=10) as client,
+    ):
+        assert {r.values[0] for r in client.get(sample.ENTITY, ids[:10], ["int_0"]).rows} == {
+            None
+        }  # cached as missing, for 300 s
+        job = _stream(registry_file, redis_url, kafka.bootstrap, "events-b", tmp_path)
+        try:
+            _produce(kafka.bootstrap, "events-b", [_event(i, T0 + 1, int_0=1) for i in ids])
+            deadline = time.monotonic() + 120  # the job's Spark session starts first
+            while _seen(client, ids[:10]) != [1] * 10:
+                assert job.poll() is None, job.stdout.read() if job.stdout else ""
+                assert time.monotonic() < deadline, "serving never showed the streamed values"
+                time.sleep(0.2)
+
+            kafka.kill()  # the broker crashes and comes back on its port
+            kafka.start()
+            _produce(kafka.bootstrap, "events-b", [_event(i, T0 + 2, int_0=2) for i in ids])
+            deadline = time.monotonic() + 120
+            while _seen(client, ids[:10]) != [2] * 10:
+                assert job.poll() is None, job.stdout.read() if job.stdout else ""
+                assert time.monotonic() < deadline, "the job did not ride out the restart"
+                time.sleep(0.2)
+
+            # more events, and the job killed while they come in
+            waves = [[_event(i, T0 + 3 + w, int_0=3 + w) for i in ids] for w in range(10)]
+            for wave in waves[:5]:
+                _produce(kafka.bootstrap, "events-b", wave)
+            job.send_signal(signal.SIGKILL)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            job.wait(timeout=30)
+            if job.stdout is not None:
+                job.stdout.close()
+        for wave in waves[5:]:
+            _produce(
+                kafka.bootstrap, "events-b", wave + [_event(i, T0 + 2.5, int_0=-1) for i in ids]
+            )
+        _drain(registry_file, redis_url, kafka.bootstrap, "events-b", tmp_path)
+        assert _values(redis_url, registry, ids) == [12] * len(ids)  # the newest wave, 3 + 9
+        deadline = time.monotonic() + 30
+        while _seen(client, ids[:10]) != [12] * 10:
+            assert time.monotonic() < deadline, "serving kept the old values"
+            time.sleep(0.2)
+    del redis_server
+
+
+def _seen(client: FeatureClient, ids: list[int]) -> list[object]:
+    return [r.values[0] for r in client.get(sample.ENTITY, ids, ["int_0"]).rows]
+
+
+def test_an_unknown_group_stops_the_job_at_start(
+    kafka: EmbeddedKafka, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "feature_store.cli",
+            "stream",
+            "--registry",
+            str(registry_file),
+            "--group",
+            "nope",
+            "--topic",
+            "t",
+            "--bootstrap-servers",
+            kafka.bootstrap,
+            "--checkpoint",
+            str(tmp_path / "c"),
+            "--redis-url",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "unknown feature group 'nope'" in done.stderr + done.stdout
