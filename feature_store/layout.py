@@ -137,6 +137,16 @@ def guarded_write(
     return ("EVALSHA", WRITE_SCRIPT_SHA, 1, key, ttl_seconds, len(remove), *remove, *hset)
 
 
+def with_script(command: tuple[bytes | str | int, ...]) -> tuple[bytes | str | int, ...]:
+    """A guarded write sent with the script's text (EVAL) instead of its digest: for a
+    server that answered NOSCRIPT (restarted, flushed, or a replica promoted since the
+    script was loaded). EVAL caches the script there, so the next EVALSHA finds it; no
+    SCRIPT LOAD has to reach every node of a cluster, some of which may be down."""
+    if command[0] != "EVALSHA":
+        return command
+    return ("EVAL", WRITE_SCRIPT, *command[2:])
+
+
 def unguarded_write(
     key: bytes, ttl_seconds: int, remove: Sequence[bytes], hset: Sequence[bytes]
 ) -> list[tuple[bytes | str | int, ...]]:

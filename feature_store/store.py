@@ -40,7 +40,7 @@ from feature_store.connection import (
     translated_errors,
 )
 from feature_store.errors import StoreError
-from feature_store.layout import WRITE_SCRIPT, max_encoded_size
+from feature_store.layout import max_encoded_size, with_script
 from feature_store.registry import FeatureGroup, Registry
 
 log = logging.getLogger(__name__)
@@ -168,14 +168,13 @@ class FeatureStore(_Base[SyncClient]):
         return pipe.execute()  # raises the first error: a cluster client learns from it
 
     def _run(self, commands: list[Command]) -> list[object]:
-        """Each command's reply; the write script is loaded again if Redis lost it (a
-        restart, SCRIPT FLUSH) and the commands sent again (they are idempotent)."""
+        """Each command's reply; sent again with the write script's text if Redis lost it
+        (a restart, SCRIPT FLUSH, a promoted replica)."""
         with translated_errors():
             try:
                 return self._pipeline(commands)
-            except NoScriptError:
-                self.client.script_load(WRITE_SCRIPT)
-                return self._pipeline(commands)
+            except NoScriptError:  # idempotent: the whole chunk again, with the script
+                return self._pipeline([with_script(c) for c in commands])
 
     def read(
         self,
@@ -277,8 +276,7 @@ class AsyncFeatureStore(_Base[AsyncClient]):
             try:
                 return await self._pipeline(commands)
             except NoScriptError:
-                await self.client.script_load(WRITE_SCRIPT)
-                return await self._pipeline(commands)
+                return await self._pipeline([with_script(c) for c in commands])
 
     async def run_plan(self, plan: ReadPlan) -> list[RawReply]:
         """A plan's raw values, aligned with ``plan.fields``: for callers that decode later.

@@ -28,7 +28,7 @@ from feature_store.connection import RedisTarget, SyncClient, missing_script, tr
 from feature_store.errors import StoreError, StoreUnavailableError
 from feature_store.ingest.encode import EncodedBatch
 from feature_store.ingest.spec import RetrySpec
-from feature_store.layout import SKIPPED, WRITE_SCRIPT
+from feature_store.layout import SKIPPED, with_script
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +129,14 @@ class ChunkWriter:
             self.counters.redis_seconds += time.perf_counter() - t0
 
     def _attempt(self, commands: list[Command]) -> list[object]:
-        """The chunk's replies; the write script is loaded again if Redis lost it (a
-        restart, SCRIPT FLUSH). The first error reply is raised, translated."""
+        """The chunk's replies; commands Redis answered NOSCRIPT (a restart, SCRIPT FLUSH, a
+        promoted replica) go again with the script's text. The first error reply is raised."""
         with translated_errors():
             client = self.client
             if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
                 replies = _send_packed(client, commands)
                 if missing := missing_script(replies):
-                    client.script_load(WRITE_SCRIPT)
-                    again = _send_packed(client, [commands[i] for i in missing])
+                    again = _send_packed(client, [with_script(commands[i]) for i in missing])
                     for i, reply in zip(missing, again, strict=True):
                         replies[i] = reply
                 for reply in replies:
@@ -146,9 +145,8 @@ class ChunkWriter:
                 return replies
             try:
                 return _pipeline(client, commands)
-            except redis.exceptions.NoScriptError:
-                client.script_load(WRITE_SCRIPT)  # on every primary of a cluster
-                return _pipeline(client, commands)  # idempotent: the whole chunk again
+            except redis.exceptions.NoScriptError:  # idempotent: the whole chunk again
+                return _pipeline(client, [with_script(c) for c in commands])
 
     def _failed(self, error: Exception) -> None:
         self.counters.retries += 1
@@ -158,6 +156,14 @@ class ChunkWriter:
             # cluster client keeps its own: it re-learns the topology after a failover
             # from every node it knows, where a new one would start from the URL's alone
             self.close()
+        elif isinstance(self._client, redis.RedisCluster):
+            # now, from every node it knows: redis-py re-learns it by itself when a pipeline
+            # of plain commands fails, but not for script calls (EVALSHA), which would go
+            # on to the dead master until the retries run out
+            try:
+                self._client.nodes_manager.initialize()
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                log.debug("the cluster's topology could not be read yet", exc_info=True)
 
     def close(self) -> None:
         client, self._client = self._client, None

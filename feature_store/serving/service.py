@@ -21,7 +21,7 @@ from feature_store.errors import (
     StorePermissionError,
     StoreUnavailableError,
 )
-from feature_store.layout import SKIPPED, WRITE_SCRIPT, entity_key
+from feature_store.layout import SKIPPED, entity_key, with_script
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
 from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
@@ -430,12 +430,11 @@ class Writer:
     async def run(self, commands: list[tuple[bytes | str | int, ...]]) -> list[object]:
         """Each command's reply, an error reply (WRONGTYPE) in its place; raises StoreError
         when Redis fails or refuses for another reason than one key's data. The write
-        script is loaded again where Redis lost it (a restart, SCRIPT FLUSH)."""
+        script's text goes with the commands where Redis lost it (a restart, SCRIPT FLUSH)."""
         with translated_errors():
             result = await self._pipeline(commands)
             if missing := missing_script(result):
-                await self.client.script_load(WRITE_SCRIPT)  # type: ignore[attr-defined]
-                again = await self._pipeline([commands[i] for i in missing])
+                again = await self._pipeline([with_script(commands[i]) for i in missing])
                 for i, reply in zip(missing, again, strict=True):
                     result[i] = reply
             for reply in result:
