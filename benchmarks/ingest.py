@@ -42,6 +42,7 @@ from feature_store.embedded import EmbeddedRedis
 from feature_store.ingest.generate import ID_COLUMN, write_sample
 from feature_store.ingest.job import IngestJob, run_ingest, spark_session
 from feature_store.ingest.report import IngestReport
+from feature_store.layout import unguarded
 
 TARGET_RATIO = 0.40
 TARGET_RATE = 600_000
@@ -75,7 +76,8 @@ def ceiling(url: str, data: str, entities: int, chunk: int) -> tuple[float, int]
                 for i in range(min(batch.num_rows, left))
             ]
             left -= len(rows)
-            commands = [c for c in plan_write(group, rows).commands if c[0] == "HSET"]
+            plan = plan_write(group, rows)
+            commands = [h for c in plan.commands for h in unguarded(c) if h[0] == "HSET"]
             values += sum((len(c) - 4) // 2 for c in commands)  # minus key, freshness
             t0 = time.perf_counter()
             pipe = client.pipeline(transaction=False)

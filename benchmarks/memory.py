@@ -42,7 +42,7 @@ import redis
 from feature_store import sample
 from feature_store.batch import plan_write
 from feature_store.embedded import EmbeddedRedis
-from feature_store.layout import LISTPACK_SETTINGS
+from feature_store.layout import LISTPACK_SETTINGS, unguarded
 from feature_store.registry import FeatureGroup
 from feature_store.serialization import field_name
 
@@ -83,7 +83,8 @@ def hash_xxh32(rows: Rows, group: FeatureGroup) -> Iterator[Command]:
 
 def full(rows: Rows, group: FeatureGroup) -> Iterator[Command]:
     for i in range(0, len(rows), CHUNK):
-        yield from plan_write(group, rows[i : i + CHUNK]).commands
+        for cmd in plan_write(group, rows[i : i + CHUNK]).commands:
+            yield from unguarded(cmd)  # the stored bytes are the same; no script to load
 
 
 def full_decimal_fields(rows: Rows, group: FeatureGroup) -> Iterator[Command]:

@@ -170,3 +170,12 @@ def max_encoded_size(type_: FeatureType, dim: int | None) -> int | None:
     if type_ is FeatureType.BOOL:
         return 1
     return None
+
+
+def unguarded(command: tuple[bytes | str | int, ...]) -> list[tuple[bytes | str | int, ...]]:
+    """A ``guarded_write`` command as the same write without the guard (benchmarks compare
+    the two; ``--no-ordering`` writes so)."""
+    key, ttl, n, rest = command[3], command[4], command[5], command[6:]
+    if not (isinstance(key, bytes) and isinstance(ttl, int) and isinstance(n, int)):
+        raise ValueError(f"not a guarded write: {command[:6]!r}")
+    return unguarded_write(key, ttl, rest[:n], rest[n:])  # type: ignore[arg-type]

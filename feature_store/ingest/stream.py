@@ -261,8 +261,8 @@ def check_job(job: StreamJob, registry: Registry) -> FeatureGroup:
         )
     if job.starting_offsets not in ("earliest", "latest"):
         raise RequestError("--starting-offsets must be earliest or latest")
-    if job.trigger_seconds <= 0:
-        raise RequestError("--trigger-seconds must be more than 0")
+    if job.trigger_seconds < 0:
+        raise RequestError("--trigger-seconds must be 0 (back to back) or more")
     return group
 
 

@@ -26,6 +26,7 @@ from feature_store.layout import (
     WRITTEN,
     WRITTEN_EQUAL,
     freshness_field,
+    unguarded,
 )
 from feature_store.registry import Registry, parse_registry
 from feature_store.serialization import field_name
@@ -257,3 +258,12 @@ def test_write_plan_errors_name_entity_and_feature() -> None:
         plan_write(REG.group("daily"), [(3, {"c": "x"})])
     with pytest.raises(RequestError, match="not an int64"):
         plan_write(REG.group("daily"), [("3", {"a": 1.0})])
+
+
+def test_unguarded_is_the_same_write_without_the_guard() -> None:
+    plan = plan_write(REG.group("daily"), [(1, {"a": 0.0, "b": None})], now=500)
+    assert unguarded(plan.commands[0]) == [
+        ("HDEL", b"u:1", field_name("b")),
+        ("HSET", b"u:1", field_name("a"), b"0", freshness_field("daily"), b"500"),
+        ("EXPIRE", b"u:1", 86400),
+    ]
