@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -35,7 +36,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
 from feature_store import notices
-from feature_store.batch import Command, event_time_seconds, plan_write
+from feature_store.batch import Command, EntityId, event_time_seconds, plan_write
 from feature_store.connection import RedisTarget
 from feature_store.errors import EncodingError, FeatureStoreError, RequestError
 from feature_store.ingest.spec import BadReason, RetrySpec
@@ -125,6 +126,8 @@ def encode_records(
     features = {f.name: f for f in group.features}
     reserved = {id_field, event_time_field}
     out = Encoded()
+    rows: list[tuple[EntityId, dict[str, object], float]] = []
+    positions: list[int] = []  # each row's index in ``records``
     for i, raw in enumerate(records):
         try:
             doc = orjson.loads(raw) if raw is not None else None
@@ -153,19 +156,25 @@ def encode_records(
         except RequestError as e:
             out.bad.append((i, BadReason.INVALID_EVENT_TIME, str(e)))
             continue
-        row = (json_int(entity_id), values, seconds)
-        try:
-            plan = plan_write(group, [row], now=now)  # type: ignore[list-item]
-        except EncodingError as e:
-            out.bad.append((i, BadReason.INVALID_VALUE, str(e)))
-            continue
-        except RequestError as e:
-            out.bad.append((i, BadReason.INVALID_ID, str(e)))
-            continue
+        rows.append((cast(EntityId, json_int(entity_id)), values, seconds))
+        positions.append(i)
+    try:  # one plan for the lot: a bad value is rare
+        plans = [(rows, plan_write(group, rows, now=now))]
+    except (EncodingError, RequestError):  # find it, and keep the rest
+        plans = []
+        for i, row in zip(positions, rows, strict=True):
+            try:
+                plans.append(([row], plan_write(group, [row], now=now)))
+            except EncodingError as e:
+                out.bad.append((i, BadReason.INVALID_VALUE, str(e)))
+            except RequestError as e:
+                out.bad.append((i, BadReason.INVALID_ID, str(e)))
+        out.bad.sort(key=lambda b: b[0])
+    for planned, plan in plans:
         out.commands += plan.commands
         out.keys += plan.keys
-        out.event_times.append(seconds)
-        out.values.append(plan.counts[0][0])
+        out.values += [written for written, _ in plan.counts]
+        out.event_times += [row[2] for row in planned]
     return out
 
 
