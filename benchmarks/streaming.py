@@ -61,7 +61,12 @@ BATCH_LINE = re.compile(r"stream: batch \d+: ([\d,]+) records")
 
 def producer(bootstrap: str) -> Producer:
     return Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 2, "queue.buffering.max.messages": 2_000_000}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 2,
+            "queue.buffering.max.messages": 2_000_000,
+            "log_level": 2,  # critical only: no reconnect chatter when the broker stops
+        }
     )
 
 
@@ -89,7 +94,14 @@ class LatencyCell:
 
 
 def latency_cell(
-    bootstrap: str, topic: str, rest: str, rate: int, seconds: float, entities: int, seq0: int
+    bootstrap: str,
+    topic: str,
+    rest: str,
+    rate: int,
+    seconds: float,
+    entities: int,
+    seq0: int,
+    give_up: float = 30.0,
 ) -> LatencyCell:
     """Hold ``rate`` events/s for ``seconds`` while probing event-to-servable delays."""
     stop = threading.Event()
@@ -127,8 +139,8 @@ def latency_cell(
                 if values[0] == seq:
                     delays.append(time.perf_counter() - t0)
                     break
-                if time.perf_counter() - t0 > 30:
-                    raise SystemExit(f"event {seq} was not servable after 30 s")
+                if time.perf_counter() - t0 > give_up:
+                    raise SystemExit(f"event {seq} was not servable after {give_up:.0f} s")
                 time.sleep(0.002)
             time.sleep(0.05)
     stop.set()
@@ -300,7 +312,7 @@ def main() -> int:
                     body = {"entity_type": sample.ENTITY, "ids": PROBE_IDS, "features": ["int_0"]}
                     client.post("/v1/features/get", json=body).raise_for_status()  # cached
                 print("warming up the stream (its Spark session starts) ...", flush=True)
-                latency_cell(kafka.bootstrap, "events", server.rest_url, 100, 20, 1000, 0)
+                latency_cell(kafka.bootstrap, "events", server.rest_url, 100, 20, 1000, 0, 300)
                 cells = []
                 for i, rate in enumerate((1_000, 10_000)):
                     cell = latency_cell(

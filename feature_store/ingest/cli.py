@@ -33,6 +33,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_generate(sub, default_master=LOCAL_MASTER)
 
 
+def _add_registry_group(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--registry",
+        type=Path,
+        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
+    )
+    p.add_argument("--group", required=True, help="feature group to write")
+
+
 def _add_stream(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], default_master: str | None
 ) -> None:
@@ -43,12 +52,7 @@ def _add_stream(
         "and write them through the event-time guard, in micro-batches, checkpointed. "
         "Runs until stopped (see docs/streaming.md).",
     )
-    p.add_argument(
-        "--registry",
-        type=Path,
-        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
-    )
-    p.add_argument("--group", required=True, help="feature group to write")
+    _add_registry_group(p)
     p.add_argument("--topic", required=True, help="Kafka topic")
     p.add_argument("--bootstrap-servers", required=True, help="Kafka's host:port[,host:port]")
     p.add_argument(
@@ -99,9 +103,7 @@ def run_stream_command(args: argparse.Namespace) -> int:
     from feature_store.ingest.stream import StreamJob, connector_conf, run_stream
 
     settings = settings_from(args)
-    registry = args.registry or settings.registry
-    if not registry.exists():
-        raise RequestError(f"registry file {str(registry)!r} does not exist")
+    registry = _registry_file(args, settings.registry)
     conf = {**connector_conf(), **_pairs(args.conf, "--conf")}
     with redis_url(settings) as url:
         job = StreamJob(
@@ -138,12 +140,7 @@ def _add_ingest(
         "Redis with Spark. Exit code 0: written; 1: written, but bad rows over the "
         "threshold; 2: failed (see docs/ingest.md).",
     )
-    p.add_argument(
-        "--registry",
-        type=Path,
-        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
-    )
-    p.add_argument("--group", required=True, help="feature group to write")
+    _add_registry_group(p)
     p.add_argument("--input", required=True, help="input path (anything Spark can read)")
     p.add_argument("--format", default="parquet", choices=("parquet", "csv", "json", "orc"))
     p.add_argument(
@@ -272,6 +269,13 @@ def _add_spark_args(p: argparse.ArgumentParser, default_master: str | None) -> N
     )
 
 
+def _registry_file(args: argparse.Namespace, default: Path) -> Path:
+    registry: Path = args.registry or default
+    if not registry.exists():
+        raise RequestError(f"registry file {str(registry)!r} does not exist")
+    return registry
+
+
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -288,9 +292,7 @@ def run_ingest_command(args: argparse.Namespace) -> int:
     from feature_store.ingest.spec import RetrySpec
 
     settings = settings_from(args)
-    registry = args.registry or settings.registry
-    if not registry.exists():
-        raise RequestError(f"registry file {str(registry)!r} does not exist")
+    registry = _registry_file(args, settings.registry)
     mapping = _pairs(args.map, "--map")
     read_options = _pairs(args.option, "--option")
     conf = _pairs(args.conf, "--conf")

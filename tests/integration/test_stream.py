@@ -155,6 +155,7 @@ def test_newest_event_wins_and_bad_records_are_quarantined(
     assert all(r["offset"] is not None for r in quarantined)
 
 
+@pytest.mark.timeout(600)  # two Spark start-ups and a broker restart on a shared machine
 def test_killed_job_resumes_from_its_checkpoint_and_serving_sees_values_at_once(
     kafka: EmbeddedKafka,
     registry_file: Path,
@@ -224,29 +225,7 @@ def _seen(client: FeatureClient, ids: list[int]) -> list[object]:
 def test_an_unknown_group_stops_the_job_at_start(
     kafka: EmbeddedKafka, registry_file: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "feature_store.cli",
-            "stream",
-            "--registry",
-            str(registry_file),
-            "--group",
-            "nope",
-            "--topic",
-            "t",
-            "--bootstrap-servers",
-            kafka.bootstrap,
-            "--checkpoint",
-            str(tmp_path / "c"),
-            "--redis-url",
-            redis_url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode != 0
-    assert "unknown feature group 'nope'" in done.stderr + done.stdout
+    job = _stream(registry_file, redis_url, kafka.bootstrap, "t", tmp_path, "--group", "nope")
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode != 0
+    assert "unknown feature group 'nope'" in out
