@@ -117,8 +117,12 @@ class StandaloneCluster:
         tail = (self.work_dir / "master.log").read_text(errors="replace")[-2000:]
         raise FeatureStoreError(f"the Spark standalone cluster did not start:\n{tail}")
 
-    def submit(self, args: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        """spark-submit of the job's entry point (``python -m feature_store.ingest``)."""
+    def submit(
+        self, args: Sequence[str], timeout: float = 600, jars: Sequence[str] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """spark-submit of the job's entry point (``python -m feature_store.ingest``);
+        ``jars`` go on the driver's and the executors' classpath (``--jars``): the stream
+        job's Kafka source (``feature_store.kafka.spark_connector_jars()``)."""
         import feature_store.ingest.__main__ as entry
 
         return subprocess.run(
@@ -127,6 +131,7 @@ class StandaloneCluster:
                 *("--master", self.url),
                 *("--conf", f"spark.pyspark.python={sys.executable}"),
                 *("--conf", "spark.ui.enabled=false"),
+                *(("--jars", ",".join(jars)) if jars else ()),
                 str(entry.__file__),
                 *args,
             ],

@@ -5,18 +5,22 @@ loopback, from pyspark's jars), submitted with spark-submit; one worker SIGKILLe
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
+from confluent_kafka import Producer
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
 from feature_store.ingest.generate import ID_COLUMN, write_sample
 from feature_store.ingest.job import spark_session
 from feature_store.ingest.standalone import StandaloneCluster
+from feature_store.kafka import EmbeddedKafka, spark_connector_jars
 from feature_store.store import FeatureStore
 
 pytestmark = pytest.mark.spark
@@ -94,3 +98,35 @@ def test_the_job_on_a_standalone_cluster_survives_a_dead_worker(
         assert report["entities_written"] >= N  # tasks of the dead worker ran again
         assert cluster.alive_workers() == 1
         _check_every_value(server.url)
+
+
+def test_the_stream_job_on_a_standalone_cluster(registry_file: Path, tmp_path: Path) -> None:
+    """`feature-store stream` submitted to the cluster with the Kafka source's jars: a
+    topic's records written through the guard by the cluster's executors."""
+    events = [(i % 500, 1_760_000_000 + i, i) for i in range(3000)]  # 6 per entity, in order
+    with (
+        EmbeddedRedis(tmp_path / "redis", persistence=False) as server,
+        EmbeddedKafka(tmp_path / "kafka") as kafka,
+        StandaloneCluster(tmp_path / "spark", workers=2) as cluster,
+    ):
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 2})
+        for entity, at, value in reversed(events):  # newest first: the guard must hold
+            producer.produce("cluster-events", orjson.dumps(
+                {"consumer_id": entity, "event_time": at, "int_0": value}
+            ))  # fmt: skip
+        assert producer.flush(60) == 0
+        done = cluster.submit(
+            [
+                *("stream", "--registry", str(registry_file), "--group", sample.GROUP),
+                *("--topic", "cluster-events", "--bootstrap-servers", kafka.bootstrap),
+                *("--checkpoint", str(tmp_path / "checkpoint"), "--available-now"),
+                *("--redis-url", server.url, "--quarantine", str(tmp_path / "quarantine")),
+            ],
+            jars=spark_connector_jars(),
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        written = re.findall(r"stream: batch \d+: ([\d,]+) records", done.stderr + done.stdout)
+        assert sum(int(n.replace(",", "")) for n in written) == 3000, done.stderr[-4000:]
+        with FeatureStore.connect(server.url, sample.registry()) as store:
+            got = store.read(sample.ENTITY, list(range(500)), features=["int_0"])
+        assert [r.values[0] for r in got.rows] == [2500 + i for i in range(500)]

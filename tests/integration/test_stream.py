@@ -43,7 +43,12 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
 
 def _produce(bootstrap: str, topic: str, records: list[bytes]) -> None:
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "message.timeout.ms": 60000}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "message.timeout.ms": 60000,
+            "log_level": 2,
+        }
     )
     for i, record in enumerate(records):
         producer.produce(topic, record)
@@ -164,8 +169,9 @@ def test_killed_job_resumes_from_its_checkpoint_and_serving_sees_values_at_once(
     tmp_path: Path,
 ) -> None:
     """A running job: a serving cache (TTL 300 s) shows streamed values within seconds;
-    the broker is SIGKILLed and restarted under it; then the job itself is SIGKILLed and a
-    new one drains the topic from the checkpoint: every entity ends with its newest event."""
+    the broker is SIGKILLed and restarted under it, Redis is stopped for 3 s under it; then
+    the job itself is SIGKILLed and a new one drains the topic from the checkpoint: every
+    entity ends with its newest event."""
     registry = sample.registry()
     ids = list(range(500, 700))
     env = {"FEATURE_SERVING_CACHE_TTL": "300", "FEATURE_SERVING_SHADOW_FRACTION": "0"}
@@ -194,6 +200,17 @@ def test_killed_job_resumes_from_its_checkpoint_and_serving_sees_values_at_once(
                 assert time.monotonic() < deadline, "the job did not ride out the restart"
                 time.sleep(0.2)
 
+            # Redis goes away for 3 s while events come in: the job's writes retry
+            redis_server.stop()
+            _produce(kafka.bootstrap, "events-b", [_event(i, T0 + 2.1, int_0=21) for i in ids])
+            time.sleep(3)
+            redis_server.start()
+            deadline = time.monotonic() + 120
+            while _values(redis_url, registry, ids) != [21] * len(ids):
+                assert job.poll() is None, job.stdout.read() if job.stdout else ""
+                assert time.monotonic() < deadline, "the job did not ride out Redis's restart"
+                time.sleep(0.2)
+
             # more events, and the job killed while they come in
             waves = [[_event(i, T0 + 3 + w, int_0=3 + w) for i in ids] for w in range(10)]
             for wave in waves[:5]:
@@ -215,7 +232,6 @@ def test_killed_job_resumes_from_its_checkpoint_and_serving_sees_values_at_once(
         while _seen(client, ids[:10]) != [12] * 10:
             assert time.monotonic() < deadline, "serving kept the old values"
             time.sleep(0.2)
-    del redis_server
 
 
 def _seen(client: FeatureClient, ids: list[int]) -> list[object]:
