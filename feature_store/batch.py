@@ -293,6 +293,7 @@ def _decode_each(
     return values
 
 
+EPOCH_UNITS_BOUND = 1e11  # a larger number of "seconds" is milli-, micro- or nanoseconds
 MAX_FUTURE_SECONDS = 3600  # a later event time would hide every write of its entity until then
 
 
@@ -340,9 +341,10 @@ class WritePlan:
 
 
 def event_time_seconds(value: object, now: float) -> float:
-    """A row's event time as unix seconds, from unix seconds (a number), an RFC 3339 string
-    or an aware datetime. RequestError for anything else, a time before 1970, or a time
-    more than MAX_FUTURE_SECONDS ahead of ``now``."""
+    """A row's event time as unix seconds, from a number (seconds, or milli-, micro- or
+    nanoseconds: told apart by size), an RFC 3339 string or an aware datetime.
+    RequestError for anything else, a time before 1970, or a time more than
+    MAX_FUTURE_SECONDS ahead of ``now``."""
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise RequestError(f"event time {value!r} has no time zone")
@@ -359,6 +361,12 @@ def event_time_seconds(value: object, now: float) -> float:
         seconds = parsed.timestamp()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
+        # milliseconds, microseconds or nanoseconds since 1970 (Kafka's, Java's, pandas'):
+        # as seconds, such a number would be past the year 5138, which is refused anyway
+        for _ in range(3):
+            if seconds < EPOCH_UNITS_BOUND:
+                break
+            seconds /= 1000
     else:
         raise RequestError(f"event time {value!r} must be unix seconds or an RFC 3339 string")
     if not 0 <= seconds <= MAX_TIMESTAMP:  # also NaN

@@ -273,8 +273,9 @@ def write_request_schema(registry: Registry, max_entities: int) -> JsonSchema:
                         {"type": "string", "format": "date-time"},
                         {"type": "null"},
                     ],
-                    "description": "when the values were true: unix seconds or RFC 3339 "
-                    "(null or left out: now); at most an hour ahead. A row older than the "
+                    "description": "when the values were true: unix seconds (or ms, µs, ns "
+                    "since 1970, told apart by size) or RFC 3339 (null or left out: now); at "
+                    "most an hour ahead. A row older than the "
                     "entity's stored values of the group is not written and is named in "
                     "skipped_ids",
                 },

@@ -217,9 +217,17 @@ def test_write_plan_is_one_guarded_call_per_entity() -> None:
 
 def test_write_plan_event_times_per_row_and_per_call() -> None:
     rows = [(1, {"c": "x"}), (2, {}, 1_700_000_000.25), (3, {}, "2023-11-14T22:13:20Z")]
+    rows += [(4, {}, 1_700_000_000_250), (5, {}, 1_700_000_000_250_000), (6, {}, 1.7e18)]
     plan = plan_write(REG.group("live"), rows, event_time=1000, now=1_800_000_000)
-    assert [c[-1] for c in plan.commands] == [b"1000", b"1700000000.25", b"1700000000"]
-    assert [c[5] for c in plan.commands] == [0, 0, 0]  # nothing to remove
+    assert [c[-1] for c in plan.commands] == [
+        b"1000",
+        b"1700000000.25",
+        b"1700000000",
+        b"1700000000.25",  # milliseconds
+        b"1700000000.25",  # microseconds
+        b"1700000000",  # nanoseconds
+    ]
+    assert [c[5] for c in plan.commands] == [0] * 6  # nothing to remove
     assert plan.stats.values_written == 1
 
 
