@@ -330,14 +330,20 @@ class WritePlan:
         )
 
     def outcome(self, replies: Sequence[object]) -> WriteStats:
-        """The totals from WRITE_SCRIPT's replies; an error reply counts as neither."""
-        entities = written = removed = skipped = 0
-        for (w, r), reply in zip(self.counts, replies, strict=True):
-            if reply == SKIPPED:
-                skipped += 1
-            elif not isinstance(reply, Exception):
-                entities, written, removed = entities + 1, written + w, removed + r
-        return WriteStats(entities, written, removed, skipped)
+        """The totals from WRITE_SCRIPT's replies (``write_outcome``)."""
+        return write_outcome(self.counts, replies)
+
+
+def write_outcome(counts: Sequence[tuple[int, int]], replies: Sequence[object]) -> WriteStats:
+    """The totals of guarded writes from WRITE_SCRIPT's replies, given what each writes if
+    applied (values written, values removed); an error reply counts as neither."""
+    entities = written = removed = skipped = 0
+    for (w, r), reply in zip(counts, replies, strict=True):
+        if reply == SKIPPED:
+            skipped += 1
+        elif not isinstance(reply, Exception):
+            entities, written, removed = entities + 1, written + w, removed + r
+    return WriteStats(entities, written, removed, skipped)
 
 
 def event_time_seconds(value: object, now: float) -> float:

@@ -211,8 +211,9 @@ def is_key_error(error: BaseException) -> bool:
 
 
 def missing_script(replies: Sequence[object]) -> list[int]:
-    """Where a pipeline's replies say NOSCRIPT: Redis restarted or flushed its scripts since
-    the write script was loaded. The caller loads it and sends those commands again."""
+    """Where a pipeline's replies say NOSCRIPT: Redis restarted, flushed its scripts, or is
+    a promoted replica. The caller sends those commands again with the script's text
+    (``layout.with_script``)."""
     return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
 
 

@@ -76,8 +76,8 @@ class _Write:
         origin: str | None,
     ) -> None:
         self.group, self.rows, self.chunk_size = group, rows, chunk_size
-        self.now = time.time()
-        self.event_time = self.now if event_time is None else event_time
+        self.now = time.time()  # also the event time of rows without one (plan_write)
+        self.event_time = event_time
         self.origin = origin  # None: tell no one
         self.total = WriteStats()
         self.keys: list[bytes] = []  # up to one more than a keys notice carries

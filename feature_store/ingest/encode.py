@@ -79,6 +79,13 @@ class EncodedBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def counts(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Per entity ``start:stop``: values written and removed if its write applies."""
+        return [
+            (len(hset) // 2 - 1, len(hdel))  # the freshness pair is not a value
+            for hset, hdel in zip(self.hset[start:stop], self.hdel[start:stop], strict=True)
+        ]
+
     def commands(
         self, ttl_seconds: int, start: int = 0, stop: int | None = None, ordered: bool = True
     ) -> list[Command]:

@@ -186,7 +186,7 @@ def _run(
         ignore_extra=job.ignore_extra_columns,
         event_time_column=job.event_time_column,
     )
-    run_ids = _check_redis(target, registry)  # fails here, before any write, if Redis is down
+    run_ids = check_redis(target, registry)  # fails here, before any write, if Redis is down
     redis_url = job.redis_url
     if target.cluster:  # every node the driver sees, for tasks and for the end of the job
         redis_url = _with_cluster_nodes(target)
@@ -334,7 +334,7 @@ def _spark_type(t: pa.DataType) -> T.DataType:
     return _SPARK_TYPES[t]
 
 
-def _check_redis(target: RedisTarget, registry: Registry) -> set[str]:
+def check_redis(target: RedisTarget, registry: Registry) -> set[str]:
     """Fail now if Redis does not answer; warn about its listpack limit; its run ids."""
     with FeatureStore.connect(target, registry) as store:
         store.ping()

@@ -36,7 +36,13 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
 from feature_store import notices
-from feature_store.batch import Command, EntityId, event_time_seconds, plan_write
+from feature_store.batch import (
+    Command,
+    EntityId,
+    event_time_seconds,
+    plan_write,
+    write_outcome,
+)
 from feature_store.connection import RedisTarget
 from feature_store.errors import EncodingError, FeatureStoreError, RequestError
 from feature_store.ingest.spec import BadReason, RetrySpec
@@ -108,7 +114,7 @@ class Encoded:
     commands: list[Command] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
     event_times: list[float] = field(default_factory=list)
-    values: list[int] = field(default_factory=list)  # values written per record
+    counts: list[tuple[int, int]] = field(default_factory=list)  # values written, removed
     bad: list[tuple[int, BadReason, str]] = field(default_factory=list)  # index, why
 
 
@@ -173,7 +179,7 @@ def encode_records(
     for planned, plan in plans:
         out.commands += plan.commands
         out.keys += plan.keys
-        out.values += [written for written, _ in plan.counts]
+        out.counts += plan.counts
         out.event_times += [row[2] for row in planned]
     return out
 
@@ -215,15 +221,15 @@ def _write(
         replies = writer.send(encoded.commands[start : start + size])
         done = time.time()
         keys = encoded.keys[start : start + size]
-        for i, reply in zip(range(start, start + len(replies)), replies, strict=True):
-            if reply == SKIPPED:
-                stats["skipped"] += 1
-                continue
-            stats["written"] += 1
-            stats["values"] += encoded.values[i]
-            lag = done - encoded.event_times[i]
-            stats["lag_sum"] += lag
-            stats["lag_max"] = max(stats["lag_max"], lag)
+        outcome = write_outcome(encoded.counts[start : start + size], replies)
+        stats["written"] += outcome.entities
+        stats["skipped"] += outcome.skipped
+        stats["values"] += outcome.values_written
+        times = encoded.event_times[start : start + size]
+        lags = [done - t for t, reply in zip(times, replies, strict=True) if reply != SKIPPED]
+        if lags:
+            stats["lag_sum"] += sum(lags)
+            stats["lag_max"] = max(stats["lag_max"], *lags)
         # serving caches drop these keys now instead of at their TTL
         writer.publish(notices.write_message(spec.origin, spec.group, keys, done))
 
@@ -281,9 +287,9 @@ def run_stream(
     """Run until stopped (or, with ``available_now``, until the topic is drained)."""
     registry = load_registry(job.registry)
     group = check_job(job, registry)
-    from feature_store.ingest.job import _check_redis
+    from feature_store.ingest.job import check_redis
 
-    _check_redis(RedisTarget.parse(job.redis_url), registry)
+    check_redis(RedisTarget.parse(job.redis_url), registry)
     spec = RecordSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
         group=group.name,

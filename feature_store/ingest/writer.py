@@ -23,12 +23,12 @@ from redis.retry import Retry
 from redis.utils import HIREDIS_AVAILABLE
 
 from feature_store import notices
-from feature_store.batch import Command
+from feature_store.batch import Command, WriteStats, write_outcome
 from feature_store.connection import RedisTarget, SyncClient, missing_script, translated_errors
 from feature_store.errors import StoreError, StoreUnavailableError
 from feature_store.ingest.encode import EncodedBatch
 from feature_store.ingest.spec import RetrySpec
-from feature_store.layout import SKIPPED, with_script
+from feature_store.layout import WRITTEN, with_script
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,12 @@ class WriteCounters:
     chunks: int = 0
     retries: int = 0
     redis_seconds: float = 0.0  # wall time inside pipeline round trips, retries included
+
+    def add(self, stats: WriteStats) -> None:
+        self.entities += stats.entities
+        self.values_written += stats.values_written
+        self.values_removed += stats.values_removed
+        self.skipped += stats.skipped
 
 
 class ChunkWriter:
@@ -81,24 +87,14 @@ class ChunkWriter:
         return self._client
 
     def write(self, batch: EncodedBatch) -> None:
-        counters = self.counters
         for start in range(0, len(batch), self.chunk_size):
             stop = min(start + self.chunk_size, len(batch))
             replies = self._send(batch.commands(self.ttl_seconds, start, stop, self.ordered))
-            counters.chunks += 1
-            if not self.ordered:
-                counters.entities += stop - start
-                continue
-            for i, reply in zip(range(start, stop), replies, strict=True):
-                if reply == SKIPPED:
-                    counters.skipped += 1
-                else:
-                    counters.entities += 1
-                    counters.values_written += len(batch.hset[i]) // 2 - 1
-                    counters.values_removed += len(batch.hdel[i])
-        if not self.ordered:
-            counters.values_written += batch.values_written
-            counters.values_removed += batch.values_removed
+            counts = batch.counts(start, stop)
+            if not self.ordered:  # HDEL/HSET/EXPIRE per entity: every one is written
+                replies = [WRITTEN] * len(counts)
+            self.counters.add(write_outcome(counts, replies))
+            self.counters.chunks += 1
 
     def send(self, commands: list[Command]) -> list[object]:
         """One chunk's commands, retried as a whole; their replies."""

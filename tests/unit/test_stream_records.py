@@ -32,7 +32,7 @@ def test_a_record_is_plan_write_s_row() -> None:
     assert out.bad == []
     assert out.commands == expected.commands
     assert out.keys == expected.keys
-    assert out.values == [3]
+    assert out.counts == [(3, 1)]  # 3 values written, embedding_0 removed
 
 
 BAD = [
