@@ -10,7 +10,7 @@ invalidation notice, not from an expiry), and ``feature-store stream`` on Spark 
 1. Event to servable, at 1,000 and 10,000 events/s (each for --seconds): a producer holds
    the rate while a prober, several times a second, sends one more event for an entity
    the serving cache holds and polls ``POST /v1/features/get`` until the new value shows;
-   p50/p99/max of those delays, and the count past 2 s.
+   p50/p99/max of those delays, and the counts past 1 s and past 2 s (the target's bound).
 2. The highest sustained rate: --backlog events produced at once, timed from the first
    produced to the last written (from the job's progress lines); against the raw
    pipelined HSET ceiling (the same events' HSETs, pre-encoded, sent by one redis-py
@@ -344,14 +344,15 @@ def main() -> int:
         "",
         "## Event to servable (produced to Kafka -> read back through REST, L1 on)",
         "",
-        "| rate held | probes | p50 s | p99 s | max s | past 2 s |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| rate held | probes | p50 s | p99 s | max s | past 1 s | past 2 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         past = sum(d > BOUND_S for d in c.delays)
+        past_1s = sum(d > 1.0 for d in c.delays)
         lines.append(
             f"| {c.achieved:,.0f}/s | {len(c.delays)} | {c.pct(0.5):.3f} | {c.pct(0.99):.3f} "
-            f"| {max(c.delays):.3f} | {past} |"
+            f"| {max(c.delays):.3f} | {past_1s} | {past} |"
         )
     lines += [
         "",
