@@ -65,6 +65,7 @@ READ_RATE = 40.0  # requests/s per reading client
 FRESH_READS = 3  # reads in a row (fresh connections) that must serve a write
 FRESH_TIMEOUT = 10.0  # seconds: a write not served by then counts as unserved
 STOP_SECONDS = 5.0  # how long a master is SIGSTOPped
+SETTLE_SECONDS = 10.0  # after a fault's end, pools have reopened what they need
 SAMPLE_EVERY = 2.0  # seconds between RSS / fd samples
 BURST_GAP = 2.0  # seconds without a failure that end a fault's burst of failures
 
@@ -489,12 +490,23 @@ def analyse(
         )
     before_faults = [x for x in failed if not faults or x[0] < faults[0].at]
     drift = {}
+    # the settled stretch: from SETTLE_SECONDS after the last fault that moves connections
+    # (a failover opens pools to the promoted master: a step, not a trend) to the end
+    moving = [f.at for f in faults if not f.name.startswith("nightly")]
+    settled_from = (max(moving) if moving else 0.0) + STOP_SECONDS + SETTLE_SECONDS
     for name in ("A", "B"):
         series = [(t, rss, fds) for t, n, rss, fds in samples if n == name]
         fifth = max(1, len(series) // 5)
         early, late = series[fifth : 2 * fifth], series[-fifth:]
+        settled = [x[2] for x in series if x[0] >= settled_from]
+        half = len(settled) // 2
         if early and late:
             drift[name] = {
+                # fds in the first and second halves of the settled stretch: a leak grows
+                # with requests and shows here; a failover's step does not
+                "fds_settled": [round(_mean(settled[:half]), 1), round(_mean(settled[half:]), 1)]
+                if half
+                else None,
                 "rss_mib": [
                     round(_mean(x[1] for x in early) / 2**20, 1),
                     round(_mean(x[1] for x in late) / 2**20, 1),
@@ -664,14 +676,21 @@ def markdown(result: dict[str, object]) -> list[str]:
         "",
         "## Resources (mean of the last fifth of the run against the fifth after warm-up)",
         "",
-        "| deployment | RSS MiB | RSS drift | open fds | fd drift |",
-        "|---|---|---:|---|---:|",
+        "| deployment | RSS MiB | RSS drift | open fds | fd drift | open fds once settled |",
+        "|---|---|---:|---|---:|---|",
     ]
     for name, r in result["resources"].items():  # type: ignore[attr-defined]
+        settled = r.get("fds_settled")
         lines.append(
             f"| {name} | {r['rss_mib'][0]} -> {r['rss_mib'][1]} | {r['rss_drift']:+.1%} | "
-            f"{r['fds'][0]} -> {r['fds'][1]} | {r['fd_drift']:+.1%} |"
+            f"{r['fds'][0]} -> {r['fds'][1]} | {r['fd_drift']:+.1%} | "
+            + (f"{settled[0]} -> {settled[1]} |" if settled else "- |")
         )
+    lines += [
+        "",
+        f"Once settled: the halves of the stretch from {SETTLE_SECONDS:.0f} s after the last"
+        " fault that moves connections (a failover's new pools are a step, a leak a trend).",
+    ]
     return lines
 
 

@@ -174,15 +174,17 @@ async def test_xfetch_refreshes_a_hot_entry_before_it_expires(
 async def test_hot_entries_are_refreshed_ahead_in_batches_and_never_miss(
     redis_url: str, registry: Registry
 ) -> None:
-    """Over five TTLs of steady reads, with expiries scattered by jitter: every entry is
-    reloaded before it expires (no miss after the first read), in few round trips."""
+    """Over four TTLs of steady reads, with expiries scattered by jitter: every entry is
+    reloaded before it expires (no miss after the first read), in few round trips. The
+    refresh window (at least 0.75 s: half of the shortest jittered TTL) is wide enough that
+    a loaded machine's stalls between two reads do not outlast it."""
     settings = ServingSettings(
         invalidation=False,
         shadow_fraction=0.0,
         xfetch_beta=0.0,
-        cache_ttl=1.0,
+        cache_ttl=2.0,
         cache_jitter=0.5,
-        cache_refresh_ahead=0.4,
+        cache_refresh_ahead=0.5,
     )
     rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
     ids = [f"r{i}" for i in range(300)]
@@ -194,17 +196,20 @@ async def test_hot_entries_are_refreshed_ahead_in_batches_and_never_miss(
         await rt.service.lookup("shop", ids, groups=["daily"])
         assert cache.stats.misses == 300
         loads_before = cache.stats.keys_loaded
-        deadline = time.monotonic() + 5.0  # five TTLs
+        deadline = time.monotonic() + 8.0  # four TTLs
         reads = 0
+        gap = 0.0  # the longest time between two reads
+        last = time.monotonic()
         while time.monotonic() < deadline:
             await rt.service.lookup("shop", ids, groups=["daily"])
             reads += 1
+            gap, last = max(gap, time.monotonic() - last), time.monotonic()
             await asyncio.sleep(0.05)
         stats = cache.stats
         assert reads > 50
-        assert stats.misses == 300, "an entry expired under steady reads"
+        assert stats.misses == 300, f"an entry expired under steady reads (gap {gap:.2f} s)"
         refreshed = stats.keys_loaded - loads_before
-        assert refreshed >= 300 * 4  # each entry reloaded about once per TTL
+        assert refreshed >= 300 * 3  # each entry reloaded about once per TTL
         # one round trip per refresh tick at most, not one per entry
         assert stats.round_trips - 1 <= refreshed / 10
     finally:
