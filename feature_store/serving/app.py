@@ -30,7 +30,7 @@ from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving import schemas
-from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError, Role
 from feature_store.serving.feast_api import feast_routes
 from feature_store.serving.json_answer import (
     JSON,
@@ -99,8 +99,12 @@ def _known(body: Mapping[str, object], known: frozenset[str], where: str) -> Non
         )
 
 
-def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> FastPath:
-    """The app of one worker. With ``grpc_port``, its lifespan also runs the gRPC server."""
+def create_app(
+    runtime: ServingRuntime, *, grpc_port: int | None = None, rest_backend: int | None = None
+) -> FastPath:
+    """The app of one worker. With ``grpc_port``, its lifespan also runs the gRPC server;
+    with ``rest_backend`` (the loopback port uvicorn serves this app on), the native REST
+    front on the REST port (``rest_front``)."""
     settings = runtime.settings
     service = runtime.service
     metrics = runtime.metrics
@@ -119,10 +123,19 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
             from feature_store.serving.grpc_server import start_grpc_server
 
             grpc_server = await start_grpc_server(runtime, settings.host, grpc_port)
+        rest = None
+        if rest_backend is not None:
+            from feature_store.serving.rest_front import NativeRestFront, listen
+
+            sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
+            rest = NativeRestFront(fast, sock, rest_backend, settings)
+            log.info("REST on %s:%d (native front)", settings.host, settings.port)
         tune_gc(settings)
         try:
             yield
         finally:
+            if rest is not None:
+                await rest.stop(grace=1.0)
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
             await runtime.stop()
@@ -333,7 +346,8 @@ def create_app(runtime: ServingRuntime, *, grpc_port: int | None = None) -> Fast
         "/v1/features/write": Route(write_answer, Role.ADMIN),
         **feast,
     }
-    return FastPath(app, routes, auth, body_limit, settings.request_body_timeout)
+    fast = FastPath(app, routes, auth, body_limit, settings.request_body_timeout)
+    return fast
 
 
 _JSON_HEADER = (b"content-type", JSON.encode())
@@ -386,29 +400,40 @@ class FastPath:
             return
         if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
             # also what keeps a web page from posting a text/plain "form" cross-site
-            await self._send(
-                send,
-                route.errors(
-                    Problem(415, "unsupported_media_type", "send the body as application/json")
-                ),
-            )
+            await self._send(send, self.refusal(route, 415))
             return
         try:
             async with asyncio.timeout(self.body_timeout):
                 body = await self._body(receive)
         except TimeoutError:
-            message = f"the request body did not arrive within {self.body_timeout:g} s"
-            await self._send(send, route.errors(Problem(408, "body_timeout", message)))
+            await self._send(send, self.refusal(route, 408))
             return
         if body is None:
             return  # the client went away
         if len(body) > self.body_limit:
-            answer = route.errors(
-                Problem(413, "batch_too_large", f"the body is larger than {self.body_limit} bytes")
-            )
+            answer = self.refusal(route, 413)
         else:
             answer = await route.handler(authorization, body)
         await self._send(send, answer)
+
+    def refusal(self, route: Route, status: int) -> Answer:
+        """The answer of a fast route to a request refused before its handler runs: these
+        statuses, here and on the native REST front (which gets them all, rendered once)."""
+        if status in (401, 403):
+            return route.errors(problem(AuthError(AUTH_MESSAGES[status], status)))
+        if status == 415:
+            # also what keeps a web page from posting a text/plain "form" cross-site
+            p = Problem(415, "unsupported_media_type", "send the body as application/json")
+        elif status == 408:
+            message = f"the request body did not arrive within {self.body_timeout:g} s"
+            p = Problem(408, "body_timeout", message)
+        elif status == 413:
+            p = Problem(413, "batch_too_large", f"the body is larger than {self.body_limit} bytes")
+        elif status == 400:
+            p = Problem(400, "malformed_body", "the request body could not be read")
+        else:
+            p = Problem(503, "shutting_down", "the server is stopping: retry")
+        return route.errors(p)
 
     async def _body(self, receive: Receive) -> bytes | None:
         """The request body (cut at the limit plus one byte), or None if the client left."""

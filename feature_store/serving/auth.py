@@ -28,6 +28,11 @@ class AuthError(RequestError):
         self.status = status
 
 
+MISSING_KEY = "missing or unknown API key: send 'Authorization: Bearer <key>'"
+READ_ONLY_KEY = "this API key may only read; writes and cache bypass need an admin key"
+AUTH_MESSAGES = {401: MISSING_KEY, 403: READ_ONLY_KEY}
+
+
 class Authenticator:
     def __init__(self, read_keys: tuple[str, ...], admin_keys: tuple[str, ...]) -> None:
         self.enabled = bool(read_keys or admin_keys)
@@ -35,6 +40,11 @@ class Authenticator:
             (k.encode(), Role.READ) for k in read_keys if k not in admin_keys
         ]
         self._known: dict[str, Role] = {}  # header -> role, so a known key costs one lookup
+
+    @property
+    def keys(self) -> list[tuple[bytes, Role]]:
+        """Every key with its role (an admin key listed once, as admin)."""
+        return list(self._keys)
 
     def role(self, authorization: str | None) -> Role:
         """The role an Authorization header grants; ADMIN for everyone when auth is off."""
@@ -61,9 +71,7 @@ class Authenticator:
     def require(self, authorization: str | None, needed: Role) -> Role:
         role = self.role(authorization)
         if role is Role.NONE:
-            raise AuthError("missing or unknown API key: send 'Authorization: Bearer <key>'", 401)
+            raise AuthError(MISSING_KEY, 401)
         if role < needed:
-            raise AuthError(
-                "this API key may only read; writes and cache bypass need an admin key", 403
-            )
+            raise AuthError(READ_ONLY_KEY, 403)
         return role

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import ssl
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,7 @@ def _serve(
 
     from feature_store.serving.config import WORKER_ENV
     from feature_store.serving.http import HeaderDeadlineProtocol
+    from feature_store.serving.rest_front import rest_front_kind
 
     if serving.grpc_port:
         check_port_free(serving.host, serving.grpc_port, "gRPC")
@@ -140,16 +142,28 @@ def _serve(
             f"{serving.workers} worker(s), Redis {url}",
             flush=True,
         )
-        if serving.workers == 1:
-            app = _app_from_config(config)
+        common: dict[str, Any] = {
+            "http": HeaderDeadlineProtocol,
+            "log_level": args.log_level,
+            "access_log": False,
+            "timeout_graceful_shutdown": 5,
+        }
+        if rest_front_kind(serving) == "native":
+            # the front (each worker's) takes the REST port; uvicorn serves the rest of the
+            # app behind it on a loopback socket bound here, which the workers share
+            check_port_free(serving.host, serving.port, "REST")
+            backend = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            backend.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            backend.bind(("127.0.0.1", 0))
+            backend.listen(2048)
+            config["rest_backend"] = backend.getsockname()[1]
+            _serve_behind_front(config, serving.workers, backend, common)
+        elif serving.workers == 1:
             uvicorn.run(
-                app,
-                http=HeaderDeadlineProtocol,
+                _app_from_config(config),
                 host=serving.host,
                 port=serving.port,
-                log_level=args.log_level,
-                access_log=False,
-                timeout_graceful_shutdown=5,
+                **common,
                 **_tls(serving),
             )
         else:
@@ -158,15 +172,43 @@ def _serve(
                 uvicorn.run(
                     "feature_store.serving.cli:worker_app",
                     factory=True,
-                    http=HeaderDeadlineProtocol,
                     host=serving.host,
                     port=serving.port,
                     workers=serving.workers,
-                    log_level=args.log_level,
-                    access_log=False,
-                    timeout_graceful_shutdown=5,
+                    **common,
                     **_tls(serving),
                 )
+
+
+def _serve_behind_front(
+    config: dict[str, object], workers: int, backend: socket.socket, common: dict[str, Any]
+) -> None:
+    """uvicorn on the loopback socket ``backend`` (what ``uvicorn.run`` does with a socket
+    it binds itself: one Server, or its Multiprocess supervisor over the workers)."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from feature_store.serving.config import WORKER_ENV
+
+    host, port = backend.getsockname()
+    if workers == 1:
+        app = _app_from_config(config)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **common))
+        server.run(sockets=[backend])
+        if not server.started:
+            sys.exit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits
+        return
+    os.environ[WORKER_ENV] = orjson.dumps(config).decode()
+    with _metrics_dir():
+        worker = uvicorn.Config(
+            "feature_store.serving.cli:worker_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            **common,
+        )
+        Multiprocess(worker, sockets=[backend]).run()
 
 
 def _tls(serving: ServingSettings) -> dict[str, Any]:
@@ -236,7 +278,12 @@ def _app_from_config(config: dict[str, object]) -> FastPath:
         max_connections=int(config["max_connections"]),  # type: ignore[call-overload]
     )
     runtime = ServingRuntime(_load(str(config["registry"])), target, serving)
-    return create_app(runtime, grpc_port=serving.grpc_port)
+    backend = config.get("rest_backend")
+    return create_app(
+        runtime,
+        grpc_port=serving.grpc_port,
+        rest_backend=int(backend) if backend is not None else None,  # type: ignore[call-overload]
+    )
 
 
 def worker_app() -> FastPath:

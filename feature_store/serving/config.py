@@ -33,6 +33,10 @@ class ServingSettings:
     # grpc.aio on a loopback port; "grpcio": every method on grpc.aio (also when the
     # extension is off or missing)
     grpc_front: str = "native"
+    # "native": the REST port on the extension's HTTP/1.1 front (the fast POST routes
+    # answered through it, the rest passed on to uvicorn on a loopback port); "uvicorn":
+    # uvicorn serves the port (also when the extension is off or missing)
+    rest_front: str = "native"
     workers: int = 1
 
     # request limits
@@ -107,6 +111,8 @@ class ServingSettings:
             raise fail("grpc_port", "must be a TCP port")
         if self.grpc_front not in ("native", "grpcio"):
             raise fail("grpc_front", "must be native or grpcio")
+        if self.rest_front not in ("native", "uvicorn"):
+            raise fail("rest_front", "must be native or uvicorn")
         for name in (
             "cache_ttl",
             "redis_timeout_min",

@@ -49,10 +49,10 @@ const UNAVAILABLE: u32 = 14;
 
 const UNREACHABLE: &str = "the gRPC server behind the front is not reachable";
 /// A client that has not finished its TLS handshake by then is dropped.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// PEM bytes of TLS: the certificate chain, its key, and the client CA of mutual TLS.
-type TlsPem = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+pub(crate) type TlsPem = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
 
 /// What Python answers a queued call with.
 enum Answer {
@@ -169,7 +169,9 @@ impl Front {
         tls: Option<TlsPem>,
     ) -> PyResult<Self> {
         let acceptor = match tls {
-            Some((cert, key, client_ca)) => Some(tls_acceptor(&cert, &key, client_ca.as_deref())?),
+            Some((cert, key, client_ca)) => {
+                Some(tls_acceptor(&cert, &key, client_ca.as_deref(), b"h2")?)
+            }
             None => None,
         };
         // SAFETY: the caller passes a listening socket it has given up (socket.detach()).
@@ -245,9 +247,14 @@ impl Drop for Front {
     }
 }
 
-/// The TLS side of the front: the server's certificate chain and key, HTTP/2 by ALPN, and
-/// with a client CA, client certificates it signed required.
-fn tls_acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> PyResult<TlsAcceptor> {
+/// The TLS side of a front: the server's certificate chain and key, `alpn` (h2 here,
+/// http/1.1 for the REST front), and with a client CA, client certificates it signed required.
+pub(crate) fn tls_acceptor(
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+    alpn: &[u8],
+) -> PyResult<TlsAcceptor> {
     let bad = |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
     let chain: Vec<rustls::Certificate> = rustls_pemfile::certs(&mut &cert[..])
         .map_err(|e| bad("the TLS certificate is not PEM", &e))?
@@ -295,7 +302,7 @@ fn tls_acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> PyResult<T
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| bad("the TLS certificate and key do not fit", &e))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

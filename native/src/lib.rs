@@ -9,6 +9,7 @@
 //! message. So the native path can be faster, never different.
 
 mod front;
+mod rest;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -1267,6 +1268,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ReadPlan>()?;
     m.add_class::<front::Front>()?;
     m.add_class::<front::Call>()?;
+    m.add_class::<rest::RestFront>()?;
+    m.add_class::<rest::RestCall>()?;
+    m.add_function(wrap_pyfunction!(rest::rest_role, m)?)?;
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;
     m.add_function(wrap_pyfunction!(rest_rows, m)?)?;
