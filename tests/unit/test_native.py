@@ -31,9 +31,9 @@ from feature_store.serialization import FeatureType, codec_for
 from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, pack, unpack
 from feature_store.serialization.codecs import encode_float32
 from feature_store.serving import grpc_server
-from feature_store.serving.app import _whole_group_rows
 from feature_store.serving.cache import Entry
 from feature_store.serving.loader import Resolved
+from feature_store.serving.rest_api import _whole_group_rows
 from feature_store.serving.service import Lookup, Projection
 
 CODECS = {
