@@ -1,9 +1,10 @@
-"""The L1 read path: cache hits, single-flight, coalescing, stale-on-error, early refresh.
+"""The L1 read path: cache hits, single-flight, coalescing, stale-on-error.
 
 ``CachedReader.get(keys)`` answers (group, entity key) pairs:
 
-1. A fresh entry is a hit. A hot entry near expiry may also start one background reload
-   (XFetch), which the caller does not wait for.
+1. A fresh entry is a hit. A hit may also start a background reload, which the caller does
+   not wait for: when is the refresh policy's to say (refresh.py: batch writes, refresh
+   ahead, XFetch); a sample of hits is checked against Redis (shadow.py).
 2. A miss on a key that is already being loaded waits for that load (single-flight, the
    "debouncer"): a thousand concurrent misses on one key cost one Redis read.
 3. Other misses are queued. The first miss of an event-loop tick schedules a flush with
@@ -30,7 +31,6 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -43,8 +43,9 @@ from feature_store.errors import (
     StoreUnavailableError,
 )
 from feature_store.registry import Registry
-from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker, CircuitState
-from feature_store.serving.cache import CacheKey, Entry, LRUCache, should_refresh_early
+from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
+from feature_store.serving.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.refresh import Refresher
 from feature_store.serving.roundtrip import (
     ConnectionWaitTimeout,
     KeyDataError,
@@ -52,6 +53,7 @@ from feature_store.serving.roundtrip import (
     Reply,
     RoundTrip,
 )
+from feature_store.serving.shadow import ShadowChecker
 from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -61,13 +63,6 @@ class CircuitOpenError(StoreUnavailableError):
     """Redis failed repeatedly; reads fail fast until a probe succeeds."""
 
 
-REFRESH_BATCH = 500  # keys per round trip of a background refresh after a batch write
-REFRESH_TICK = 0.05  # seconds: refreshes of entries near expiry are sent together this often
-# XFetch refreshes when the time to expiry is at most cost x beta x -ln(u), u uniform in
-# (0, 1]: random() is a multiple of 2**-53, so -ln(u) <= 36.8 and an entry further from
-# expiry than cost x beta x 37 is never refreshed early; the hit path skips the draw
-XFETCH_HORIZON = 37.0
-SHADOW_QUEUE = 10_000  # sampled hits waiting for their shadow read; the oldest go first
 FAULT_LOG_EVERY = 10.0  # seconds: at most one log line per fault reason this often
 
 
@@ -142,7 +137,6 @@ class CachedReader:
         self.cache = cache
         self.breaker = breaker or CircuitBreaker()
         self.timeout = timeout or AdaptiveTimeouts()
-        self.beta = xfetch_beta
         self.single_flight = single_flight
         self.on_round_trip = on_round_trip
         self.rng = rng or random.Random()
@@ -151,21 +145,49 @@ class CachedReader:
         self._pending: list[_Load] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        # batch writes announced per group (unix seconds): entries read before are refreshed
-        self.generations: dict[str, float] = {}
-        self._marks: dict[str, float] = {}  # the same on this loader's clock
-        self.refresh_rate = refresh_rate
-        self._sweeps: dict[str, asyncio.Task[None]] = {}
-        # entries hit in the last ``refresh_ahead`` of their lifetime: refreshed together
-        self.refresh_ahead = refresh_ahead
-        self._due: dict[CacheKey, None] = {}
-        self._due_timer: asyncio.TimerHandle | None = None
-        # shadow mode: a sample of hits is re-read from Redis and compared
-        self.shadow_fraction = shadow_fraction
-        self._shadow: deque[tuple[CacheKey, Entry]] = deque(maxlen=SHADOW_QUEUE)
-        self._shadow_wakeup: asyncio.Event | None = None
-        self.on_shadow_mismatch: Callable[[float], None] | None = None
         self.log_fault = FaultLog(self.clock)
+        # the policies: when an entry is reloaded early (refresh.py), how hits are checked
+        # against Redis (shadow.py); the reader does the reading for both
+        self.refresher: Refresher | None = None
+        self.shadow: ShadowChecker | None = None
+        self._generations: dict[str, float] = {}  # announced batch writes, without a cache
+        self.shadow_fraction = shadow_fraction if cache is not None else 0.0
+        if cache is not None:
+            self.refresher = Refresher(
+                cache,
+                frozenset(self.specs),
+                self._reload,
+                self._inflight.__contains__,
+                self._own,
+                clock=self.clock,
+                rng=self.rng,
+                xfetch_beta=xfetch_beta,
+                refresh_ahead=refresh_ahead,
+                refresh_rate=refresh_rate,
+            )
+            self.shadow = ShadowChecker(
+                cache.stats,
+                self.specs,
+                round_trip,
+                self.breaker,
+                self.timeout,
+                self._own,
+                self.clock,
+            )
+
+    @property
+    def generations(self) -> dict[str, float]:
+        """Batch writes announced per group (unix seconds)."""
+        return self.refresher.generations if self.refresher is not None else self._generations
+
+    @property
+    def on_shadow_mismatch(self) -> Callable[[float], None] | None:
+        return self.shadow.on_mismatch if self.shadow is not None else None
+
+    @on_shadow_mismatch.setter
+    def on_shadow_mismatch(self, observe: Callable[[float], None] | None) -> None:
+        if self.shadow is not None:
+            self.shadow.on_mismatch = observe
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -183,8 +205,9 @@ class CachedReader:
         waits: list[tuple[int, CacheKey, asyncio.Future[Entry]]] = []
         if bypass:
             stats.bypasses += len(keys)
-        inflight, generations, ahead = self._inflight, self.generations, self.refresh_ahead
-        horizon = self.beta * XFETCH_HORIZON
+        inflight = self._inflight
+        on_hit = self.refresher.on_hit if self.refresher is not None else None
+        shadow = self.shadow if self.shadow_fraction else None
         cache_get = cache.get
         for i, key in enumerate(keys):
             if not bypass:
@@ -198,19 +221,10 @@ class CachedReader:
                             stats.error_hits += 1
                     else:
                         stats.hits += 1
-                        remaining = entry.expires_at - now
-                        if key in inflight:
-                            pass
-                        elif generations and self._outdated(key[0], entry):
-                            stats.generation_refreshes += 1  # served now, refreshed for next
-                            self._schedule(key, store=True)
-                        elif remaining < ahead * (entry.expires_at - entry.loaded_at) or (
-                            remaining <= entry.cost * horizon
-                            and should_refresh_early(entry, now, self.beta, self.rng)
-                        ):
-                            self._refresh_soon(key)
-                        if self.shadow_fraction and self.rng.random() < self.shadow_fraction:
-                            self._sample(key, entry)
+                        if on_hit is not None and key not in inflight:
+                            on_hit(key, entry, now)
+                        if shadow is not None and self.rng.random() < self.shadow_fraction:
+                            shadow.sample(key, entry)
                     continue
                 load = inflight.get(key)
                 if load is not None:
@@ -270,9 +284,7 @@ class CachedReader:
         loads, self._pending = self._pending, []
         if not loads:
             return
-        task = asyncio.get_running_loop().create_task(self._load(loads))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._own(asyncio.get_running_loop().create_task(self._load(loads)))
 
     async def _load(self, loads: list[_Load]) -> None:
         """One round trip for ``loads``; every load's future is resolved, whatever happens."""
@@ -417,122 +429,23 @@ class CachedReader:
             out.append(Resolved(entry, False))
         return out
 
-    # --- refresh ahead: hot entries are reloaded before they expire, in batches -----------
+    # --- what the policies ask of the reader ---------------------------------------------
 
-    def _refresh_soon(self, key: CacheKey) -> None:
-        """Queue a background reload of an entry near its expiry. The queue goes to Redis
-        every REFRESH_TICK in one pipeline: entries expire at scattered times (jitter), and
-        reloading each on its own tick would cost a round trip apiece. A hot entry is
-        reloaded before it expires and never misses; a cold one expires and is evicted."""
-        if key in self._due:
-            return
-        self._due[key] = None
-        assert self.cache is not None
-        self.cache.stats.early_refreshes += 1
-        if self._due_timer is None:
-            self._due_timer = asyncio.get_running_loop().call_later(REFRESH_TICK, self._refresh_due)
+    def _reload(self, key: CacheKey) -> None:
+        """A background load of ``key`` that stores its entry (the caller does not wait)."""
+        self._schedule(key, store=True)
 
-    def _refresh_due(self) -> None:
-        self._due_timer = None
-        due, self._due = self._due, {}
-        assert self.cache is not None
-        for key in due:
-            if key not in self._inflight and self.cache.peek(key) is not None:
-                self._schedule(key, store=True)
-
-    # --- batch writes: refresh older entries in the background -----------------------------
-
-    def _outdated(self, group: str, entry: Entry) -> bool:
-        mark = self._marks.get(group) if self._marks else None
-        return mark is not None and entry.loaded_at < mark
-
-    def new_generation(self, group: str, generation: float) -> None:
-        """A batch write of ``group`` that ended at ``generation`` (unix seconds) was
-        announced.
-
-        Entries read from Redis before it are refreshed: on their next hit (which is still
-        answered from the entry), and by a background sweep at ``refresh_rate`` keys per
-        second in coalesced round trips, so that a nightly refresh of every entity neither
-        drops the cache at once nor sends every key to Redis at once. Read time, not the
-        values' event time: a bulk write of old events changes entries all the same.
-        """
-        if group not in self.specs or generation <= self.generations.get(group, 0):
-            return
-        self.generations[group] = generation  # also without a cache: the metrics report it
-        self._marks[group] = self.clock() - (time.time() - generation)
-        if self.cache is None:
-            return
-        previous = self._sweeps.pop(group, None)
-        if previous is not None:
-            previous.cancel()
-        task = asyncio.get_running_loop().create_task(self._sweep(group))
-        self._sweeps[group] = task
+    def _own(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _sweep(self, group: str) -> None:
-        assert self.cache is not None
-        cache = self.cache
-        batch = max(1, min(REFRESH_BATCH, int(self.refresh_rate)))
-        keys = cache.keys(group, most_recent_first=True)  # the hottest first
-        for start in range(0, len(keys), batch):
-            for key in keys[start : start + batch]:
-                entry = cache.peek(key)
-                if entry is None or key in self._inflight:
-                    continue
-                if entry.raw is None:
-                    cache.discard(key)  # "missing" may no longer be true
-                elif self._outdated(group, entry):
-                    cache.stats.generation_refreshes += 1
-                    self._schedule(key, store=True)
-            await asyncio.sleep(batch / self.refresh_rate)
-
-    # --- shadow mode: how consistent is the cache? -----------------------------------------
-
-    def _sample(self, key: CacheKey, entry: Entry) -> None:
-        self._shadow.append((key, entry))  # a full queue drops its oldest sample
-        if self._shadow_wakeup is None:
-            self._shadow_wakeup = asyncio.Event()
-            task = asyncio.get_running_loop().create_task(self._shadow_loop())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        self._shadow_wakeup.set()
-
-    async def _shadow_loop(self) -> None:
-        """Re-read sampled hits from Redis, off the request path, and compare."""
-        assert self._shadow_wakeup is not None
-        assert self.cache is not None
-        stats = self.cache.stats
-        while True:
-            await self._shadow_wakeup.wait()
-            self._shadow_wakeup.clear()
-            while self._shadow:
-                samples = [self._shadow.popleft() for _ in range(min(500, len(self._shadow)))]
-                if self.breaker.state is not CircuitState.CLOSED:
-                    continue  # Redis is in trouble: no extra reads, and not a mismatch
-                reads: list[Read] = [(key[1], [self.specs[key[0]]]) for key, _ in samples]
-                try:
-                    replies = await self.round_trip(reads, self.timeout.cap)
-                except (StoreError, TimeoutError):
-                    continue
-                except Exception:
-                    log.exception("a shadow read failed")
-                    continue
-                now = self.clock()
-                for (key, entry), reply in zip(samples, replies, strict=True):
-                    try:
-                        if isinstance(reply, KeyDataError):
-                            raise reply
-                        now_stored = self.specs[key[0]].entry(key, reply)
-                        raw, written_at = now_stored.raw, now_stored.written_at
-                    except EncodingError:
-                        raw, written_at = None, None
-                    stats.shadow_checks += 1
-                    # the stored bytes themselves: equal bytes are equal values
-                    if written_at != entry.written_at or raw != entry.raw:
-                        stats.shadow_mismatches += 1
-                        if self.on_shadow_mismatch is not None:
-                            self.on_shadow_mismatch(now - entry.loaded_at)
+    def new_generation(self, group: str, generation: float) -> None:
+        """A batch write of ``group`` that ended at ``generation`` (unix seconds) was
+        announced: entries read before it are refreshed in the background (refresh.py)."""
+        if self.refresher is not None:
+            self.refresher.new_generation(group, generation)
+        elif group in self.specs and generation > self._generations.get(group, 0):
+            self._generations[group] = generation  # the metrics report it
 
     # --- invalidation and shutdown -------------------------------------------------------
 
@@ -558,8 +471,8 @@ class CachedReader:
             self._inflight.clear()
 
     async def close(self) -> None:
-        if self._due_timer is not None:
-            self._due_timer.cancel()
+        if self.refresher is not None:
+            self.refresher.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
