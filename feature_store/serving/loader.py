@@ -9,7 +9,9 @@
    "debouncer"): a thousand concurrent misses on one key cost one Redis read.
 3. Other misses are queued. The first miss of an event-loop tick schedules a flush with
    ``loop.call_soon``, so every miss queued by the requests running in that tick goes to
-   Redis in one pipeline (coalescing). Groups of one entity share one HMGET.
+   Redis in one pipeline (coalescing). Groups of one entity share one HMGET. Without a
+   cache, every read is queued the same way: a thousand concurrent requests cost a few
+   round trips, not a thousand (and not a thousand pooled connections).
 4. Loads run in tasks the reader owns, and callers wait through ``asyncio.shield``: a
    caller that is cancelled (client gone, deadline) does not cancel the read that other
    callers share.
@@ -98,12 +100,15 @@ class Resolved(NamedTuple):
 
 
 class _Load:
-    __slots__ = ("future", "key", "store")
+    __slots__ = ("future", "key", "proto", "store")
 
-    def __init__(self, key: CacheKey, future: asyncio.Future[Entry], store: bool) -> None:
+    def __init__(
+        self, key: CacheKey, future: asyncio.Future[Entry], store: bool, proto: bool = False
+    ) -> None:
         self.key = key
         self.future = future
-        self.store = store  # False once invalidated, and for bypass loads
+        self.store = store  # False once invalidated, and for bypass and uncached loads
+        self.proto = proto  # without a cache: the entry is for a gRPC answer only
 
 
 def _consume(future: asyncio.Future[Entry]) -> None:
@@ -195,7 +200,9 @@ class CachedReader:
         self, keys: Sequence[CacheKey], *, bypass: bool = False, proto: bool = False
     ) -> list[Resolved]:
         if self.cache is None:
-            return await self._direct(keys, proto)
+            if not self.single_flight:
+                return await self._direct(keys, proto)
+            return await self._uncached(keys, proto)
         if not self.single_flight:
             return await self._unshared(keys, bypass)
         cache = self.cache
@@ -263,10 +270,23 @@ class CachedReader:
                     continue
             raise error
 
-    def _schedule(self, key: CacheKey, *, store: bool) -> _Load:
+    async def _uncached(self, keys: Sequence[CacheKey], proto: bool) -> list[Resolved]:
+        """Without a cache: this request's reads join the next flush, with every read the
+        requests of this loop tick queued, in one round trip. Each read is sent after its
+        request arrived, so no request is answered with a read that started before it (no
+        sharing of reads in flight, unlike single-flight over the cache)."""
+        out: list[Resolved | None] = [None] * len(keys)
+        waits = [
+            (i, key, self._schedule(key, store=False, proto=proto).future)
+            for i, key in enumerate(keys)
+        ]
+        await self._wait(waits, out, self.clock())
+        return out  # type: ignore[return-value]  # every slot is filled by _wait
+
+    def _schedule(self, key: CacheKey, *, store: bool, proto: bool = False) -> _Load:
         future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
-        load = _Load(key, future, store)
+        load = _Load(key, future, store, proto)
         if store:
             self._inflight[key] = load
         if not self.breaker.allow():
@@ -300,16 +320,23 @@ class CachedReader:
                 raise
 
     async def _load_all(self, loads: list[_Load]) -> None:
-        by_entity: dict[bytes, list[_Load]] = {}
+        # one read per key (and form) of the flush: loads of one key share it (a request
+        # that names an entity twice, a bypass beside a cached read, requests without a
+        # cache), every one of them queued before it is sent; groups of one entity share
+        # one HMGET
+        shared: dict[tuple[CacheKey, bool], list[_Load]] = {}
         for load in loads:
-            by_entity.setdefault(load.key[1], []).append(load)
+            shared.setdefault((load.key, load.proto), []).append(load)
+        by_entity: dict[bytes, list[tuple[CacheKey, bool]]] = {}
+        for read in shared:
+            by_entity.setdefault(read[0][1], []).append(read)
         specs = self.specs
         reads: list[Read] = [
-            (entity_key, [specs[load.key[0]] for load in group_loads])
-            for entity_key, group_loads in by_entity.items()
+            (entity_key, [specs[key[0]] for key, _ in group_reads])
+            for entity_key, group_reads in by_entity.items()
         ]
         try:
-            replies, cost = await self._send(reads, len(loads))
+            replies, cost = await self._send(reads, len(shared))
         except StoreError as error:
             self._fail(loads, error)
             return
@@ -320,14 +347,15 @@ class CachedReader:
         if cache is not None:
             stats = cache.stats
             stats.round_trips += 1
-            stats.keys_loaded += len(loads)
-            stats.coalesced += len(loads) - 1
+            stats.keys_loaded += len(shared)
+            stats.coalesced += len(shared) - 1
         now = self.clock()
-        for group_loads, reply in zip(by_entity.values(), replies, strict=True):
+        for group_reads, reply in zip(by_entity.values(), replies, strict=True):
             offset = 0
-            for load in group_loads:
-                spec = self.specs[load.key[0]]
-                self._finish(load, spec, reply, offset, cost, now)
+            for read in group_reads:
+                spec = specs[read[0][0]]
+                for load in shared[read]:
+                    self._finish(load, spec, reply, offset, cost, now)
                 offset += len(spec.fields)
 
     def _entry(
@@ -349,7 +377,7 @@ class CachedReader:
     ) -> None:
         if self._inflight.get(load.key) is load:
             del self._inflight[load.key]
-        entry = self._entry(spec, load.key, reply, offset)
+        entry = self._entry(spec, load.key, reply, offset, load.proto)
         entry.cost = cost
         if load.store and self.cache is not None:
             self.cache.put(entry, now)
@@ -415,7 +443,8 @@ class CachedReader:
         return out  # type: ignore[return-value]
 
     async def _direct(self, keys: Sequence[CacheKey], proto: bool = False) -> list[Resolved]:
-        """Without a cache: one pipeline per request, no sharing (the L1-off baseline).
+        """One pipeline per request, no sharing: without the debouncer (single_flight off:
+        the baseline it is measured against), and the misses of ``_unshared``.
         ``proto``: the entries are for a gRPC answer (``GroupSpec.entry``)."""
         if not self.breaker.allow():
             raise CircuitOpenError("Redis is unavailable (circuit open)")

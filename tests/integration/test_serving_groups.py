@@ -214,3 +214,75 @@ async def test_hot_entries_are_refreshed_ahead_in_batches_and_never_miss(
         assert stats.round_trips - 1 <= refreshed / 10
     finally:
         await rt.stop()
+
+
+async def test_without_the_l1_concurrent_requests_share_round_trips_not_reads(
+    redis_url: str, registry: Registry
+) -> None:
+    """With the L1 off, the reads of the requests of one loop tick go to Redis together (a
+    few round trips for many requests), and a request never waits for a read that was
+    sent before it arrived."""
+    settings = ServingSettings(invalidation=False, cache=False, warm_start_keys=0)
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
+    ids = [f"c{i}" for i in range(40)]
+    with FeatureStore.connect(redis_url, registry) as store:
+        store.write("daily", [(i, {"orders": n}) for n, i in enumerate(ids)])
+    sent: list[int] = []
+    hold, held, release = False, asyncio.Event(), asyncio.Event()
+    round_trip = rt.reader.round_trip
+
+    async def counted(reads, answer_within):  # type: ignore[no-untyped-def]
+        sent.append(len(reads))
+        if hold:  # this round trip waits before it is sent, until released
+            held.set()
+            await release.wait()
+        return await round_trip(reads, answer_within)
+
+    rt.reader.round_trip = counted
+    try:
+        # 100 requests of 10 ids at once, some ids twice in a request: one flush
+        batches = [[ids[(r + k * 3) % 40] for k in range(10)] + [ids[r % 40]] for r in range(100)]
+        answers = await asyncio.gather(*(rt.service.lookup("shop", b, ["orders"]) for b in batches))
+        for batch, lookup in zip(batches, answers, strict=True):
+            values = [row[0].entry.values for row in lookup.entries]
+            assert [v[0] if v else None for v in values] == [int(i[1:]) for i in batch]
+        assert len(sent) <= 3, sent  # not 100
+        # a read in flight (held before it is sent) is not shared with a later request
+        hold = True
+        first = asyncio.ensure_future(rt.service.lookup("shop", ids[:2], ["orders"]))
+        await asyncio.wait_for(held.wait(), 10)
+        hold = False
+        with FeatureStore.connect(redis_url, registry) as store:
+            store.write("daily", [(ids[0], {"orders": 777})])
+        later = await asyncio.wait_for(rt.service.lookup("shop", ids[:1], ["orders"]), 10)
+        assert later.entries[0][0].entry.values[0] == 777
+        assert not first.done()
+        release.set()
+        await asyncio.wait_for(first, 10)
+    finally:
+        release.set()
+        await rt.stop()
+
+
+@pytest.mark.parametrize("cache", [True, False])
+async def test_an_entity_named_twice_gets_its_own_values_every_time(
+    redis_url: str, registry: Registry, cache: bool
+) -> None:
+    """One read per key per flush: a request naming an entity twice (cache bypassed, or no
+    cache), beside a cached request for it, gets that entity's values in every row."""
+    settings = ServingSettings(invalidation=False, cache=cache, warm_start_keys=0)
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
+    with FeatureStore.connect(redis_url, registry) as store:
+        store.write("daily", [("d1", {"orders": 1, "rating": 1.5}), ("d2", {"orders": 2})])
+    try:
+        ids = ["d1", "d2", "d1", "d1", "nobody", "d2"]
+        bypass, plain = await asyncio.gather(
+            rt.service.lookup("shop", ids, ["orders", "rating"], bypass=True),
+            rt.service.lookup("shop", ids[:2], ["orders", "rating"]),
+        )
+        for lookup in (bypass, plain):
+            got = [values for values, _, _ in answer_rows(lookup)]
+            want = {"d1": [1, 1.5], "d2": [2, None], "nobody": [None, None]}
+            assert got == [want[i] for i in lookup.ids]
+    finally:
+        await rt.stop()
