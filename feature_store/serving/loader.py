@@ -10,8 +10,9 @@
 3. Other misses are queued. The first miss of an event-loop tick schedules a flush with
    ``loop.call_soon``, so every miss queued by the requests running in that tick goes to
    Redis in one pipeline (coalescing). Groups of one entity share one HMGET. Without a
-   cache, every read is queued the same way: a thousand concurrent requests cost a few
-   round trips, not a thousand (and not a thousand pooled connections).
+   cache, each request's keys are queued for the flush the same way (``_uncached``): a
+   thousand concurrent requests cost a few round trips, not a thousand (and not a
+   thousand pooled connections).
 4. Loads run in tasks the reader owns, and callers wait through ``asyncio.shield``: a
    caller that is cancelled (client gone, deadline) does not cancel the read that other
    callers share.
@@ -34,7 +35,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from feature_store.errors import (
     EncodingError,
@@ -65,6 +66,7 @@ class CircuitOpenError(StoreUnavailableError):
     """Redis failed repeatedly; reads fail fast until a probe succeeds."""
 
 
+FLUSH_KEYS = 1000  # keys per round trip of the reads of requests without a cache
 FAULT_LOG_EVERY = 10.0  # seconds: at most one log line per fault reason this often
 
 
@@ -100,18 +102,28 @@ class Resolved(NamedTuple):
 
 
 class _Load:
-    __slots__ = ("future", "key", "proto", "store")
+    __slots__ = ("future", "key", "store")
 
-    def __init__(
-        self, key: CacheKey, future: asyncio.Future[Entry], store: bool, proto: bool = False
-    ) -> None:
+    def __init__(self, key: CacheKey, future: asyncio.Future[Entry], store: bool) -> None:
         self.key = key
         self.future = future
-        self.store = store  # False once invalidated, and for bypass and uncached loads
-        self.proto = proto  # without a cache: the entry is for a gRPC answer only
+        self.store = store  # False once invalidated, and for bypass loads
 
 
-def _consume(future: asyncio.Future[Entry]) -> None:
+class _Batch:
+    """The keys of one request without a cache, read in the next flush."""
+
+    __slots__ = ("future", "keys", "proto")
+
+    def __init__(
+        self, keys: Sequence[CacheKey], proto: bool, future: asyncio.Future[list[Resolved]]
+    ) -> None:
+        self.keys = keys
+        self.proto = proto
+        self.future = future
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
     """Mark the exception of a load nobody awaited (early refresh) as retrieved."""
     if not future.cancelled():
         future.exception()
@@ -148,6 +160,7 @@ class CachedReader:
         self.clock = cache.clock if cache is not None else time.monotonic
         self._inflight: dict[CacheKey, _Load] = {}
         self._pending: list[_Load] = []
+        self._batches: list[_Batch] = []  # requests without a cache, for the next flush
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.log_fault = FaultLog(self.clock)
@@ -271,22 +284,61 @@ class CachedReader:
             raise error
 
     async def _uncached(self, keys: Sequence[CacheKey], proto: bool) -> list[Resolved]:
-        """Without a cache: this request's reads join the next flush, with every read the
-        requests of this loop tick queued, in one round trip. Each read is sent after its
-        request arrived, so no request is answered with a read that started before it (no
-        sharing of reads in flight, unlike single-flight over the cache)."""
-        out: list[Resolved | None] = [None] * len(keys)
-        waits = [
-            (i, key, self._schedule(key, store=False, proto=proto).future)
-            for i, key in enumerate(keys)
-        ]
-        await self._wait(waits, out, self.clock())
-        return out  # type: ignore[return-value]  # every slot is filled by _wait
+        """Without a cache: this request's keys join the next flush, with the keys of every
+        request of this loop tick, in round trips of up to FLUSH_KEYS keys. Each read is
+        sent after its request arrived, so no request is answered with a read that started
+        before it (no sharing of reads in flight, unlike single-flight over the cache)."""
+        if not self.breaker.allow():
+            raise CircuitOpenError("Redis is unavailable (circuit open)")
+        future: asyncio.Future[list[Resolved]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)
+        self._batches.append(_Batch(keys, proto, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        # shield: cancelling this caller must not cancel a round trip others wait for
+        return await asyncio.shield(future)
 
-    def _schedule(self, key: CacheKey, *, store: bool, proto: bool = False) -> _Load:
+    async def _read_batches(self, batches: list[_Batch]) -> None:
+        """The flush of requests without a cache: round trips of up to FLUSH_KEYS keys (one
+        form each: REST entries or gRPC ones), sent together; every future is resolved."""
+        chunks: list[list[_Batch]] = []
+        for proto in (False, True):
+            size = FLUSH_KEYS  # start a new chunk
+            for batch in batches:
+                if batch.proto is not proto:
+                    continue
+                if size + len(batch.keys) > FLUSH_KEYS:
+                    chunks.append([])
+                    size = 0
+                chunks[-1].append(batch)
+                size += len(batch.keys)
+        await asyncio.gather(*(self._read_chunk(chunk) for chunk in chunks))
+
+    async def _read_chunk(self, chunk: list[_Batch]) -> None:
+        keys = [key for batch in chunk for key in batch.keys]
+        try:
+            resolved = await self._direct(keys, chunk[0].proto)
+        except BaseException as error:
+            if not isinstance(error, asyncio.CancelledError | FeatureStoreError):
+                log.exception("failed to finish a Redis read of %d keys", len(keys))
+                error = StoreError(f"the read failed: {type(error).__name__}")
+            for batch in chunk:
+                if not batch.future.done():
+                    batch.future.set_exception(error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        start = 0
+        for batch in chunk:
+            if not batch.future.done():
+                batch.future.set_result(resolved[start : start + len(batch.keys)])
+            start += len(batch.keys)
+
+    def _schedule(self, key: CacheKey, *, store: bool) -> _Load:
         future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
-        load = _Load(key, future, store, proto)
+        load = _Load(key, future, store)
         if store:
             self._inflight[key] = load
         if not self.breaker.allow():
@@ -302,9 +354,12 @@ class CachedReader:
         """Runs one loop tick after the first miss: send every queued miss at once."""
         self._flush_scheduled = False
         loads, self._pending = self._pending, []
-        if not loads:
-            return
-        self._own(asyncio.get_running_loop().create_task(self._load(loads)))
+        batches, self._batches = self._batches, []
+        loop = asyncio.get_running_loop()
+        if loads:
+            self._own(loop.create_task(self._load(loads)))
+        if batches:
+            self._own(loop.create_task(self._read_batches(batches)))
 
     async def _load(self, loads: list[_Load]) -> None:
         """One round trip for ``loads``; every load's future is resolved, whatever happens."""
@@ -320,20 +375,19 @@ class CachedReader:
                 raise
 
     async def _load_all(self, loads: list[_Load]) -> None:
-        # one read per key (and form) of the flush: loads of one key share it (a request
-        # that names an entity twice, a bypass beside a cached read, requests without a
-        # cache), every one of them queued before it is sent; groups of one entity share
-        # one HMGET
-        shared: dict[tuple[CacheKey, bool], list[_Load]] = {}
+        # one read per key of the flush: loads of one key share it (a bypass request that
+        # names an entity twice, a bypass beside a cached read), every one of them queued
+        # before it is sent; groups of one entity share one HMGET
+        shared: dict[CacheKey, list[_Load]] = {}
         for load in loads:
-            shared.setdefault((load.key, load.proto), []).append(load)
-        by_entity: dict[bytes, list[tuple[CacheKey, bool]]] = {}
-        for read in shared:
-            by_entity.setdefault(read[0][1], []).append(read)
+            shared.setdefault(load.key, []).append(load)
+        by_entity: dict[bytes, list[CacheKey]] = {}
+        for key in shared:
+            by_entity.setdefault(key[1], []).append(key)
         specs = self.specs
         reads: list[Read] = [
-            (entity_key, [specs[key[0]] for key, _ in group_reads])
-            for entity_key, group_reads in by_entity.items()
+            (entity_key, [specs[key[0]] for key in group_keys])
+            for entity_key, group_keys in by_entity.items()
         ]
         try:
             replies, cost = await self._send(reads, len(shared))
@@ -350,11 +404,11 @@ class CachedReader:
             stats.keys_loaded += len(shared)
             stats.coalesced += len(shared) - 1
         now = self.clock()
-        for group_reads, reply in zip(by_entity.values(), replies, strict=True):
+        for group_keys, reply in zip(by_entity.values(), replies, strict=True):
             offset = 0
-            for read in group_reads:
-                spec = specs[read[0][0]]
-                for load in shared[read]:
+            for key in group_keys:
+                spec = specs[key[0]]
+                for load in shared[key]:
                     self._finish(load, spec, reply, offset, cost, now)
                 offset += len(spec.fields)
 
@@ -377,7 +431,7 @@ class CachedReader:
     ) -> None:
         if self._inflight.get(load.key) is load:
             del self._inflight[load.key]
-        entry = self._entry(spec, load.key, reply, offset, load.proto)
+        entry = self._entry(spec, load.key, reply, offset)
         entry.cost = cost
         if load.store and self.cache is not None:
             self.cache.put(entry, now)
