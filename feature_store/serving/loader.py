@@ -288,8 +288,8 @@ class CachedReader:
         request of this loop tick, in round trips of up to FLUSH_KEYS keys. Each read is
         sent after its request arrived, so no request is answered with a read that started
         before it (no sharing of reads in flight, unlike single-flight over the cache)."""
-        if not self.breaker.allow():
-            raise CircuitOpenError("Redis is unavailable (circuit open)")
+        # the circuit is asked at the flush (``_direct``): asking here too would spend a
+        # half-open circuit's one probe on a question and never send it
         future: asyncio.Future[list[Resolved]] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
         self._batches.append(_Batch(keys, proto, future))
