@@ -70,7 +70,8 @@ def create_app(
             grpc_server = await start_grpc_server(runtime, settings.host, grpc_port)
         rest = None
         if rest_backend is not None:
-            from feature_store.serving.rest_front import NativeRestFront, listen
+            from feature_store.serving.fronts import listen
+            from feature_store.serving.rest_front import NativeRestFront
 
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
             rest = NativeRestFront(fast, sock, rest_backend, settings)

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +39,7 @@ from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.cache import Entry
 from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.fronts import QueuedCalls, listen
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
 
@@ -307,50 +306,33 @@ class FeatureServicer:
         )
 
 
-class NativeFront:
-    """GetFeatures on the extension's HTTP/2 front (``native/src/front.rs``).
-
-    The front's thread queues each call and writes an eventfd; this loop reads it, takes
-    every queued call, and answers each on a task of its own with ``FeatureServicer.answer``
-    (the same code as grpc.aio's method). Other methods reach grpc.aio through the front.
+class NativeFront(QueuedCalls):
+    """GetFeatures on the extension's HTTP/2 front (``native/src/front.rs``), answered with
+    ``FeatureServicer.answer`` (the same code as grpc.aio's method). Other methods reach
+    grpc.aio through the front.
     """
 
     def __init__(self, servicer: FeatureServicer, sock: socket.socket, backend: int) -> None:
         from feature_store import _native
 
+        super().__init__()
         self.servicer = servicer
         self.backend = backend  # grpc.aio's loopback port
-        self.loop = asyncio.get_running_loop()
-        self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.tasks: set[asyncio.Task[None]] = set()
         self.parse = _parser(pb.GetFeaturesRequest)
         settings = servicer.runtime.settings
-        try:
-            self.front = _native.Front(
+        self.start(
+            lambda wake: _native.Front(
                 sock.detach(),
-                self.wake,
+                wake,
                 f"/{SERVICE}/GetFeatures",
                 f"127.0.0.1:{backend}",
                 settings.max_body_bytes,
                 tls_pem(settings),
-            )
-        except ValueError as e:  # the PEM files, as rustls reads them
-            os.close(self.wake)
-            raise ConfigError(f"TLS of the gRPC port: {e}") from None
-        except BaseException:
-            os.close(self.wake)
-            raise
-        self.loop.add_reader(self.wake, self._take)
+            ),
+            "gRPC port",
+        )
 
-    def _take(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.wake)
-        for call in self.front.take():
-            task = self.loop.create_task(self._answer(call))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def _answer(self, call: Call) -> None:
+    async def answer(self, call: Call) -> None:
         t0 = time.perf_counter()
         try:
             request = self.parse(call.request)
@@ -360,14 +342,6 @@ class NativeFront:
             call.fail(code.value[0], details)
         else:
             call.reply(answer)
-
-    async def stop(self, grace: float) -> None:
-        # the loop keeps answering queued calls while the front's thread winds down
-        await asyncio.to_thread(self.front.stop, grace)
-        if self.wake >= 0:  # a second stop finds it closed
-            self.loop.remove_reader(self.wake)
-            os.close(self.wake)
-            self.wake = -1
 
 
 class GrpcServer:
@@ -398,29 +372,6 @@ class GrpcServer:
         if self.front is not None:
             await self.front.stop(grace or 0.0)
         await self.server.stop(grace)
-
-
-def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """A listening socket for the native front, bound as grpc.aio would bind it."""
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as e:
-        raise ConfigError(f"cannot serve gRPC on {address}: {e}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(where)
-        sock.listen(1024)
-    except OSError as e:
-        sock.close()
-        reason = "the port is in use" if e.errno == errno.EADDRINUSE else str(e)
-        raise ConfigError(f"cannot serve gRPC on {address}: {reason}") from None
-    return sock
 
 
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -478,7 +429,7 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
     settings = runtime.settings
     native = front_kind(settings) == "native"
     reuse_port = settings.workers > 1
-    sock = _listen(host, port, reuse_port) if native else None
+    sock = listen(host, port, reuse_port, "gRPC") if native else None
     server = grpc.aio.server(
         options=[
             ("grpc.so_reuseport", 1 if reuse_port and not native else 0),
