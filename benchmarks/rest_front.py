@@ -45,7 +45,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import cpu_seconds, wrk_script
+from cost import _ms, cpu_seconds, wrk_script
 from serving import add_data_dir, ensure_data, id_batches
 
 FRONTS = ("uvicorn", "native")
@@ -84,11 +84,6 @@ class Cell:
     @property
     def redis_us(self) -> float:
         return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
-
-
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
 def run_wrk(url: str, script: Path, seconds: float, connections: int) -> dict[str, float]:
