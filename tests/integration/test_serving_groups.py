@@ -51,7 +51,9 @@ def registry() -> Registry:
 
 @pytest.fixture
 async def runtime(redis_url: str, registry: Registry) -> AsyncIterator[ServingRuntime]:
-    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), ServingSettings(invalidation=False))
+    # no background reads (shadow checks, XFetch): tests here count the reads Redis serves
+    settings = ServingSettings(invalidation=False, shadow_fraction=0.0, xfetch_beta=0.0)
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
     await rt.start()
     yield rt
     await rt.stop()
