@@ -90,8 +90,46 @@ class RestFront:
         body_timeout: float,
         header_timeout: float,
         tls: tuple[bytes, bytes, bytes | None] | None = None,
+        hits: tuple[int, HitCache] | None = None,
     ) -> None: ...
     def take(self) -> list[RestCall]: ...
     def stop(self, grace: float) -> None: ...
+
+class HitCache:
+    """The L1's entries, mirrored for the REST front's thread (native/src/hits.rs)."""
+
+    def __init__(
+        self, max_ids: int, max_string_id: int, shadow_fraction: float, seed: int = 0
+    ) -> None: ...
+    def learn(
+        self,
+        entity: str,
+        features: list[str],
+        groups: list[str],
+        group: int,
+        head: bytes,
+        group_json: bytes,
+        max_age: int | None,
+        prefix: bytes,
+        int_ids: bool,
+    ) -> bool: ...
+    def put(
+        self,
+        key: bytes,
+        values: bytes,
+        present: bytes,
+        written_at: int | None,
+        negative: bool,
+        ttl: float,
+        notice_in: float,
+    ) -> None: ...
+    def discard(self, key: bytes) -> None: ...
+    def clear(self) -> None: ...
+    def notice_group(self, group: int) -> None: ...
+    def __len__(self) -> int: ...
+    def drain(
+        self,
+    ) -> tuple[list[float], int, int, int, list[bytes], list[bytes]]: ...
+    def answer(self, body: bytes) -> bytes | None: ...
 
 def rest_role(keys: list[tuple[bytes, int]], authorization: str | None) -> int: ...

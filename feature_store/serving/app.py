@@ -73,8 +73,14 @@ def create_app(
             from feature_store.serving.fronts import listen
             from feature_store.serving.rest_front import NativeRestFront
 
+            hits = None
+            if settings.native_hits and runtime.reader.cache is not None:
+                from feature_store.serving.hits import NativeHits
+
+                hits = NativeHits(runtime)
+                handlers.learn = hits.learn
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
-            rest = NativeRestFront(fast, sock, rest_backend, settings)
+            rest = NativeRestFront(fast, sock, rest_backend, settings, hits)
             log.info("REST on %s:%d (native front)", settings.host, settings.port)
         tune_gc(settings)
         try:

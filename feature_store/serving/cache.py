@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from feature_store.batch import Fault
 from feature_store.native import GroupFormat
@@ -92,6 +93,7 @@ class CacheStats:
     hits: int = 0
     negative_hits: int = 0
     error_hits: int = 0  # hits on entries of entities whose stored data cannot be read
+    front_hits: int = 0  # of hits and negative hits: answered on the native REST front
     misses: int = 0
     deduplicated: int = 0  # misses that joined a read already in flight
     coalesced: int = 0  # keys that shared a round trip with other keys (saved round trips)
@@ -109,6 +111,16 @@ class CacheStats:
     warm_loaded: int = 0  # entries loaded by the warm start
 
 
+class Mirror(Protocol):
+    """A copy of the cache's entries kept elsewhere (``hits.NativeHits``: the native REST
+    front's), told of every change: it never holds an entry the cache has dropped."""
+
+    def put(self, entry: Entry) -> None: ...
+    def discard(self, key: CacheKey) -> None: ...
+    def clear(self) -> None: ...
+    def notice_group(self, group: str) -> None: ...
+
+
 @dataclass
 class LRUCache:
     """Entries by key, least recently used first; bounded by bytes and by count."""
@@ -123,6 +135,7 @@ class LRUCache:
     rng: random.Random = field(default_factory=random.Random)
     stats: CacheStats = field(default_factory=CacheStats)
     bytes: int = 0
+    mirror: Mirror | None = None
     _entries: OrderedDict[CacheKey, Entry] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
@@ -170,15 +183,21 @@ class LRUCache:
         if ttl > 0:  # a negative TTL of 0 means: do not cache missing entities
             self._entries[key] = entry
             self.bytes += entry.size
+            if self.mirror is not None:
+                self.mirror.put(entry)
             self._evict()
+        elif old is not None and self.mirror is not None:
+            self.mirror.discard(key)
         return entry
 
     def _evict(self) -> None:
         entries = self._entries
         while self.bytes > self.max_bytes or len(entries) > self.max_entries:
-            _, old = entries.popitem(last=False)
+            key, old = entries.popitem(last=False)
             self.bytes -= old.size
             self.stats.evictions += 1
+            if self.mirror is not None:
+                self.mirror.discard(key)
 
     def charge(self, entry: Entry) -> None:
         """Count what an entry grew by (its gRPC records, made on first use)."""
@@ -193,6 +212,8 @@ class LRUCache:
         if entry is None:
             return False
         self.bytes -= entry.size
+        if self.mirror is not None:
+            self.mirror.discard(key)
         return True
 
     def expire_all(self, now: float | None = None) -> None:
@@ -204,10 +225,14 @@ class LRUCache:
         now = self.clock() if now is None else now
         for entry in self._entries.values():
             entry.expires_at = min(entry.expires_at, now)
+        if self.mirror is not None:
+            self.mirror.clear()
 
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0
+        if self.mirror is not None:
+            self.mirror.clear()
 
 
 def should_refresh_early(entry: Entry, now: float, beta: float, rng: random.Random) -> bool:

@@ -257,6 +257,22 @@ class CachedReader:
             await self._wait(waits, out, now)
         return out  # type: ignore[return-value]  # every slot is filled above
 
+    def noted_hit(self, key: CacheKey, now: float) -> None:
+        """A hit answered elsewhere (the native REST front, hits.py) on an entry inside its
+        refresh window: the policy a hit here would run."""
+        if self.cache is None or self.refresher is None:
+            return
+        entry = self.cache.get(key)  # also marks it used
+        if entry is None or entry.raw is None or now >= entry.expires_at or key in self._inflight:
+            return
+        self.refresher.on_hit(key, entry, now)
+
+    def shadow_sample(self, key: CacheKey) -> None:
+        """A hit answered elsewhere, sampled there for a shadow check."""
+        entry = self.cache.peek(key) if self.cache is not None else None
+        if self.shadow is not None and entry is not None and entry.raw is not None:
+            self.shadow.sample(key, entry)
+
     async def _wait(
         self,
         waits: list[tuple[int, CacheKey, asyncio.Future[Entry]]],
@@ -526,7 +542,10 @@ class CachedReader:
         """A batch write of ``group`` that ended at ``generation`` (unix seconds) was
         announced: entries read before it are refreshed in the background (refresh.py)."""
         if self.refresher is not None:
-            self.refresher.new_generation(group, generation)
+            assert self.cache is not None
+            mirror = self.cache.mirror
+            if self.refresher.new_generation(group, generation) and mirror is not None:
+                mirror.notice_group(group)  # its hits elsewhere come here (hits.py)
         elif group in self.specs and generation > self._generations.get(group, 0):
             self._generations[group] = generation  # the metrics report it
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import orjson
@@ -26,6 +26,7 @@ from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import (
     Lookup,
     MalformedRequestError,
+    Projection,
     group_states,
     problem,
 )
@@ -91,6 +92,8 @@ class RestHandlers:
         self.body_limit = runtime.settings.max_body_bytes
         self.observe = runtime.metrics.requests.labels
         self.entities_served = runtime.metrics.entities.labels(API)
+        # told of each form answered with one group's values (hits.NativeHits.learn)
+        self.learn: Callable[[str, list[str], list[str], Projection, bytes], None] | None = None
 
     def fail(
         self, error: BaseException, method: str, t0: float, *, writing: bool = False
@@ -110,17 +113,12 @@ class RestHandlers:
             role = auth.require(authorization, Role.READ)
             body = parse_object(raw, self.body_limit)
             _known(body, GET_FIELDS, "the request")
-            entity = _field(body, "entity_type", str)
+            entity = cast(str, _field(body, "entity_type", str))
             bypass = _field(body, "bypass_cache", bool, False)
             if bypass and role < Role.ADMIN:
                 raise AuthError("bypass_cache needs an admin API key", 403)
-            lookup = await service.lookup(
-                cast(str, entity),
-                _ids(body),
-                _strings(body, "features"),
-                _strings(body, "groups"),
-                bypass=bool(bypass),
-            )
+            features, groups = _strings(body, "features"), _strings(body, "groups")
+            lookup = await service.lookup(entity, _ids(body), features, groups, bypass=bool(bypass))
         except Exception as e:
             return self.fail(e, "get", t0)
         proj = lookup.projection
@@ -131,7 +129,12 @@ class RestHandlers:
                 orjson.dumps(proj.names),
                 orjson.dumps([f.type.value for f in proj.features]),
             )
-        rows = whole_group_rows(lookup) if proj.whole_group else b",".join(_picked_rows(lookup))
+        if proj.whole_group:
+            rows = whole_group_rows(lookup)
+            if self.learn is not None and not lookup.errors and not bypass:
+                self.learn(entity, features, groups, proj, cast(bytes, head))
+        else:
+            rows = b",".join(_picked_rows(lookup))
         if lookup.errors:
             content = b'%b%b],"errors":%b}' % (cast(bytes, head), rows, errors_json(lookup))
             self.runtime.metrics.count_errors(API, lookup.errors)

@@ -9,6 +9,9 @@ once and answers each with the route's handler, the same function that ``FastPat
 documented FastAPI routes call. Everything else (docs, registry, health, metrics, the
 405s) goes through the front to uvicorn, which listens on a loopback port of its own.
 
+With the L1 on, a lookup whose every entity is a fresh entry is answered on the front's
+thread from the entries' bytes, without Python (hits.py, ``NATIVE_HITS``).
+
 ``REST_FRONT=uvicorn`` (or ``FEATURE_STORE_NATIVE=off``) serves the port with uvicorn
 alone, as before.
 """
@@ -25,8 +28,10 @@ from feature_store.serving.fronts import QueuedCalls
 if TYPE_CHECKING:
     from feature_store._native import RestCall
     from feature_store.serving.app import FastPath
+    from feature_store.serving.hits import NativeHits
     from feature_store.serving.json_answer import Answer, Route
 
+LOOKUP = "/v1/features/get"  # the route whose cache hits the front answers (hits.py)
 # the statuses the front answers itself, before a route's handler runs
 REFUSALS = (400, 401, 403, 408, 413, 415, 503)
 
@@ -45,7 +50,12 @@ class NativeRestFront(QueuedCalls):
     requests through it to uvicorn on the loopback port ``backend``."""
 
     def __init__(
-        self, fast: FastPath, sock: socket.socket, backend: int, settings: ServingSettings
+        self,
+        fast: FastPath,
+        sock: socket.socket,
+        backend: int,
+        settings: ServingSettings,
+        hits: NativeHits | None = None,
     ) -> None:
         from feature_store import _native
         from feature_store.serving.grpc_server import tls_pem
@@ -61,6 +71,8 @@ class NativeRestFront(QueuedCalls):
             for path, route in fast.routes.items()
         ]
         keys = [(key, int(role)) for key, role in fast.auth.keys]
+        lookup = list(fast.routes).index(LOOKUP) if LOOKUP in fast.routes else -1
+        self.hits = hits if lookup >= 0 else None
         self.start(
             lambda wake: _native.RestFront(
                 sock.detach(),
@@ -72,9 +84,17 @@ class NativeRestFront(QueuedCalls):
                 settings.request_body_timeout,
                 settings.request_header_timeout,
                 tls_pem(settings),
+                (lookup, self.hits.native) if self.hits is not None else None,
             ),
             "REST port",
         )
+        if self.hits is not None:
+            self.hits.start()
+
+    async def stop(self, grace: float) -> None:
+        await super().stop(grace)
+        if self.hits is not None:
+            await self.hits.close()
 
     async def answer(self, call: RestCall) -> None:
         route = self.routes[call.route]

@@ -9,6 +9,7 @@
 //! message. So the native path can be faster, never different.
 
 mod front;
+mod hits;
 mod rest;
 
 use pyo3::exceptions::PyValueError;
@@ -1211,6 +1212,39 @@ fn grpc_rows<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
+/// One row of a whole-group REST answer: `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`
+/// (`feature_store.serving.rest_api._whole_group_rows`). `served_stale`: answered from an
+/// expired entry because Redis failed; values written more than `max_age` ago are stale too.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_row(
+    out: &mut Vec<u8>,
+    id: impl FnOnce(&mut Vec<u8>),
+    values: &[u8],
+    present: &[u8],
+    written_at: Option<i64>,
+    served_stale: bool,
+    now: i64,
+    max_age: Option<i64>,
+    group_json: &[u8],
+) {
+    let age = written_at.map(|w| (now - w).max(0));
+    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+    out.extend_from_slice(b"{\"id\":");
+    id(out);
+    out.extend_from_slice(b",\"values\":");
+    out.extend_from_slice(values);
+    out.extend_from_slice(b",\"statuses\":");
+    statuses_json(out, present, stale);
+    out.extend_from_slice(b",\"ages\":{");
+    out.extend_from_slice(group_json);
+    out.push(b':');
+    match age {
+        Some(a) => json_i64(out, a),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b"}}");
+}
+
 /// The rows of a REST answer for all of one group's features, joined by commas: per
 /// entity `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`. `rows` holds each
 /// entity's one `(entry, served_stale)`; the values are the entry's JSON, made at load.
@@ -1230,7 +1264,7 @@ fn rest_rows<'py>(
         if i > 0 {
             out.push(b',');
         }
-        let (entry, age, stale) = row_state(py, &row, now, max_age)?;
+        let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
         let mut json = entry.getattr(pyo3::intern!(py, "json"))?;
         if json.is_none() {
             // loaded for a gRPC answer (spec.GroupSpec.entry): made from the packed values
@@ -1240,24 +1274,26 @@ fn rest_rows<'py>(
                 .call_method1("json", (raw,))?;
         }
         let present = entry.getattr(pyo3::intern!(py, "present"))?;
-        out.extend_from_slice(b"{\"id\":");
-        if let Ok(n) = id.extract::<i64>() {
-            json_i64(&mut out, n);
-        } else {
-            json_str(&mut out, id.downcast::<pyo3::types::PyString>()?.to_str()?);
-        }
-        out.extend_from_slice(b",\"values\":");
-        out.extend_from_slice(json.downcast::<PyBytes>()?.as_bytes());
-        out.extend_from_slice(b",\"statuses\":");
-        statuses_json(&mut out, present.downcast::<PyBytes>()?.as_bytes(), stale);
-        out.extend_from_slice(b",\"ages\":{");
-        out.extend_from_slice(group_json);
-        out.push(b':');
-        match age {
-            Some(a) => json_i64(&mut out, a),
-            None => out.extend_from_slice(b"null"),
-        }
-        out.extend_from_slice(b"}}");
+        let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+        let int_id = id.extract::<i64>().ok();
+        let text = match int_id {
+            Some(_) => "",
+            None => id.downcast::<pyo3::types::PyString>()?.to_str()?,
+        };
+        write_row(
+            &mut out,
+            |o| match int_id {
+                Some(n) => json_i64(o, n),
+                None => json_str(o, text),
+            },
+            json.downcast::<PyBytes>()?.as_bytes(),
+            present.downcast::<PyBytes>()?.as_bytes(),
+            written_at,
+            served_stale,
+            now,
+            max_age,
+            group_json,
+        );
     }
     Ok(PyBytes::new(py, &out))
 }
@@ -1270,6 +1306,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<front::Call>()?;
     m.add_class::<rest::RestFront>()?;
     m.add_class::<rest::RestCall>()?;
+    m.add_class::<hits::HitCache>()?;
     m.add_function(wrap_pyfunction!(rest::rest_role, m)?)?;
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;

@@ -37,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use crate::front::{tls_acceptor, TlsPem, TLS_HANDSHAKE_TIMEOUT};
+use crate::hits::{HitCache, Hits};
 
 const UNREACHABLE: &[u8] =
     br#"{"error":{"code":"unavailable","message":"the HTTP server behind the front is not reachable"}}"#;
@@ -90,6 +91,7 @@ struct Shared {
     client: Client<HttpConnector, Body>,
     max_body: usize,
     body_timeout: Duration,
+    hits: Option<(usize, Arc<Hits>)>, // the lookup route's index, and the L1's mirror
 }
 
 impl Shared {
@@ -212,9 +214,10 @@ impl RestFront {
     /// else goes to the HTTP server at `backend` ("127.0.0.1:port").
     ///
     /// `keys`: (key, role) pairs, empty without auth. `tls`: PEM bytes of the certificate
-    /// chain, its key and optionally a client CA; None serves plaintext.
+    /// chain, its key and optionally a client CA; None serves plaintext. `hits`: the index
+    /// of the lookup route and the L1's mirror, whose hits are answered here.
     #[new]
-    #[pyo3(signature = (listen_fd, wake_fd, routes, keys, backend, max_body, body_timeout, header_timeout, tls=None))]
+    #[pyo3(signature = (listen_fd, wake_fd, routes, keys, backend, max_body, body_timeout, header_timeout, tls=None, hits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listen_fd: RawFd,
@@ -226,6 +229,7 @@ impl RestFront {
         body_timeout: f64,
         header_timeout: f64,
         tls: Option<TlsPem>,
+        hits: Option<(usize, PyRef<'_, HitCache>)>,
     ) -> PyResult<Self> {
         let seconds = |what: &str, s: f64| {
             if s.is_finite() && s > 0.0 {
@@ -284,6 +288,7 @@ impl RestFront {
             client,
             max_body,
             body_timeout,
+            hits: hits.map(|(route, cache)| (route, Arc::clone(&cache.hits))),
         });
         let (closing, closed) = watch::channel(None);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -490,6 +495,17 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
         Ok(Err(None)) => return route.refusal(400),
         Err(_) => return route.refusal(408),
     };
+    if let Some((lookup, hits)) = &shared.hits {
+        if *lookup == index {
+            if let Some(body) = hits.answer(&data) {
+                return Answer {
+                    status: 200,
+                    headers: Vec::new(),
+                    body: Bytes::from(body),
+                };
+            }
+        }
+    }
     let (tx, rx) = oneshot::channel();
     shared.push(Queued {
         route: index,

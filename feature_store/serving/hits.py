@@ -1,0 +1,192 @@
+"""Cache hits answered on the native REST front's thread (``native/src/hits.rs``).
+
+A lookup whose every entity is a fresh L1 entry needs nothing of Python but bytes it made
+when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step with
+the worker's ``LRUCache`` (the cache calls it on every put, drop and clear: the cache's
+``mirror``), and teaches it each request form that Python answered with one group's values
+(``learn``). The front then answers such a request without taking the GIL; every other
+request (any miss or expired entry, a form not seen yet, anything Python would refuse)
+reaches the handler as before.
+
+What a hit decides besides its answer stays here, decided by the code that decides it for
+hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
+the cache's counters, answer times for the request histogram, entities served) and the keys
+hit inside their refresh window or sampled for a shadow check, which go through
+``CachedReader.noted_hit`` and ``ShadowChecker.sample``. Differences from a hit in Python:
+
+- the front notes an entry once per load, when it is first hit inside its refresh window
+  (refresh ahead's last share of the TTL, or XFetch's horizon): XFetch draws once there,
+  not on every hit;
+- a hit there does not move the entry in the LRU order; a hot entry moves when it is
+  refreshed ahead, once per TTL.
+
+``NATIVE_HITS=off`` (or the REST port on uvicorn, or the cache off) answers every lookup
+in Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import TYPE_CHECKING
+
+import orjson
+
+from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
+from feature_store.serving.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.refresh import XFETCH_HORIZON
+
+if TYPE_CHECKING:
+    from feature_store.serving.runtime import ServingRuntime
+    from feature_store.serving.service import Projection
+
+log = logging.getLogger(__name__)
+
+DRAIN_EVERY = 0.02  # seconds between takes of what the front served
+MAX_FORMS = 1024  # request forms taught to the front (as the extension's bound)
+API, METHOD = "rest", "get"
+
+
+class NativeHits:
+    """The front's mirror of one worker's L1 (see the module's text)."""
+
+    def __init__(self, runtime: ServingRuntime) -> None:
+        from feature_store import _native
+
+        reader, settings = runtime.reader, runtime.settings
+        cache = reader.cache
+        if cache is None:
+            raise ValueError("native hits need the L1 cache")
+        self.reader = reader
+        self.cache: LRUCache = cache
+        self.clock = cache.clock
+        self.native = _native.HitCache(
+            settings.max_entities,
+            MAX_STRING_ID_BYTES,
+            reader.shadow_fraction,
+            random.getrandbits(64),
+        )
+        # a key in the extension: the group's index (2 bytes) and the entity's Redis key
+        names = sorted(runtime.registry.groups)
+        self.index = {name: i for i, name in enumerate(names)}
+        self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
+        self.names = {tag: name for name, tag in self.tags.items()}
+        self.ahead = settings.cache_refresh_ahead
+        self.horizon = settings.xfetch_beta * XFETCH_HORIZON
+        self.observe = runtime.metrics.requests.labels(API, METHOD, "200").observe
+        self.entities = runtime.metrics.entities.labels(API)
+        self.forms: set[tuple[str, tuple[str, ...], tuple[str, ...]]] = set()
+        self._task: asyncio.Task[None] | None = None
+        cache.mirror = self
+
+    # --- the cache's side ------------------------------------------------------------
+
+    def put(self, entry: Entry) -> None:
+        """An entry was stored (``LRUCache.put``): the front answers from it until expiry."""
+        group, key = entry.key
+        tag = self.tags.get(group)
+        if tag is None:
+            return
+        if entry.json is None or entry.fault is not None:
+            self.native.discard(tag + key)  # Python answers these
+            return
+        ttl = entry.expires_at - self.clock()
+        negative = entry.raw is None
+        window = 0.0
+        if not negative:
+            window = max(
+                self.ahead * (entry.expires_at - entry.loaded_at), entry.cost * self.horizon
+            )
+        self.native.put(
+            tag + key, entry.json, entry.present, entry.written_at, negative, ttl, ttl - window
+        )
+
+    def discard(self, key: CacheKey) -> None:
+        tag = self.tags.get(key[0])
+        if tag is not None:
+            self.native.discard(tag + key[1])
+
+    def clear(self) -> None:
+        self.native.clear()
+
+    def notice_group(self, group: str) -> None:
+        """A batch write of ``group`` was announced: its next hits go through the policy."""
+        index = self.index.get(group)
+        if index is not None:
+            self.native.notice_group(index)
+
+    # --- the handler's side ----------------------------------------------------------
+
+    def learn(
+        self,
+        entity: str,
+        features: list[str],
+        groups: list[str],
+        proj: Projection,
+        head: bytes,
+    ) -> None:
+        """Python answered this form with all of one group's values: so may the front."""
+        form = (entity, tuple(features), tuple(groups))
+        if form in self.forms or len(self.forms) >= MAX_FORMS:
+            return
+        self.forms.add(form)
+        group = proj.groups[0]
+        self.native.learn(
+            entity,
+            features,
+            groups,
+            self.index[group.name],
+            head,
+            orjson.dumps(group.name),
+            group.max_age_seconds,
+            (proj.entity.prefix + KEY_SEPARATOR).encode(),
+            proj.entity.id_type is IdType.INT,
+        )
+
+    # --- what the front served -------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._drains())
+
+    async def _drains(self) -> None:
+        while True:
+            await asyncio.sleep(DRAIN_EVERY)
+            try:
+                self.drain()
+            except Exception:  # the next drain tries again; serving goes on
+                log.exception("could not take what the REST front served")
+
+    def drain(self) -> None:
+        seconds, entities, hits, negative, refresh, shadow = self.native.drain()
+        stats = self.cache.stats
+        stats.hits += hits
+        stats.negative_hits += negative
+        stats.front_hits += hits + negative
+        if entities:
+            self.entities.inc(entities)
+        observe = self.observe
+        for s in seconds:
+            observe(s)
+        if refresh:
+            now = self.clock()
+            noted = self.reader.noted_hit
+            names = self.names
+            for tagged in refresh:
+                noted((names[tagged[:2]], tagged[2:]), now)
+        if shadow:
+            sample = self.reader.shadow_sample
+            for tagged in shadow:
+                sample((self.names[tagged[:2]], tagged[2:]))
+
+    async def close(self) -> None:
+        """Stop mirroring (the front has stopped) and count what it served last."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.drain()
+        if self.cache.mirror is self:
+            self.cache.mirror = None
+        self.native.clear()

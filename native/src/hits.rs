@@ -1,0 +1,517 @@
+//! Cache hits answered on the REST front's thread, without the GIL.
+//!
+//! `HitCache` mirrors the L1's entries (`feature_store.serving.hits.NativeHits` keeps it in
+//! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON (the Python
+//! entry's own bytes object, held, not copied), its present pattern, its write time and its
+//! expiry. A `POST /v1/features/get` in the common form (one group's features, ids of the
+//! entity's type, no bypass) whose every entity is a fresh entry is answered here from those
+//! bytes; any other request (a miss, an expired entry, an id Python would refuse, a form not
+//! seen yet, a malformed body) goes to Python as before, which answers it and stays the one
+//! place where errors, misses and the cache's policy are decided.
+//!
+//! The policy stays Python's: a hit here on an entry inside its refresh window (refresh
+//! ahead, XFetch, an announced batch write) and a sample of hits (shadow checks) are noted
+//! for Python, which runs the same `Refresher.on_hit` and `ShadowChecker.sample` a hit in
+//! Python would. A form is learned from Python's own answer to it: the head of the answer
+//! and how an id becomes a key are Python's bytes, not rebuilt here.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::{json_i64, json_str, write_row};
+
+/// A Python bytes object held by the mirror, readable without the GIL.
+struct Held {
+    _object: Py<PyBytes>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a bytes object is immutable, and `_object` keeps it alive as long as `ptr` is
+// read; the mirror drops entries only inside methods Python calls (with the GIL), and
+// pyo3 defers a decref made without the GIL to the next time it holds it.
+unsafe impl Send for Held {}
+unsafe impl Sync for Held {}
+
+impl Held {
+    fn new(object: &Bound<'_, PyBytes>) -> Self {
+        let data = object.as_bytes();
+        Held {
+            ptr: data.as_ptr(),
+            len: data.len(),
+            _object: object.clone().unbind(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: see `Held`: the object outlives every read of its contents
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+struct Hit {
+    values: Held,
+    present: Held,
+    written_at: Option<i64>,
+    negative: bool,
+    expires: Instant,
+    notice_at: Instant, // from here on a hit is noted for Python (once per load)
+    noticed: AtomicBool,
+}
+
+/// A request form Python answered: everything an answer needs besides the entries.
+struct Form {
+    group: u16,
+    head: Vec<u8>,       // `{"entity_type":..,"features":..,"types":..,"results":[`
+    group_json: Vec<u8>, // the group's name as JSON, for "ages"
+    max_age: Option<i64>,
+    prefix: Vec<u8>, // the entity's key prefix and separator: key = prefix + id
+    int_ids: bool,
+}
+
+#[derive(Default)]
+struct Served {
+    seconds: Vec<f64>, // each answer's time, for the request histogram
+    entities: u64,
+    hits: u64,
+    negative_hits: u64,
+    refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
+    shadow: Vec<Vec<u8>>,  // keys sampled for a shadow check
+}
+
+const MAX_FORMS: usize = 1024;
+const MAX_NOTED: usize = 100_000; // per drain: Python drains every few tens of ms
+
+pub struct Hits {
+    entries: RwLock<HashMap<Vec<u8>, Hit>>,
+    forms: RwLock<HashMap<Vec<u8>, Arc<Form>>>,
+    served: Mutex<Served>,
+    shadow_below: u64, // a hit is sampled when a random u64 is below this
+    rng: AtomicU64,
+    max_ids: usize,
+    max_string_id: usize,
+}
+
+/// The key of a form: the request's entity type, features and groups, as sent.
+fn form_key(entity: &str, features: &[&str], groups: &[&str]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(64);
+    key.extend_from_slice(entity.as_bytes());
+    for (mark, names) in [(1u8, features), (2u8, groups)] {
+        for name in names {
+            key.push(mark);
+            key.extend_from_slice(name.as_bytes());
+        }
+    }
+    key
+}
+
+fn cache_key(out: &mut Vec<u8>, group: u16, prefix: &[u8], id: &Id<'_>) {
+    out.clear();
+    out.extend_from_slice(&group.to_be_bytes());
+    out.extend_from_slice(prefix);
+    match id {
+        Id::Int(n) => json_i64(out, *n), // the digits of Python's f"{prefix}:{n}"
+        Id::Str(s) => out.extend_from_slice(s.as_bytes()),
+    }
+}
+
+impl Hits {
+    fn next_random(&self) -> u64 {
+        // splitmix64 over an atomic counter: one sample per hit, no lock
+        let mut z = self
+            .rng
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// The answer to a `POST /v1/features/get` body if every entity is a fresh hit.
+    pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        let started = Instant::now();
+        let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
+        if request.bypass_cache || request.ids.is_empty() || request.ids.len() > self.max_ids {
+            return None;
+        }
+        let form = {
+            let forms = self.forms.read().unwrap_or_else(|e| e.into_inner());
+            let key = form_key(request.entity_type, &request.features, &request.groups);
+            Arc::clone(forms.get(&key)?)
+        };
+        for id in &request.ids {
+            match id {
+                Id::Int(_) if form.int_ids => {}
+                Id::Str(s) if !form.int_ids && !s.is_empty() && s.len() <= self.max_string_id => {}
+                _ => return None, // Python says why
+            }
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut out = Vec::with_capacity(form.head.len() + request.ids.len() * 1300 + 2);
+        out.extend_from_slice(&form.head);
+        let mut key = Vec::with_capacity(form.prefix.len() + 24);
+        let (mut hits, mut negative) = (0u64, 0u64);
+        let mut refresh = Vec::new();
+        let mut shadow = Vec::new();
+        {
+            let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+            for (i, id) in request.ids.iter().enumerate() {
+                cache_key(&mut key, form.group, &form.prefix, id);
+                let hit = entries.get(&key)?;
+                if started >= hit.expires {
+                    return None;
+                }
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_row(
+                    &mut out,
+                    |o| match id {
+                        Id::Int(n) => json_i64(o, *n),
+                        Id::Str(s) => json_str(o, s),
+                    },
+                    hit.values.bytes(),
+                    hit.present.bytes(),
+                    hit.written_at,
+                    false,
+                    now,
+                    form.max_age,
+                    &form.group_json,
+                );
+                if hit.negative {
+                    negative += 1;
+                    continue;
+                }
+                hits += 1;
+                if started >= hit.notice_at && !hit.noticed.swap(true, Ordering::Relaxed) {
+                    refresh.push(key.clone());
+                }
+                if self.shadow_below > 0 && self.next_random() < self.shadow_below {
+                    shadow.push(key.clone());
+                }
+            }
+        }
+        out.extend_from_slice(b"]}");
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.seconds.push(started.elapsed().as_secs_f64());
+        served.entities += request.ids.len() as u64;
+        served.hits += hits;
+        served.negative_hits += negative;
+        if served.refresh.len() < MAX_NOTED {
+            served.refresh.append(&mut refresh);
+        }
+        if served.shadow.len() < MAX_NOTED {
+            served.shadow.append(&mut shadow);
+        }
+        Some(out)
+    }
+}
+
+/// What Python drains: answer times, entity, hit and negative-hit counts, and the keys hit
+/// in their refresh window and sampled for shadow checks.
+type Drained = (Vec<f64>, u64, u64, u64, Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// The mirror of one worker's L1 (see the module's text), shared with its REST front.
+#[pyclass(frozen, module = "feature_store._native")]
+pub struct HitCache {
+    pub(crate) hits: Arc<Hits>,
+}
+
+#[pymethods]
+impl HitCache {
+    #[new]
+    #[pyo3(signature = (max_ids, max_string_id, shadow_fraction, seed=0))]
+    fn new(max_ids: usize, max_string_id: usize, shadow_fraction: f64, seed: u64) -> Self {
+        let fraction = if shadow_fraction.is_finite() {
+            shadow_fraction.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        HitCache {
+            hits: Arc::new(Hits {
+                entries: RwLock::new(HashMap::new()),
+                forms: RwLock::new(HashMap::new()),
+                served: Mutex::new(Served::default()),
+                shadow_below: (fraction * u64::MAX as f64) as u64,
+                rng: AtomicU64::new(seed),
+                max_ids,
+                max_string_id,
+            }),
+        }
+    }
+
+    /// Learn a request form from Python's answer to it (see `Form`). False when full.
+    #[pyo3(signature = (entity, features, groups, group, head, group_json, max_age, prefix, int_ids))]
+    #[allow(clippy::too_many_arguments)]
+    fn learn(
+        &self,
+        entity: &str,
+        features: Vec<String>,
+        groups: Vec<String>,
+        group: u16,
+        head: Vec<u8>,
+        group_json: Vec<u8>,
+        max_age: Option<i64>,
+        prefix: Vec<u8>,
+        int_ids: bool,
+    ) -> bool {
+        let features: Vec<&str> = features.iter().map(String::as_str).collect();
+        let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+        let key = form_key(entity, &features, &groups);
+        let mut forms = self.hits.forms.write().unwrap_or_else(|e| e.into_inner());
+        if forms.len() >= MAX_FORMS && !forms.contains_key(&key) {
+            return false;
+        }
+        forms.insert(
+            key,
+            Arc::new(Form {
+                group,
+                head,
+                group_json,
+                max_age,
+                prefix,
+                int_ids,
+            }),
+        );
+        true
+    }
+
+    /// Store the entry of `key` (group index, 2 bytes big-endian, then the Redis key):
+    /// fresh for `ttl` seconds from now, noted for Python from `notice_in` seconds.
+    #[pyo3(signature = (key, values, present, written_at, negative, ttl, notice_in))]
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        key: Vec<u8>,
+        values: &Bound<'_, PyBytes>,
+        present: &Bound<'_, PyBytes>,
+        written_at: Option<i64>,
+        negative: bool,
+        ttl: f64,
+        notice_in: f64,
+    ) {
+        let now = Instant::now();
+        let after =
+            |s: f64| now + Duration::from_secs_f64(if s.is_finite() { s.max(0.0) } else { 0.0 });
+        let hit = Hit {
+            values: Held::new(values),
+            present: Held::new(present),
+            written_at,
+            negative,
+            expires: after(ttl),
+            notice_at: after(notice_in.min(ttl)),
+            noticed: AtomicBool::new(false),
+        };
+        let old = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            entries.insert(key, hit)
+        };
+        drop(old); // its bytes objects are released here, with the GIL
+    }
+
+    fn discard(&self, key: &[u8]) {
+        let old = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            entries.remove(key)
+        };
+        drop(old);
+    }
+
+    fn clear(&self) {
+        let old = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            std::mem::take(&mut *entries)
+        };
+        drop(old);
+    }
+
+    /// Note every entry of `group` on its next hit (a batch write was announced).
+    fn notice_group(&self, group: u16) {
+        let now = Instant::now();
+        let prefix = group.to_be_bytes();
+        let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+        for (key, hit) in entries.iter_mut() {
+            if key.starts_with(&prefix) {
+                hit.notice_at = now;
+                *hit.noticed.get_mut() = false;
+            }
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.hits
+            .entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Everything served since the last drain (see `Drained`).
+    fn drain(&self) -> Drained {
+        let mut served = self.hits.served.lock().unwrap_or_else(|e| e.into_inner());
+        let s = std::mem::take(&mut *served);
+        (
+            s.seconds,
+            s.entities,
+            s.hits,
+            s.negative_hits,
+            s.refresh,
+            s.shadow,
+        )
+    }
+
+    /// The answer this mirror would give to `body`, None where Python answers (for tests).
+    fn answer<'py>(&self, py: Python<'py>, body: &[u8]) -> Option<Bound<'py, PyBytes>> {
+        self.hits.answer(body).map(|out| PyBytes::new(py, &out))
+    }
+}
+
+// --- the request's form: a narrow JSON reading, anything else is Python's --------------
+
+enum Id<'a> {
+    Int(i64),
+    Str(&'a str),
+}
+
+struct GetBody<'a> {
+    entity_type: &'a str,
+    ids: Vec<Id<'a>>,
+    features: Vec<&'a str>,
+    groups: Vec<&'a str>,
+    bypass_cache: bool,
+}
+
+struct Refused;
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not a form the front answers")
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Id<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct IdVisitor;
+        impl<'de> Visitor<'de> for IdVisitor {
+            type Value = Id<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an int64 or a string without escapes")
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Id<'de>, E> {
+                Ok(Id::Int(n))
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Id<'de>, E> {
+                i64::try_from(n)
+                    .map(Id::Int)
+                    .map_err(|_| E::custom(Refused))
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Id<'de>, E> {
+                Ok(Id::Str(s))
+            }
+        }
+        d.deserialize_any(IdVisitor)
+    }
+}
+
+/// The fields of the fast form, each once; an unknown, repeated or differently typed field
+/// (null included), a string with escapes, a number with a fraction: not this form.
+impl<'de: 'a, 'a> Deserialize<'de> for GetBody<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct BodyVisitor;
+        impl<'de> Visitor<'de> for BodyVisitor {
+            type Value = GetBody<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a lookup request")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<GetBody<'de>, A::Error> {
+                let (mut entity, mut ids, mut features, mut groups, mut bypass) =
+                    (None, None, None, None, None);
+                while let Some(name) = map.next_key::<&'de str>()? {
+                    let fresh = match name {
+                        "entity_type" => entity.replace(map.next_value::<&'de str>()?).is_none(),
+                        "ids" => ids.replace(map.next_value::<Vec<Id<'de>>>()?).is_none(),
+                        "features" => features
+                            .replace(map.next_value::<Names<'de>>()?.0)
+                            .is_none(),
+                        "groups" => groups.replace(map.next_value::<Names<'de>>()?.0).is_none(),
+                        "bypass_cache" => bypass.replace(map.next_value::<bool>()?).is_none(),
+                        _ => false,
+                    };
+                    if !fresh {
+                        return Err(de::Error::custom(Refused));
+                    }
+                }
+                Ok(GetBody {
+                    entity_type: entity.ok_or_else(|| de::Error::custom(Refused))?,
+                    ids: ids.ok_or_else(|| de::Error::custom(Refused))?,
+                    features: features.unwrap_or_default(),
+                    groups: groups.unwrap_or_default(),
+                    bypass_cache: bypass.unwrap_or(false),
+                })
+            }
+        }
+        d.deserialize_map(BodyVisitor)
+    }
+}
+
+/// An array of strings without escapes.
+struct Names<'a>(Vec<&'a str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Names<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NamesVisitor;
+        impl<'de> Visitor<'de> for NamesVisitor {
+            type Value = Names<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of strings")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Names<'de>, A::Error> {
+                let mut names = Vec::new();
+                while let Some(name) = seq.next_element::<&'de str>()? {
+                    names.push(name);
+                }
+                Ok(Names(names))
+            }
+        }
+        d.deserialize_seq(NamesVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Option<GetBody<'_>> {
+        serde_json::from_str(body).ok()
+    }
+
+    #[test]
+    fn the_fast_form_only() {
+        let b = parse(r#"{"entity_type":"user","ids":[1,-2,"x"],"groups":["g"]}"#).unwrap();
+        assert_eq!(b.entity_type, "user");
+        assert_eq!(b.ids.len(), 3);
+        assert_eq!(b.groups, vec!["g"]);
+        assert!(b.features.is_empty() && !b.bypass_cache);
+        for refused in [
+            r#"{"entity_type":"user"}"#,
+            r#"{"entity_type":"user","ids":[1],"feature":["a"]}"#,
+            r#"{"entity_type":"user","ids":[1],"ids":[2]}"#,
+            r#"{"entity_type":"user","ids":[1.0]}"#,
+            r#"{"entity_type":"user","ids":[18446744073709551615]}"#,
+            r#"{"entity_type":"us\u0065r","ids":[1]}"#,
+            r#"{"entity_type":"user","ids":[1],"features":null}"#,
+            r#"[1]"#,
+        ] {
+            assert!(parse(refused).is_none(), "{refused}");
+        }
+    }
+}

@@ -1,0 +1,227 @@
+"""Cache hits answered on the native REST front's thread (serving/hits.py, native/src/hits.rs),
+against a server that answers every lookup in Python (``NATIVE_HITS=off``): the same
+answers, hits counted, push writes and expiry seen at once, and the cache's policy (refresh
+ahead, shadow checks) still run for the hits the front answers.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from feature_store import sample
+from feature_store.native import native_enabled
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+ENV = {
+    "FEATURE_SERVING_SHADOW_FRACTION": "0",
+    "FEATURE_SERVING_WARM_START_KEYS": "0",
+    "FEATURE_SERVING_CACHE_TTL": "60",
+    "FEATURE_SERVING_REST_FRONT": "native",
+}
+AGES = re.compile(rb'"ages":\{[^}]*\}')
+N = 50
+ALL = [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
+
+
+def metric(server: ServingProcess, name: str) -> float:
+    """A metric's value; ``name`` may end in its labels, as /metrics writes them."""
+    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+SERVED = [
+    'feature_serving_entities_served_total{api="rest"}',
+    'feature_serving_request_seconds_count{api="rest",code="200",method="get"}',
+]
+
+
+def front_hits(server: ServingProcess, at_least: float = 0.0) -> float:
+    """The front's hits once its last answers are drained (every 20 ms), within 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        value = metric(server, "feature_serving_cache_front_hits_total")
+        if value >= at_least or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def get(server: ServingProcess, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(
+        server.rest_url + "/v1/features/get",
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json"},
+    )
+
+
+@pytest.fixture(scope="module")
+def servers(redis_server: object) -> Iterator[tuple[ServingProcess, ServingProcess]]:
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    with (
+        ServingProcess(url, env=ENV) as native,
+        ServingProcess(url, env={**ENV, "FEATURE_SERVING_NATIVE_HITS": "off"}) as python,
+    ):
+        yield native, python
+
+
+# the forms a client sends: the front answers the first four from the cache once learned
+BODIES: list[dict[str, object]] = [
+    {"entity_type": ENTITY, "ids": [1, 2, 3], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [4, 4, 10_000_000, -5], "groups": [GROUP]},  # missing ones
+    {"entity_type": ENTITY, "ids": [5], "features": ALL},
+    {"groups": [GROUP], "ids": [6, 7], "bypass_cache": False, "entity_type": ENTITY},
+    # Python's alone: picked features, a bypass, ids of the wrong type, bad fields
+    {"entity_type": ENTITY, "ids": [1, 2], "features": ALL[:3]},
+    {"entity_type": ENTITY, "ids": [1], "groups": [GROUP], "bypass_cache": True},
+    {"entity_type": ENTITY, "ids": ["1"], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [1.0], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [2**63], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [1], "groups": [GROUP], "feature": ["x"]},
+    {"entity_type": ENTITY, "ids": [1], "groups": None},
+]
+ANSWERED_BY_THE_FRONT = 4
+
+
+def test_the_front_answers_hits_as_python_does(
+    servers: tuple[ServingProcess, ServingProcess],
+) -> None:
+    native, python = servers
+    expected_hits = 0.0
+    for i, body in enumerate(BODIES):
+        answers = []
+        for server in servers:
+            get(server, body)  # loads the entries, and teaches the form
+            r = get(server, body)
+            answers.append((r.status_code, AGES.sub(b"", r.content)))
+        assert answers[0] == answers[1], body
+        if i < ANSWERED_BY_THE_FRONT:
+            assert answers[0][0] == 200
+            expected_hits += len(body["ids"])  # type: ignore[arg-type]
+            assert front_hits(native, expected_hits) == expected_hits, body
+    assert front_hits(native) == expected_hits  # nothing else came from the front
+    assert metric(python, "feature_serving_cache_front_hits_total") == 0
+    # the requests the front answered are in the request metrics as Python's are
+    for name in SERVED:
+        assert metric(native, name) == metric(python, name) > 0, name
+
+
+def test_a_push_write_is_answered_at_once(servers: tuple[ServingProcess, ServingProcess]) -> None:
+    native, _ = servers
+    body = {"entity_type": ENTITY, "ids": [20, 21], "groups": [GROUP]}
+    get(native, body)
+    before = front_hits(native)
+    first = get(native, body).json()
+    front_hits(native, before + 2)
+    written = httpx.post(
+        native.rest_url + "/v1/features/write",
+        json={"group": GROUP, "rows": [{"id": 20, "values": {"float_00": 12345.5}}]},
+    )
+    assert written.status_code == 200, written.text
+    after = get(native, body).json()
+    assert after["results"][0]["values"][0] == 12345.5 != first["results"][0]["values"][0]
+    assert after["results"][1] == first["results"][1]
+
+
+def test_an_expired_entry_is_read_again(redis_server: object) -> None:
+    """TTL 1 s, no refresh ahead, no invalidation: a value changed in Redis behind the
+    server's back is answered once the entry expires, not later."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    env = {
+        **ENV,
+        "FEATURE_SERVING_CACHE_TTL": "1",
+        "FEATURE_SERVING_CACHE_JITTER": "0",
+        "FEATURE_SERVING_CACHE_REFRESH_AHEAD": "0",
+        "FEATURE_SERVING_XFETCH_BETA": "0",
+        "FEATURE_SERVING_INVALIDATION": "off",
+    }
+    body = {"entity_type": ENTITY, "ids": [30], "groups": [GROUP]}
+    with ServingProcess(url, env=env) as server:
+        get(server, body)
+        old = get(server, body).json()["results"][0]["values"][0]
+        assert front_hits(server, 1) == 1
+        with FeatureStore.connect(url, sample.registry()) as store:
+            store.write(GROUP, [(30, {**sample.features(30), "float_00": old + 1.0})])
+        time.sleep(1.2)
+        assert get(server, body).json()["results"][0]["values"][0] == old + 1.0
+
+
+def test_hot_entries_answered_by_the_front_are_refreshed_ahead(redis_server: object) -> None:
+    """Hits on the front inside the refresh window reach the refresh policy: entries hit
+    every 0.2 s for 10 s with a TTL of 4 s are reloaded before they expire, never missed;
+    every hit is sampled for a shadow check, and the checks run."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    env = {
+        **ENV,
+        "FEATURE_SERVING_CACHE_TTL": "4",
+        "FEATURE_SERVING_CACHE_REFRESH_AHEAD": "0.5",
+        "FEATURE_SERVING_SHADOW_FRACTION": "1",
+        "FEATURE_SERVING_INVALIDATION": "off",
+    }
+    ids = list(range(40, 45))
+    body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
+    with ServingProcess(url, env=env) as server:
+        get(server, body)
+        longest = 0.0
+        last = time.monotonic()
+        end = last + 10
+        while time.monotonic() < end:
+            assert get(server, body).status_code == 200
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+            time.sleep(0.2)
+        hits = front_hits(server)
+        misses = metric(server, "feature_serving_cache_misses_total")
+        refreshed = metric(server, "feature_serving_cache_early_refreshes_total")
+        checks = metric(server, "feature_serving_cache_shadow_checks_total")
+        mismatches = metric(server, "feature_serving_cache_shadow_mismatches_total")
+    assert hits > 0
+    assert misses == len(ids), f"longest gap between reads {longest:.2f} s"
+    assert refreshed >= len(ids)
+    assert checks > 0
+    assert mismatches == 0
+
+
+def test_native_hits_off_leaves_every_lookup_to_python(
+    servers: tuple[ServingProcess, ServingProcess],
+) -> None:
+    _, python = servers
+    body = {"entity_type": ENTITY, "ids": [8], "groups": [GROUP]}
+    for _ in range(3):
+        assert get(python, body).status_code == 200
+    assert metric(python, "feature_serving_cache_front_hits_total") == 0
+    assert metric(python, "feature_serving_cache_hits_total") > 0
+
+
+def test_redis_keys_untouched_by_reads(redis_server: object) -> None:
+    """The mirror reads nothing from Redis of its own: a front hit sends no command."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(url)
+    body = {"entity_type": ENTITY, "ids": [11, 12], "groups": [GROUP]}
+    with ServingProcess(url, env=ENV) as server:
+        get(server, body)
+        get(server, body)  # learned: from here the front answers
+        front_hits(server, 2)
+        before = client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+        before += client.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+        for _ in range(20):
+            get(server, body)
+        front_hits(server, 42)
+        after = client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+        after += client.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+    assert after == before
