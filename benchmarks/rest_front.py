@@ -3,14 +3,17 @@
     python3 benchmarks/rest_front.py [--entities 100000] [--seconds 12] [--ttl 2]
         [--stampede-runs 5] [--out FILE]
 
-Two `feature-store serve` workers, one after the other on one Redis: REST_FRONT=native (the
-extension's HTTP/1.1 front) and REST_FRONT=uvicorn (the baseline, measured in the same
-run). Each answers wrk (1,000 zipfian batches of 10 over the standard shape, all 50
-features) at 1, 8, 256 and 1,000 connections, with the L1 off and on. With the L1 on its TTL
-is ``--ttl`` seconds, so every window holds several TTLs: entries expire and are refreshed
-inside it (steady state, not a cache that never expires). wrk's timeout is 1 s, so its
-timeout count is the number of requests slower than 1 s; the maximum is wrk's. CPU per
-entity is read from /proc/<pid>/stat of the worker and of redis-server over each window.
+`feature-store serve` workers, one after the other on one Redis: REST_FRONT=native (the
+extension's HTTP/1.1 front, cache hits answered on its thread) and REST_FRONT=uvicorn (the
+baseline, measured in the same run); with the L1 on also the native front with
+NATIVE_HITS=off (every hit answered in Python, as before hits.py), and with it off the
+native front with SINGLE_FLIGHT=off (a Redis read per request). Each answers wrk (1,000
+zipfian batches of 10 over the standard shape, all 50 features) at 1, 8, 256 and 1,000
+connections, with the L1 off and on. With the L1 on its TTL is ``--ttl`` seconds, so every
+window holds several TTLs: entries expire and are refreshed inside it (steady state, not a
+cache that never expires). wrk's timeout is 1 s, so its timeout count is the number of
+requests slower than 1 s; the maximum is wrk's. CPU per entity is read from
+/proc/<pid>/stat of the worker and of redis-server over each window.
 
 The stampede scenario follows: wrk at 400 connections over 100 distinct batches of 10
 (uniform over the entities), L1 TTL 1 s, 15 s per run, ``--stampede-runs`` runs per front,
@@ -52,6 +55,9 @@ FRONTS = ("uvicorn", "native")
 # the native front with every request reading Redis on its own (SINGLE_FLIGHT=off): how the
 # L1-off path read before its reads were coalesced, measured beside it
 PER_REQUEST = "native, per-request reads"
+# the native front with every cache hit answered in Python (NATIVE_HITS=off): how the L1-on
+# path answered before hits were answered on the front's thread (serving/hits.py)
+PYTHON_HITS = "native, hits in Python"
 CONNECTIONS = (1, 8, 256, 1000)
 BATCH = 10
 SLOW = 1.0  # seconds: wrk's timeout, so its timeouts are the requests slower than this
@@ -126,8 +132,9 @@ def run_front(
     env = {
         "FEATURE_SERVING_SHADOW_FRACTION": "0",
         "FEATURE_SERVING_WARM_START_KEYS": "0",
-        "FEATURE_SERVING_REST_FRONT": "native" if front == PER_REQUEST else front,
+        "FEATURE_SERVING_REST_FRONT": "uvicorn" if front == "uvicorn" else "native",
         "FEATURE_SERVING_SINGLE_FLIGHT": "off" if front == PER_REQUEST else "on",
+        "FEATURE_SERVING_NATIVE_HITS": "off" if front == PYTHON_HITS else "on",
     }
     bodies = [
         orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
@@ -207,7 +214,8 @@ def stampede(
     env = {
         "FEATURE_SERVING_SHADOW_FRACTION": "0",
         "FEATURE_SERVING_WARM_START_KEYS": "0",
-        "FEATURE_SERVING_REST_FRONT": front,
+        "FEATURE_SERVING_REST_FRONT": "uvicorn" if front == "uvicorn" else "native",
+        "FEATURE_SERVING_NATIVE_HITS": "off" if front == PYTHON_HITS else "on",
     }
     args = ["--cache-ttl", f"{STAMPEDE_TTL:g}"]
     out = []
@@ -283,12 +291,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)
         for l1 in (False, True):
-            for front in (*FRONTS, PER_REQUEST) if not l1 else FRONTS:
+            for front in (*FRONTS, PER_REQUEST) if not l1 else (*FRONTS, PYTHON_HITS):
                 cells += run_front(
                     redis, front, l1, args.ttl, args.seconds, args.entities, Path(tmp)
                 )
         stampedes: list[Stampede] = []
-        for front in FRONTS:
+        for front in (*FRONTS, PYTHON_HITS):
             stampedes += stampede(redis, front, args.stampede_runs, args.entities, Path(tmp))
     lines = [
         *header(
@@ -328,6 +336,22 @@ def main() -> int:
             f"| {connections} | {n.rate:,.0f} / {o.rate:,.0f} | {n.rate / o.rate:.2f}x | "
             f"{n.max_ms:,.1f} / {o.max_ms:,.1f} | {n.slow} / {o.slow} | "
             f"{n.errors} / {o.errors} | {n.server_us:.1f} / {o.server_us:.1f} | "
+            f"{n.redis_us:.1f} / {o.redis_us:.1f} |"
+        )
+    lines += [
+        "",
+        "## L1 on: hits answered on the front's thread against hits in Python (native front)",
+        "",
+        "| conns | req/s (front / Python) | ratio | p50 ms | max ms "
+        f"| past {SLOW:g} s | server µs/entity | Redis µs/entity |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for connections in CONNECTIONS:
+        n, o = (find(cells, front, "on", connections) for front in ("native", PYTHON_HITS))
+        lines.append(
+            f"| {connections} | {n.rate:,.0f} / {o.rate:,.0f} | {n.rate / o.rate:.2f}x | "
+            f"{n.p50_ms:.2f} / {o.p50_ms:.2f} | {n.max_ms:,.1f} / {o.max_ms:,.1f} | "
+            f"{n.slow} / {o.slow} | {n.server_us:.1f} / {o.server_us:.1f} | "
             f"{n.redis_us:.1f} / {o.redis_us:.1f} |"
         )
     if stampedes:
