@@ -84,7 +84,7 @@ class Cell:
 
 
 def _ms(text: str) -> float:
-    m = re.match(r"([\d.]+)(\w+)", text)
+    m = re.fullmatch(r"([\d.]+)([a-z]+)", text)
     if m is None:
         raise ValueError(f"not a duration: {text!r}")
     value, unit = m.groups()

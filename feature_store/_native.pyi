@@ -61,6 +61,8 @@ class Front:
         backend: str,
         max_request: int,
         tls: tuple[bytes, bytes, bytes | None] | None = None,
+        keys: list[tuple[bytes, int]] = ...,
+        hits: HitCache | None = None,
     ) -> None: ...
     def take(self) -> list[Call]: ...
     def stop(self, grace: float) -> None: ...
@@ -103,12 +105,13 @@ class HitCache:
     ) -> None: ...
     def learn(
         self,
+        api: int,
         entity: str,
         features: list[str],
         groups: list[str],
         group: int,
         head: bytes,
-        group_json: bytes,
+        label: bytes,
         max_age: int | None,
         prefix: bytes,
         int_ids: bool,
@@ -117,6 +120,7 @@ class HitCache:
         self,
         key: bytes,
         values: bytes,
+        wire: bytes | None,
         present: bytes,
         written_at: int | None,
         negative: bool,
@@ -129,7 +133,7 @@ class HitCache:
     def __len__(self) -> int: ...
     def drain(
         self,
-    ) -> tuple[list[float], int, int, int, list[bytes], list[bytes]]: ...
-    def answer(self, body: bytes) -> bytes | None: ...
+    ) -> tuple[list[tuple[list[float], int]], int, int, list[bytes], list[bytes]]: ...
+    def answer(self, body: bytes, grpc: bool = False) -> bytes | None: ...
 
 def rest_role(keys: list[tuple[bytes, int]], authorization: str | None) -> int: ...

@@ -24,9 +24,11 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from feature_store.native import native_enabled
 from feature_store.serving import schemas
 from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError, Role
 from feature_store.serving.feast_api import feast_routes
+from feature_store.serving.hits import REST, NativeHits
 from feature_store.serving.json_answer import (
     JSON,
     Answer,
@@ -63,24 +65,29 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
+        hits = None
+        native_fronts = rest_backend is not None or (
+            grpc_port is not None and settings.grpc_front == "native"
+        )
+        cached = runtime.reader.cache is not None
+        if settings.native_hits and cached and native_enabled() and native_fronts:
+            hits = NativeHits(runtime)  # cache hits answered on the fronts' threads
         grpc_server = None
         if grpc_port is not None:
             from feature_store.serving.grpc_server import start_grpc_server
 
-            grpc_server = await start_grpc_server(runtime, settings.host, grpc_port)
+            grpc_server = await start_grpc_server(runtime, settings.host, grpc_port, hits)
         rest = None
         if rest_backend is not None:
             from feature_store.serving.fronts import listen
             from feature_store.serving.rest_front import NativeRestFront
 
-            hits = None
-            if settings.native_hits and runtime.reader.cache is not None:
-                from feature_store.serving.hits import NativeHits
-
-                hits = NativeHits(runtime)
-                handlers.learn = hits.learn
+            if hits is not None:
+                handlers.learn = hits.learner(REST)
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
             rest = NativeRestFront(fast, sock, rest_backend, settings, hits)
+        if hits is not None:
+            hits.start()
             log.info("REST on %s:%d (native front)", settings.host, settings.port)
         tune_gc(settings)
         try:
@@ -90,6 +97,8 @@ def create_app(
                 await rest.stop(grace=1.0)
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+            if hits is not None:
+                await hits.close()
             await runtime.stop()
 
     app = FastAPI(

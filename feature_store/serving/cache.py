@@ -205,6 +205,8 @@ class LRUCache:
         if self._entries.get(entry.key) is entry and size != entry.size:
             self.bytes += size - entry.size
             entry.size = size
+            if self.mirror is not None:
+                self.mirror.put(entry)
             self._evict()
 
     def discard(self, key: CacheKey) -> bool:

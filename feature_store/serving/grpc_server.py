@@ -40,6 +40,7 @@ from feature_store.serving.cache import Entry
 from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.fronts import QueuedCalls, listen
+from feature_store.serving.hits import GRPC, Learn, NativeHits
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
 
@@ -148,6 +149,8 @@ class FeatureServicer:
         self.auth = Authenticator(settings.read_keys, settings.admin_keys)
         self.observe = runtime.metrics.requests.labels
         self.entities_served = runtime.metrics.entities.labels(API)
+        # told of each form answered with one group's values (hits.NativeHits)
+        self.learn: Learn | None = None
         registry = runtime.registry
         self.registry_response = pb.GetRegistryResponse(
             entities=[
@@ -217,11 +220,12 @@ class FeatureServicer:
         if request.int_ids and request.string_ids:
             raise MalformedRequestError("set int_ids or string_ids, not both")
         ids: Sequence[EntityId] = list(request.int_ids or request.string_ids)
+        features, groups = list(request.features), list(request.groups)
         lookup = await self.service.lookup(
             request.entity_type,
             ids,
-            list(request.features),
-            list(request.groups),
+            features,
+            groups,
             bypass=request.bypass_cache,
             proto=True,
         )
@@ -231,6 +235,9 @@ class FeatureServicer:
             header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
         charge = self.cache.charge if self.cache is not None else None
         body = cast(bytes, header) + answer_rows(lookup, charge)
+        learn = self.learn if proj.whole_group and not lookup.errors else None
+        if learn is not None and not request.bypass_cache:
+            learn(request.entity_type, features, groups, proj, cast(bytes, header))
         if lookup.errors:
             body += wire.errors(lookup.errors)
             self.runtime.metrics.count_errors(API, lookup.errors)
@@ -312,7 +319,13 @@ class NativeFront(QueuedCalls):
     grpc.aio through the front.
     """
 
-    def __init__(self, servicer: FeatureServicer, sock: socket.socket, backend: int) -> None:
+    def __init__(
+        self,
+        servicer: FeatureServicer,
+        sock: socket.socket,
+        backend: int,
+        hits: NativeHits | None = None,
+    ) -> None:
         from feature_store import _native
 
         super().__init__()
@@ -328,6 +341,8 @@ class NativeFront(QueuedCalls):
                 f"127.0.0.1:{backend}",
                 settings.max_body_bytes,
                 tls_pem(settings),
+                [(key, int(role)) for key, role in servicer.auth.keys],
+                hits.native if hits is not None else None,
             ),
             "gRPC port",
         )
@@ -417,7 +432,9 @@ def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
     )
 
 
-async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> GrpcServer:
+async def start_grpc_server(
+    runtime: ServingRuntime, host: str, port: int, hits: NativeHits | None = None
+) -> GrpcServer:
     """Serve on host:port (0: a free port).
 
     SO_REUSEPORT only with several workers, so that they share the port; ``feature-store
@@ -439,6 +456,8 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
         ]
     )
     servicer = FeatureServicer(runtime)
+    if hits is not None and native:
+        servicer.learn = hits.learner(GRPC)
     server.add_generic_rpc_handlers((servicer.handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -468,7 +487,7 @@ async def start_grpc_server(runtime: ServingRuntime, host: str, port: int) -> Gr
     front = None
     if sock is not None:
         port = sock.getsockname()[1]
-        front = NativeFront(servicer, sock, bound)
+        front = NativeFront(servicer, sock, bound, hits)
     else:
         port = bound
     stopping = asyncio.Event()

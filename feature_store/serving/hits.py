@@ -1,12 +1,13 @@
-"""Cache hits answered on the native REST front's thread (``native/src/hits.rs``).
+"""Cache hits answered on the native fronts' threads (``native/src/hits.rs``), REST and gRPC.
 
 A lookup whose every entity is a fresh L1 entry needs nothing of Python but bytes it made
 when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step with
-the worker's ``LRUCache`` (the cache calls it on every put, drop and clear: the cache's
-``mirror``), and teaches it each request form that Python answered with one group's values
-(``learn``). The front then answers such a request without taking the GIL; every other
-request (any miss or expired entry, a form not seen yet, anything Python would refuse)
-reaches the handler as before.
+the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear: the
+cache's ``mirror``), and teaches it each request form that Python answered with one group's
+values (``learner(api)``). The fronts then answer such a request without taking the GIL
+(gRPC only for a caller whose key may read, and with entries whose gRPC records a gRPC
+answer has made); every other request (any miss or expired entry, a form not seen yet,
+anything Python would refuse) reaches the handler as before.
 
 What a hit decides besides its answer stays here, decided by the code that decides it for
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
@@ -20,8 +21,7 @@ hit inside their refresh window or sampled for a shadow check, which go through
 - a hit there does not move the entry in the LRU order; a hot entry moves when it is
   refreshed ahead, once per TTL.
 
-``NATIVE_HITS=off`` (or the REST port on uvicorn, or the cache off) answers every lookup
-in Python.
+``NATIVE_HITS=off`` (or the cache off, or the extension off) answers every lookup in Python.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
 
@@ -44,9 +45,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRAIN_EVERY = 0.02  # seconds between takes of what the front served
-MAX_FORMS = 1024  # request forms taught to the front (as the extension's bound)
-API, METHOD = "rest", "get"
+DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
+MAX_FORMS = 1024  # request forms taught per API (as the extension's bound, both together)
+REST, GRPC = 0, 1  # the APIs, as the extension numbers them
+API_NAMES = ("rest", "grpc")  # as the metrics name them
+
+# (entity type, features, groups, the projection, the answer's head): a form a handler
+# answered with all of one group's values
+Learn: TypeAlias = Callable[[str, list[str], list[str], "Projection", bytes], None]
 
 
 class NativeHits:
@@ -75,16 +81,18 @@ class NativeHits:
         self.names = {tag: name for name, tag in self.tags.items()}
         self.ahead = settings.cache_refresh_ahead
         self.horizon = settings.xfetch_beta * XFETCH_HORIZON
-        self.observe = runtime.metrics.requests.labels(API, METHOD, "200").observe
-        self.entities = runtime.metrics.entities.labels(API)
-        self.forms: set[tuple[str, tuple[str, ...], tuple[str, ...]]] = set()
+        metrics = runtime.metrics
+        self.observe = [metrics.requests.labels(api, "get", "200").observe for api in API_NAMES]
+        self.entities = [metrics.entities.labels(api) for api in API_NAMES]
+        self.forms: set[tuple[int, str, tuple[str, ...], tuple[str, ...]]] = set()
         self._task: asyncio.Task[None] | None = None
         cache.mirror = self
 
     # --- the cache's side ------------------------------------------------------------
 
     def put(self, entry: Entry) -> None:
-        """An entry was stored (``LRUCache.put``): the front answers from it until expiry."""
+        """An entry was stored or grew its gRPC records (``LRUCache.put``, ``charge``): the
+        fronts answer from it until it expires."""
         group, key = entry.key
         tag = self.tags.get(group)
         if tag is None:
@@ -100,7 +108,14 @@ class NativeHits:
                 self.ahead * (entry.expires_at - entry.loaded_at), entry.cost * self.horizon
             )
         self.native.put(
-            tag + key, entry.json, entry.present, entry.written_at, negative, ttl, ttl - window
+            tag + key,
+            entry.json,
+            entry.wire,
+            entry.present,
+            entry.written_at,
+            negative,
+            ttl,
+            ttl - window,
         )
 
     def discard(self, key: CacheKey) -> None:
@@ -119,31 +134,32 @@ class NativeHits:
 
     # --- the handler's side ----------------------------------------------------------
 
-    def learn(
-        self,
-        entity: str,
-        features: list[str],
-        groups: list[str],
-        proj: Projection,
-        head: bytes,
-    ) -> None:
-        """Python answered this form with all of one group's values: so may the front."""
-        form = (entity, tuple(features), tuple(groups))
-        if form in self.forms or len(self.forms) >= MAX_FORMS:
-            return
-        self.forms.add(form)
-        group = proj.groups[0]
-        self.native.learn(
-            entity,
-            features,
-            groups,
-            self.index[group.name],
-            head,
-            orjson.dumps(group.name),
-            group.max_age_seconds,
-            (proj.entity.prefix + KEY_SEPARATOR).encode(),
-            proj.entity.id_type is IdType.INT,
-        )
+    def learner(self, api: int) -> Learn:
+        """What a handler of ``api`` (REST, GRPC) calls with each form it answered with all
+        of one group's values: the front may answer it from then on."""
+
+        def learn(
+            entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
+        ) -> None:
+            form = (api, entity, tuple(features), tuple(groups))
+            if form in self.forms or len(self.forms) >= 2 * MAX_FORMS:
+                return
+            self.forms.add(form)
+            group = proj.groups[0]
+            self.native.learn(
+                api,
+                entity,
+                features,
+                groups,
+                self.index[group.name],
+                head,
+                orjson.dumps(group.name) if api == REST else group.name.encode(),
+                group.max_age_seconds,
+                (proj.entity.prefix + KEY_SEPARATOR).encode(),
+                proj.entity.id_type is IdType.INT,
+            )
+
+        return learn
 
     # --- what the front served -------------------------------------------------------
 
@@ -159,16 +175,17 @@ class NativeHits:
                 log.exception("could not take what the REST front served")
 
     def drain(self) -> None:
-        seconds, entities, hits, negative, refresh, shadow = self.native.drain()
+        served, hits, negative, refresh, shadow = self.native.drain()
         stats = self.cache.stats
         stats.hits += hits
         stats.negative_hits += negative
         stats.front_hits += hits + negative
-        if entities:
-            self.entities.inc(entities)
-        observe = self.observe
-        for s in seconds:
-            observe(s)
+        for api, (seconds, entities) in enumerate(served):
+            if entities:
+                self.entities[api].inc(entities)
+            observe = self.observe[api]
+            for s in seconds:
+                observe(s)
         if refresh:
             now = self.clock()
             noted = self.reader.noted_hit

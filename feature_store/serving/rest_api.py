@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import cast
 
 import orjson
@@ -21,12 +21,12 @@ from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.hits import Learn
 from feature_store.serving.json_answer import Answer, error_answer, parse_object
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import (
     Lookup,
     MalformedRequestError,
-    Projection,
     group_states,
     problem,
 )
@@ -93,7 +93,7 @@ class RestHandlers:
         self.observe = runtime.metrics.requests.labels
         self.entities_served = runtime.metrics.entities.labels(API)
         # told of each form answered with one group's values (hits.NativeHits.learn)
-        self.learn: Callable[[str, list[str], list[str], Projection, bytes], None] | None = None
+        self.learn: Learn | None = None
 
     def fail(
         self, error: BaseException, method: str, t0: float, *, writing: bool = False

@@ -88,13 +88,6 @@ class NativeRestFront(QueuedCalls):
             ),
             "REST port",
         )
-        if self.hits is not None:
-            self.hits.start()
-
-    async def stop(self, grace: float) -> None:
-        await super().stop(grace)
-        if self.hits is not None:
-            await self.hits.close()
 
     async def answer(self, call: RestCall) -> None:
         route = self.routes[call.route]

@@ -39,6 +39,9 @@ use tokio::task::JoinSet;
 use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
+use crate::hits::{HitCache, Hits};
+use crate::rest::{role_of, ROLE_READ};
+
 // gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html)
 const OK: u32 = 0;
 const DEADLINE_EXCEEDED: u32 = 4;
@@ -73,6 +76,8 @@ struct Shared {
     backend: String,
     upstream: Mutex<Option<SendRequest<Bytes>>>, // the connection to `backend`, once made
     max_request: usize,
+    keys: Vec<(Vec<u8>, u8)>, // (key, role); empty without auth
+    hits: Option<Arc<Hits>>,  // the L1's mirror, whose hits are answered here
 }
 
 impl Shared {
@@ -111,11 +116,7 @@ impl Call {
 
     /// Answer with this message (serialized protobuf) and status OK.
     fn reply(&mut self, message: &[u8]) -> PyResult<()> {
-        let mut frame = Vec::with_capacity(message.len() + 5);
-        frame.push(0);
-        frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        frame.extend_from_slice(message);
-        self.send(Answer::Message(frame))
+        self.send(Answer::Message(frame(message)))
     }
 
     /// Answer with a gRPC status code and message, and no response message.
@@ -157,9 +158,11 @@ impl Front {
     /// other methods go to the gRPC server at `backend` ("127.0.0.1:port").
     ///
     /// `tls`: PEM bytes of the certificate chain, its private key and optionally a client
-    /// CA (mutual TLS); None serves plaintext HTTP/2.
+    /// CA (mutual TLS); None serves plaintext HTTP/2. `hits`: the L1's mirror, whose hits
+    /// are answered here for callers whose key (`keys`: (key, role) pairs) may read.
     #[new]
-    #[pyo3(signature = (listen_fd, wake_fd, method, backend, max_request, tls=None))]
+    #[pyo3(signature = (listen_fd, wake_fd, method, backend, max_request, tls=None, keys=Vec::new(), hits=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         listen_fd: RawFd,
         wake_fd: RawFd,
@@ -167,6 +170,8 @@ impl Front {
         backend: String,
         max_request: usize,
         tls: Option<TlsPem>,
+        keys: Vec<(Vec<u8>, u8)>,
+        hits: Option<PyRef<'_, HitCache>>,
     ) -> PyResult<Self> {
         let acceptor = match tls {
             Some((cert, key, client_ca)) => {
@@ -184,6 +189,8 @@ impl Front {
             backend,
             upstream: Mutex::new(None),
             max_request,
+            keys,
+            hits: hits.map(|cache| Arc::clone(&cache.hits)),
         });
         let (closing, closed) = watch::channel(None);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -440,6 +447,14 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    if let Some(hits) = &shared.hits {
+        // a caller without a key that may read goes to Python, which says why
+        if role_of(&shared.keys, authorization.as_deref()) >= ROLE_READ {
+            if let Some(message) = hits.answer_grpc(&request) {
+                return send_message(&mut respond, frame(&message));
+            }
+        }
+    }
     let (tx, rx) = oneshot::channel();
     shared.push(Queued {
         request,
@@ -454,22 +469,34 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         None => rx.await,
     };
     match answer {
-        Ok(Answer::Message(frame)) => {
-            let response = Response::builder()
-                .status(200)
-                .header(http::header::CONTENT_TYPE, "application/grpc")
-                .body(())
-                .unwrap_or_default();
-            if let Ok(mut send) = respond.send_response(response, false) {
-                let mut trailers = HeaderMap::new();
-                trailers.insert("grpc-status", HeaderValue::from_static("0"));
-                if send.send_data(Bytes::from(frame), false).is_ok() {
-                    let _ = send.send_trailers(trailers);
-                }
-            }
-        }
+        Ok(Answer::Message(frame)) => send_message(&mut respond, frame),
         Ok(Answer::Status(code, message)) => status(&mut respond, code, &message),
         Err(_) => status(&mut respond, UNAVAILABLE, "the server is shutting down"),
+    }
+}
+
+/// A response message in gRPC's framing: the 5-byte prefix (not compressed, length).
+fn frame(message: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(message.len() + 5);
+    frame.push(0);
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+/// Status 200, the framed message, then the trailers of status OK.
+fn send_message(respond: &mut SendResponse<Bytes>, frame: Vec<u8>) {
+    let response = Response::builder()
+        .status(200)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .body(())
+        .unwrap_or_default();
+    if let Ok(mut send) = respond.send_response(response, false) {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        if send.send_data(Bytes::from(frame), false).is_ok() {
+            let _ = send.send_trailers(trailers);
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::{json_i64, json_str, write_row};
+use crate::{json_i64, json_str, read_varint, write_grpc_row, write_row, GrpcId};
 
 /// A Python bytes object held by the mirror, readable without the GIL.
 struct Held {
@@ -57,7 +57,8 @@ impl Held {
 }
 
 struct Hit {
-    values: Held,
+    values: Held,       // the values as JSON (REST)
+    wire: Option<Held>, // as gRPC records, once a gRPC answer made them
     present: Held,
     written_at: Option<i64>,
     negative: bool,
@@ -66,11 +67,17 @@ struct Hit {
     noticed: AtomicBool,
 }
 
+/// The two APIs whose lookups are answered here.
+pub const REST: u8 = 0;
+pub const GRPC: u8 = 1;
+
 /// A request form Python answered: everything an answer needs besides the entries.
 struct Form {
     group: u16,
-    head: Vec<u8>,       // `{"entity_type":..,"features":..,"types":..,"results":[`
-    group_json: Vec<u8>, // the group's name as JSON, for "ages"
+    // REST: `{"entity_type":..,"features":..,"types":..,"results":[`; gRPC: the response's
+    // entity_type and features fields
+    head: Vec<u8>,
+    label: Vec<u8>, // the group's name in "ages": as JSON (REST), as it is (gRPC)
     max_age: Option<i64>,
     prefix: Vec<u8>, // the entity's key prefix and separator: key = prefix + id
     int_ids: bool,
@@ -78,8 +85,8 @@ struct Form {
 
 #[derive(Default)]
 struct Served {
-    seconds: Vec<f64>, // each answer's time, for the request histogram
-    entities: u64,
+    seconds: [Vec<f64>; 2], // each answer's time, for the request histogram, per API
+    entities: [u64; 2],
     hits: u64,
     negative_hits: u64,
     refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
@@ -99,9 +106,10 @@ pub struct Hits {
     max_string_id: usize,
 }
 
-/// The key of a form: the request's entity type, features and groups, as sent.
-fn form_key(entity: &str, features: &[&str], groups: &[&str]) -> Vec<u8> {
+/// The key of a form: the API, and the request's entity type, features and groups as sent.
+fn form_key(api: u8, entity: &str, features: &[&str], groups: &[&str]) -> Vec<u8> {
     let mut key = Vec::with_capacity(64);
+    key.push(api);
     key.extend_from_slice(entity.as_bytes());
     for (mark, names) in [(1u8, features), (2u8, groups)] {
         for name in names {
@@ -138,15 +146,51 @@ impl Hits {
     pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
         let started = Instant::now();
         let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
-        if request.bypass_cache || request.ids.is_empty() || request.ids.len() > self.max_ids {
+        if request.bypass_cache {
+            return None;
+        }
+        self.lookup(
+            started,
+            REST,
+            request.entity_type,
+            &request.ids,
+            &request.features,
+            &request.groups,
+        )
+    }
+
+    /// The `GetFeaturesResponse` message for a `GetFeaturesRequest` message, if every
+    /// entity is a fresh hit whose gRPC records are made.
+    pub fn answer_grpc(&self, message: &[u8]) -> Option<Vec<u8>> {
+        let started = Instant::now();
+        let request = GrpcRequest::parse(message)?;
+        self.lookup(
+            started,
+            GRPC,
+            request.entity_type,
+            &request.ids,
+            &request.features,
+            &request.groups,
+        )
+    }
+
+    fn lookup(
+        &self,
+        started: Instant,
+        api: u8,
+        entity: &str,
+        ids: &[Id<'_>],
+        features: &[&str],
+        groups: &[&str],
+    ) -> Option<Vec<u8>> {
+        if ids.is_empty() || ids.len() > self.max_ids {
             return None;
         }
         let form = {
             let forms = self.forms.read().unwrap_or_else(|e| e.into_inner());
-            let key = form_key(request.entity_type, &request.features, &request.groups);
-            Arc::clone(forms.get(&key)?)
+            Arc::clone(forms.get(&form_key(api, entity, features, groups))?)
         };
-        for id in &request.ids {
+        for id in ids {
             match id {
                 Id::Int(_) if form.int_ids => {}
                 Id::Str(s) if !form.int_ids && !s.is_empty() && s.len() <= self.max_string_id => {}
@@ -156,37 +200,56 @@ impl Hits {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let mut out = Vec::with_capacity(form.head.len() + request.ids.len() * 1300 + 2);
+        let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
+        let mut row = Vec::new();
         let (mut hits, mut negative) = (0u64, 0u64);
         let mut refresh = Vec::new();
         let mut shadow = Vec::new();
         {
             let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
-            for (i, id) in request.ids.iter().enumerate() {
+            for (i, id) in ids.iter().enumerate() {
                 cache_key(&mut key, form.group, &form.prefix, id);
                 let hit = entries.get(&key)?;
                 if started >= hit.expires {
                     return None;
                 }
-                if i > 0 {
-                    out.push(b',');
+                if api == REST {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_row(
+                        &mut out,
+                        |o| match id {
+                            Id::Int(n) => json_i64(o, *n),
+                            Id::Str(s) => json_str(o, s),
+                        },
+                        hit.values.bytes(),
+                        hit.present.bytes(),
+                        hit.written_at,
+                        false,
+                        now,
+                        form.max_age,
+                        &form.label,
+                    );
+                } else {
+                    write_grpc_row(
+                        &mut out,
+                        &mut row,
+                        match id {
+                            Id::Int(n) => GrpcId::Int(*n),
+                            Id::Str(s) => GrpcId::Str(s),
+                        },
+                        hit.wire.as_ref()?.bytes(),
+                        hit.present.bytes(),
+                        hit.written_at,
+                        false,
+                        now,
+                        form.max_age,
+                        &form.label,
+                    );
                 }
-                write_row(
-                    &mut out,
-                    |o| match id {
-                        Id::Int(n) => json_i64(o, *n),
-                        Id::Str(s) => json_str(o, s),
-                    },
-                    hit.values.bytes(),
-                    hit.present.bytes(),
-                    hit.written_at,
-                    false,
-                    now,
-                    form.max_age,
-                    &form.group_json,
-                );
                 if hit.negative {
                     negative += 1;
                     continue;
@@ -200,10 +263,12 @@ impl Hits {
                 }
             }
         }
-        out.extend_from_slice(b"]}");
+        if api == REST {
+            out.extend_from_slice(b"]}");
+        }
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-        served.seconds.push(started.elapsed().as_secs_f64());
-        served.entities += request.ids.len() as u64;
+        served.seconds[api as usize].push(started.elapsed().as_secs_f64());
+        served.entities[api as usize] += ids.len() as u64;
         served.hits += hits;
         served.negative_hits += negative;
         if served.refresh.len() < MAX_NOTED {
@@ -216,9 +281,10 @@ impl Hits {
     }
 }
 
-/// What Python drains: answer times, entity, hit and negative-hit counts, and the keys hit
-/// in their refresh window and sampled for shadow checks.
-type Drained = (Vec<f64>, u64, u64, u64, Vec<Vec<u8>>, Vec<Vec<u8>>);
+/// What Python drains: per API (REST, gRPC) the answers' times and the entities answered;
+/// hit and negative-hit counts; the keys hit in their refresh window and sampled for shadow
+/// checks.
+type Drained = ([(Vec<f64>, u64); 2], u64, u64, Vec<Vec<u8>>, Vec<Vec<u8>>);
 
 /// The mirror of one worker's L1 (see the module's text), shared with its REST front.
 #[pyclass(frozen, module = "feature_store._native")]
@@ -249,24 +315,29 @@ impl HitCache {
         }
     }
 
-    /// Learn a request form from Python's answer to it (see `Form`). False when full.
-    #[pyo3(signature = (entity, features, groups, group, head, group_json, max_age, prefix, int_ids))]
+    /// Learn a request form of `api` (0 REST, 1 gRPC) from Python's answer to it (see
+    /// `Form`). False when full.
+    #[pyo3(signature = (api, entity, features, groups, group, head, label, max_age, prefix, int_ids))]
     #[allow(clippy::too_many_arguments)]
     fn learn(
         &self,
+        api: u8,
         entity: &str,
         features: Vec<String>,
         groups: Vec<String>,
         group: u16,
         head: Vec<u8>,
-        group_json: Vec<u8>,
+        label: Vec<u8>,
         max_age: Option<i64>,
         prefix: Vec<u8>,
         int_ids: bool,
     ) -> bool {
+        if api != REST && api != GRPC {
+            return false;
+        }
         let features: Vec<&str> = features.iter().map(String::as_str).collect();
         let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-        let key = form_key(entity, &features, &groups);
+        let key = form_key(api, entity, &features, &groups);
         let mut forms = self.hits.forms.write().unwrap_or_else(|e| e.into_inner());
         if forms.len() >= MAX_FORMS && !forms.contains_key(&key) {
             return false;
@@ -276,7 +347,7 @@ impl HitCache {
             Arc::new(Form {
                 group,
                 head,
-                group_json,
+                label,
                 max_age,
                 prefix,
                 int_ids,
@@ -287,12 +358,13 @@ impl HitCache {
 
     /// Store the entry of `key` (group index, 2 bytes big-endian, then the Redis key):
     /// fresh for `ttl` seconds from now, noted for Python from `notice_in` seconds.
-    #[pyo3(signature = (key, values, present, written_at, negative, ttl, notice_in))]
+    #[pyo3(signature = (key, values, wire, present, written_at, negative, ttl, notice_in))]
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
         key: Vec<u8>,
         values: &Bound<'_, PyBytes>,
+        wire: Option<&Bound<'_, PyBytes>>,
         present: &Bound<'_, PyBytes>,
         written_at: Option<i64>,
         negative: bool,
@@ -304,6 +376,7 @@ impl HitCache {
             |s: f64| now + Duration::from_secs_f64(if s.is_finite() { s.max(0.0) } else { 0.0 });
         let hit = Hit {
             values: Held::new(values),
+            wire: wire.map(Held::new),
             present: Held::new(present),
             written_at,
             negative,
@@ -359,9 +432,9 @@ impl HitCache {
     fn drain(&self) -> Drained {
         let mut served = self.hits.served.lock().unwrap_or_else(|e| e.into_inner());
         let s = std::mem::take(&mut *served);
+        let [rest, grpc] = s.seconds;
         (
-            s.seconds,
-            s.entities,
+            [(rest, s.entities[0]), (grpc, s.entities[1])],
             s.hits,
             s.negative_hits,
             s.refresh,
@@ -369,9 +442,16 @@ impl HitCache {
         )
     }
 
-    /// The answer this mirror would give to `body`, None where Python answers (for tests).
-    fn answer<'py>(&self, py: Python<'py>, body: &[u8]) -> Option<Bound<'py, PyBytes>> {
-        self.hits.answer(body).map(|out| PyBytes::new(py, &out))
+    /// The answer this mirror would give to a REST `body`, None where Python answers (for
+    /// tests); with `grpc`, to a `GetFeaturesRequest` message.
+    #[pyo3(signature = (body, grpc=false))]
+    fn answer<'py>(&self, py: Python<'py>, body: &[u8], grpc: bool) -> Option<Bound<'py, PyBytes>> {
+        let out = if grpc {
+            self.hits.answer_grpc(body)
+        } else {
+            self.hits.answer(body)
+        };
+        out.map(|out| PyBytes::new(py, &out))
     }
 }
 
@@ -486,6 +566,84 @@ impl<'de: 'a, 'a> Deserialize<'de> for Names<'a> {
     }
 }
 
+/// A `GetFeaturesRequest` (serving.proto) in the form answered here: each field in its
+/// wire type, the entity type once, ids of one kind, strings in UTF-8, no bypass, no
+/// other field. Anything else is Python's, which parses it with protobuf.
+struct GrpcRequest<'a> {
+    entity_type: &'a str,
+    ids: Vec<Id<'a>>,
+    features: Vec<&'a str>,
+    groups: Vec<&'a str>,
+}
+
+impl<'a> GrpcRequest<'a> {
+    fn parse(data: &'a [u8]) -> Option<Self> {
+        let mut request = GrpcRequest {
+            entity_type: "",
+            ids: Vec::new(),
+            features: Vec::new(),
+            groups: Vec::new(),
+        };
+        let (mut entity_seen, mut ints, mut strings) = (false, false, false);
+        let mut pos = 0;
+        while pos < data.len() {
+            let tag = read_varint(data, &mut pos).ok()?;
+            match tag {
+                0x0A | 0x1A | 0x22 | 0x2A => {
+                    let len = read_varint(data, &mut pos).ok()? as usize;
+                    let end = pos.checked_add(len).filter(|&e| e <= data.len())?;
+                    let text = std::str::from_utf8(&data[pos..end]).ok()?;
+                    pos = end;
+                    match tag {
+                        0x0A if !entity_seen => {
+                            entity_seen = true;
+                            request.entity_type = text;
+                        }
+                        0x1A => {
+                            strings = true;
+                            request.ids.push(Id::Str(text));
+                        }
+                        0x22 => request.features.push(text),
+                        0x2A => request.groups.push(text),
+                        _ => return None,
+                    }
+                }
+                0x12 => {
+                    // int_ids, packed
+                    let len = read_varint(data, &mut pos).ok()? as usize;
+                    let end = pos.checked_add(len).filter(|&e| e <= data.len())?;
+                    while pos < end {
+                        request
+                            .ids
+                            .push(Id::Int(read_varint(data, &mut pos).ok()? as i64));
+                    }
+                    if pos != end {
+                        return None;
+                    }
+                    ints = true;
+                }
+                0x10 => {
+                    // one int_id, unpacked
+                    request
+                        .ids
+                        .push(Id::Int(read_varint(data, &mut pos).ok()? as i64));
+                    ints = true;
+                }
+                0x30 => {
+                    if read_varint(data, &mut pos).ok()? != 0 {
+                        return None; // bypass_cache: Python checks the key's role
+                    }
+                }
+                _ => return None,
+            }
+        }
+        if ints && strings {
+            return None;
+        }
+        Some(request)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,6 +670,29 @@ mod tests {
             r#"[1]"#,
         ] {
             assert!(parse(refused).is_none(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn the_grpc_form_only() {
+        // entity_type "u", int_ids [1, -1] packed, groups ["g"]
+        let mut m = vec![0x0A, 1, b'u', 0x12, 11, 1];
+        m.extend_from_slice(&[0xFF; 9]);
+        m.push(0x01);
+        m.extend_from_slice(&[0x2A, 1, b'g']);
+        let r = GrpcRequest::parse(&m).unwrap();
+        assert_eq!(r.entity_type, "u");
+        assert!(matches!(r.ids[..], [Id::Int(1), Id::Int(-1)]));
+        assert_eq!(r.groups, vec!["g"]);
+        for refused in [
+            vec![0x0A, 1, b'u', 0x0A, 1, b'v'], // entity_type twice
+            vec![0x10, 1, 0x1A, 1, b'a'],       // int and string ids
+            vec![0x30, 1],                      // bypass_cache
+            vec![0x38, 1],                      // an unknown field
+            vec![0x0A, 5, b'u'],                // cut short
+            vec![0x0A, 1, 0xFF],                // not UTF-8
+        ] {
+            assert!(GrpcRequest::parse(&refused).is_none(), "{refused:?}");
         }
     }
 }

@@ -1136,22 +1136,6 @@ fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
     out.push(b']');
 }
 
-/// One row of a whole-group answer, `(entry, served_stale)`: the entry, the group's age
-/// (None: unknown), and whether its values are stale (served stale because Redis failed, or
-/// written longer ago than `max_age`), as `feature_store.serving.service.group_states`.
-fn row_state<'py>(
-    py: Python<'py>,
-    row: &Bound<'py, PyAny>,
-    now: i64,
-    max_age: Option<i64>,
-) -> PyResult<(Bound<'py, PyAny>, Option<i64>, bool)> {
-    let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
-    let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
-    let age = written_at.map(|w| (now - w).max(0));
-    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
-    Ok((entry, age, stale))
-}
-
 /// The rows of a gRPC answer for all of one group's features: per entity a
 /// `GetFeaturesResponse.rows` record (field 3) of a `FeatureRow` holding the id, the
 /// entry's values records (`wire`, made before the call: `wire.entry_values`), the packed
@@ -1170,46 +1154,89 @@ fn grpc_rows<'py>(
     let mut out = Vec::with_capacity(rows.len() * 1200);
     let mut row = Vec::with_capacity(1200);
     for (id, item) in ids.iter().zip(rows.iter()) {
-        let (entry, age, stale) = row_state(py, &item, now, max_age)?;
+        let (entry, served_stale): (Bound<'py, PyAny>, bool) = item.get_item(0)?.extract()?;
+        let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
         let wire = entry.getattr(pyo3::intern!(py, "wire"))?;
         let present = entry.getattr(pyo3::intern!(py, "present"))?;
-        row.clear();
-        // FeatureRow.id = 1, an EntityId: int_id = 1 (varint) or string_id = 2
-        if let Ok(n) = id.extract::<i64>() {
-            record(&mut row, 0x0A, |p| {
-                p.push(0x08);
-                put_varint(p, n as u64);
-            });
-        } else {
-            let text = id.downcast::<pyo3::types::PyString>()?.to_str()?;
-            record(&mut row, 0x0A, |p| {
-                record(p, 0x12, |q| q.extend_from_slice(text.as_bytes()))
-            });
-        }
-        row.extend_from_slice(wire.downcast::<PyBytes>()?.as_bytes());
-        // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
-        let present = present.downcast::<PyBytes>()?.as_bytes();
-        row.push(0x1A);
-        put_varint(&mut row, present.len() as u64);
-        row.extend(present.iter().map(|&p| match (p, stale) {
-            (0, _) => 2,
-            (1, false) => 1,
-            (1, true) => 3,
-            _ => 0,
-        }));
-        // FeatureRow.ages = 4, one map entry: key = 1, value = 2
-        if let Some(age) = age {
-            record(&mut row, 0x22, |p| {
-                record(p, 0x0A, |q| q.extend_from_slice(group));
-                p.push(0x10);
-                put_varint(p, age as u64);
-            });
-        }
-        out.push(0x1A);
-        put_varint(&mut out, row.len() as u64);
-        out.extend_from_slice(&row);
+        let int_id = id.extract::<i64>().ok();
+        let text = match int_id {
+            Some(_) => "",
+            None => id.downcast::<pyo3::types::PyString>()?.to_str()?,
+        };
+        write_grpc_row(
+            &mut out,
+            &mut row,
+            match int_id {
+                Some(n) => GrpcId::Int(n),
+                None => GrpcId::Str(text),
+            },
+            wire.downcast::<PyBytes>()?.as_bytes(),
+            present.downcast::<PyBytes>()?.as_bytes(),
+            written_at,
+            served_stale,
+            now,
+            max_age,
+            group,
+        );
     }
     Ok(PyBytes::new(py, &out))
+}
+
+pub(crate) enum GrpcId<'a> {
+    Int(i64),
+    Str(&'a str),
+}
+
+/// One `GetFeaturesResponse.rows` record (field 3) of a whole-group answer: a `FeatureRow`
+/// of the id, the entry's values records (`wire`), the packed statuses and the group's age
+/// (`feature_store.serving.grpc_server._answer_rows`). `row` is scratch space.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_grpc_row(
+    out: &mut Vec<u8>,
+    row: &mut Vec<u8>,
+    id: GrpcId<'_>,
+    wire: &[u8],
+    present: &[u8],
+    written_at: Option<i64>,
+    served_stale: bool,
+    now: i64,
+    max_age: Option<i64>,
+    group: &[u8],
+) {
+    let age = written_at.map(|w| (now - w).max(0));
+    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+    row.clear();
+    // FeatureRow.id = 1, an EntityId: int_id = 1 (varint) or string_id = 2
+    match id {
+        GrpcId::Int(n) => record(row, 0x0A, |p| {
+            p.push(0x08);
+            put_varint(p, n as u64);
+        }),
+        GrpcId::Str(text) => record(row, 0x0A, |p| {
+            record(p, 0x12, |q| q.extend_from_slice(text.as_bytes()))
+        }),
+    }
+    row.extend_from_slice(wire);
+    // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
+    row.push(0x1A);
+    put_varint(row, present.len() as u64);
+    row.extend(present.iter().map(|&p| match (p, stale) {
+        (0, _) => 2,
+        (1, false) => 1,
+        (1, true) => 3,
+        _ => 0,
+    }));
+    // FeatureRow.ages = 4, one map entry: key = 1, value = 2
+    if let Some(age) = age {
+        record(row, 0x22, |p| {
+            record(p, 0x0A, |q| q.extend_from_slice(group));
+            p.push(0x10);
+            put_varint(p, age as u64);
+        });
+    }
+    out.push(0x1A);
+    put_varint(out, row.len() as u64);
+    out.extend_from_slice(row);
 }
 
 /// One row of a whole-group REST answer: `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`

@@ -44,6 +44,7 @@ const UNREACHABLE: &[u8] =
 
 /// Roles, as `auth.Role`: 0 none, 1 read, 2 admin.
 const ROLE_NONE: u8 = 0;
+pub(crate) const ROLE_READ: u8 = 1;
 const ROLE_ADMIN: u8 = 2;
 
 /// An answer: status, headers besides content-type and content-length, body (JSON).
@@ -112,7 +113,7 @@ impl Shared {
 /// The role an Authorization header grants (`auth.Authenticator.role`): admin for everyone
 /// without keys; else "Bearer <key>" (scheme in any case, the key trimmed) compared with
 /// every key in constant time, the highest role of the keys it equals.
-fn role_of(keys: &[(Vec<u8>, u8)], authorization: Option<&str>) -> u8 {
+pub(crate) fn role_of(keys: &[(Vec<u8>, u8)], authorization: Option<&str>) -> u8 {
     if keys.is_empty() {
         return ROLE_ADMIN;
     }

@@ -1,7 +1,7 @@
-"""Cache hits answered on the native REST front's thread (serving/hits.py, native/src/hits.rs),
-against a server that answers every lookup in Python (``NATIVE_HITS=off``): the same
-answers, hits counted, push writes and expiry seen at once, and the cache's policy (refresh
-ahead, shadow checks) still run for the hits the front answers.
+"""Cache hits answered on the native fronts' threads (serving/hits.py, native/src/hits.rs),
+REST and gRPC, against a server that answers every lookup in Python (``NATIVE_HITS=off``):
+the same answers, hits counted, push writes and expiry seen at once, keys checked, and the
+cache's policy (refresh ahead, shadow checks) still run for the hits the fronts answer.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import orjson
 import pytest
@@ -17,6 +18,8 @@ import redis
 
 from feature_store import sample
 from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
@@ -135,7 +138,7 @@ def test_a_push_write_is_answered_at_once(servers: tuple[ServingProcess, Serving
     assert written.status_code == 200, written.text
     after = get(native, body).json()
     assert after["results"][0]["values"][0] == 12345.5 != first["results"][0]["values"][0]
-    assert after["results"][1] == first["results"][1]
+    assert after["results"][1]["values"] == first["results"][1]["values"]
 
 
 def test_an_expired_entry_is_read_again(redis_server: object) -> None:
@@ -225,3 +228,61 @@ def test_redis_keys_untouched_by_reads(redis_server: object) -> None:
         after = client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
         after += client.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
     assert after == before
+
+
+def _grpc_answer(
+    server: ServingProcess, request: pb.GetFeaturesRequest, key: str | None = None
+) -> pb.GetFeaturesResponse:
+    metadata = [("authorization", f"Bearer {key}")] if key else None
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer: pb.GetFeaturesResponse = FeatureServiceStub(channel).GetFeatures(
+            request, timeout=10, metadata=metadata
+        )
+    for row in answer.rows:
+        row.ages.clear()  # whole seconds: one may turn between two answers
+    return answer
+
+
+GRPC_REQUESTS = [
+    pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[1, 2, 3], groups=[GROUP]),
+    pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[4, 4, 10_000_000, -5], groups=[GROUP]),
+    pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], features=ALL),
+]
+
+
+def test_the_grpc_front_answers_hits_as_python_does(
+    servers: tuple[ServingProcess, ServingProcess],
+) -> None:
+    native, python = servers
+    for request in GRPC_REQUESTS:
+        before = front_hits(native)
+        answers = []
+        for server in servers:
+            _grpc_answer(server, request)  # loads, makes the gRPC records, teaches the form
+            answers.append(_grpc_answer(server, request))
+        assert answers[0] == answers[1]
+        assert len(answers[0].rows) == len(request.int_ids)
+        assert front_hits(native, before + len(request.int_ids)) == before + len(request.int_ids)
+    assert metric(python, "feature_serving_cache_front_hits_total") == 0
+    name = 'feature_serving_request_seconds_count{api="grpc",code="200",method="get"}'
+    assert metric(native, name) == metric(python, name) > 0
+
+
+def test_the_grpc_front_answers_hits_only_to_a_key_that_may_read(redis_server: object) -> None:
+    url = redis_server.url  # type: ignore[attr-defined]
+    env = {
+        **ENV,
+        "FEATURE_SERVING_READ_KEYS": "reader-key-1",
+        "FEATURE_SERVING_ADMIN_KEYS": "admin-key-1",
+    }
+    request = GRPC_REQUESTS[0]
+    with ServingProcess(url, env=env) as server:
+        _grpc_answer(server, request, "reader-key-1")
+        hits = front_hits(server)
+        _grpc_answer(server, request, "reader-key-1")  # the front's own
+        assert front_hits(server, hits + 3) == hits + 3
+        for key in (None, "wrong"):
+            with pytest.raises(grpc.RpcError) as refused:
+                _grpc_answer(server, request, key)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert front_hits(server) == hits + 3

@@ -1,7 +1,8 @@
-"""The native REST front's mirror of the L1 (serving/hits.py, native/src/hits.rs), held to
+"""The native fronts' mirror of the L1 (serving/hits.py, native/src/hits.rs), held to
 Python's answers: after any sequence of cache changes (puts, pushes that drop a key,
 evictions, expiry, clears) the mirror answers a lookup exactly when every entity is a fresh
-entry of the cache, and then with the bytes Python's handler writes for it.
+entry of the cache (for gRPC: with its gRPC records made), and then with the bytes
+Python's handlers write for it, REST and gRPC.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feature_store.connection import RedisTarget
+from feature_store.layout import encode_timestamp
 from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import parse_registry
 from feature_store.serving.auth import Authenticator
 from feature_store.serving.cache import Entry
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.hits import NativeHits
+from feature_store.serving.grpc_server import FeatureServicer
+from feature_store.serving.hits import GRPC, REST, NativeHits
 from feature_store.serving.rest_api import RestHandlers
 from feature_store.serving.runtime import ServingRuntime
 
@@ -50,10 +54,11 @@ feature_groups:
     features:
       open: bool
       rating: float
+      codes: int_list
 """)
 FORMS = {
     "profile": {"entity_type": "user", "groups": ["profile"]},
-    "shops": {"entity_type": "shop", "features": ["open", "rating"]},
+    "shops": {"entity_type": "shop", "features": ["open", "rating", "codes"]},
 }
 INT_IDS = st.integers(-3, 6)
 STR_IDS = st.sampled_from(["a", "b", "é", "x y", "1"])
@@ -70,20 +75,44 @@ def _key(group: str, entity_id: object) -> tuple[str, bytes]:
     return group, f"{prefix}:{entity_id}".encode()
 
 
+VALUES = {
+    "float": st.floats(allow_nan=False, width=32),
+    "int": st.integers(-(2**63), 2**63 - 1),
+    "int_list": st.lists(st.integers(-(2**40), 2**40), max_size=5),
+    "bool": st.booleans(),
+}
+
+
 def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
-    spec_fmt = _runtime_formats[group]
-    n = len(REGISTRY.groups[group].features)
+    """An entry as a read of the stored values makes it (``GroupSpec.entry``)."""
+    spec = _specs[group]
     key = _key(group, entity_id)
     if data.draw(st.booleans(), "negative"):
-        return Entry(key, spec_fmt, None, spec_fmt.absent_present, spec_fmt.absent_json, None)
-    present = bytes(data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), "present"))
-    values = [data.draw(st.integers(-(10**6), 10**6)) if p else None for p in present]
-    ago = data.draw(st.sampled_from([None, 0, 5, 3599, 3601, 10**6]), "written ago")
-    written = None if ago is None else int(time.time()) - ago
-    return Entry(key, spec_fmt, b"raw", present, orjson.dumps(values), written)
+        return spec.entry(key, [None] * len(spec.fields))
+    stored = []
+    for f in spec.group.features:
+        value = data.draw(st.none() | VALUES[f.type.value], f.name)
+        stored.append(None if value is None else f.codec.encode(value))
+    ago = data.draw(st.sampled_from([0, 5, 3599, 3601, 10**6]), "written ago")
+    return spec.entry(key, [*stored, encode_timestamp(int(time.time()) - ago)])
 
 
-_runtime_formats = {name: g.fmt for name, g in _runtime().reader.specs.items()}
+_specs = _runtime().reader.specs
+
+
+def _grpc_request(group: str, ids: list[object]) -> bytes:
+    form = FORMS[group]
+    request = pb.GetFeaturesRequest(
+        entity_type=str(form["entity_type"]),
+        features=form.get("features", []),
+        groups=form.get("groups", []),
+    )
+    if group == "profile":
+        request.int_ids.extend(ids)  # type: ignore[arg-type]
+    else:
+        request.string_ids.extend(ids)  # type: ignore[arg-type]
+    return request.SerializeToString()
+
 
 OPS = st.sampled_from(["put", "put", "put", "discard", "expire", "clear"])
 
@@ -100,13 +129,18 @@ async def _check(data: st.DataObject) -> None:
     assert cache is not None
     hits = NativeHits(runtime)
     handlers = RestHandlers(runtime, Authenticator((), ()))
-    handlers.learn = hits.learn
+    handlers.learn = hits.learner(REST)
+    servicer = FeatureServicer(runtime)
+    servicer.learn = hits.learner(GRPC)
     ids = {"profile": INT_IDS, "shops": STR_IDS}
-    for group, first in (("profile", 0), ("shops", "a")):  # Python teaches both forms
+    for group, first in (("profile", 0), ("shops", "a")):  # Python teaches the forms
         cache.put(_entry(group, first, data))
         body = orjson.dumps({**FORMS[group], "ids": [first]})
         assert (await handlers.get(None, body)).status == 200
         assert hits.native.answer(body) is not None
+        message = _grpc_request(group, [first])
+        await servicer.answer(pb.GetFeaturesRequest.FromString(message), None, 0.0)
+        assert hits.native.answer(message, grpc=True) is not None
     cache.clear()
     for _ in range(data.draw(st.integers(1, 25), "steps")):
         group = data.draw(st.sampled_from(sorted(FORMS)), "group")
@@ -128,9 +162,20 @@ async def _check(data: st.DataObject) -> None:
             (e := cache.peek(_key(group, i))) is not None and now < e.expires_at for i in wanted
         )
         native = hits.native.answer(body)
+        message = _grpc_request(group, wanted)
         if not fresh:
             assert native is None, (body, native)
+            assert hits.native.answer(message, grpc=True) is None
             continue
+        # gRPC: the records are made by the first gRPC answer from an entry, not before
+        made = all(cache.peek(_key(group, i)).wire is not None for i in wanted)  # type: ignore[union-attr]
+        grpc_native = hits.native.answer(message, grpc=True)
+        assert (grpc_native is not None) == made
+        request = pb.GetFeaturesRequest.FromString(message)
+        grpc_before = await servicer.answer(request, None, 0.0)
+        grpc_native = hits.native.answer(message, grpc=True)
+        grpc_after = await servicer.answer(request, None, 0.0)
+        assert grpc_native in (grpc_before, grpc_after)
         # Python's answers (the first also teaches the form), around the mirror's: ages are
         # counted in whole seconds, and a second may turn between two of them
         before = await handlers.get(None, body)
