@@ -1,7 +1,9 @@
 """The L1 cache's memory: RSS per cached entity against what the cache accounts, and a long
-zipfian load against the byte bound; this checkout and (--baseline REV) an older one.
+zipfian load against the byte bound; this checkout and (--baseline REV) an older one, and
+(--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off).
 
-    python3 benchmarks/l1_memory.py [--baseline REV] [--entities 200000] [--seconds 45] [--out FILE]
+    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--entities 200000]
+        [--seconds 45] [--out FILE]
 
 1. A worker with the cache on (TTL 3,600 s) reads the first 40,000 entities of the
    standard shape, 1,000 ids per REST request. RSS (VmRSS of /proc/<pid>/status) before
@@ -84,8 +86,16 @@ class Outcome:
         return self.bound_idle + int(BOUND * 1.25)
 
 
-def measure(label: str, redis: EmbeddedRedis, tree: Path, entities: int, seconds: float) -> Outcome:
+def measure(
+    label: str,
+    redis: EmbeddedRedis,
+    tree: Path,
+    entities: int,
+    seconds: float,
+    more_env: dict[str, str] | None = None,
+) -> Outcome:
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+    env.update(more_env or {})
     args = ["--cache-ttl", "3600"]
     with ServingProcess(redis.url, args=args, env=env, grpc=False, cwd=tree) as server:
         assert server.process is not None
@@ -158,6 +168,11 @@ def measure(label: str, redis: EmbeddedRedis, tree: Path, entities: int, seconds
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="a git revision to measure in the same run")
+    parser.add_argument(
+        "--python-hits",
+        action="store_true",
+        help="also this checkout with NATIVE_HITS=off (no mirror of the L1 for the fronts)",
+    )
     parser.add_argument("--entities", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
@@ -169,6 +184,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)
         outcomes.append(measure("this checkout", redis, ROOT, args.entities, args.seconds))
+        if args.python_hits:
+            off = {"FEATURE_SERVING_NATIVE_HITS": "off"}
+            label = "this checkout, NATIVE_HITS=off"
+            outcomes.append(measure(label, redis, ROOT, args.entities, args.seconds, off))
         if args.baseline:
             with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 label = f"baseline {args.baseline}"
