@@ -3,9 +3,7 @@
 
 A front's thread queues each call and writes an eventfd; this loop reads it, takes every
 queued call at once, and answers each on a task of its own. The front's thread never
-holds the GIL, and neither side waits for the other's lock for long. A call says when its
-task starts (``begin``): a front that answers cache hits itself holds them back while
-calls wait too long for that, so that the loop is not starved of the cores.
+holds the GIL, and neither side waits for the other's lock for long.
 """
 
 from __future__ import annotations
@@ -71,15 +69,9 @@ class QueuedCalls:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.wake)
         for call in self.front.take():
-            task = self.loop.create_task(self._begin(call))
+            task = self.loop.create_task(self.answer(call))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-
-    async def _begin(self, call: Any) -> None:
-        # the front's hits wait while a call has waited too long to get here (hits.rs,
-        # Backlog): this loop is behind; from here on the call waits for Redis, if at all
-        call.begin()
-        await self.answer(call)
 
     async def answer(self, call: Any) -> None:
         raise NotImplementedError

@@ -39,7 +39,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
-use crate::hits::{Backlog, HitCache, Hits, Ticket};
+use crate::hits::{HitCache, Hits};
 use crate::rest::{role_of, ROLE_READ};
 
 // gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html)
@@ -67,7 +67,6 @@ struct Queued {
     request: Bytes,
     authorization: Option<String>,
     reply: oneshot::Sender<Answer>,
-    ticket: Ticket, // in the backlog until its handler starts
 }
 
 struct Shared {
@@ -79,7 +78,6 @@ struct Shared {
     max_request: usize,
     keys: Vec<(Vec<u8>, u8)>, // (key, role); empty without auth
     hits: Option<Arc<Hits>>,  // the L1's mirror, whose hits are answered here
-    backlog: Arc<Backlog>,
 }
 
 impl Shared {
@@ -106,16 +104,10 @@ pub struct Call {
     authorization: Option<String>,
     request: Bytes,
     reply: Option<oneshot::Sender<Answer>>,
-    ticket: Option<Ticket>,
 }
 
 #[pymethods]
 impl Call {
-    /// Its handler has started (it leaves the backlog, see `hits::Backlog`).
-    fn begin(&mut self) {
-        self.ticket = None;
-    }
-
     /// The request message's bytes (without gRPC's 5-byte prefix).
     #[getter]
     fn request<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -140,7 +132,6 @@ impl Call {
 
 impl Call {
     fn send(&mut self, answer: Answer) -> PyResult<()> {
-        self.ticket = None;
         match self.reply.take() {
             // the client may have gone (deadline, reset): nothing to do then
             Some(tx) => {
@@ -200,7 +191,6 @@ impl Front {
             max_request,
             keys,
             hits: hits.map(|cache| Arc::clone(&cache.hits)),
-            backlog: Backlog::new(),
         });
         let (closing, closed) = watch::channel(None);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -226,7 +216,6 @@ impl Front {
                 authorization: q.authorization,
                 request: q.request,
                 reply: Some(q.reply),
-                ticket: Some(q.ticket),
             })
             .collect()
     }
@@ -461,9 +450,6 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
     if let Some(hits) = &shared.hits {
         // a caller without a key that may read goes to Python, which says why
         if role_of(&shared.keys, authorization.as_deref()) >= ROLE_READ {
-            if shared.backlog.behind() && hits.would_answer_grpc(&request) {
-                shared.backlog.turn().await; // Python is behind: wait (not long) for it
-            }
             if let Some(message) = hits.answer_grpc(&request) {
                 return send_message(&mut respond, frame(&message));
             }
@@ -474,7 +460,6 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         request,
         authorization,
         reply: tx,
-        ticket: shared.backlog.enter(),
     });
     let answer = match deadline {
         Some(limit) => match tokio::time::timeout(limit, rx).await {

@@ -15,7 +15,7 @@
 //! Python would. A form is learned from Python's own answer to it: the head of the answer
 //! and how an id becomes a key are Python's bytes, not rebuilt here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -24,7 +24,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use tokio::sync::Notify;
 
 use crate::{json_i64, json_str, read_varint, write_grpc_row, write_row, GrpcId};
 
@@ -145,22 +144,12 @@ impl Hits {
 
     /// The answer to a `POST /v1/features/get` body if every entity is a fresh hit.
     pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
-        self.rest(body, false)
-    }
-
-    /// Whether `answer` would answer `body`, with nothing counted or noted.
-    pub fn would_answer(&self, body: &[u8]) -> bool {
-        self.rest(body, true).is_some()
-    }
-
-    fn rest(&self, body: &[u8], dry: bool) -> Option<Vec<u8>> {
         let started = Instant::now();
         let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
         if request.bypass_cache {
             return None;
         }
         self.lookup(
-            dry,
             started,
             REST,
             request.entity_type,
@@ -173,19 +162,9 @@ impl Hits {
     /// The `GetFeaturesResponse` message for a `GetFeaturesRequest` message, if every
     /// entity is a fresh hit whose gRPC records are made.
     pub fn answer_grpc(&self, message: &[u8]) -> Option<Vec<u8>> {
-        self.grpc(message, false)
-    }
-
-    /// Whether `answer_grpc` would answer `message`, with nothing counted or noted.
-    pub fn would_answer_grpc(&self, message: &[u8]) -> bool {
-        self.grpc(message, true).is_some()
-    }
-
-    fn grpc(&self, message: &[u8], dry: bool) -> Option<Vec<u8>> {
         let started = Instant::now();
         let request = GrpcRequest::parse(message)?;
         self.lookup(
-            dry,
             started,
             GRPC,
             request.entity_type,
@@ -195,10 +174,8 @@ impl Hits {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn lookup(
         &self,
-        dry: bool, // only whether it would answer: nothing counted or noted
         started: Instant,
         api: u8,
         entity: &str,
@@ -273,8 +250,8 @@ impl Hits {
                         &form.label,
                     );
                 }
-                if hit.negative || dry {
-                    negative += u64::from(hit.negative);
+                if hit.negative {
+                    negative += 1;
                     continue;
                 }
                 hits += 1;
@@ -289,9 +266,6 @@ impl Hits {
         if api == REST {
             out.extend_from_slice(b"]}");
         }
-        if dry {
-            return Some(out);
-        }
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         served.seconds[api as usize].push(started.elapsed().as_secs_f64());
         served.entities[api as usize] += ids.len() as u64;
@@ -304,92 +278,6 @@ impl Hits {
             served.shadow.append(&mut shadow);
         }
         Some(out)
-    }
-}
-
-/// Calls a front handed to Python whose handler has not started yet, oldest first.
-///
-/// A hit answered here at once overtakes every call queued for Python before it. While
-/// Python keeps up that costs nobody anything; when it does not (the front's thread, the
-/// clients and Redis share the cores with it, and every answered hit brings the next
-/// request sooner), the calls that need Python wait longer and longer: at 1,000
-/// connections, some for more than a second. So a hit waits its turn while the oldest call
-/// not yet started by Python has waited more than `LAG` (up to `MAX_WAIT`), which slows
-/// the hits' clients and gives Python the cores back. A call counts until its handler
-/// starts, not until it is answered: a call waiting for Redis does not hold hits back.
-pub(crate) struct Backlog {
-    waiting: Mutex<BTreeMap<u64, Instant>>,
-    next: AtomicU64,
-    started: Notify,
-}
-
-const LAG: Duration = Duration::from_millis(20);
-const MAX_WAIT: Duration = Duration::from_millis(500);
-
-/// One call in the backlog, until its handler starts (`Ticket::start`) or it is dropped.
-pub(crate) struct Ticket {
-    backlog: Arc<Backlog>,
-    seq: u64,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut waiting = self
-            .backlog
-            .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let was_oldest = waiting.keys().next() == Some(&self.seq);
-        waiting.remove(&self.seq);
-        drop(waiting);
-        if was_oldest {
-            self.backlog.started.notify_waiters();
-        }
-    }
-}
-
-impl Backlog {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Backlog {
-            waiting: Mutex::new(BTreeMap::new()),
-            next: AtomicU64::new(0),
-            started: Notify::new(),
-        })
-    }
-
-    /// A call handed to Python now.
-    pub(crate) fn enter(self: &Arc<Self>) -> Ticket {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.insert(seq, Instant::now());
-        Ticket {
-            backlog: Arc::clone(self),
-            seq,
-        }
-    }
-
-    /// Whether a call handed to Python has waited more than LAG for its handler to start.
-    pub(crate) fn behind(&self) -> bool {
-        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.values().next().map_or(false, |t| t.elapsed() > LAG)
-    }
-
-    /// Wait while Python is behind (see `Backlog`), at most MAX_WAIT.
-    pub(crate) async fn turn(&self) {
-        if !self.behind() {
-            return;
-        }
-        let _ = tokio::time::timeout(MAX_WAIT, async {
-            loop {
-                let started = self.started.notified(); // before the check: no lost wake-up
-                if !self.behind() {
-                    return;
-                }
-                // the oldest may also age past LAG with nothing starting: look again then
-                let _ = tokio::time::timeout(LAG, started).await;
-            }
-        })
-        .await;
     }
 }
 
@@ -783,40 +671,6 @@ mod tests {
         ] {
             assert!(parse(refused).is_none(), "{refused}");
         }
-    }
-
-    #[test]
-    fn hits_wait_while_a_call_waits_too_long_to_start() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let backlog = Backlog::new();
-            assert!(!backlog.behind());
-            let ticket = backlog.enter();
-            assert!(!backlog.behind()); // young: Python is not behind yet
-            tokio::time::sleep(LAG + Duration::from_millis(5)).await;
-            assert!(backlog.behind());
-            // a hit waits until the call starts
-            let started = AtomicBool::new(false);
-            let start = async {
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                started.store(true, Ordering::SeqCst);
-                drop(ticket);
-            };
-            let turn = async {
-                backlog.turn().await;
-                assert!(started.load(Ordering::SeqCst)); // not before
-            };
-            tokio::join!(turn, start);
-            assert!(!backlog.behind());
-            // a call that never starts holds hits back for MAX_WAIT, not for ever
-            let _stuck = backlog.enter();
-            tokio::time::sleep(LAG + Duration::from_millis(5)).await;
-            backlog.turn().await;
-            assert!(backlog.behind());
-        });
     }
 
     #[test]

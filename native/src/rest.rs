@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use crate::front::{tls_acceptor, TlsPem, TLS_HANDSHAKE_TIMEOUT};
-use crate::hits::{Backlog, HitCache, Hits, Ticket};
+use crate::hits::{HitCache, Hits};
 
 const UNREACHABLE: &[u8] =
     br#"{"error":{"code":"unavailable","message":"the HTTP server behind the front is not reachable"}}"#;
@@ -81,7 +81,6 @@ struct Queued {
     authorization: Option<String>,
     body: Bytes,
     reply: oneshot::Sender<Answer>,
-    ticket: Ticket, // in the backlog until its handler starts
 }
 
 struct Shared {
@@ -94,7 +93,6 @@ struct Shared {
     max_body: usize,
     body_timeout: Duration,
     hits: Option<(usize, Arc<Hits>)>, // the lookup route's index, and the L1's mirror
-    backlog: Arc<Backlog>,
 }
 
 impl Shared {
@@ -163,16 +161,10 @@ pub struct RestCall {
     authorization: Option<String>,
     body: Bytes,
     reply: Option<oneshot::Sender<Answer>>,
-    ticket: Option<Ticket>,
 }
 
 #[pymethods]
 impl RestCall {
-    /// Its handler has started (it leaves the backlog, see `hits::Backlog`).
-    fn begin(&mut self) {
-        self.ticket = None;
-    }
-
     /// The request body.
     #[getter]
     fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -191,7 +183,6 @@ impl RestCall {
                 "not an HTTP status: {status}"
             )));
         }
-        self.ticket = None;
         match self.reply.take() {
             Some(tx) => {
                 let _ = tx.send(Answer {
@@ -299,7 +290,6 @@ impl RestFront {
             max_body,
             body_timeout,
             hits: hits.map(|(route, cache)| (route, Arc::clone(&cache.hits))),
-            backlog: Backlog::new(),
         });
         let (closing, closed) = watch::channel(None);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -328,7 +318,6 @@ impl RestFront {
                 authorization: q.authorization,
                 body: q.body,
                 reply: Some(q.reply),
-                ticket: Some(q.ticket),
             })
             .collect()
     }
@@ -509,9 +498,6 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
     };
     if let Some((lookup, hits)) = &shared.hits {
         if *lookup == index {
-            if shared.backlog.behind() && hits.would_answer(&data) {
-                shared.backlog.turn().await; // Python is behind: wait (not long) for it
-            }
             if let Some(body) = hits.answer(&data) {
                 return Answer {
                     status: 200,
@@ -527,7 +513,6 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
         authorization,
         body: data,
         reply: tx,
-        ticket: shared.backlog.enter(),
     });
     match rx.await {
         Ok(answer) => answer,
