@@ -136,6 +136,8 @@ class LRUCache:
     stats: CacheStats = field(default_factory=CacheStats)
     bytes: int = 0
     mirror: Mirror | None = None
+    # bytes the mirror holds per entry besides the entry's own objects (it shares those)
+    mirror_entry: int = 0
     _entries: OrderedDict[CacheKey, Entry] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
@@ -176,7 +178,7 @@ class LRUCache:
         ttl = self.lifetime(entry.negative)
         entry.expires_at = now + ttl
         entry.loaded_at = now
-        entry.size = entry_size(entry)
+        entry.size = entry_size(entry) + self.mirror_entry
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size
@@ -201,7 +203,7 @@ class LRUCache:
 
     def charge(self, entry: Entry) -> None:
         """Count what an entry grew by (its gRPC records, made on first use)."""
-        size = entry_size(entry)
+        size = entry_size(entry) + self.mirror_entry
         if self._entries.get(entry.key) is entry and size != entry.size:
             self.bytes += size - entry.size
             entry.size = size
