@@ -136,13 +136,30 @@ def h2load(
     scheme: str = "http",
 ) -> tuple[int, float, float, int]:
     """Requests, p50 and p99 in ms (from h2load's per-request log), failures."""
+    succeeded, failed, durations = h2load_log(target, body, seconds, work, connections, 1, scheme)
+    return succeeded, percentile(durations, 50), percentile(durations, 99), failed
+
+
+def h2load_log(
+    target: str,
+    body: bytes,
+    seconds: float,
+    work: Path,
+    connections: int,
+    streams: int = 1,
+    scheme: str = "http",
+    threads: int = 1,
+) -> tuple[int, int, list[int]]:
+    """GetFeatures with ``body`` for ``seconds``: requests succeeded and failed, and every
+    request's duration in microseconds, sorted (h2load's per-request log)."""
     data = work / "request.bin"
     data.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC message framing
     log = work / "h2load.log"
     log.unlink(missing_ok=True)  # h2load appends to it
     out = subprocess.run(
         [
-            *("h2load", f"-c{connections}", "-m1", "-D", f"{seconds:g}", "--data", str(data)),
+            *("h2load", f"-c{connections}", f"-m{streams}", f"-t{min(threads, connections)}"),
+            *("-D", f"{seconds:g}", "--data", str(data)),
             *("-H", "content-type: application/grpc", "-H", "te: trailers"),
             f"--log-file={log}",
             f"{scheme}://{target}/feature_store.v1.FeatureService/GetFeatures",
@@ -155,7 +172,7 @@ def h2load(
     assert m, out
     # one line per request: start (s), status, duration (us)
     durations = sorted(int(line.split()[2]) for line in log.read_text().splitlines() if line)
-    return int(m.group(1)), percentile(durations, 50), percentile(durations, 99), int(m.group(2))
+    return int(m.group(1)), int(m.group(2)), durations
 
 
 def percentile(sorted_us: list[int], p: int) -> float:

@@ -23,9 +23,7 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +39,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import cpu_seconds, percentile, wrk_script
+from cost import cpu_seconds, h2load_log, percentile, wrk_script
 from rest_front import SLOW, run_wrk
 from serving import add_data_dir, ensure_data, id_batches
 
@@ -93,34 +91,16 @@ def tree_cpu(pid: int) -> float:
 def run_h2load(
     target: str, body: bytes, seconds: float, work: Path, connections: int, streams: int
 ) -> dict[str, float]:
-    data = work / "request.bin"
-    data.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC message framing
-    log = work / "h2load.log"
-    log.unlink(missing_ok=True)  # h2load appends to it
-    threads = min(2, connections)
-    out = subprocess.run(
-        [
-            *("h2load", f"-c{connections}", f"-m{streams}", f"-t{threads}"),
-            *("-D", f"{seconds:g}", "--data", str(data)),
-            *("-H", "content-type: application/grpc", "-H", "te: trailers"),
-            f"--log-file={log}",
-            f"http://{target}/feature_store.v1.FeatureService/GetFeatures",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    m = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed", out)
-    assert m, out
-    # one line per request: start (s), status, duration (us)
-    durations = sorted(int(line.split()[2]) for line in log.read_text().splitlines() if line)
+    succeeded, failed, durations = h2load_log(
+        target, body, seconds, work, connections, streams, threads=2
+    )
     return {
-        "requests": int(m.group(1)),
+        "requests": succeeded,
         "p50": percentile(durations, 50),
         "p99": percentile(durations, 99),
         "max": durations[-1] / 1000 if durations else 0.0,
         "slow": sum(1 for d in durations if d > SLOW * 1e6),
-        "errors": int(m.group(2)),
+        "errors": failed,
     }
 
 
