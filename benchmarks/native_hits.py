@@ -52,7 +52,7 @@ WORKERS_CONNECTIONS = 8
 @dataclass
 class Cell:
     api: str
-    hits: str  # "front" (NATIVE_HITS on) or "python"
+    hits: str  # "front" (NATIVE_HITS on) or "loop" (off: hits answered in Python)
     workers: int
     connections: int
     streams: int
@@ -188,7 +188,7 @@ def plot(path: Path, cells: list[Cell]) -> None:
     ):
         labels = [f"{c}" if s == 1 else f"{c}x{s}" for c, s in shapes]
         xs = range(len(shapes))
-        for offset, hits in ((-0.2, "python"), (0.2, "front")):
+        for offset, hits in ((-0.2, "loop"), (0.2, "front")):
             values = [
                 next(
                     c.server_us
@@ -200,7 +200,8 @@ def plot(path: Path, cells: list[Cell]) -> None:
                 )
                 for shape in shapes
             ]
-            ax.bar([x + offset for x in xs], values, width=0.4, label=f"hits in {hits}")
+            label = "hits on the front" if hits == "front" else "hits in Python"
+            ax.bar([x + offset for x in xs], values, width=0.4, label=label)
         ax.set_xticks(list(xs), labels)
         ax.set_xlabel("connections" if api == "rest" else "connections x streams")
         ax.set_title(f"{api.upper()}: server CPU µs per entity (L1 on)")
@@ -226,7 +227,7 @@ def main() -> int:
         ensure_data(redis.url, args.entities)
         work = Path(tmp)
         for api, shapes in (("rest", REST_CONNECTIONS), ("grpc", GRPC_CONNECTIONS)):
-            for hits in ("python", "front"):
+            for hits in ("loop", "front"):
                 cells += run_server(redis, api, hits, 1, list(shapes), args, work)
         for workers in (1, 2):
             cells += run_server(
@@ -257,7 +258,7 @@ def main() -> int:
                     and c.workers == 1
                     and (c.connections, c.streams) == (conns, streams)
                 )
-                for hits in ("front", "python")
+                for hits in ("front", "loop")
             )
             shape = f"{conns}" if streams == 1 else f"{conns} x {streams}"
             lines.append(
