@@ -24,7 +24,6 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from feature_store.native import native_enabled
 from feature_store.serving import schemas
 from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError, Role
 from feature_store.serving.feast_api import feast_routes
@@ -66,16 +65,16 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         hits = None
-        native_fronts = rest_backend is not None or (
-            grpc_port is not None and settings.grpc_front == "native"
-        )
+        native_grpc = False
+        if grpc_port is not None:
+            from feature_store.serving.grpc_server import front_kind, start_grpc_server
+
+            native_grpc = front_kind(settings) == "native"
         cached = runtime.reader.cache is not None
-        if settings.native_hits and cached and native_enabled() and native_fronts:
+        if settings.native_hits and cached and (rest_backend is not None or native_grpc):
             hits = NativeHits(runtime)  # cache hits answered on the fronts' threads
         grpc_server = None
         if grpc_port is not None:
-            from feature_store.serving.grpc_server import start_grpc_server
-
             grpc_server = await start_grpc_server(runtime, settings.host, grpc_port, hits)
         rest = None
         if rest_backend is not None:

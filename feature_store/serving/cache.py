@@ -93,7 +93,7 @@ class CacheStats:
     hits: int = 0
     negative_hits: int = 0
     error_hits: int = 0  # hits on entries of entities whose stored data cannot be read
-    front_hits: int = 0  # of hits and negative hits: answered on the native REST front
+    front_hits: int = 0  # of hits and negative hits: answered on a native front
     misses: int = 0
     deduplicated: int = 0  # misses that joined a read already in flight
     coalesced: int = 0  # keys that shared a round trip with other keys (saved round trips)
@@ -112,8 +112,8 @@ class CacheStats:
 
 
 class Mirror(Protocol):
-    """A copy of the cache's entries kept elsewhere (``hits.NativeHits``: the native REST
-    front's), told of every change: it never holds an entry the cache has dropped."""
+    """A copy of the cache's entries kept elsewhere (``hits.NativeHits``: the native
+    fronts'), told of every change: it never holds an entry the cache has dropped."""
 
     def put(self, entry: Entry) -> None: ...
     def discard(self, key: CacheKey) -> None: ...

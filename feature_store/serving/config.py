@@ -37,8 +37,8 @@ class ServingSettings:
     # answered through it, the rest passed on to uvicorn on a loopback port); "uvicorn":
     # uvicorn serves the port (also when the extension is off or missing)
     rest_front: str = "native"
-    # with the native REST front and the L1: lookups whose every entity is a fresh entry
-    # answered on the front's thread from the entries' bytes (serving/hits.py)
+    # with a native front and the L1: lookups whose every entity is a fresh entry answered
+    # on the front's thread from the entries' bytes, REST and gRPC (serving/hits.py)
     native_hits: bool = True
     workers: int = 1
 

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # RSS the mirror adds per cached entity (hash table slot, key, expiry, the held objects'
-# references), measured with benchmarks/l1_memory.py --python-hits: 3,040 against 2,762 B
+# references), measured with benchmarks/l1_memory.py --python-hits: 3,038 against 2,755 B
+# (benchmarks/results/l1_memory_hits.md)
 MIRROR_ENTRY = 280
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
 MAX_FORMS = 1024  # request forms taught per API (as the extension's bound, both together)

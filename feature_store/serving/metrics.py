@@ -51,7 +51,7 @@ _HELP = {
     "hits": "L1 cache hits (entity groups served from memory)",
     "negative_hits": "L1 hits on cached missing entities",
     "error_hits": "L1 hits on cached entities whose stored data cannot be read (status error)",
-    "front_hits": "of the hits and negative hits, those answered on the native REST front's "
+    "front_hits": "of the hits and negative hits, those answered on a native front's "
     "thread without Python (NATIVE_HITS)",
     "misses": "L1 misses that started a Redis read",
     "deduplicated": "L1 misses that joined a Redis read already in flight (single-flight)",
