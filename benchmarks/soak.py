@@ -259,6 +259,7 @@ class Fault:
     name: str
     at: float  # seconds since t0
     detail: str = ""
+    lasted: float = 0.0  # seconds from its start until it was over (the cluster ok again)
 
 
 def kill_master(cluster: EmbeddedCluster, keep: EmbeddedRedis) -> str:
@@ -387,6 +388,10 @@ def run(minutes: float, entities: int, tmp: Path) -> dict[str, object]:
             )
 
             def act(fault: Fault) -> None:
+                act_on(fault)
+                fault.lasted = time.monotonic() - t0 - fault.at
+
+            def act_on(fault: Fault) -> None:
                 if fault.name.startswith("master SIGKILLed"):
                     fault.detail = kill_master(cluster, keep)
                 elif fault.name.startswith("serving worker"):
@@ -479,6 +484,7 @@ def analyse(
                 "at": round(fault.at, 1),
                 "detail": fault.detail,
                 "failed": len(mine),
+                "lasted": round(fault.lasted, 1),
                 "window": (
                     [round(burst[0][0] - fault.at, 2), round(burst[-1][0] - fault.at, 2)]
                     if burst
@@ -641,22 +647,25 @@ def markdown(result: dict[str, object]) -> list[str]:
         "",
         "## Faults",
         "",
-        "| fault | at (s) | what happened | failed requests | burst after the fault (s) "
-        "| kinds in the burst | later, apart (s after the fault) |",
-        "|---|---:|---|---:|---|---|---|",
+        "| fault | at (s) | lasted (s) | what happened | failed requests "
+        "| burst after the fault (s) | kinds in the burst | later, apart (s after the fault) |",
+        "|---|---:|---:|---|---:|---|---|---|",
     ]
     for w in result["faults"]:  # type: ignore[attr-defined]
         window = "-" if w["window"] is None else f"{w['window'][0]} to {w['window'][1]}"
         kinds = ", ".join(f"{k} x {n}" for k, n in w["kinds"].items()) or "-"
         later = ", ".join(f"{t}: {what}" for t, what in w["later"]) or "-"
         lines.append(
-            f"| {w['fault']} | {w['at']} | {w['detail']} | {w['failed']} | {window} | {kinds} "
+            f"| {w['fault']} | {w['at']} | {w.get('lasted', '-')} | {w['detail']} | {w['failed']} "
+            f"| {window} | {kinds} "
             f"| {later} |"
         )
     lines += [
         "",
         "A fault's failed requests are those between it and the next fault; its burst runs "
-        f"from the first on while no {BURST_GAP:.0f} s pass without one.",
+        f"from the first on while no {BURST_GAP:.0f} s pass without one. A fault lasts until "
+        "it is over: the cluster ok again after a master's kill or stop, the nightly job "
+        "finished.",
         "",
         "## Push writes: acknowledged to served by every worker",
         "",

@@ -46,8 +46,14 @@ def test_two_minutes_under_faults_lose_nothing(tmp_path: Path) -> None:
         "nightly",
     ]
     for w in r["faults"]:
-        assert not w["detail"].startswith("FAILED"), w
-        assert w["window"] is None or w["window"][1] < 20, w  # errors stop within 20 s
+        shown = json.dumps(w)  # the whole window, kinds included (pytest cuts a dict short)
+        assert not w["detail"].startswith("FAILED"), shown
+        # errors stop within 20 s of the fault's end: the cluster ok again after a master's
+        # kill or stop, the nightly job finished (its Spark job shares the two cores with
+        # everything else for about 40 s: a lone read past the adaptive timeout in it is a
+        # 503 that the client may retry, not a 500)
+        assert w["window"] is None or w["window"][1] < w["lasted"] + 20, shown
+        assert w["lasted"] < 120, shown
     # every acknowledged write was served by both deployments within the bound
     assert r["writes"].get("200", 0) > 20
     assert r["unserved_writes"] == []
