@@ -240,7 +240,7 @@ async def test_without_the_l1_concurrent_requests_share_round_trips_not_reads(
             await release.wait()
         return await round_trip(reads, answer_within)
 
-    rt.reader.round_trip = counted
+    rt.reader.round_trip = counted  # StoreReads sends through it
     try:
         # 100 requests of 10 ids at once, some ids twice in a request: one flush
         batches = [[ids[(r + k * 3) % 40] for k in range(10)] + [ids[r % 40]] for r in range(100)]

@@ -115,6 +115,8 @@ async def test_no_load_is_left_unresolved_when_any_step_raises(redis_url: str) -
     )
     reader = runtime.reader
     assert reader.cache is not None
+    flight = reader.flight
+    assert flight is not None
 
     def boom(*args: object, **kwargs: object) -> object:
         raise RuntimeError("injected")
@@ -140,7 +142,7 @@ async def test_no_load_is_left_unresolved_when_any_step_raises(redis_url: str) -
                 assert not pending, f"a load hung when {step} raised"
                 for w in done:
                     assert isinstance(w.exception(), StoreError | EncodingError), step
-            assert not reader._inflight, step
+            assert not flight.inflight, step
             resolved = await asyncio.wait_for(reader.get(keys), 5)  # the keys are not poisoned
             assert all(r.entry.values is not None for r in resolved), step
     finally:

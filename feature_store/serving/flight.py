@@ -1,0 +1,249 @@
+"""Coalescing the read path's reads: what is queued in one event-loop tick goes to Redis in
+one flush.
+
+- ``SingleFlight``: the L1's loads, one per key. A miss on a key already being loaded waits
+  for that load (the "debouncer": a thousand concurrent misses on one key cost one Redis
+  read). The first load queued in a tick schedules a flush with ``loop.call_soon``, so
+  every load queued by the requests running in that tick goes out in one pipeline; groups
+  of one entity share one HMGET. A load's entry goes into the cache unless the load was
+  disowned (invalidation: a read that started before a write must not put the pre-write
+  value back).
+- ``Batches``: without a cache, each request's keys are queued the same way and read in
+  round trips of up to FLUSH_KEYS keys: a thousand concurrent requests cost a few round
+  trips, not a thousand (and not a thousand pooled connections). Each read is sent after
+  its request arrived, so no request is answered with a read that started before it.
+
+Loads and flushes run in tasks the owner (the reader) keeps, and every future is resolved
+whatever happens: an error, a bug past the round trip, a cancellation at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
+from feature_store.serving.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.reads import CircuitOpenError, Resolved, StoreReads
+from feature_store.serving.roundtrip import Read, Reply
+from feature_store.serving.spec import GroupSpec
+
+log = logging.getLogger(__name__)
+
+FLUSH_KEYS = 1000  # keys per round trip of the reads of requests without a cache
+
+Own = Callable[[asyncio.Task[None]], None]  # keeps a task until it is done
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Mark the exception of a load nobody awaited (early refresh) as retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _failure(error: BaseException, what: str) -> BaseException:
+    """The error the waiters of a read get: a bug past the round trip becomes a
+    StoreError (logged here) so that nobody waits forever or sees an internal type."""
+    if isinstance(error, asyncio.CancelledError | FeatureStoreError):
+        return error
+    log.exception("failed to finish a Redis read of %s", what)
+    return StoreError(f"the read failed: {type(error).__name__}")
+
+
+class Load:
+    __slots__ = ("future", "key", "store")
+
+    def __init__(self, key: CacheKey, future: asyncio.Future[Entry], store: bool) -> None:
+        self.key = key
+        self.future = future
+        self.store = store  # False once disowned, and for bypass loads
+
+
+class SingleFlight:
+    """The L1's loads: one per key in flight, queued loads flushed once per loop tick."""
+
+    def __init__(self, reads: StoreReads, cache: LRUCache, own: Own) -> None:
+        self.reads = reads
+        self.cache = cache
+        self.own = own
+        self.inflight: dict[CacheKey, Load] = {}
+        self._pending: list[Load] = []
+        self._scheduled = False
+
+    def schedule(self, key: CacheKey, *, store: bool) -> Load:
+        """A load of ``key`` in the next flush; ``store``: it is the key's shared load,
+        whose entry goes into the cache (a bypass read is neither)."""
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)
+        load = Load(key, future, store)
+        if store:
+            self.inflight[key] = load
+        if not self.reads.breaker.allow():
+            self.fail([load], CircuitOpenError("Redis is unavailable (circuit open)"))
+            return load
+        self._pending.append(load)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return load
+
+    def disown(self, key: CacheKey) -> None:
+        """The load in flight for ``key`` (if any) will not fill the cache."""
+        load = self.inflight.pop(key, None)
+        if load is not None:
+            load.store = False
+
+    def disown_all(self) -> None:
+        for load in self.inflight.values():
+            load.store = False
+        self.inflight.clear()
+
+    def _flush(self) -> None:
+        """Runs one loop tick after the first load: send every queued load at once."""
+        self._scheduled = False
+        loads, self._pending = self._pending, []
+        self.own(asyncio.get_running_loop().create_task(self._load(loads)))
+
+    async def _load(self, loads: list[Load]) -> None:
+        """One round trip for ``loads``; every load's future is resolved, whatever happens."""
+        try:
+            await self._load_all(loads)
+        except BaseException as error:
+            failure = _failure(error, f"{len(loads)} keys")
+            self.fail([ld for ld in loads if not ld.future.done()], failure)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+
+    async def _load_all(self, loads: list[Load]) -> None:
+        # one read per key of the flush: loads of one key share it (a bypass request that
+        # names an entity twice, a bypass beside a cached read), every one of them queued
+        # before it is sent; groups of one entity share one HMGET
+        shared: dict[CacheKey, list[Load]] = {}
+        for load in loads:
+            shared.setdefault(load.key, []).append(load)
+        by_entity: dict[bytes, list[CacheKey]] = {}
+        for key in shared:
+            by_entity.setdefault(key[1], []).append(key)
+        specs = self.reads.specs
+        reads: list[Read] = [
+            (entity_key, [specs[key[0]] for key in group_keys])
+            for entity_key, group_keys in by_entity.items()
+        ]
+        try:
+            replies, cost = await self.reads.send(reads, len(shared))
+        except StoreError as error:
+            self.fail(loads, error)
+            return
+        except asyncio.CancelledError:  # at shutdown
+            self.fail(loads, StoreUnavailableError("the serving process is shutting down"))
+            raise
+        stats = self.cache.stats
+        stats.round_trips += 1
+        stats.keys_loaded += len(shared)
+        stats.coalesced += len(shared) - 1
+        now = self.reads.clock()
+        for group_keys, reply in zip(by_entity.values(), replies, strict=True):
+            offset = 0
+            for key in group_keys:
+                spec = specs[key[0]]
+                for load in shared[key]:
+                    self._finish(load, spec, reply, offset, cost, now)
+                offset += len(spec.fields)
+
+    def _finish(
+        self, load: Load, spec: GroupSpec, reply: Reply, offset: int, cost: float, now: float
+    ) -> None:
+        if self.inflight.get(load.key) is load:
+            del self.inflight[load.key]
+        entry = self.reads.entry(spec, load.key, reply, offset)
+        entry.cost = cost
+        if load.store:
+            self.cache.put(entry, now)
+        else:
+            entry.expires_at = entry.loaded_at = now
+        load.future.set_result(entry)
+
+    def fail(self, loads: Iterable[Load], error: BaseException) -> None:
+        self.cache.stats.failed_loads += 1
+        for load in loads:
+            if self.inflight.get(load.key) is load:
+                del self.inflight[load.key]
+            if not load.future.done():
+                load.future.set_exception(error)
+
+
+class _Batch:
+    """The keys of one request without a cache, read in the next flush."""
+
+    __slots__ = ("future", "keys", "proto")
+
+    def __init__(
+        self, keys: Sequence[CacheKey], proto: bool, future: asyncio.Future[list[Resolved]]
+    ) -> None:
+        self.keys = keys
+        self.proto = proto
+        self.future = future
+
+
+class Batches:
+    """Requests without a cache: their keys are read in the next flush, with the keys of
+    every request of that loop tick, in round trips of up to FLUSH_KEYS keys."""
+
+    def __init__(self, reads: StoreReads, own: Own) -> None:
+        self.reads = reads
+        self.own = own
+        self._batches: list[_Batch] = []
+        self._scheduled = False
+
+    async def read(self, keys: Sequence[CacheKey], proto: bool) -> list[Resolved]:
+        # the circuit is asked at the flush (``StoreReads.direct``): asking here too would
+        # spend a half-open circuit's one probe on a question and never send it
+        future: asyncio.Future[list[Resolved]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)
+        self._batches.append(_Batch(keys, proto, future))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        # shield: cancelling this caller must not cancel a round trip others wait for
+        return await asyncio.shield(future)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batches, self._batches = self._batches, []
+        self.own(asyncio.get_running_loop().create_task(self._read_batches(batches)))
+
+    async def _read_batches(self, batches: list[_Batch]) -> None:
+        """Round trips of up to FLUSH_KEYS keys (one form each: REST entries or gRPC
+        ones), sent together; every future is resolved."""
+        chunks: list[list[_Batch]] = []
+        for proto in (False, True):
+            size = FLUSH_KEYS  # start a new chunk
+            for batch in batches:
+                if batch.proto is not proto:
+                    continue
+                if size + len(batch.keys) > FLUSH_KEYS:
+                    chunks.append([])
+                    size = 0
+                chunks[-1].append(batch)
+                size += len(batch.keys)
+        await asyncio.gather(*(self._read_chunk(chunk) for chunk in chunks))
+
+    async def _read_chunk(self, chunk: list[_Batch]) -> None:
+        keys = [key for batch in chunk for key in batch.keys]
+        try:
+            resolved = await self.reads.direct(keys, chunk[0].proto)
+        except BaseException as error:
+            failure = _failure(error, f"{len(keys)} keys")
+            for batch in chunk:
+                if not batch.future.done():
+                    batch.future.set_exception(failure)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        start = 0
+        for batch in chunk:
+            if not batch.future.done():
+                batch.future.set_result(resolved[start : start + len(batch.keys)])
+            start += len(batch.keys)

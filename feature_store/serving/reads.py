@@ -1,0 +1,158 @@
+"""The read path's I/O: one round trip to Redis under the adaptive timeout and the circuit
+breaker, and its replies decoded into cache entries.
+
+Everything that decides *when* to read (the L1's hits, single-flight, coalescing,
+stale-on-error) is elsewhere: loader.py and flight.py. This module only reads.
+
+- ``StoreReads.send``: one pipelined round trip (roundtrip.py) bounded by the adaptive
+  timeout of its size class; a timeout or Redis being unreachable counts against the
+  breaker, waiting for a free pooled connection does not (that is local overload).
+- ``StoreReads.entry``: one entity's reply as an ``Entry``. An entity whose stored data
+  cannot be read (an error reply, bytes that do not decode) gets a fault entry, logged at
+  most once per reason every FAULT_LOG_EVERY seconds; the other entities of the round trip
+  are answered as usual.
+- ``StoreReads.direct``: one round trip for one request's keys, no sharing: the reads of
+  a reader without the debouncer (the baseline it is measured against) and the flushes of
+  requests without a cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+from feature_store.errors import (
+    EncodingError,
+    EntityDataError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
+from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
+from feature_store.serving.cache import CacheKey, Entry
+from feature_store.serving.roundtrip import (
+    ConnectionWaitTimeout,
+    KeyDataError,
+    Read,
+    Reply,
+    RoundTrip,
+)
+from feature_store.serving.spec import GroupSpec
+
+log = logging.getLogger(__name__)
+
+FAULT_LOG_EVERY = 10.0  # seconds: at most one log line per fault reason this often
+
+
+class CircuitOpenError(StoreUnavailableError):
+    """Redis failed repeatedly; reads fail fast until a probe succeeds."""
+
+
+class Resolved(NamedTuple):
+    entry: Entry
+    stale: bool  # served from an expired entry because Redis failed
+
+
+class FaultLog:
+    """Logs entities whose stored data cannot be read, at most one line per reason every
+    FAULT_LOG_EVERY seconds, with how many more were seen: a broken hot key read on every
+    refresh must not flood the log."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def __call__(self, error: EntityDataError) -> None:
+        now, reason = self.clock(), error.reason
+        last = self._last.get(reason)
+        if last is not None and now - last < FAULT_LOG_EVERY:
+            self._quiet[reason] = self._quiet.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        more = self._quiet.pop(reason, 0)
+        log.warning(
+            "unreadable stored data (%s), served as status error: %s%s",
+            reason,
+            error,
+            f" (and {more} more in the last {now - last:.0f} s)" if more and last else "",
+        )
+
+
+class StoreReads:
+    """Round trips to Redis for the read path, and their replies as entries."""
+
+    def __init__(
+        self,
+        specs: Mapping[str, GroupSpec],
+        round_trip: RoundTrip,
+        breaker: CircuitBreaker,
+        timeout: AdaptiveTimeouts,
+        clock: Callable[[], float],
+    ) -> None:
+        self.specs = specs
+        self.round_trip = round_trip
+        self.breaker = breaker
+        self.timeout = timeout
+        self.clock = clock
+        self.on_round_trip: Callable[[float, int], None] | None = None  # (seconds, keys)
+        self.log_fault = FaultLog(clock)
+
+    async def send(self, reads: list[Read], nkeys: int) -> tuple[list[Reply], float]:
+        """One round trip under the adaptive timeout, reported to the circuit breaker.
+
+        Waiting for a free pooled connection is local overload, not Redis failing: it is
+        bounded separately and does not count against the breaker.
+        """
+        timeout = self.timeout.for_keys(nkeys)
+        t0 = time.perf_counter()
+        try:
+            replies = await self.round_trip(reads, timeout)
+        except ConnectionWaitTimeout:
+            raise
+        except TimeoutError:
+            self.breaker.failure()
+            raise StoreTimeoutError(
+                f"Redis did not answer within {timeout * 1000:.0f} ms"
+            ) from None
+        except StoreUnavailableError:
+            self.breaker.failure()
+            raise
+        elapsed = time.perf_counter() - t0
+        self.breaker.success()
+        self.timeout.observe(elapsed, nkeys)
+        if self.on_round_trip is not None:
+            self.on_round_trip(elapsed, nkeys)
+        return replies, elapsed
+
+    def entry(
+        self, spec: GroupSpec, key: CacheKey, reply: Reply, offset: int = 0, proto: bool = False
+    ) -> Entry:
+        """The entry of ``key`` in a read's reply; a fault entry when the entity's stored
+        data cannot be read (its error reply, or bytes that do not decode), logged."""
+        try:
+            if isinstance(reply, KeyDataError):  # this entity's key is bad, not Redis
+                raise reply
+            return spec.entry(key, reply, offset, proto)
+        except EncodingError as e:
+            error = e if isinstance(e, EntityDataError) else EntityDataError(str(e))
+            self.log_fault(error)
+            return spec.fault_entry(key, error)
+
+    async def direct(self, keys: Sequence[CacheKey], proto: bool = False) -> list[Resolved]:
+        """One round trip for ``keys``, no sharing; the entries are not cached (they expire
+        as they are read). ``proto``: the entries are for a gRPC answer
+        (``GroupSpec.entry``)."""
+        if not self.breaker.allow():
+            raise CircuitOpenError("Redis is unavailable (circuit open)")
+        specs = self.specs
+        reads: list[Read] = [(entity_key, [specs[group]]) for group, entity_key in keys]
+        replies, cost = await self.send(reads, len(keys))
+        now = self.clock()
+        out = []
+        for key, reply in zip(keys, replies, strict=True):
+            entry = self.entry(specs[key[0]], key, reply, proto=proto)
+            entry.cost, entry.expires_at, entry.loaded_at = cost, now, now
+            out.append(Resolved(entry, False))
+        return out
