@@ -53,41 +53,72 @@ def create_app(
     with ``rest_backend`` (the loopback port uvicorn serves this app on), the native REST
     front on the REST port (``rest_front``)."""
     settings = runtime.settings
-    service = runtime.service
-    metrics = runtime.metrics
     auth = Authenticator(settings.read_keys, settings.admin_keys)
     handlers = RestHandlers(runtime, auth)
-    fail = handlers.fail
-    registry_body = orjson.dumps(service.describe_registry())
-    body_limit = settings.max_body_bytes
+    fronts = Fronts(runtime, handlers, grpc_port, rest_backend)
+    app = FastAPI(
+        title="Feature store serving API",
+        version="1",
+        description="Batch feature lookups behind an in-process cache, push writes, registry.",
+        lifespan=fronts.lifespan,
+        default_response_class=JSONBody,
+    )
+    _api_routes(app, runtime, handlers, auth)
+    feast = _feast_routes(app, runtime, auth)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
+    routes = {
+        "/v1/features/get": Route(handlers.get, Role.READ),
+        "/v1/features/write": Route(handlers.write, Role.ADMIN),
+        **feast,
+    }
+    fronts.fast = FastPath(
+        app, routes, auth, settings.max_body_bytes, settings.request_body_timeout
+    )
+    return fronts.fast
+
+
+class Fronts:
+    """The worker's lifespan: the runtime, then what answers beside uvicorn (the gRPC
+    server, the native REST front, the cache hits answered on the fronts' threads); stopped
+    in the reverse order."""
+
+    def __init__(
+        self,
+        runtime: ServingRuntime,
+        handlers: RestHandlers,
+        grpc_port: int | None,
+        rest_backend: int | None,
+    ) -> None:
+        self.runtime = runtime
+        self.handlers = handlers
+        self.grpc_port = grpc_port
+        self.rest_backend = rest_backend
+        self.fast: FastPath | None = None  # the app the native REST front passes on to
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        runtime, settings = self.runtime, self.runtime.settings
         await runtime.start()
-        hits = None
-        native_grpc = False
-        if grpc_port is not None:
-            from feature_store.serving.grpc_server import front_kind, start_grpc_server
-
-            native_grpc = front_kind(settings) == "native"
-        cached = runtime.reader.cache is not None
-        if settings.native_hits and cached and (rest_backend is not None or native_grpc):
-            hits = NativeHits(runtime)  # cache hits answered on the fronts' threads
+        hits = self._hits()
         grpc_server = None
-        if grpc_port is not None:
-            grpc_server = await start_grpc_server(runtime, settings.host, grpc_port, hits)
+        if self.grpc_port is not None:
+            from feature_store.serving.grpc_server import start_grpc_server
+
+            grpc_server = await start_grpc_server(runtime, settings.host, self.grpc_port, hits)
         rest = None
-        if rest_backend is not None:
+        if self.rest_backend is not None:
             from feature_store.serving.fronts import listen
             from feature_store.serving.rest_front import NativeRestFront
 
+            assert self.fast is not None
             if hits is not None:
-                handlers.learn = hits.learner(REST)
+                self.handlers.learn = hits.learner(REST)
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
-            rest = NativeRestFront(fast, sock, rest_backend, settings, hits)
+            rest = NativeRestFront(self.fast, sock, self.rest_backend, settings, hits)
+            log.info("REST on %s:%d (native front)", settings.host, settings.port)
         if hits is not None:
             hits.start()
-            log.info("REST on %s:%d (native front)", settings.host, settings.port)
         tune_gc(settings)
         try:
             yield
@@ -100,16 +131,31 @@ def create_app(
                 await hits.close()
             await runtime.stop()
 
-    app = FastAPI(
-        title="Feature store serving API",
-        version="1",
-        description="Batch feature lookups behind an in-process cache, push writes, registry.",
-        lifespan=lifespan,
-        default_response_class=JSONBody,
-    )
+    def _hits(self) -> NativeHits | None:
+        """Cache hits answered on the fronts' threads: with the L1 on and a native front
+        (REST, or gRPC on the native front) to answer them."""
+        settings = self.runtime.settings
+        if not settings.native_hits or self.runtime.reader.cache is None:
+            return None
+        native_grpc = False
+        if self.grpc_port is not None:
+            from feature_store.serving.grpc_server import front_kind
 
-    # The routes below document the API and serve requests that reach FastAPI; POSTs to
-    # these two paths are answered by FastPath first, with the same functions.
+            native_grpc = front_kind(settings) == "native"
+        if self.rest_backend is None and not native_grpc:
+            return None
+        return NativeHits(self.runtime)
+
+
+def _api_routes(
+    app: FastAPI, runtime: ServingRuntime, handlers: RestHandlers, auth: Authenticator
+) -> None:
+    """This API's routes. They document it and serve the requests that reach FastAPI; POSTs
+    to the two feature paths are answered by FastPath first, with the same functions."""
+    fail = handlers.fail
+    registry_body = orjson.dumps(runtime.service.describe_registry())
+    metrics = runtime.metrics
+
     @app.post(
         "/v1/features/get",
         summary="Batch get of features for many entities",
@@ -193,17 +239,11 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        code = codes.get(exc.status_code, "http_error")
-        answer = error_answer(Problem(exc.status_code, code, str(exc.detail))).response()
-        answer.headers.update(exc.headers or {})  # 405: Allow (RFC 9110)
-        return answer
 
-    # Feast's feature-server API (docs/feast.md): answered by FastPath like the two above;
-    # FastAPI's routes give other methods their 405. Feast's clients are Feast's own, so
-    # these stay out of this API's OpenAPI document.
+def _feast_routes(app: FastAPI, runtime: ServingRuntime, auth: Authenticator) -> dict[str, Route]:
+    """Feast's feature-server API (docs/feast.md): answered by FastPath like this API's two
+    POSTs; FastAPI's routes give other methods their 405. Feast's clients are Feast's own,
+    so these stay out of this API's OpenAPI document."""
     feast = feast_routes(runtime, auth)
     for path, feast_route in feast.items():
 
@@ -220,15 +260,16 @@ def create_app(
             return JSONBody(b'{"status":"ok"}')
         return JSONBody(b'{"status":"unavailable"}', status_code=503)
 
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
-    routes = {
-        "/v1/features/get": Route(handlers.get, Role.READ),
-        "/v1/features/write": Route(handlers.write, Role.ADMIN),
-        **feast,
-    }
-    fast = FastPath(app, routes, auth, body_limit, settings.request_body_timeout)
-    return fast
+    return feast
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    code = codes.get(exc.status_code, "http_error")
+    answer = error_answer(Problem(exc.status_code, code, str(exc.detail))).response()
+    answer.headers.update(exc.headers or {})  # 405: Allow (RFC 9110)
+    return answer
 
 
 _JSON_HEADER = (b"content-type", JSON.encode())
