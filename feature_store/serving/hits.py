@@ -15,9 +15,13 @@ the cache's counters, answer times for the request histogram, entities served) a
 hit inside their refresh window or sampled for a shadow check, which go through
 ``CachedReader.noted_hit`` and ``ShadowChecker.sample``. Differences from a hit in Python:
 
-- the front notes an entry once per load, when it is first hit inside its refresh window
-  (refresh ahead's last share of the TTL, or XFetch's horizon): XFetch draws once there,
-  not on every hit;
+- the front notes an entry once per load, when it is first hit inside its refresh window:
+  refresh ahead's last share of the TTL, or, when it is longer, XFetch's window drawn once
+  when the entry is stored (time to expiry <= cost x beta x -ln u) instead of on every hit.
+  A note is a refresh (``Refresher.on_notice``): were XFetch drawn again there, a draw that
+  said no would leave the entry to expire, since the front notes it only once (under load,
+  when round trips are slow and XFetch's horizon is wider than refresh ahead's window, a
+  quarter of the hot entries expired that way and their lookups waited for Redis);
 - a hit there does not move the entry in the LRU order; a hot entry moves when it is
   refreshed ahead, once per TTL.
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
@@ -37,7 +42,6 @@ import orjson
 
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serving.cache import CacheKey, Entry, LRUCache
-from feature_store.serving.refresh import XFETCH_HORIZON
 
 if TYPE_CHECKING:
     from feature_store.serving.runtime import ServingRuntime
@@ -84,7 +88,8 @@ class NativeHits:
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
         self.ahead = settings.cache_refresh_ahead
-        self.horizon = settings.xfetch_beta * XFETCH_HORIZON
+        self.beta = settings.xfetch_beta
+        self.rng = reader.rng
         metrics = runtime.metrics
         self.observe = [metrics.requests.labels(api, "get", "200").observe for api in API_NAMES]
         self.entities = [metrics.entities.labels(api) for api in API_NAMES]
@@ -109,9 +114,9 @@ class NativeHits:
         negative = entry.raw is None
         window = 0.0
         if not negative:
-            window = max(
-                self.ahead * (entry.expires_at - entry.loaded_at), entry.cost * self.horizon
-            )
+            # XFetch drawn once: 1 - random() is in (0, 1], so -ln of it is in [0, 36.8]
+            xfetch = entry.cost * self.beta * -math.log(1.0 - self.rng.random())
+            window = max(self.ahead * (entry.expires_at - entry.loaded_at), xfetch)
         self.native.put(
             tag + key,
             entry.json,

@@ -204,15 +204,18 @@ class CachedReader:
         return out  # type: ignore[return-value]  # every slot is filled above
 
     def noted_hit(self, key: CacheKey, now: float) -> None:
-        """A hit answered elsewhere (the native fronts, hits.py) on an entry inside its
-        refresh window: the policy a hit here would run."""
+        """A hit answered elsewhere (the native fronts, hits.py), noted inside the refresh
+        window the mirror chose for the entry, or after a batch write of its group."""
         if self.cache is None or self.refresher is None or self.flight is None:
             return
         entry = self.cache.get(key)  # also marks it used
         if entry is None or entry.raw is None or now >= entry.expires_at:
             return
-        if key not in self.flight.inflight:
-            self.refresher.on_hit(key, entry, now)
+        if key in self.flight.inflight or self.refresher.on_notice(key, entry, now):
+            return
+        mirror = self.cache.mirror
+        if mirror is not None:  # noted for a batch write it is newer than: note it again
+            mirror.put(entry)  # at its refresh window
 
     def shadow_sample(self, key: CacheKey) -> None:
         """A hit answered elsewhere, sampled there for a shadow check."""

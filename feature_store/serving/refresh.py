@@ -82,6 +82,21 @@ class Refresher:
         ):
             self.soon(key)
 
+    def on_notice(self, key: CacheKey, entry: Entry, now: float) -> bool:
+        """A hit answered elsewhere (the fronts' mirror, hits.py), noted at the point the
+        mirror chose when the entry was stored (refresh ahead's window, or XFetch's drawn
+        once), or after a batch write of its group was announced: refresh what is due.
+        False when nothing is (an entry read after the batch write, not near expiry)."""
+        if self._marks and self.outdated(key[0], entry):
+            self.cache.stats.generation_refreshes += 1
+            self.reload(key)
+            return True
+        lifetime = entry.expires_at - entry.loaded_at
+        if entry.expires_at - now < max(self.ahead * lifetime, entry.cost * self.horizon):
+            self.soon(key)
+            return True
+        return False
+
     # --- refresh ahead -------------------------------------------------------------------
 
     def soon(self, key: CacheKey) -> None:

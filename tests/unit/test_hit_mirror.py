@@ -8,6 +8,7 @@ Python's handlers write for it, REST and gRPC.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import orjson
@@ -184,3 +185,82 @@ async def _check(data: st.DataObject) -> None:
         after = await handlers.get(None, body)
         assert native in (before.body, after.body)
         assert len(hits.native) <= len(cache)  # never an entry the cache has dropped
+
+
+class _Draw(random.Random):
+    """Every draw is 0.99: XFetch's -ln(1 - u) is 4.6 where the mirror draws, and a draw
+    on a hit (``should_refresh_early``: -ln u = 0.01) says no."""
+
+    def random(self) -> float:
+        return 0.99
+
+
+@pytest.mark.parametrize(("cost", "refreshed"), [(3.0, 1), (1.0, 0)])
+def test_a_noted_entry_is_refreshed_at_the_window_drawn_when_it_was_stored(
+    cost: float, refreshed: int
+) -> None:
+    """Refresh ahead off, XFetch on: the mirror draws the entry's window once, when it is
+    stored (cost x 4.6 here: 13.8 s of a 10 s TTL, noted at its first hit; 4.6 s, not
+    yet), and a note is a refresh. Drawn again on the note, XFetch would say no (0.01 x
+    cost of a 10 s lifetime) and the entry would expire unrefreshed, never noted again."""
+
+    async def run() -> int:
+        settings = ServingSettings(
+            invalidation=False, cache_ttl=10.0, cache_jitter=0.0, cache_refresh_ahead=0.0
+        )
+        runtime = ServingRuntime(REGISTRY, RedisTarget.parse("redis://127.0.0.1:1"), settings)
+        runtime.reader.rng = _Draw()
+        cache = runtime.reader.cache
+        assert cache is not None
+        hits = NativeHits(runtime)
+        handlers = RestHandlers(runtime, Authenticator((), ()))
+        handlers.learn = hits.learner(REST)
+        spec = _specs["profile"]
+        entry = spec.entry(
+            _key("profile", 1), [b"1.5", b"2", None, encode_timestamp(int(time.time()))]
+        )
+        entry.cost = cost
+        cache.put(entry)
+        body = orjson.dumps({**FORMS["profile"], "ids": [1]})
+        assert (await handlers.get(None, body)).status == 200  # Python teaches the form
+        for _ in range(3):
+            assert hits.native.answer(body) is not None  # the front's hits
+        hits.drain()
+        return cache.stats.early_refreshes
+
+    assert asyncio.run(run()) == refreshed
+
+
+def test_an_entry_newer_than_a_batch_write_is_still_refreshed_ahead() -> None:
+    """A batch write's announcement makes the mirror note its group's next hits; an entry
+    read after the write is not reloaded then, and its note for refresh ahead, spent on the
+    announcement, is armed again: hit inside its window, it is refreshed."""
+
+    async def run() -> tuple[int, int]:
+        settings = ServingSettings(
+            invalidation=False, cache_ttl=2.0, cache_jitter=0.0, cache_refresh_ahead=0.5
+        )
+        runtime = ServingRuntime(REGISTRY, RedisTarget.parse("redis://127.0.0.1:1"), settings)
+        reader = runtime.reader
+        cache = reader.cache
+        assert cache is not None
+        hits = NativeHits(runtime)
+        handlers = RestHandlers(runtime, Authenticator((), ()))
+        handlers.learn = hits.learner(REST)
+        entry = _specs["profile"].entry(
+            _key("profile", 1), [b"1.5", b"2", None, encode_timestamp(int(time.time()))]
+        )
+        cache.put(entry)
+        body = orjson.dumps({**FORMS["profile"], "ids": [1]})
+        assert (await handlers.get(None, body)).status == 200  # Python teaches the form
+        reader.new_generation("profile", time.time() - 60)  # a write before the entry's read
+        assert hits.native.answer(body) is not None  # noted: the announcement
+        hits.drain()
+        announced = cache.stats.generation_refreshes + cache.stats.early_refreshes
+        await asyncio.sleep(1.2)  # inside the last half of its 2 s lifetime
+        assert hits.native.answer(body) is not None  # noted again: refresh ahead
+        hits.drain()
+        await reader.close()
+        return announced, cache.stats.early_refreshes
+
+    assert asyncio.run(run()) == (0, 1)
