@@ -229,10 +229,12 @@ def main() -> int:
         for api, shapes in (("rest", REST_CONNECTIONS), ("grpc", GRPC_CONNECTIONS)):
             for hits in ("loop", "front"):
                 cells += run_server(redis, api, hits, 1, list(shapes), args, work)
+        scaling: list[Cell] = []  # one worker, then two, back to back
         for workers in (1, 2):
-            cells += run_server(
+            scaling += run_server(
                 redis, "rest", "front", workers, [(WORKERS_CONNECTIONS, 1)], args, work
             )
+        cells += scaling
     lines = [
         *header(
             f"L1 on, TTL {args.ttl:g} s in {args.seconds:g} s windows "
@@ -267,17 +269,7 @@ def main() -> int:
                 f"{f.max_ms:,.1f} / {p.max_ms:,.1f} | {f.slow} / {p.slow} | "
                 f"{f.server_us:.1f} / {p.server_us:.1f} | {f.redis_us:.2f} / {p.redis_us:.2f} |"
             )
-    one, two = (
-        next(
-            c
-            for c in cells
-            if c.workers == workers
-            and c.api == "rest"
-            and c.hits == "front"
-            and c.connections == WORKERS_CONNECTIONS
-        )
-        for workers in (1, 2)
-    )
+    one, two = scaling
     lines += [
         "",
         f"## --workers 2 against one worker (REST, {WORKERS_CONNECTIONS} connections, hits on "
