@@ -66,7 +66,16 @@ async def test_async_client_reads_what_sync_wrote(url: str, sample_registry: Reg
         result = await store.read(sample.ENTITY, list(range(12)), ["float_03", "int_list_1"])
         await store.write(sample.GROUP, [(11, {"float_03": 1.5})])
         again = await store.read(sample.ENTITY, [11], ["float_03"])
-    assert result.rows == expected_rows
+    # the same values and statuses; ages are whole seconds, and one may turn between reads
+    assert [(r.entity_id, r.values, r.statuses) for r in result.rows] == [
+        (r.entity_id, r.values, r.statuses) for r in expected_rows
+    ]
+    for got, want in zip(result.rows, expected_rows, strict=True):
+        assert got.ages.keys() == want.ages.keys()
+        for group, age in got.ages.items():  # None: nothing stored
+            before = want.ages[group]
+            assert (age is None) == (before is None), (got, want)
+            assert age is None or before is None or 0 <= age - before <= 1, (got, want)
     assert result.rows[11].statuses == [MISSING, MISSING]
     assert again.rows[0].values == [1.5]
 
