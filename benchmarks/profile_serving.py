@@ -44,10 +44,14 @@ PATHS = {  # frame name prefixes -> what they stand for
     ("GroupFormat.load",): "stored values to their answer bytes (native, at load)",
     ("whole_group_rows", "_whole_group_rows", "_picked_rows"): "the REST answer's rows",
     ("answer_rows", "_answer_rows"): "the gRPC answer's rows",
-    ("NativeFront._answer", "FeatureServicer.get_features"): (
+    ("NativeFront.answer", "FeatureServicer.get_features"): (
         "the gRPC method (lookup and answer bytes included)"
     ),
-    ("CachedReader.get",): "the L1 and the read path (round trip and decoding included)",
+    ("NativeRestFront.answer",): "the REST method (lookup and answer bytes included)",
+    ("CachedReader.get", "SingleFlight._load", "Batches._read_chunk", "StoreReads."): (
+        "the L1 and the read path (round trip and decoding included)"
+    ),
+    ("NativeHits.drain",): "hits the fronts answered, counted (metrics, refresh notes)",
     ("HttpToolsProtocol", "RequestResponseCycle.send"): "uvicorn: HTTP parsing, socket writes",
 }
 
