@@ -656,7 +656,7 @@ def markdown(result: dict[str, object]) -> list[str]:
         kinds = ", ".join(f"{k} x {n}" for k, n in w["kinds"].items()) or "-"
         later = ", ".join(f"{t}: {what}" for t, what in w["later"]) or "-"
         lines.append(
-            f"| {w['fault']} | {w['at']} | {w.get('lasted', '-')} | {w['detail']} | {w['failed']} "
+            f"| {w['fault']} | {w['at']} | {w['lasted']} | {w['detail']} | {w['failed']} "
             f"| {window} | {kinds} "
             f"| {later} |"
         )

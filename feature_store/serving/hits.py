@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
@@ -87,9 +86,8 @@ class NativeHits:
         self.index = {name: i for i, name in enumerate(names)}
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
-        self.ahead = settings.cache_refresh_ahead
-        self.beta = settings.xfetch_beta
-        self.rng = reader.rng
+        assert reader.refresher is not None  # there is one wherever there is a cache
+        self.refresher = reader.refresher  # when a hit here is noted (``drawn_window``)
         metrics = runtime.metrics
         self.observe = [metrics.requests.labels(api, "get", "200").observe for api in API_NAMES]
         self.entities = [metrics.entities.labels(api) for api in API_NAMES]
@@ -112,11 +110,7 @@ class NativeHits:
             return
         ttl = entry.expires_at - self.clock()
         negative = entry.raw is None
-        window = 0.0
-        if not negative:
-            # XFetch drawn once: 1 - random() is in (0, 1], so -ln of it is in [0, 36.8]
-            xfetch = entry.cost * self.beta * -math.log(1.0 - self.rng.random())
-            window = max(self.ahead * (entry.expires_at - entry.loaded_at), xfetch)
+        window = 0.0 if negative else self.refresher.drawn_window(entry)
         self.native.put(
             tag + key,
             entry.json,

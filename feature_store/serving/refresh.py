@@ -19,6 +19,7 @@ background reload (``CachedReader`` does the reading):
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable
@@ -81,6 +82,14 @@ class Refresher:
             and should_refresh_early(entry, now, self.beta, self.rng)
         ):
             self.soon(key)
+
+    def drawn_window(self, entry: Entry) -> float:
+        """Seconds before expiry from which a hit answered elsewhere (the fronts' mirror,
+        hits.py) is noted for ``on_notice``: refresh ahead's window, or XFetch's when it is
+        longer, drawn once now (cost x beta x -ln u; 1 - random() is in (0, 1], so -ln of
+        it is in [0, 36.8], inside ``on_notice``'s horizon)."""
+        xfetch = entry.cost * self.beta * -math.log(1.0 - self.rng.random())
+        return max(self.ahead * (entry.expires_at - entry.loaded_at), xfetch)
 
     def on_notice(self, key: CacheKey, entry: Entry, now: float) -> bool:
         """A hit answered elsewhere (the fronts' mirror, hits.py), noted at the point the

@@ -209,7 +209,8 @@ def test_a_noted_entry_is_refreshed_at_the_window_drawn_when_it_was_stored(
             invalidation=False, cache_ttl=10.0, cache_jitter=0.0, cache_refresh_ahead=0.0
         )
         runtime = ServingRuntime(REGISTRY, RedisTarget.parse("redis://127.0.0.1:1"), settings)
-        runtime.reader.rng = _Draw()
+        assert runtime.reader.refresher is not None
+        runtime.reader.refresher.rng = _Draw()  # the policy's draws, the mirror's included
         cache = runtime.reader.cache
         assert cache is not None
         hits = NativeHits(runtime)
