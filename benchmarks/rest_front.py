@@ -58,6 +58,10 @@ PER_REQUEST = "native, per-request reads"
 # the native front with every cache hit answered in Python (NATIVE_HITS=off): how the L1-on
 # path answered before hits were answered on the front's thread (serving/hits.py)
 PYTHON_HITS = "native, hits in Python"
+# the native front with every lookup without the L1 answered by its handler in Python
+# (NATIVE_READS=off): how the L1-off path answered before the front wrote its reads and
+# answers (serving/front_reads.py)
+PYTHON_READS = "native, reads in Python"
 CONNECTIONS = (1, 8, 256, 1000)
 BATCH = 10
 SLOW = 1.0  # seconds: wrk's timeout, so its timeouts are the requests slower than this
@@ -140,6 +144,7 @@ def run_front(
         "FEATURE_SERVING_REST_FRONT": "uvicorn" if front == "uvicorn" else "native",
         "FEATURE_SERVING_SINGLE_FLIGHT": "off" if front == PER_REQUEST else "on",
         "FEATURE_SERVING_NATIVE_HITS": "off" if front == PYTHON_HITS else "on",
+        "FEATURE_SERVING_NATIVE_READS": "off" if front == PYTHON_READS else "on",
     }
     bodies = [
         orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
@@ -255,6 +260,71 @@ def find(cells: list[Cell], front: str, l1: str, connections: int) -> Cell:
     )
 
 
+def _pair(n: Cell, o: Cell) -> str:
+    """The columns the L1 grids compare: rate, p50, max, past SLOW, server and Redis CPU."""
+    return (
+        f"{n.rate:,.0f} / {o.rate:,.0f} | {n.rate / o.rate:.2f}x | "
+        f"{n.p50_ms:.2f} / {o.p50_ms:.2f} | {n.max_ms:,.1f} / {o.max_ms:,.1f} | "
+        f"{n.slow} / {o.slow} | {n.server_us:.1f} / {o.server_us:.1f} | "
+        f"{n.redis_us:.1f} / {o.redis_us:.1f} |"
+    )
+
+
+def _pair_head(what: str) -> list[str]:
+    return [
+        f"| conns | req/s ({what}) | ratio | p50 ms | max ms | past {SLOW:g} s "
+        "| server µs/entity | Redis µs/entity |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+
+def l1_off_tables(cells: list[Cell]) -> list[str]:
+    lines = [
+        "",
+        "## L1 off: reads and answers written on the front against the handler in Python",
+        "",
+        "The front writes the lookup's Redis commands and its answer; Python sends the "
+        "bytes (NATIVE_READS, serving/front_reads.py). Server CPU per entity against "
+        "Redis's own in the same cell:",
+        "",
+        "| conns | server / Redis CPU (front) | server / Redis CPU (Python) |",
+        "|---:|---:|---:|",
+    ]
+    for connections in CONNECTIONS:
+        n, o = (find(cells, front, "off", connections) for front in ("native", PYTHON_READS))
+        lines.append(
+            f"| {connections} | {n.server_us / max(n.redis_us, 1e-9):.2f}x | "
+            f"{o.server_us / max(o.redis_us, 1e-9):.2f}x |"
+        )
+    lines += ["", *_pair_head("front / Python")]
+    for connections in CONNECTIONS:
+        n, o = (find(cells, front, "off", connections) for front in ("native", PYTHON_READS))
+        lines.append(f"| {connections} | {_pair(n, o)}")
+    lines += [
+        "",
+        "## L1 off: reads coalesced per loop tick against a read per request (native front)",
+        "",
+        *_pair_head("coalesced / per request"),
+    ]
+    for connections in CONNECTIONS:
+        n, o = (find(cells, front, "off", connections) for front in ("native", PER_REQUEST))
+        lines.append(f"| {connections} | {_pair(n, o)}")
+    return lines
+
+
+def l1_on_table(cells: list[Cell]) -> list[str]:
+    lines = [
+        "",
+        "## L1 on: hits answered on the front's thread against hits in Python (native front)",
+        "",
+        *_pair_head("front / Python"),
+    ]
+    for connections in CONNECTIONS:
+        n, o = (find(cells, front, "on", connections) for front in ("native", PYTHON_HITS))
+        lines.append(f"| {connections} | {_pair(n, o)}")
+    return lines
+
+
 def plot(path: Path, cells: list[Cell]) -> None:
     import matplotlib
 
@@ -287,6 +357,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
     parser.add_argument("--stampede-runs", type=int, default=5, help="0: no stampede")
+    parser.add_argument(
+        "--l1", choices=("off", "on", "both"), default="both", help="the grids to measure"
+    )
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
@@ -295,8 +368,9 @@ def main() -> int:
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)
-        for l1 in (False, True):
-            for front in (*FRONTS, PER_REQUEST) if not l1 else (*FRONTS, PYTHON_HITS):
+        grids = {"off": (False,), "on": (True,), "both": (False, True)}[args.l1]
+        for l1 in grids:
+            for front in (*FRONTS, PYTHON_READS, PER_REQUEST) if not l1 else (*FRONTS, PYTHON_HITS):
                 cells += run_front(
                     redis, front, l1, args.ttl, args.seconds, args.entities, Path(tmp)
                 )
@@ -318,7 +392,8 @@ def main() -> int:
         "| server µs/entity (native / uvicorn) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for l1 in ("off", "on"):
+    measured = [l1 for l1 in ("off", "on") if any(c.l1 == l1 for c in cells)]
+    for l1 in measured:
         for connections in CONNECTIONS:
             n, u = (find(cells, front, l1, connections) for front in ("native", "uvicorn"))
             lines.append(
@@ -327,38 +402,10 @@ def main() -> int:
                 f"{n.max_ms:,.1f} / {u.max_ms:,.1f} | {n.slow} / {u.slow} | "
                 f"{n.errors} / {u.errors} | {n.server_us:.1f} / {u.server_us:.1f} |"
             )
-    lines += [
-        "",
-        "## L1 off: reads coalesced per loop tick against a read per request (native front)",
-        "",
-        "| conns | req/s (coalesced / per request) | ratio | max ms "
-        f"| past {SLOW:g} s | errors | server µs/entity | Redis µs/entity |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for connections in CONNECTIONS:
-        n, o = (find(cells, front, "off", connections) for front in ("native", PER_REQUEST))
-        lines.append(
-            f"| {connections} | {n.rate:,.0f} / {o.rate:,.0f} | {n.rate / o.rate:.2f}x | "
-            f"{n.max_ms:,.1f} / {o.max_ms:,.1f} | {n.slow} / {o.slow} | "
-            f"{n.errors} / {o.errors} | {n.server_us:.1f} / {o.server_us:.1f} | "
-            f"{n.redis_us:.1f} / {o.redis_us:.1f} |"
-        )
-    lines += [
-        "",
-        "## L1 on: hits answered on the front's thread against hits in Python (native front)",
-        "",
-        "| conns | req/s (front / Python) | ratio | p50 ms | max ms "
-        f"| past {SLOW:g} s | server µs/entity | Redis µs/entity |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for connections in CONNECTIONS:
-        n, o = (find(cells, front, "on", connections) for front in ("native", PYTHON_HITS))
-        lines.append(
-            f"| {connections} | {n.rate:,.0f} / {o.rate:,.0f} | {n.rate / o.rate:.2f}x | "
-            f"{n.p50_ms:.2f} / {o.p50_ms:.2f} | {n.max_ms:,.1f} / {o.max_ms:,.1f} | "
-            f"{n.slow} / {o.slow} | {n.server_us:.1f} / {o.server_us:.1f} | "
-            f"{n.redis_us:.1f} / {o.redis_us:.1f} |"
-        )
+    if "off" in measured:
+        lines += l1_off_tables(cells)
+    if "on" in measured:
+        lines += l1_on_table(cells)
     if stampedes:
         per_ttl = STAMPEDE_KEYS * BATCH * STAMPEDE_SECONDS / STAMPEDE_TTL
         lines += [

@@ -76,7 +76,12 @@ class RestCall:
     def authorization(self) -> str | None: ...
     @property
     def body(self) -> bytes: ...
+    @property
+    def command(self) -> bytes: ...
+    @property
+    def count(self) -> int: ...
     def respond(self, status: int, body: bytes, headers: list[tuple[str, str]]) -> None: ...
+    def replies(self, buf: bytes, start: int, end: int) -> None: ...
 
 class RestFront:
     """HTTP/1.1 on a thread of its own (native/src/rest.rs)."""
@@ -98,11 +103,23 @@ class RestFront:
     def stop(self, grace: float) -> None: ...
 
 class HitCache:
-    """The L1's entries, mirrored for the REST front's thread (native/src/hits.rs)."""
+    """Lookups on the fronts' threads (native/src/hits.rs): the L1's entries mirrored, or
+    (``planning``) the Redis commands and answers of lookups without the L1."""
 
     def __init__(
-        self, max_ids: int, max_string_id: int, shadow_fraction: float, seed: int = 0
+        self,
+        max_ids: int,
+        max_string_id: int,
+        shadow_fraction: float,
+        seed: int = 0,
+        planning: bool = False,
     ) -> None: ...
+    def define_read(
+        self, group: int, fields: list[bytes], whole: bool, types: list[tuple[int, int]]
+    ) -> None: ...
+    def plan(
+        self, body: bytes, replies: bytes | None = None, grpc: bool = False
+    ) -> tuple[bytes, int, bytes | None] | None: ...
     def learn(
         self,
         api: int,

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import FastAPI, Request
@@ -27,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from feature_store.serving import schemas
 from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError, Role
 from feature_store.serving.feast_api import feast_routes
+from feature_store.serving.front_reads import FrontReads, planned_reads
 from feature_store.serving.hits import REST, NativeHits
 from feature_store.serving.json_answer import (
     JSON,
@@ -42,6 +44,9 @@ from feature_store.serving.service import (
     Problem,
     problem,
 )
+
+if TYPE_CHECKING:
+    from feature_store._native import RestCall
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,9 @@ class Fronts:
             if hits is not None:
                 self.handlers.learn = hits.learner(REST)
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
-            rest = NativeRestFront(self.fast, sock, self.rest_backend, settings, hits)
+            rest = NativeRestFront(
+                self.fast, sock, self.rest_backend, settings, hits, self._fail_planned
+            )
             log.info("REST on %s:%d (native front)", settings.host, settings.port)
         if hits is not None:
             hits.start()
@@ -131,12 +138,11 @@ class Fronts:
                 await hits.close()
             await runtime.stop()
 
-    def _hits(self) -> NativeHits | None:
-        """Cache hits answered on the fronts' threads: with the L1 on and a native front
-        (REST, or gRPC on the native front) to answer them."""
+    def _hits(self) -> NativeHits | FrontReads | None:
+        """Lookups answered on the fronts' threads, with a native front (REST, or gRPC on
+        the native front) to answer them: cache hits with the L1 on (``NATIVE_HITS``),
+        planned reads with it off (``NATIVE_READS``)."""
         settings = self.runtime.settings
-        if not settings.native_hits or self.runtime.reader.cache is None:
-            return None
         native_grpc = False
         if self.grpc_port is not None:
             from feature_store.serving.grpc_server import front_kind
@@ -144,7 +150,14 @@ class Fronts:
             native_grpc = front_kind(settings) == "native"
         if self.rest_backend is None and not native_grpc:
             return None
-        return NativeHits(self.runtime)
+        if self.runtime.reader.cache is None:
+            return FrontReads(self.runtime) if planned_reads(self.runtime) else None
+        return NativeHits(self.runtime) if settings.native_hits else None
+
+    def _fail_planned(self, call: RestCall, error: BaseException, t0: float) -> None:
+        """A planned REST lookup whose round trip failed: the handler's error answer."""
+        answer = self.handlers.fail(error, "get", t0)
+        call.respond(answer.status, answer.body, list(answer.headers))
 
 
 def _api_routes(

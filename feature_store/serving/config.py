@@ -40,6 +40,9 @@ class ServingSettings:
     # with a native front and the L1: lookups whose every entity is a fresh entry answered
     # on the front's thread from the entries' bytes, REST and gRPC (serving/hits.py)
     native_hits: bool = True
+    # with a native front, the L1 off and one Redis node: the front writes a lookup's Redis
+    # commands and its answer, Python only sends the bytes (serving/front_reads.py)
+    native_reads: bool = True
     workers: int = 1
 
     # request limits

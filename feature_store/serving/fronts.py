@@ -13,7 +13,7 @@ import contextlib
 import errno
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from feature_store.errors import ConfigError
@@ -68,10 +68,17 @@ class QueuedCalls:
     def _take(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.wake)
-        for call in self.front.take():
-            task = self.loop.create_task(self.answer(call))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        self.dispatch(self.front.take())
+
+    def dispatch(self, calls: list[Any]) -> None:
+        """Answer the calls of one take, each on a task of its own."""
+        for call in calls:
+            self.spawn(self.answer(call))
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def answer(self, call: Any) -> None:
         raise NotImplementedError

@@ -40,7 +40,7 @@ from feature_store.serving.cache import Entry
 from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.fronts import QueuedCalls, listen
-from feature_store.serving.hits import GRPC, Learn, NativeHits
+from feature_store.serving.hits import GRPC, FrontLookups, Learn
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
 
@@ -324,7 +324,7 @@ class NativeFront(QueuedCalls):
         servicer: FeatureServicer,
         sock: socket.socket,
         backend: int,
-        hits: NativeHits | None = None,
+        hits: FrontLookups | None = None,
     ) -> None:
         from feature_store import _native
 
@@ -433,7 +433,7 @@ def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
 
 
 async def start_grpc_server(
-    runtime: ServingRuntime, host: str, port: int, hits: NativeHits | None = None
+    runtime: ServingRuntime, host: str, port: int, hits: FrontLookups | None = None
 ) -> GrpcServer:
     """Serve on host:port (0: a free port).
 

@@ -62,37 +62,114 @@ API_NAMES = ("rest", "grpc")  # as the metrics name them
 Learn: TypeAlias = Callable[[str, list[str], list[str], "Projection", bytes], None]
 
 
-class NativeHits:
-    """The front's mirror of one worker's L1 (see the module's text)."""
+class FrontLookups:
+    """Lookups answered on the native fronts' threads: the extension's ``HitCache``, the
+    request forms it learns from Python's answers, and what it served, drained into the
+    metrics. ``NativeHits`` answers the L1's hits there; ``front_reads.FrontReads``, without
+    the L1, the lookups whose Redis commands the front writes."""
 
-    def __init__(self, runtime: ServingRuntime) -> None:
+    def __init__(self, runtime: ServingRuntime, *, planning: bool) -> None:
         from feature_store import _native
 
         reader, settings = runtime.reader, runtime.settings
-        cache = reader.cache
-        if cache is None:
-            raise ValueError("native hits need the L1 cache")
         self.reader = reader
-        self.cache: LRUCache = cache
-        self.clock = cache.clock
         self.native = _native.HitCache(
             settings.max_entities,
             MAX_STRING_ID_BYTES,
             reader.shadow_fraction,
             random.getrandbits(64),
+            planning,
         )
         # a key in the extension: the group's index (2 bytes) and the entity's Redis key
         names = sorted(runtime.registry.groups)
         self.index = {name: i for i, name in enumerate(names)}
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
-        assert reader.refresher is not None  # there is one wherever there is a cache
-        self.refresher = reader.refresher  # when a hit here is noted (``drawn_window``)
         metrics = runtime.metrics
         self.observe = [metrics.requests.labels(api, "get", "200").observe for api in API_NAMES]
         self.entities = [metrics.entities.labels(api) for api in API_NAMES]
+        how = "read" if planning else "hit"
+        self.answered = [metrics.front_lookups.labels(api, how) for api in API_NAMES]
         self.forms: set[tuple[int, str, tuple[str, ...], tuple[str, ...]]] = set()
         self._task: asyncio.Task[None] | None = None
+
+    # --- the handler's side ----------------------------------------------------------
+
+    def learner(self, api: int) -> Learn:
+        """What a handler of ``api`` (REST, GRPC) calls with each form it answered with all
+        of one group's values: the front may answer it from then on."""
+
+        def learn(
+            entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
+        ) -> None:
+            form = (api, entity, tuple(features), tuple(groups))
+            if form in self.forms or len(self.forms) >= 2 * MAX_FORMS:
+                return
+            self.forms.add(form)
+            group = proj.groups[0]
+            self.native.learn(
+                api,
+                entity,
+                features,
+                groups,
+                self.index[group.name],
+                head,
+                orjson.dumps(group.name) if api == REST else group.name.encode(),
+                group.max_age_seconds,
+                (proj.entity.prefix + KEY_SEPARATOR).encode(),
+                proj.entity.id_type is IdType.INT,
+            )
+
+        return learn
+
+    # --- what the front served -------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._drains())
+
+    async def _drains(self) -> None:
+        while True:
+            await asyncio.sleep(DRAIN_EVERY)
+            try:
+                self.drain()
+            except Exception:  # the next drain tries again; serving goes on
+                log.exception("could not take what the native fronts served")
+
+    def drain(self) -> tuple[list[bytes], list[bytes], int, int]:
+        """Count what the fronts answered; the keys hit in their refresh window and those
+        sampled for shadow checks, and the hit counts, for ``NativeHits``."""
+        served, hits, negative, refresh, shadow = self.native.drain()
+        for api, (seconds, entities) in enumerate(served):
+            if entities:
+                self.entities[api].inc(entities)
+                self.answered[api].inc(len(seconds))
+            observe = self.observe[api]
+            for s in seconds:
+                observe(s)
+        return refresh, shadow, hits, negative
+
+    async def close(self) -> None:
+        """Stop draining (the fronts have stopped) and count what they served last."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.drain()
+        self.native.clear()
+
+
+class NativeHits(FrontLookups):
+    """The fronts' mirror of one worker's L1 (see the module's text)."""
+
+    def __init__(self, runtime: ServingRuntime) -> None:
+        super().__init__(runtime, planning=False)
+        cache = runtime.reader.cache
+        if cache is None:
+            raise ValueError("native hits need the L1 cache")
+        self.cache: LRUCache = cache
+        self.clock = cache.clock
+        assert self.reader.refresher is not None  # there is one wherever there is a cache
+        self.refresher = self.reader.refresher  # when a hit here is noted (``drawn_window``)
         cache.mirror = self
         cache.mirror_entry = MIRROR_ENTRY  # counted against the cache's byte bound
 
@@ -136,60 +213,16 @@ class NativeHits:
         if index is not None:
             self.native.notice_group(index)
 
-    # --- the handler's side ----------------------------------------------------------
-
-    def learner(self, api: int) -> Learn:
-        """What a handler of ``api`` (REST, GRPC) calls with each form it answered with all
-        of one group's values: the front may answer it from then on."""
-
-        def learn(
-            entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
-        ) -> None:
-            form = (api, entity, tuple(features), tuple(groups))
-            if form in self.forms or len(self.forms) >= 2 * MAX_FORMS:
-                return
-            self.forms.add(form)
-            group = proj.groups[0]
-            self.native.learn(
-                api,
-                entity,
-                features,
-                groups,
-                self.index[group.name],
-                head,
-                orjson.dumps(group.name) if api == REST else group.name.encode(),
-                group.max_age_seconds,
-                (proj.entity.prefix + KEY_SEPARATOR).encode(),
-                proj.entity.id_type is IdType.INT,
-            )
-
-        return learn
-
     # --- what the front served -------------------------------------------------------
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._drains())
-
-    async def _drains(self) -> None:
-        while True:
-            await asyncio.sleep(DRAIN_EVERY)
-            try:
-                self.drain()
-            except Exception:  # the next drain tries again; serving goes on
-                log.exception("could not take what the REST front served")
-
-    def drain(self) -> None:
-        served, hits, negative, refresh, shadow = self.native.drain()
+    def drain(self) -> tuple[list[bytes], list[bytes], int, int]:
+        """Count the hits the fronts answered; the entries they noted go through the
+        policy (``CachedReader.noted_hit``, ``ShadowChecker.sample``)."""
+        refresh, shadow, hits, negative = super().drain()
         stats = self.cache.stats
         stats.hits += hits
         stats.negative_hits += negative
         stats.front_hits += hits + negative
-        for api, (seconds, entities) in enumerate(served):
-            if entities:
-                self.entities[api].inc(entities)
-            observe = self.observe[api]
-            for s in seconds:
-                observe(s)
         if refresh:
             now = self.clock()
             noted = self.reader.noted_hit
@@ -200,15 +233,11 @@ class NativeHits:
             sample = self.reader.shadow_sample
             for tagged in shadow:
                 sample((self.names[tagged[:2]], tagged[2:]))
+        return refresh, shadow, hits, negative
 
     async def close(self) -> None:
-        """Stop mirroring (the front has stopped) and count what it served last."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self.drain()
+        """Stop mirroring (the fronts have stopped) and count what they served last."""
+        await super().close()
         if self.cache.mirror is self:
             self.cache.mirror = None
             self.cache.mirror_entry = 0
-        self.native.clear()

@@ -158,6 +158,14 @@ class ServingMetrics:
             ["api"],
             registry=self.registry,
         )
+        self.front_lookups = Counter(
+            f"{PREFIX}_front_lookups",
+            "lookups answered on a native front's thread, by API and how: from the L1's "
+            "entries (hit, NATIVE_HITS) or, without the L1, written from Redis's replies to "
+            "the commands the front wrote (read, NATIVE_READS)",
+            ["api", "how"],
+            registry=self.registry,
+        )
         self.round_trip = Histogram(
             f"{PREFIX}_redis_round_trip_seconds",
             "latency of pipelined Redis round trips of the read path",

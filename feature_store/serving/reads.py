@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 from feature_store.errors import (
     EncodingError,
@@ -34,6 +34,7 @@ from feature_store.serving.cache import CacheKey, Entry
 from feature_store.serving.roundtrip import (
     ConnectionWaitTimeout,
     KeyDataError,
+    NativeRoundTrip,
     Read,
     Reply,
     RoundTrip,
@@ -42,6 +43,7 @@ from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 FAULT_LOG_EVERY = 10.0  # seconds: at most one log line per fault reason this often
 
 
@@ -105,10 +107,30 @@ class StoreReads:
         Waiting for a free pooled connection is local overload, not Redis failing: it is
         bounded separately and does not count against the breaker.
         """
+        return await self._bounded(lambda timeout: self.round_trip(reads, timeout), nkeys)
+
+    async def send_packed(self, data: bytes, counts: Sequence[int]) -> tuple[bytes, list[int]]:
+        """``data`` (the commands of several lookups, ``counts`` of them each, as
+        ``roundtrip.pack`` writes them) in one round trip, as ``send`` sends reads, after
+        asking the circuit: their replies' bytes, unread, and where each lookup's replies
+        end (``NativeRoundTrip.packed``: the planned reads of the native fronts)."""
+        round_trip = self.round_trip
+        if not isinstance(round_trip, NativeRoundTrip):
+            raise TypeError("planned reads need the native round trip (one Redis node)")
+        if not self.breaker.allow():
+            raise CircuitOpenError("Redis is unavailable (circuit open)")
+        got, _ = await self._bounded(lambda t: round_trip.packed(data, counts, t), sum(counts))
+        return got
+
+    async def _bounded(
+        self, exchange: Callable[[float], Awaitable[T]], nkeys: int
+    ) -> tuple[T, float]:
+        """``exchange(timeout)`` under the adaptive timeout of ``nkeys`` keys, reported to
+        the breaker and the round-trip metrics; its result and how long it took."""
         timeout = self.timeout.for_keys(nkeys)
         t0 = time.perf_counter()
         try:
-            replies = await self.round_trip(reads, timeout)
+            replies = await exchange(timeout)
         except ConnectionWaitTimeout:
             raise
         except TimeoutError:

@@ -10,7 +10,9 @@ documented FastAPI routes call. Everything else (docs, registry, health, metrics
 405s) goes through the front to uvicorn, which listens on a loopback port of its own.
 
 With the L1 on, a lookup whose every entity is a fresh entry is answered on the front's
-thread from the entries' bytes, without Python (hits.py, ``NATIVE_HITS``).
+thread from the entries' bytes, without Python (hits.py, ``NATIVE_HITS``). With it off, the
+front writes a lookup's Redis commands and its answer, and this loop sends the bytes
+(front_reads.py, ``NATIVE_READS``).
 
 ``REST_FRONT=uvicorn`` (or ``FEATURE_STORE_NATIVE=off``) serves the port with uvicorn
 alone, as before.
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from feature_store.native import native_enabled
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.front_reads import Fail, FrontReads
 from feature_store.serving.fronts import QueuedCalls
 
 if TYPE_CHECKING:
@@ -55,7 +58,8 @@ class NativeRestFront(QueuedCalls):
         sock: socket.socket,
         backend: int,
         settings: ServingSettings,
-        hits: NativeHits | None = None,
+        hits: NativeHits | FrontReads | None = None,
+        fail: Fail | None = None,
     ) -> None:
         from feature_store import _native
         from feature_store.serving.grpc_server import tls_pem
@@ -73,6 +77,8 @@ class NativeRestFront(QueuedCalls):
         keys = [(key, int(role)) for key, role in fast.auth.keys]
         lookup = list(fast.routes).index(LOOKUP) if LOOKUP in fast.routes else -1
         self.hits = hits if lookup >= 0 else None
+        self.reads = hits if isinstance(hits, FrontReads) else None
+        self.fail = fail
         self.start(
             lambda wake: _native.RestFront(
                 sock.detach(),
@@ -88,6 +94,17 @@ class NativeRestFront(QueuedCalls):
             ),
             "REST port",
         )
+
+    def dispatch(self, calls: list[RestCall]) -> None:
+        """Planned lookups (``count`` > 0) are sent together (FrontReads.read); every other
+        call is answered by its route's handler."""
+        planned = [call for call in calls if call.count]
+        if planned:
+            assert self.reads is not None
+            assert self.fail is not None
+            self.spawn(self.reads.read(planned, self.fail))
+            calls = [call for call in calls if not call.count]
+        super().dispatch(calls)
 
     async def answer(self, call: RestCall) -> None:
         route = self.routes[call.route]

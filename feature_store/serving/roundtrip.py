@@ -197,25 +197,61 @@ class NativeRoundTrip(PackedRoundTrip):
             for (key, _), r in zip(reads, replies, strict=True)
         ]
 
-    async def _exchange(
-        self, data: bytes, plans: list[ReadPlan], answer_within: float
-    ) -> list[bytes | Exception]:
+    async def packed(
+        self, data: bytes, counts: Sequence[int], answer_within: float
+    ) -> tuple[bytes, list[int]]:
+        """Send ``data`` (the commands of several lookups, ``counts`` of them each) and
+        return their replies' bytes, unread, and where each lookup's replies end: the
+        planned reads of the native fronts (front_reads.py), whose front reads them."""
+        with translated_errors():
+            try:
+                return await self._replies(data, counts, answer_within)
+            except (redis.exceptions.ConnectionError, OSError):
+                # a pooled connection that died with a Redis restart: one retry, as above
+                return await self._replies(data, counts, answer_within)
+
+    async def _replies(
+        self, data: bytes, counts: Sequence[int], answer_within: float
+    ) -> tuple[bytes, list[int]]:
         async with self._held() as conn, asyncio.timeout(answer_within):
-            await conn.send_packed_command(data, check_health=False)
-            reader = conn._reader
-            assert reader is not None
-            count, buf = len(plans), b""
-            pos = done = 0
-            try:  # ValueError: not RESP, which no Redis sends
-                while done < count:
+            return await self._read_replies(conn, data, counts)
+
+    @staticmethod
+    async def _read_replies(
+        conn: redis.asyncio.Connection, data: bytes, counts: Sequence[int]
+    ) -> tuple[bytes, list[int]]:
+        """Send ``data`` and read the replies of its commands, ``counts`` of them per
+        part: the bytes, and where each part's replies end (one scan of the bytes)."""
+        await conn.send_packed_command(data, check_health=False)
+        reader = conn._reader
+        assert reader is not None
+        buf = b""
+        pos = 0
+        ends = []
+        try:  # ValueError: not RESP, which no Redis sends
+            for count in counts:
+                while True:
+                    pos, found = resp_scan(buf, pos, count)
+                    count -= found
+                    if not count:
+                        break
                     chunk = await reader.read(READ_SIZE)
                     if not chunk:
                         raise redis.exceptions.ConnectionError("Redis closed the connection")
                     buf += chunk
-                    pos, found = resp_scan(buf, pos, count - done)
-                    done += found
-                if pos != len(buf):
-                    raise redis.exceptions.InvalidResponse("bytes past the last reply")
+                ends.append(pos)
+        except ValueError as e:
+            raise redis.exceptions.InvalidResponse(str(e)) from None
+        if pos != len(buf):
+            raise redis.exceptions.InvalidResponse("bytes past the last reply")
+        return buf, ends
+
+    async def _exchange(
+        self, data: bytes, plans: list[ReadPlan], answer_within: float
+    ) -> list[bytes | Exception]:
+        async with self._held() as conn, asyncio.timeout(answer_within):
+            buf, _ = await self._read_replies(conn, data, [len(plans)])
+            try:  # ValueError: not RESP, which no Redis sends
                 replies = resp_split(buf, plans)
             except ValueError as e:
                 raise redis.exceptions.InvalidResponse(str(e)) from None

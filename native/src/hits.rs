@@ -25,7 +25,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::{json_i64, json_str, read_varint, write_grpc_row, write_row, GrpcId};
+use crate::{
+    json_i64, json_str, json_value, proto_value, read_varint, write_grpc_row, write_row, GrpcId,
+    Shape, Writer, ABSENT, MISSING_VALUE,
+};
 
 /// A Python bytes object held by the mirror, readable without the GIL.
 struct Held {
@@ -96,7 +99,36 @@ struct Served {
 const MAX_FORMS: usize = 1024;
 const MAX_NOTED: usize = 100_000; // per drain: Python drains every few tens of ms
 
+/// How one group is read for a planned read: its fields' RESP (the freshness field last),
+/// the reply's shape, and its values' types (as `GroupCodec`'s).
+struct GroupRead {
+    fields: Vec<u8>,
+    shape: Shape,
+    types: Vec<(u8, u32)>,
+}
+
+/// An id of a planned read, kept until its answer is written.
+enum OwnedId {
+    Int(i64),
+    Str(String),
+}
+
+/// The Redis commands of one lookup without the L1 (`Hits::plan`), and what writing its
+/// answer from their replies needs (`Hits::render`).
+pub struct Plan {
+    api: u8,
+    form: Arc<Form>,
+    read: Arc<GroupRead>,
+    ids: Vec<OwnedId>,
+    started: Instant,
+    pub command: Vec<u8>,
+    pub count: usize,
+}
+
 pub struct Hits {
+    /// without the L1: lookups are planned (`plan`), never looked up in `entries`
+    pub planning: bool,
+    reads: RwLock<HashMap<u16, Arc<GroupRead>>>,
     entries: RwLock<HashMap<Vec<u8>, Hit>>,
     forms: RwLock<HashMap<Vec<u8>, Arc<Form>>>,
     served: Mutex<Served>,
@@ -144,6 +176,9 @@ impl Hits {
 
     /// The answer to a `POST /v1/features/get` body if every entity is a fresh hit.
     pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        if self.planning {
+            return None;
+        }
         let started = Instant::now();
         let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
         if request.bypass_cache {
@@ -162,6 +197,9 @@ impl Hits {
     /// The `GetFeaturesResponse` message for a `GetFeaturesRequest` message, if every
     /// entity is a fresh hit whose gRPC records are made.
     pub fn answer_grpc(&self, message: &[u8]) -> Option<Vec<u8>> {
+        if self.planning {
+            return None;
+        }
         let started = Instant::now();
         let request = GrpcRequest::parse(message)?;
         self.lookup(
@@ -183,23 +221,8 @@ impl Hits {
         features: &[&str],
         groups: &[&str],
     ) -> Option<Vec<u8>> {
-        if ids.is_empty() || ids.len() > self.max_ids {
-            return None;
-        }
-        let form = {
-            let forms = self.forms.read().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(forms.get(&form_key(api, entity, features, groups))?)
-        };
-        for id in ids {
-            match id {
-                Id::Int(_) if form.int_ids => {}
-                Id::Str(s) if !form.int_ids && !s.is_empty() && s.len() <= self.max_string_id => {}
-                _ => return None, // Python says why
-            }
-        }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        let form = self.form(api, entity, ids, features, groups)?;
+        let now = unix_now();
         let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
@@ -266,9 +289,7 @@ impl Hits {
         if api == REST {
             out.extend_from_slice(b"]}");
         }
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-        served.seconds[api as usize].push(started.elapsed().as_secs_f64());
-        served.entities[api as usize] += ids.len() as u64;
+        let mut served = self.served(api, started, ids.len());
         served.hits += hits;
         served.negative_hits += negative;
         if served.refresh.len() < MAX_NOTED {
@@ -279,6 +300,283 @@ impl Hits {
         }
         Some(out)
     }
+}
+
+impl Hits {
+    /// The form learned for this request, if its ids are ones Python would take.
+    fn form(
+        &self,
+        api: u8,
+        entity: &str,
+        ids: &[Id<'_>],
+        features: &[&str],
+        groups: &[&str],
+    ) -> Option<Arc<Form>> {
+        if ids.is_empty() || ids.len() > self.max_ids {
+            return None;
+        }
+        let form = {
+            let forms = self.forms.read().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(forms.get(&form_key(api, entity, features, groups))?)
+        };
+        for id in ids {
+            match id {
+                Id::Int(_) if form.int_ids => {}
+                Id::Str(s) if !form.int_ids && !s.is_empty() && s.len() <= self.max_string_id => {}
+                _ => return None, // Python says why
+            }
+        }
+        Some(form)
+    }
+
+    /// Count an answer given here (for the request histogram and the entities served).
+    fn served(
+        &self,
+        api: u8,
+        started: Instant,
+        entities: usize,
+    ) -> std::sync::MutexGuard<'_, Served> {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.seconds[api as usize].push(started.elapsed().as_secs_f64());
+        served.entities[api as usize] += entities as u64;
+        served
+    }
+
+    /// The Redis commands of a `POST /v1/features/get` body without the L1: one per id,
+    /// as `roundtrip.pack` writes them. None where Python answers (see `answer`).
+    pub fn plan(&self, body: &[u8]) -> Option<Plan> {
+        let started = Instant::now();
+        let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
+        if request.bypass_cache {
+            return None; // Python checks the key's role
+        }
+        self.planned(
+            started,
+            REST,
+            request.entity_type,
+            &request.ids,
+            &request.features,
+            &request.groups,
+        )
+    }
+
+    /// The same for a `GetFeaturesRequest` message.
+    pub fn plan_grpc(&self, message: &[u8]) -> Option<Plan> {
+        let started = Instant::now();
+        let request = GrpcRequest::parse(message)?;
+        self.planned(
+            started,
+            GRPC,
+            request.entity_type,
+            &request.ids,
+            &request.features,
+            &request.groups,
+        )
+    }
+
+    fn planned(
+        &self,
+        started: Instant,
+        api: u8,
+        entity: &str,
+        ids: &[Id<'_>],
+        features: &[&str],
+        groups: &[&str],
+    ) -> Option<Plan> {
+        if !self.planning {
+            return None;
+        }
+        let form = self.form(api, entity, ids, features, groups)?;
+        let read = {
+            let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(reads.get(&form.group)?)
+        };
+        let mut command = Vec::with_capacity(ids.len() * (read.fields.len() + 64));
+        let mut key = Vec::with_capacity(form.prefix.len() + 24);
+        let mut owned = Vec::with_capacity(ids.len());
+        for id in ids {
+            key.clear();
+            key.extend_from_slice(&form.prefix);
+            match id {
+                Id::Int(n) => {
+                    json_i64(&mut key, *n); // the digits of Python's f"{prefix}:{n}"
+                    owned.push(OwnedId::Int(*n));
+                }
+                Id::Str(s) => {
+                    key.extend_from_slice(s.as_bytes());
+                    owned.push(OwnedId::Str((*s).to_owned()));
+                }
+            }
+            if read.shape.whole {
+                command.extend_from_slice(b"*2\r\n$7\r\nHGETALL\r\n$");
+            } else {
+                command.push(b'*');
+                json_i64(&mut command, read.shape.count as i64 + 2);
+                command.extend_from_slice(b"\r\n$5\r\nHMGET\r\n$");
+            }
+            json_i64(&mut command, key.len() as i64);
+            command.extend_from_slice(b"\r\n");
+            command.extend_from_slice(&key);
+            command.extend_from_slice(b"\r\n");
+            if !read.shape.whole {
+                command.extend_from_slice(&read.fields);
+            }
+        }
+        Some(Plan {
+            api,
+            form,
+            read,
+            ids: owned,
+            started,
+            command,
+            count: ids.len(),
+        })
+    }
+
+    /// The answer to a planned lookup from Redis's replies to its commands (`buf`, all of
+    /// them and nothing else). None where Python answers instead: an error reply (a key
+    /// holding another type), a value or write time the native core does not read (Python
+    /// names the fault, or reads the form only its reference reads).
+    pub fn render(&self, plan: &Plan, buf: &[u8]) -> Option<Vec<u8>> {
+        let (form, read) = (&plan.form, &plan.read);
+        let rest = plan.api == REST;
+        let now = unix_now();
+        let mut out = Vec::with_capacity(form.head.len() + plan.ids.len() * 1300 + 2);
+        out.extend_from_slice(&form.head);
+        let (write, missing): (Writer, &[u8]) = if rest {
+            (json_value, b"null")
+        } else {
+            (proto_value, MISSING_VALUE)
+        };
+        let mut slots = Vec::with_capacity(read.shape.count);
+        let mut order = Vec::with_capacity(read.shape.count);
+        let mut values = Vec::with_capacity(1400);
+        let mut present = Vec::with_capacity(read.types.len());
+        let mut row = Vec::new();
+        let mut pos = 0;
+        for (i, id) in plan.ids.iter().enumerate() {
+            let (error, next) = read.shape.read(buf, pos, &mut slots, &mut order).ok()?;
+            if error.is_some() {
+                return None;
+            }
+            pos = next;
+            values.clear();
+            present.clear();
+            if rest {
+                values.push(b'[');
+            }
+            for (j, (&(type_code, dim), value)) in read.types.iter().zip(&slots).enumerate() {
+                if rest && j > 0 {
+                    values.push(b',');
+                }
+                match value {
+                    None => {
+                        values.extend_from_slice(missing);
+                        present.push(0);
+                    }
+                    Some(data) if data.len() < ABSENT as usize => {
+                        write(&mut values, type_code, dim, data).ok()?;
+                        present.push(1);
+                    }
+                    Some(_) => return None,
+                }
+            }
+            if rest {
+                values.push(b']');
+            }
+            let written_at = match slots[read.types.len()] {
+                Some(text) => Some(unix_seconds(text)?),
+                None => None,
+            };
+            match id {
+                OwnedId::Int(n) if rest => {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_row(
+                        &mut out,
+                        |o| json_i64(o, *n),
+                        &values,
+                        &present,
+                        written_at,
+                        false,
+                        now,
+                        form.max_age,
+                        &form.label,
+                    );
+                }
+                OwnedId::Str(s) if rest => {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_row(
+                        &mut out,
+                        |o| json_str(o, s),
+                        &values,
+                        &present,
+                        written_at,
+                        false,
+                        now,
+                        form.max_age,
+                        &form.label,
+                    );
+                }
+                OwnedId::Int(n) => write_grpc_row(
+                    &mut out,
+                    &mut row,
+                    GrpcId::Int(*n),
+                    &values,
+                    &present,
+                    written_at,
+                    false,
+                    now,
+                    form.max_age,
+                    &form.label,
+                ),
+                OwnedId::Str(s) => write_grpc_row(
+                    &mut out,
+                    &mut row,
+                    GrpcId::Str(s),
+                    &values,
+                    &present,
+                    written_at,
+                    false,
+                    now,
+                    form.max_age,
+                    &form.label,
+                ),
+            }
+        }
+        if pos != buf.len() {
+            return None;
+        }
+        if rest {
+            out.extend_from_slice(b"]}");
+        }
+        drop(self.served(plan.api, plan.started, plan.ids.len()));
+        Some(out)
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A stored write time in whole seconds, as `layout.decode_timestamp` reads it (digits, at
+/// most one decimal point and nine digits after it, up to 2**40); None for anything else.
+fn unix_seconds(text: &[u8]) -> Option<i64> {
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    let (whole, fraction) = match text.iter().position(|&c| c == b'.') {
+        Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
+        None => (text, None),
+    };
+    if !digits(whole) || fraction.map_or(false, |f| !digits(f) || f.len() > 9) {
+        return None;
+    }
+    let value: u64 = std::str::from_utf8(whole).ok()?.parse().ok()?;
+    (value <= 1 << 40).then_some(value as i64)
 }
 
 /// What Python drains: per API (REST, gRPC) the answers' times and the entities answered;
@@ -295,8 +593,14 @@ pub struct HitCache {
 #[pymethods]
 impl HitCache {
     #[new]
-    #[pyo3(signature = (max_ids, max_string_id, shadow_fraction, seed=0))]
-    fn new(max_ids: usize, max_string_id: usize, shadow_fraction: f64, seed: u64) -> Self {
+    #[pyo3(signature = (max_ids, max_string_id, shadow_fraction, seed=0, planning=false))]
+    fn new(
+        max_ids: usize,
+        max_string_id: usize,
+        shadow_fraction: f64,
+        seed: u64,
+        planning: bool,
+    ) -> Self {
         let fraction = if shadow_fraction.is_finite() {
             shadow_fraction.clamp(0.0, 1.0)
         } else {
@@ -304,6 +608,8 @@ impl HitCache {
         };
         HitCache {
             hits: Arc::new(Hits {
+                planning,
+                reads: RwLock::new(HashMap::new()),
                 entries: RwLock::new(HashMap::new()),
                 forms: RwLock::new(HashMap::new()),
                 served: Mutex::new(Served::default()),
@@ -354,6 +660,49 @@ impl HitCache {
             }),
         );
         true
+    }
+
+    /// How group `group` is read for planned lookups: its fields (the freshness field
+    /// last), whether it is read with HGETALL, and its values' types.
+    fn define_read(&self, group: u16, fields: Vec<Vec<u8>>, whole: bool, types: Vec<(u8, u32)>) {
+        let mut resp = Vec::new();
+        for field in &fields {
+            resp.push(b'$');
+            json_i64(&mut resp, field.len() as i64);
+            resp.extend_from_slice(b"\r\n");
+            resp.extend_from_slice(field);
+            resp.extend_from_slice(b"\r\n");
+        }
+        let read = GroupRead {
+            fields: resp,
+            shape: Shape::new(fields, whole),
+            types,
+        };
+        let mut reads = self.hits.reads.write().unwrap_or_else(|e| e.into_inner());
+        reads.insert(group, Arc::new(read));
+    }
+
+    /// The commands (and their count) of a planned REST `body`, and the answer written
+    /// from `replies` to them (for tests); with `grpc`, of a `GetFeaturesRequest`.
+    #[pyo3(signature = (body, replies=None, grpc=false))]
+    fn plan<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        replies: Option<&[u8]>,
+        grpc: bool,
+    ) -> Option<(Bound<'py, PyBytes>, usize, Option<Bound<'py, PyBytes>>)> {
+        let plan = if grpc {
+            self.hits.plan_grpc(body)
+        } else {
+            self.hits.plan(body)
+        }?;
+        let answer = replies.and_then(|r| self.hits.render(&plan, r));
+        Some((
+            PyBytes::new(py, &plan.command),
+            plan.count,
+            answer.map(|a| PyBytes::new(py, &a)),
+        ))
     }
 
     /// Store the entry of `key` (group index, 2 bytes big-endian, then the Redis key):

@@ -934,11 +934,23 @@ fn resp_line(buf: &[u8], pos: usize) -> PyResult<Option<(&[u8], usize)>> {
     }
 }
 
+/// A length or count: `-?digits`, at most 18 of them (RESP's lengths are far shorter).
 fn resp_int(line: &[u8]) -> PyResult<i64> {
-    std::str::from_utf8(line)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| PyValueError::new_err("RESP protocol error: not a length"))
+    let (negative, digits) = match line.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, line),
+    };
+    if digits.is_empty() || digits.len() > 18 {
+        return Err(PyValueError::new_err("RESP protocol error: not a length"));
+    }
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(PyValueError::new_err("RESP protocol error: not a length"));
+        }
+        value = value * 10 + i64::from(d - b'0');
+    }
+    Ok(if negative { -value } else { value })
 }
 
 /// The position after the reply at `pos`; None when `buf` ends first.
@@ -1016,30 +1028,120 @@ fn resp_bulk(buf: &[u8], pos: usize) -> PyResult<(Option<&[u8]>, usize)> {
     Ok((Some(value), end + 2))
 }
 
+/// What a read's reply holds: an HGETALL's field/value pairs (looked up by field), or an
+/// HMGET's values in field order.
+pub(crate) struct Shape {
+    pub(crate) whole: bool,
+    pub(crate) count: usize,
+    fields: Vec<Vec<u8>>,
+    index: std::collections::HashMap<Vec<u8>, usize>,
+}
+
+/// No field of the read at this place of an HGETALL reply (`Shape::read`'s `order`).
+const ELSEWHERE: usize = usize::MAX;
+
+impl Shape {
+    pub(crate) fn new(fields: Vec<Vec<u8>>, whole: bool) -> Self {
+        let count = fields.len();
+        let index = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.clone(), i))
+            .collect();
+        Shape {
+            whole,
+            count,
+            fields,
+            index,
+        }
+    }
+
+    /// The reply at `pos` (complete, per `resp_scan`; RESP2 or RESP3): its values in field
+    /// order into `slots` (None for none), or its message when it is an error reply; and
+    /// the position after it.
+    ///
+    /// `order` remembers, per place in an HGETALL reply, which field was there: the hashes
+    /// one job wrote list their fields in one order, so the next reply's field at that
+    /// place is compared with it before the field is looked up.
+    pub(crate) fn read<'a>(
+        &self,
+        buf: &'a [u8],
+        mut pos: usize,
+        slots: &mut Vec<Option<&'a [u8]>>,
+        order: &mut Vec<usize>,
+    ) -> PyResult<(Option<&'a [u8]>, usize)> {
+        let (line, next) = resp_line(buf, pos + 1)?
+            .ok_or_else(|| PyValueError::new_err("RESP protocol error: a reply is cut short"))?;
+        match buf.get(pos) {
+            Some(b'-') => return Ok((Some(line), next)),
+            Some(b'*') | Some(b'%') => {}
+            _ => {
+                return Err(PyValueError::new_err(
+                    "RESP protocol error: expected an array",
+                ))
+            }
+        }
+        // RESP3 answers HGETALL with a map: its length counts pairs, not elements
+        let pairs = buf[pos] == b'%';
+        let n = resp_int(line)?.max(0) as usize * if pairs { 2 } else { 1 };
+        pos = next;
+        slots.clear();
+        slots.resize(self.count, None);
+        if self.whole {
+            for place in 0..n / 2 {
+                let (field, after) = resp_bulk(buf, pos)?;
+                let (value, after) = resp_bulk(buf, after)?;
+                pos = after;
+                let field = match field {
+                    Some(field) => field,
+                    None => continue,
+                };
+                // (another plan's order may be in `order`: compared, never trusted)
+                let seen = order.get(place).copied().unwrap_or(ELSEWHERE);
+                let i = if self.fields.get(seen).map_or(false, |f| f == field) {
+                    seen
+                } else {
+                    let i = self.index.get(field).copied().unwrap_or(ELSEWHERE);
+                    if order.len() <= place {
+                        order.resize(place + 1, ELSEWHERE);
+                    }
+                    order[place] = i;
+                    i
+                };
+                if i != ELSEWHERE {
+                    slots[i] = value;
+                }
+            }
+        } else {
+            if n != self.count {
+                return Err(PyValueError::new_err(
+                    "RESP protocol error: HMGET reply length",
+                ));
+            }
+            for slot in slots.iter_mut() {
+                let (value, after) = resp_bulk(buf, pos)?;
+                *slot = value;
+                pos = after;
+            }
+        }
+        Ok((None, pos))
+    }
+}
+
 /// What one read asks for: the fields, in the order the loader wants their values, and
 /// whether the command was an HGETALL (field/value pairs in the hash's order) or an HMGET
 /// (values in field order).
 #[pyclass(frozen, module = "feature_store._native")]
 struct ReadPlan {
-    whole: bool,
-    count: usize,
-    index: std::collections::HashMap<Vec<u8>, usize>,
+    shape: Shape,
 }
 
 #[pymethods]
 impl ReadPlan {
     #[new]
     fn new(fields: Vec<Vec<u8>>, whole: bool) -> Self {
-        let count = fields.len();
-        let index = fields
-            .into_iter()
-            .enumerate()
-            .map(|(i, f)| (f, i))
-            .collect();
         ReadPlan {
-            whole,
-            count,
-            index,
+            shape: Shape::new(fields, whole),
         }
     }
 }
@@ -1055,53 +1157,18 @@ fn resp_split<'py>(
     let mut out = Vec::with_capacity(plans.len());
     let mut pos = 0;
     let mut slots: Vec<Option<&[u8]>> = Vec::new();
+    let mut order = Vec::new();
     for plan in &plans {
-        let (line, next) = resp_line(buf, pos + 1)?
-            .ok_or_else(|| PyValueError::new_err("RESP protocol error: a reply is cut short"))?;
-        match buf.get(pos) {
-            Some(b'-') => {
-                out.push(
-                    String::from_utf8_lossy(line)
-                        .into_pyobject(py)?
-                        .into_any()
-                        .unbind(),
-                );
-                pos = next;
-                continue;
-            }
-            Some(b'*') | Some(b'%') => {}
-            _ => {
-                return Err(PyValueError::new_err(
-                    "RESP protocol error: expected an array",
-                ))
-            }
-        }
-        // RESP3 answers HGETALL with a map: its length counts pairs, not elements
-        let pairs = buf[pos] == b'%';
-        let n = resp_int(line)?.max(0) as usize * if pairs { 2 } else { 1 };
+        let (error, next) = plan.shape.read(buf, pos, &mut slots, &mut order)?;
         pos = next;
-        slots.clear();
-        slots.resize(plan.count, None);
-        if plan.whole {
-            for _ in 0..n / 2 {
-                let (field, after) = resp_bulk(buf, pos)?;
-                let (value, after) = resp_bulk(buf, after)?;
-                pos = after;
-                if let Some(&i) = field.and_then(|f| plan.index.get(f)) {
-                    slots[i] = value;
-                }
-            }
-        } else {
-            if n != plan.count {
-                return Err(PyValueError::new_err(
-                    "RESP protocol error: HMGET reply length",
-                ));
-            }
-            for slot in slots.iter_mut() {
-                let (value, after) = resp_bulk(buf, pos)?;
-                *slot = value;
-                pos = after;
-            }
+        if let Some(message) = error {
+            out.push(
+                String::from_utf8_lossy(message)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind(),
+            );
+            continue;
         }
         let size: usize = slots.iter().map(|v| 4 + v.map_or(0, <[u8]>::len)).sum();
         let mut packed = Vec::with_capacity(size);

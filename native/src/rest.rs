@@ -76,11 +76,19 @@ impl Route {
     }
 }
 
+/// What Python hands back for a queued call: its answer, or (a planned read) Redis's
+/// replies to the call's commands, which the front writes the answer from.
+enum Reply {
+    Answer(Answer),
+    Replies(Bytes),
+}
+
 struct Queued {
     route: usize,
     authorization: Option<String>,
     body: Bytes,
-    reply: oneshot::Sender<Answer>,
+    command: Option<(Vec<u8>, usize)>, // a planned read: the commands and their count
+    reply: oneshot::Sender<Reply>,
 }
 
 struct Shared {
@@ -152,7 +160,8 @@ pub fn rest_role(keys: Vec<(Vec<u8>, u8)>, authorization: Option<&str>) -> u8 {
     role_of(&keys, authorization)
 }
 
-/// One POST to a fast route, handed to Python.
+/// One POST to a fast route, handed to Python: to answer, or (`count` > 0) a planned
+/// lookup whose commands Python sends to Redis, handing back the replies.
 #[pyclass(module = "feature_store._native")]
 pub struct RestCall {
     #[pyo3(get)]
@@ -160,7 +169,10 @@ pub struct RestCall {
     #[pyo3(get)]
     authorization: Option<String>,
     body: Bytes,
-    reply: Option<oneshot::Sender<Answer>>,
+    command: Vec<u8>,
+    #[pyo3(get)]
+    count: usize,
+    reply: Option<oneshot::Sender<Reply>>,
 }
 
 #[pymethods]
@@ -169,6 +181,26 @@ impl RestCall {
     #[getter]
     fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.body)
+    }
+
+    /// A planned lookup's Redis commands (RESP), `count` of them.
+    #[getter]
+    fn command<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.command)
+    }
+
+    /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
+    fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
+        let replies = buf
+            .get(start..end)
+            .ok_or_else(|| PyValueError::new_err("the replies are not inside the buffer"))?;
+        match self.reply.take() {
+            Some(tx) => {
+                let _ = tx.send(Reply::Replies(Bytes::copy_from_slice(replies)));
+                Ok(())
+            }
+            None => Err(PyRuntimeError::new_err("the call was already answered")),
+        }
     }
 
     /// Answer with this status, these extra headers and this JSON body.
@@ -185,11 +217,11 @@ impl RestCall {
         }
         match self.reply.take() {
             Some(tx) => {
-                let _ = tx.send(Answer {
+                let _ = tx.send(Reply::Answer(Answer {
                     status,
                     headers,
                     body: Bytes::copy_from_slice(body),
-                });
+                }));
                 Ok(())
             }
             None => Err(PyRuntimeError::new_err("the call was already answered")),
@@ -313,11 +345,16 @@ impl RestFront {
         let mut queue = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
         queue
             .drain(..)
-            .map(|q| RestCall {
-                route: q.route,
-                authorization: q.authorization,
-                body: q.body,
-                reply: Some(q.reply),
+            .map(|q| {
+                let (command, count) = q.command.unwrap_or_default();
+                RestCall {
+                    route: q.route,
+                    authorization: q.authorization,
+                    body: q.body,
+                    command,
+                    count,
+                    reply: Some(q.reply),
+                }
             })
             .collect()
     }
@@ -498,26 +535,58 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
     };
     if let Some((lookup, hits)) = &shared.hits {
         if *lookup == index {
+            let ok = |body: Vec<u8>| Answer {
+                status: 200,
+                headers: Vec::new(),
+                body: Bytes::from(body),
+            };
             if let Some(body) = hits.answer(&data) {
-                return Answer {
-                    status: 200,
-                    headers: Vec::new(),
-                    body: Bytes::from(body),
-                };
+                return ok(body);
+            }
+            if let Some(mut plan) = hits.plan(&data) {
+                let command = std::mem::take(&mut plan.command);
+                let queued = queue(
+                    shared,
+                    index,
+                    &authorization,
+                    &data,
+                    Some((command, plan.count)),
+                );
+                match queued.await {
+                    Ok(Reply::Replies(replies)) => {
+                        if let Some(body) = hits.render(&plan, &replies) {
+                            return ok(body);
+                        } // else Python answers it, reading again
+                    }
+                    Ok(Reply::Answer(answer)) => return answer, // Redis failed: Python's error
+                    Err(_) => return route.refusal(503),        // the server is stopping
+                }
             }
         }
     }
+    match queue(shared, index, &authorization, &data, None).await {
+        Ok(Reply::Answer(answer)) => answer,
+        Ok(Reply::Replies(_)) | Err(_) => route.refusal(503), // the server is stopping
+    }
+}
+
+/// Queue a call for Python: for the route's handler, or (`command`) a planned read.
+fn queue(
+    shared: &Shared,
+    route: usize,
+    authorization: &Option<String>,
+    body: &Bytes,
+    command: Option<(Vec<u8>, usize)>,
+) -> oneshot::Receiver<Reply> {
     let (tx, rx) = oneshot::channel();
     shared.push(Queued {
-        route: index,
-        authorization,
-        body: data,
+        route,
+        authorization: authorization.clone(),
+        body: body.clone(),
+        command,
         reply: tx,
     });
-    match rx.await {
-        Ok(answer) => answer,
-        Err(_) => route.refusal(503), // the server is stopping
-    }
+    rx
 }
 
 fn respond(answer: Answer) -> Response<Body> {

@@ -1,0 +1,186 @@
+"""Lookups without the L1 written on the native REST front (serving/front_reads.py; in
+native/src/hits.rs ``Hits::plan`` and ``Hits::render``) against the same server answering
+them in its handler (``NATIVE_READS=off``): the same answers, byte for byte but the ages;
+entities the front cannot answer (a key of another type, a value only the reference reads, a
+corrupt write time) handed to the handler, which names them; the front's answers counted;
+Redis gone answered with the handler's own 503.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.native import native_enabled
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+ENV = {
+    "FEATURE_SERVING_CACHE": "off",
+    "FEATURE_SERVING_WARM_START_KEYS": "0",
+    "FEATURE_SERVING_REST_FRONT": "native",
+}
+AGES = re.compile(rb'"ages":\{[^}]*\}')
+N = 50
+ALL = [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
+READS = 'feature_serving_front_lookups_total{api="rest",how="read"}'
+WRONG_TYPE, BAD_VALUE, BAD_TIME = 9001, 9002, 9003
+
+
+def metric(server: ServingProcess, name: str) -> float:
+    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def front_reads(server: ServingProcess, at_least: float) -> float:
+    """The front's planned answers once drained (every 20 ms), within 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        value = metric(server, READS)
+        if value >= at_least or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def get(server: ServingProcess, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(
+        server.rest_url + "/v1/features/get",
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+
+
+def key(entity_id: int) -> bytes:
+    return f"{sample.registry().entities[ENTITY].prefix}:{entity_id}".encode()
+
+
+@pytest.fixture(scope="module")
+def servers(redis_server: EmbeddedRedis) -> Iterator[tuple[ServingProcess, ServingProcess]]:
+    url = redis_server.url
+    registry = sample.registry()
+    with FeatureStore.connect(url, registry) as store:
+        store.write(GROUP, sample.rows(N))
+    group = registry.groups[GROUP]
+    with redis.Redis.from_url(url) as r:
+        r.delete(key(WRONG_TYPE))
+        r.set(key(WRONG_TYPE), b"a string, not a hash")
+        r.hset(key(BAD_VALUE), mapping=r.hgetall(key(1)))
+        r.hset(key(BAD_VALUE), group.features[0].field, b"not a float")
+        r.hset(key(BAD_TIME), mapping=r.hgetall(key(2)))
+        r.hset(key(BAD_TIME), group.freshness_field, b"yesterday")
+    with (
+        ServingProcess(url, env=ENV) as native,
+        ServingProcess(url, env={**ENV, "FEATURE_SERVING_NATIVE_READS": "off"}) as python,
+    ):
+        yield native, python
+
+
+# the forms a client sends: the front writes the first four's answers once it learned them
+BODIES: list[dict[str, object]] = [
+    {"entity_type": ENTITY, "ids": [1, 2, 3], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [4, 4, 10_000_000, -5], "groups": [GROUP]},  # missing ones
+    {"entity_type": ENTITY, "ids": [5], "features": ALL},
+    {"groups": [GROUP], "ids": list(range(1, N + 1)), "bypass_cache": True, "entity_type": ENTITY},
+    # the handler's alone: picked features, ids of the wrong type, bad fields
+    {"entity_type": ENTITY, "ids": [1, 2], "features": ALL[:3]},
+    {"entity_type": ENTITY, "ids": ["1"], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [1.0], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [2**63], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [], "groups": [GROUP]},
+    {"entity_type": ENTITY, "ids": [1], "groups": [GROUP], "feature": ["x"]},
+    {"entity_type": ENTITY, "ids": [1], "groups": None},
+]
+# of each body's two requests, those the front writes: the first of a form teaches it (the
+# second body has the first's form); the fourth asks to bypass the cache, which the handler
+# allows by the key's role
+WRITTEN = [1, 2, 1]
+
+
+def answer(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]:
+    r = get(server, body)
+    return r.status_code, AGES.sub(b"", r.content)
+
+
+def test_the_front_writes_answers_as_the_handler_does(
+    servers: tuple[ServingProcess, ServingProcess],
+) -> None:
+    native, python = servers
+    written = metric(native, READS)
+    for i, body in enumerate(BODIES):
+        first = [answer(server, body) for server in servers]  # teaches the form
+        assert first[0] == first[1], body
+        again = [answer(server, body) for server in servers]
+        assert again[0] == again[1] == first[0], body
+        if i < len(WRITTEN):
+            assert again[0][0] == 200
+            written += WRITTEN[i]
+            assert front_reads(native, written) == written, body
+    assert front_reads(native, written + 1) == written  # nothing else came from the front
+    assert metric(python, READS) == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (WRONG_TYPE, "wrong_type"),
+        (BAD_VALUE, "undecodable_value"),
+        (BAD_TIME, "corrupt_write_time"),
+    ],
+)
+def test_an_entity_the_front_cannot_answer_goes_to_the_handler(
+    servers: tuple[ServingProcess, ServingProcess], bad: int, reason: str
+) -> None:
+    native, python = servers
+    form = {"entity_type": ENTITY, "groups": [GROUP]}
+    answer(native, {**form, "ids": [1]})  # the form is learned
+    written = front_reads(native, 0)
+    body = {**form, "ids": [1, bad, 2]}
+    r = get(native, body)
+    assert (r.status_code, AGES.sub(b"", r.content)) == answer(python, body)
+    assert r.status_code == 200
+    doc = r.json()
+    assert [e["id"] for e in doc["errors"]] == [bad]
+    assert doc["errors"][0]["reason"] == reason
+    assert doc["results"][1]["statuses"][0] == "error"
+    assert doc["results"][0]["statuses"][0] == "present"
+    assert front_reads(native, written + 1) == written  # the handler answered it
+
+
+def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path / "redis", persistence=False) as server:
+        with FeatureStore.connect(server.url, sample.registry()) as store:
+            store.write(GROUP, sample.rows(5))
+        env = {**ENV, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.5"}
+        with ServingProcess(server.url, env=env) as native:
+            body = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
+            assert get(native, body).status_code == 200  # taught
+            assert get(native, body).status_code == 200
+            assert front_reads(native, 1) == 1
+            server.kill()
+            failures = [get(native, body) for _ in range(8)]
+            for r in failures:
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] in {"redis_unavailable", "redis_error"}, r.text
+            # the circuit opens; its answers carry when to try again, as the handler's do
+            assert "retry-after" in failures[-1].headers
+            server.restart()
+            deadline = time.monotonic() + 20
+            while get(native, body).status_code != 200:
+                assert time.monotonic() < deadline, "never recovered after Redis came back"
+                time.sleep(0.2)
