@@ -39,6 +39,7 @@ from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.cache import Entry
 from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.front_reads import FrontReads
 from feature_store.serving.fronts import QueuedCalls, listen
 from feature_store.serving.hits import GRPC, FrontLookups, Learn
 from feature_store.serving.runtime import ServingRuntime
@@ -331,6 +332,7 @@ class NativeFront(QueuedCalls):
         super().__init__()
         self.servicer = servicer
         self.backend = backend  # grpc.aio's loopback port
+        self.reads = hits if isinstance(hits, FrontReads) else None
         self.parse = _parser(pb.GetFeaturesRequest)
         settings = servicer.runtime.settings
         self.start(
@@ -346,6 +348,21 @@ class NativeFront(QueuedCalls):
             ),
             "gRPC port",
         )
+
+    def dispatch(self, calls: list[Call]) -> None:
+        """Planned lookups (``count`` > 0) are sent together (FrontReads.read); every other
+        call is answered by the method."""
+        planned = [call for call in calls if call.count]
+        if planned:
+            assert self.reads is not None
+            self.spawn(self.reads.read(planned, self._fail_planned))
+            calls = [call for call in calls if not call.count]
+        super().dispatch(calls)
+
+    def _fail_planned(self, call: Call, error: BaseException, t0: float) -> None:
+        """A planned lookup whose round trip failed: the method's own failure status."""
+        code, details = self.servicer.failure(error, "get", t0)
+        call.fail(code.value[0], details)
 
     async def answer(self, call: Call) -> None:
         t0 = time.perf_counter()

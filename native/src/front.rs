@@ -61,11 +61,13 @@ pub(crate) type TlsPem = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
 enum Answer {
     Message(Vec<u8>), // the gRPC frame: 5-byte prefix and the message
     Status(u32, String),
+    Replies(Bytes), // a planned read: Redis's replies to its commands, the answer written here
 }
 
 struct Queued {
     request: Bytes,
     authorization: Option<String>,
+    command: Option<(Vec<u8>, usize)>, // a planned read: the commands and their count
     reply: oneshot::Sender<Answer>,
 }
 
@@ -97,12 +99,16 @@ impl Shared {
     }
 }
 
-/// One call to the hot method, handed to Python.
+/// One call to the hot method, handed to Python: to answer, or (`count` > 0) a planned
+/// lookup whose commands Python sends to Redis, handing back the replies.
 #[pyclass(module = "feature_store._native")]
 pub struct Call {
     #[pyo3(get)]
     authorization: Option<String>,
     request: Bytes,
+    command: Vec<u8>,
+    #[pyo3(get)]
+    count: usize,
     reply: Option<oneshot::Sender<Answer>>,
 }
 
@@ -112,6 +118,20 @@ impl Call {
     #[getter]
     fn request<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.request)
+    }
+
+    /// A planned lookup's Redis commands (RESP), `count` of them.
+    #[getter]
+    fn command<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.command)
+    }
+
+    /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
+    fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
+        let replies = buf
+            .get(start..end)
+            .ok_or_else(|| PyValueError::new_err("the replies are not inside the buffer"))?;
+        self.send(Answer::Replies(Bytes::copy_from_slice(replies)))
     }
 
     /// Answer with this message (serialized protobuf) and status OK.
@@ -212,10 +232,15 @@ impl Front {
         let mut queue = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
         queue
             .drain(..)
-            .map(|q| Call {
-                authorization: q.authorization,
-                request: q.request,
-                reply: Some(q.reply),
+            .map(|q| {
+                let (command, count) = q.command.unwrap_or_default();
+                Call {
+                    authorization: q.authorization,
+                    request: q.request,
+                    command,
+                    count,
+                    reply: Some(q.reply),
+                }
             })
             .collect()
     }
@@ -447,31 +472,73 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let started = tokio::time::Instant::now();
+    let deadline = deadline.map(|limit| started + limit);
     if let Some(hits) = &shared.hits {
         // a caller without a key that may read goes to Python, which says why
         if role_of(&shared.keys, authorization.as_deref()) >= ROLE_READ {
             if let Some(message) = hits.answer_grpc(&request) {
                 return send_message(&mut respond, frame(&message));
             }
+            if let Some(mut plan) = hits.plan_grpc(&request) {
+                let command = Some((std::mem::take(&mut plan.command), plan.count));
+                let rx = queue(shared, &request, &authorization, command);
+                match wait(rx, deadline).await {
+                    Some(Ok(Answer::Replies(replies))) => {
+                        if let Some(message) = hits.render(&plan, &replies) {
+                            return send_message(&mut respond, frame(&message));
+                        } // else Python answers it, reading again
+                    }
+                    answer => return answered(&mut respond, answer),
+                }
+            }
         }
     }
+    let rx = queue(shared, &request, &authorization, None);
+    let answer = wait(rx, deadline).await;
+    answered(&mut respond, answer)
+}
+
+/// Queue a call for Python: for the method's handler, or (`command`) a planned read.
+fn queue(
+    shared: &Shared,
+    request: &Bytes,
+    authorization: &Option<String>,
+    command: Option<(Vec<u8>, usize)>,
+) -> oneshot::Receiver<Answer> {
     let (tx, rx) = oneshot::channel();
     shared.push(Queued {
-        request,
-        authorization,
+        request: request.clone(),
+        authorization: authorization.clone(),
+        command,
         reply: tx,
     });
-    let answer = match deadline {
-        Some(limit) => match tokio::time::timeout(limit, rx).await {
-            Ok(answer) => answer,
-            Err(_) => return status(&mut respond, DEADLINE_EXCEEDED, "Deadline Exceeded"),
-        },
-        None => rx.await,
-    };
+    rx
+}
+
+/// Python's answer, None when the call's deadline passed first.
+async fn wait(
+    rx: oneshot::Receiver<Answer>,
+    deadline: Option<tokio::time::Instant>,
+) -> Option<Result<Answer, oneshot::error::RecvError>> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, rx).await.ok(),
+        None => Some(rx.await),
+    }
+}
+
+fn answered(
+    respond: &mut SendResponse<Bytes>,
+    answer: Option<Result<Answer, oneshot::error::RecvError>>,
+) {
     match answer {
-        Ok(Answer::Message(frame)) => send_message(&mut respond, frame),
-        Ok(Answer::Status(code, message)) => status(&mut respond, code, &message),
-        Err(_) => status(&mut respond, UNAVAILABLE, "the server is shutting down"),
+        None => status(respond, DEADLINE_EXCEEDED, "Deadline Exceeded"),
+        Some(Ok(Answer::Message(frame))) => send_message(respond, frame),
+        Some(Ok(Answer::Status(code, message))) => status(respond, code, &message),
+        // replies without a plan: not sent by Python; the stream goes as at shutdown
+        Some(Ok(Answer::Replies(_))) | Some(Err(_)) => {
+            status(respond, UNAVAILABLE, "the server is shutting down")
+        }
     }
 }
 

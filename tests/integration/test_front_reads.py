@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import orjson
 import pytest
@@ -21,6 +22,8 @@ import redis
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
 from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
@@ -36,6 +39,7 @@ AGES = re.compile(rb'"ages":\{[^}]*\}')
 N = 50
 ALL = [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
 READS = 'feature_serving_front_lookups_total{api="rest",how="read"}'
+GRPC_READS = 'feature_serving_front_lookups_total{api="grpc",how="read"}'
 WRONG_TYPE, BAD_VALUE, BAD_TIME = 9001, 9002, 9003
 
 
@@ -47,11 +51,11 @@ def metric(server: ServingProcess, name: str) -> float:
     return 0.0
 
 
-def front_reads(server: ServingProcess, at_least: float) -> float:
+def front_reads(server: ServingProcess, at_least: float, name: str = READS) -> float:
     """The front's planned answers once drained (every 20 ms), within 5 s."""
     deadline = time.monotonic() + 5
     while True:
-        value = metric(server, READS)
+        value = metric(server, name)
         if value >= at_least or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
@@ -160,6 +164,45 @@ def test_an_entity_the_front_cannot_answer_goes_to_the_handler(
     assert doc["results"][1]["statuses"][0] == "error"
     assert doc["results"][0]["statuses"][0] == "present"
     assert front_reads(native, written + 1) == written  # the handler answered it
+
+
+def grpc_answer(server: ServingProcess, request: pb.GetFeaturesRequest) -> pb.GetFeaturesResponse:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer: pb.GetFeaturesResponse = FeatureServiceStub(channel).GetFeatures(
+            request, timeout=10
+        )
+    for row in answer.rows:
+        row.ages.clear()  # whole seconds: one may turn between two answers
+    return answer
+
+
+GRPC_REQUESTS = [
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[1, 2, 3], groups=[GROUP]), 1),
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[4, 4, 10_000_000, -5], groups=[GROUP]), 2),
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], features=ALL), 1),
+    # the method's alone: a bypass (the key's role), picked features
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], groups=[GROUP], bypass_cache=True), 0),
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], features=ALL[:2]), 0),
+    # an entity the front cannot answer: the method names it
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[1, BAD_VALUE], groups=[GROUP]), 0),
+]
+
+
+def test_the_grpc_front_writes_answers_as_the_method_does(
+    servers: tuple[ServingProcess, ServingProcess],
+) -> None:
+    native, python = servers
+    written = metric(native, GRPC_READS)
+    for request, planned in GRPC_REQUESTS:
+        first = [grpc_answer(server, request) for server in servers]  # teaches the form
+        assert first[0] == first[1], request
+        again = [grpc_answer(server, request) for server in servers]
+        assert again[0] == again[1] == first[0], request
+        assert len(again[0].rows) == len(request.int_ids)
+        written += planned
+        assert front_reads(native, written, GRPC_READS) == written, request
+    assert [e.id.int_id for e in again[0].errors] == [BAD_VALUE]
+    assert metric(python, GRPC_READS) == 0
 
 
 def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
