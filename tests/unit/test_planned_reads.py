@@ -1,0 +1,211 @@
+"""Planned reads (``Hits::plan`` and ``Hits::render`` in native/src/hits.rs): the commands a
+front writes for a lookup without the L1 are what ``roundtrip.pack`` writes, and the answer it
+writes from Redis's replies is the Python reference's, byte for byte (REST) and record for
+record (gRPC); where the reference would name a fault, the front writes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from feature_store import _native
+from feature_store.errors import EncodingError
+from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
+from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.registry import parse_registry
+from feature_store.serialization import FeatureType
+from feature_store.serialization.answers import TYPE_CODES
+from feature_store.serving import grpc_server, wire
+from feature_store.serving.reads import Resolved
+from feature_store.serving.rest_api import _whole_group_rows
+from feature_store.serving.roundtrip import pack, whole
+from feature_store.serving.service import Lookup, Projection
+from feature_store.serving.spec import GroupSpec
+
+pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
+
+REGISTRY = parse_registry(
+    """
+version: 1
+entities:
+  shop: {prefix: s, id_type: string, ttl: 7d}
+  user: {prefix: u, id_type: int, ttl: 7d}
+feature_groups:
+  daily:
+    entity: shop
+    max_age: 1d
+    features: {rating: float, tags: int_list, name: string, open: bool, visits: int}
+  forever:
+    entity: user
+    features: {rating: double, vector: embedding(3), scores: float_list}
+"""
+)
+REST, GRPC = 0, 1
+
+
+def value_of(t: FeatureType, draw: st.DrawFn) -> object:
+    if t in (FeatureType.FLOAT, FeatureType.DOUBLE):
+        return draw(st.floats(allow_nan=False, allow_infinity=False, width=32))
+    if t is FeatureType.INT:
+        return draw(st.integers(-(2**63), 2**63 - 1))
+    if t is FeatureType.BOOL:
+        return draw(st.booleans())
+    if t is FeatureType.STRING:
+        return draw(st.text(max_size=12))
+    if t is FeatureType.INT_LIST:
+        return draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4))
+    size = 3 if t is FeatureType.EMBEDDING else draw(st.integers(0, 4))
+    return draw(st.lists(st.floats(width=32, allow_nan=False), min_size=size, max_size=size))
+
+
+def bulk(value: bytes | None) -> bytes:
+    return b"$-1\r\n" if value is None else b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+@st.composite
+def lookups(draw: st.DrawFn) -> tuple[str, list[object], list[list[bytes | None]], bool, bool]:
+    """A group, its entities' ids, each entity's stored values (its fields' order, the
+    write time last), whether the read is an HGETALL, and whether one entity is broken."""
+    name = draw(st.sampled_from(sorted(REGISTRY.groups)))
+    group = REGISTRY.groups[name]
+    int_ids = group.entity.id_type is IdType.INT
+    ident = (
+        st.integers(-(2**63), 2**63 - 1)
+        if int_ids
+        else st.text("abcxyz019-_", min_size=1, max_size=MAX_STRING_ID_BYTES)
+    )
+    ids = draw(st.lists(ident, min_size=1, max_size=5))
+    now = int(time.time())
+    stored = []
+    for _ in ids:
+        values: list[bytes | None] = [
+            f.codec.encode(value_of(f.type, draw)) if draw(st.booleans()) else None
+            for f in group.features
+        ]
+        age = draw(st.none() | st.integers(0, 200_000) | st.just(86_400))
+        written = None if age is None else str(now - age).encode()
+        if written is not None and draw(st.booleans()):
+            written += b".25"
+        stored.append([*values, written])
+    broken = draw(st.booleans())
+    if broken:
+        bad = stored[draw(st.integers(0, len(stored) - 1))]
+        if draw(st.booleans()):
+            bad[-1] = b"yesterday"  # a corrupt write time
+        else:
+            bad[0] = b"not a number"  # the first feature's value does not decode
+    return name, ids, stored, draw(st.booleans()), broken
+
+
+def replies(spec: GroupSpec, stored: list[list[bytes | None]], hgetall: bool) -> bytes:
+    out = b""
+    for values in stored:
+        if hgetall:  # the hash's pairs, in an order of its own, with another group's field
+            pairs = [(f, v) for f, v in zip(spec.fields, values, strict=True) if v is not None]
+            pairs = [*reversed(pairs), (b"zzzz", b"1")]
+            out += b"*%d\r\n" % (2 * len(pairs)) + b"".join(bulk(f) + bulk(v) for f, v in pairs)
+        else:
+            out += b"*%d\r\n" % len(values) + b"".join(bulk(v) for v in values)
+    return out
+
+
+def planner(spec: GroupSpec, hgetall: bool, api: int, head: bytes) -> _native.HitCache:
+    group = spec.group
+    cache = _native.HitCache(1000, MAX_STRING_ID_BYTES, 0.0, 0, True)
+    cache.define_read(
+        0, list(spec.fields), hgetall, [(TYPE_CODES[c.type], c.dim or 0) for c in spec.fmt.codecs]
+    )
+    label = orjson.dumps(group.name) if api == REST else group.name.encode()
+    prefix = (group.entity.prefix + KEY_SEPARATOR).encode()
+    int_ids = group.entity.id_type is IdType.INT
+    assert cache.learn(
+        api,
+        group.entity.name,
+        [],
+        [group.name],
+        0,
+        head,
+        label,
+        group.max_age_seconds,
+        prefix,
+        int_ids,
+    )
+    return cache
+
+
+def reference(
+    spec: GroupSpec, ids: list[object], stored: list[list[bytes | None]], now: int, proto: bool
+) -> Lookup:
+    group = spec.group
+    prefix = group.entity.prefix + KEY_SEPARATOR
+    entries = [
+        [Resolved(spec.entry((group.name, f"{prefix}{i}".encode()), values, proto=proto), False)]
+        for i, values in zip(ids, stored, strict=True)
+    ]
+    proj = Projection(
+        group.entity,
+        group.features,
+        tuple(f.name for f in group.features),
+        (group,),
+        tuple((0, i) for i in range(len(group.features))),
+        True,
+    )
+    return Lookup(proj, ids, entries, now, [])  # type: ignore[arg-type]
+
+
+@given(lookups(), st.sampled_from([REST, GRPC]))
+@settings(max_examples=300, deadline=None)
+def test_a_planned_lookup_is_the_references(
+    case: tuple[str, list[object], list[list[bytes | None]], bool, bool], api: int
+) -> None:
+    name, ids, stored, hgetall, broken = case
+    group = REGISTRY.groups[name]
+    spec = GroupSpec.of(group, REGISTRY)
+    proj_names = [f.name for f in group.features]
+    if api == REST:
+        head = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
+            orjson.dumps(group.entity.name),
+            orjson.dumps(proj_names),
+            orjson.dumps([f.type.value for f in group.features]),
+        )
+        body = orjson.dumps({"entity_type": group.entity.name, "ids": ids, "groups": [name]})
+    else:
+        head = wire.header(group.entity.name, proj_names)
+        request = pb.GetFeaturesRequest(entity_type=group.entity.name, groups=[name])
+        if group.entity.id_type is IdType.INT:
+            request.int_ids.extend(ids)  # type: ignore[arg-type]
+        else:
+            request.string_ids.extend(ids)  # type: ignore[arg-type]
+        body = request.SerializeToString()
+    cache = planner(spec, hgetall, api, head)
+    before = int(time.time())
+    planned = cache.plan(body, replies(spec, stored, hgetall), api == GRPC)
+    assume(int(time.time()) == before)  # the ages are of one second
+    assert planned is not None
+    command, count, answer = planned
+    keys = [f"{group.entity.prefix}{KEY_SEPARATOR}{i}".encode() for i in ids]
+    assert count == len(ids)
+    if hgetall == whole([spec]):  # the reads roundtrip.pack writes, of this group's shape
+        assert command == pack([(k, [spec]) for k in keys])
+    elif hgetall:
+        assert command == b"".join(b"*2\r\n$7\r\nHGETALL\r\n" + bulk(k) for k in keys)
+    else:
+        head_of = b"*%d\r\n$5\r\nHMGET\r\n" % (len(spec.fields) + 2)
+        assert command == b"".join(head_of + bulk(k) + spec.packed_fields for k in keys)
+    if broken:
+        with pytest.raises(EncodingError):
+            reference(spec, ids, stored, before, api == GRPC)
+        assert answer is None  # the handler answers, naming the fault
+        return
+    lookup = reference(spec, ids, stored, before, api == GRPC)
+    if api == REST:
+        assert answer == head + b",".join(_whole_group_rows(lookup)) + b"]}"
+        orjson.loads(answer)
+    else:
+        assert answer == head + b"".join(grpc_server._answer_rows(lookup, None))
