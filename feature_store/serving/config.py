@@ -43,6 +43,9 @@ class ServingSettings:
     # with a native front, the L1 off and one Redis node: the front writes a lookup's Redis
     # commands and its answer, Python only sends the bytes (serving/front_reads.py)
     native_reads: bool = True
+    # of those, Redis connections each front reads on by itself, without Python (redis://
+    # only: a TLS or unix-socket URL, or 0, leaves every planned read's sending to Python)
+    native_reads_connections: int = 2
     workers: int = 1
 
     # request limits
@@ -135,6 +138,8 @@ class ServingSettings:
             raise fail("refresh_rate", "must be positive")
         if self.warm_start_keys < 0:
             raise fail("warm_start_keys", "must not be negative")
+        if not 0 <= self.native_reads_connections <= 64:
+            raise fail("native_reads_connections", "must be in [0, 64]")
         if self.warm_start_seconds <= 0:
             raise fail("warm_start_seconds", "must be positive")
         if self.warm_snapshot_interval < 0:

@@ -31,20 +31,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
+
+import redis
 
 from feature_store.errors import StoreUnavailableError
 from feature_store.serialization.answers import TYPE_CODES
+from feature_store.serving.breaker import CircuitState
 from feature_store.serving.flight import FLUSH_KEYS
 from feature_store.serving.hits import FrontLookups
 from feature_store.serving.roundtrip import NativeRoundTrip, whole
 
 if TYPE_CHECKING:
+    from feature_store._native import FrontRedis
     from feature_store.serving.runtime import ServingRuntime
 
 log = logging.getLogger(__name__)
+OPEN_EVERY = 1.0  # seconds between attempts to open the fronts' missing connections
 
 # answers a planned call with the error Redis's failure deserves (the call, the error, and
 # perf_counter() when its round trip started)
@@ -68,6 +75,15 @@ class FrontReads(FrontLookups):
     def __init__(self, runtime: ServingRuntime) -> None:
         super().__init__(runtime, planning=True)
         self.reads = runtime.reader.reads
+        # the fronts' own connections (FrontRedis), a redis:// URL's only (see direct.rs)
+        self.url = runtime.target.url
+        self.connect_timeout = runtime.target.connect_timeout
+        tcp = urlsplit(self.url).scheme == "redis"
+        self.connections = runtime.settings.native_reads_connections if tcp else 0
+        self.fronts: list[FrontRedis] = []
+        self.connections_gauge = runtime.metrics.front_connections
+        self._opening: asyncio.Task[None] | None = None
+        self._next_open = 0.0
         for name, spec in self.reads.specs.items():
             self.native.define_read(
                 self.index[name],
@@ -75,6 +91,83 @@ class FrontReads(FrontLookups):
                 whole([spec]),
                 [(TYPE_CODES[c.type], c.dim or 0) for c in spec.fmt.codecs],
             )
+
+    # --- the fronts' own connections -------------------------------------------------
+
+    def attach(self, front: FrontRedis) -> None:
+        """A front's connections, kept at ``connections`` while the circuit is closed."""
+        if self.connections:
+            self.fronts.append(front)
+
+    def drain(self) -> tuple[list[bytes], list[bytes], int, int]:
+        """Count what the fronts answered; what their connections' round trips tell goes to
+        the policy (the adaptive timeout, the breaker, the round-trip metrics), and the
+        policy's state back to the fronts."""
+        drained = super().drain()
+        reads = self.reads
+        breaker, timeout, observe = reads.breaker, reads.timeout, reads.on_round_trip
+        short = []
+        connections = 0
+        for front in self.fronts:
+            live, trips, failures = front.drain()
+            connections += live
+            for seconds, keys in trips:
+                timeout.observe(seconds, keys)
+                if observe is not None:
+                    observe(seconds, keys)
+            if trips:
+                breaker.success()
+            for _ in range(failures):
+                breaker.failure()
+            if live < self.connections:
+                short.append((front, self.connections - live))
+        self.connections_gauge.set(connections)
+        closed = breaker.state is CircuitState.CLOSED
+        timeouts = [seconds for _, seconds in timeout.labelled()]
+        for front in self.fronts:
+            front.set(closed, timeouts)
+        now = time.monotonic()
+        if short and closed and self._opening is None and now >= self._next_open:
+            self._next_open = now + OPEN_EVERY
+            self._opening = asyncio.get_running_loop().create_task(self._open(short))
+        return drained
+
+    async def _open(self, short: list[tuple[FrontRedis, int]]) -> None:
+        try:
+            for front, missing in short:
+                for _ in range(missing):
+                    front.add(await asyncio.to_thread(self._connect))
+        except Exception as e:  # Redis unreachable: the next drain tries again
+            log.debug("could not open a front's Redis connection: %s", e)
+        finally:
+            self._opening = None
+
+    def _connect(self) -> int:
+        """A connection made by redis-py (its handshake: AUTH, SELECT, HELLO), its socket
+        given up to the caller."""
+        client = redis.Redis.from_url(
+            self.url, socket_connect_timeout=self.connect_timeout, socket_timeout=1.0
+        )
+        conn = cast(redis.Connection, client.connection_pool.make_connection())
+        try:
+            conn.connect()  # type: ignore[no-untyped-call]
+            sock: socket.socket | None = conn._sock
+            if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                raise ValueError("not a TCP connection")
+            conn._sock = None  # the connection forgets it: closing it leaves the socket open
+            return sock.detach()
+        finally:
+            conn.disconnect()  # type: ignore[no-untyped-call]
+            client.close()
+
+    async def close(self) -> None:
+        if self._opening is not None:
+            self._opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._opening
+        await super().close()
+
+    # --- planned reads Python sends ---------------------------------------------------
 
     async def read(self, calls: Sequence[Any], fail: Fail) -> None:
         """Send the commands of ``calls`` (each with ``command``, ``count`` and

@@ -348,6 +348,8 @@ class NativeFront(QueuedCalls):
             ),
             "gRPC port",
         )
+        if self.reads is not None:
+            self.reads.attach(self.front.redis)
 
     def dispatch(self, calls: list[Call]) -> None:
         """Planned lookups (``count`` > 0) are sent together (FrontReads.read); every other

@@ -90,6 +90,7 @@ class FrontLookups:
         self.entities = [metrics.entities.labels(api) for api in API_NAMES]
         how = "read" if planning else "hit"
         self.answered = [metrics.front_lookups.labels(api, how) for api in API_NAMES]
+        self.direct = [metrics.front_lookups.labels(api, "read_direct") for api in API_NAMES]
         self.forms: set[tuple[int, str, tuple[str, ...], tuple[str, ...]]] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -139,10 +140,12 @@ class FrontLookups:
         """Count what the fronts answered; the keys hit in their refresh window and those
         sampled for shadow checks, and the hit counts, for ``NativeHits``."""
         served, hits, negative, refresh, shadow = self.native.drain()
-        for api, (seconds, entities) in enumerate(served):
+        for api, (seconds, entities, direct) in enumerate(served):
             if entities:
                 self.entities[api].inc(entities)
-                self.answered[api].inc(len(seconds))
+                self.answered[api].inc(len(seconds) - direct)
+                if direct:
+                    self.direct[api].inc(direct)
             observe = self.observe[api]
             for s in seconds:
                 observe(s)

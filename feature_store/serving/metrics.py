@@ -162,9 +162,16 @@ class ServingMetrics:
             f"{PREFIX}_front_lookups",
             "lookups answered on a native front's thread, by API and how: from the L1's "
             "entries (hit, NATIVE_HITS) or, without the L1, written from Redis's replies to "
-            "the commands the front wrote (read, NATIVE_READS)",
+            "the commands the front wrote (NATIVE_READS), sent by Python (read) or on the "
+            "front's own connections (read_direct)",
             ["api", "how"],
             registry=self.registry,
+        )
+        self.front_connections = Gauge(
+            f"{PREFIX}_front_redis_connections",
+            "Redis connections the native fronts read planned lookups on by themselves",
+            registry=self.registry,
+            multiprocess_mode="liveall",
         )
         self.round_trip = Histogram(
             f"{PREFIX}_redis_round_trip_seconds",

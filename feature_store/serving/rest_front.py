@@ -94,6 +94,8 @@ class NativeRestFront(QueuedCalls):
             ),
             "REST port",
         )
+        if self.reads is not None:
+            self.reads.attach(self.front.redis)
 
     def dispatch(self, calls: list[RestCall]) -> None:
         """Planned lookups (``count`` > 0) are sent together (FrontReads.read); every other

@@ -39,6 +39,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
+use crate::direct::{Direct, FrontRedis};
 use crate::hits::{HitCache, Hits};
 use crate::rest::{role_of, ROLE_READ};
 
@@ -80,6 +81,7 @@ struct Shared {
     max_request: usize,
     keys: Vec<(Vec<u8>, u8)>, // (key, role); empty without auth
     hits: Option<Arc<Hits>>,  // the L1's mirror, whose hits are answered here
+    direct: Arc<Direct>,      // Redis connections of the front's own (planned reads)
 }
 
 impl Shared {
@@ -202,6 +204,9 @@ impl Front {
         // SAFETY: the caller passes a listening socket it has given up (socket.detach()).
         let listener = unsafe { StdListener::from_raw_fd(listen_fd) };
         listener.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(VecDeque::new()),
             wake_fd,
@@ -211,11 +216,9 @@ impl Front {
             max_request,
             keys,
             hits: hits.map(|cache| Arc::clone(&cache.hits)),
+            direct: Arc::new(Direct::new(runtime.handle().clone())),
         });
         let (closing, closed) = watch::channel(None);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let serving = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("grpc-front".into())
@@ -225,6 +228,14 @@ impl Front {
             closing,
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// The front's own Redis connections (planned reads without Python).
+    #[getter]
+    fn redis(&self) -> FrontRedis {
+        FrontRedis {
+            direct: Arc::clone(&self.shared.direct),
+        }
     }
 
     /// Every call queued since the last take, oldest first.
@@ -481,11 +492,18 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
                 return send_message(&mut respond, frame(&message));
             }
             if let Some(mut plan) = hits.plan_grpc(&request) {
+                if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
+                    if let Some(message) = hits.render(&plan, &replies, true) {
+                        return send_message(&mut respond, frame(&message));
+                    }
+                    let rx = queue(shared, &request, &authorization, None);
+                    return answered(&mut respond, wait(rx, deadline).await);
+                }
                 let command = Some((std::mem::take(&mut plan.command), plan.count));
                 let rx = queue(shared, &request, &authorization, command);
                 match wait(rx, deadline).await {
                     Some(Ok(Answer::Replies(replies))) => {
-                        if let Some(message) = hits.render(&plan, &replies) {
+                        if let Some(message) = hits.render(&plan, &replies, false) {
                             return send_message(&mut respond, frame(&message));
                         } // else Python answers it, reading again
                     }

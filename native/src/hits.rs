@@ -90,6 +90,7 @@ struct Form {
 struct Served {
     seconds: [Vec<f64>; 2], // each answer's time, for the request histogram, per API
     entities: [u64; 2],
+    direct: [u64; 2], // of the answers, planned reads read on the front's own connections
     hits: u64,
     negative_hits: u64,
     refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
@@ -437,7 +438,7 @@ impl Hits {
     /// them and nothing else). None where Python answers instead: an error reply (a key
     /// holding another type), a value or write time the native core does not read (Python
     /// names the fault, or reads the form only its reference reads).
-    pub fn render(&self, plan: &Plan, buf: &[u8]) -> Option<Vec<u8>> {
+    pub fn render(&self, plan: &Plan, buf: &[u8], direct: bool) -> Option<Vec<u8>> {
         let (form, read) = (&plan.form, &plan.read);
         let rest = plan.api == REST;
         let now = unix_now();
@@ -553,7 +554,9 @@ impl Hits {
         if rest {
             out.extend_from_slice(b"]}");
         }
-        drop(self.served(plan.api, plan.started, plan.ids.len()));
+        let mut served = self.served(plan.api, plan.started, plan.ids.len());
+        served.direct[plan.api as usize] += u64::from(direct);
+        drop(served);
         Some(out)
     }
 }
@@ -579,10 +582,17 @@ fn unix_seconds(text: &[u8]) -> Option<i64> {
     (value <= 1 << 40).then_some(value as i64)
 }
 
-/// What Python drains: per API (REST, gRPC) the answers' times and the entities answered;
-/// hit and negative-hit counts; the keys hit in their refresh window and sampled for shadow
+/// What Python drains: per API (REST, gRPC) the answers' times, the entities answered and
+/// how many of the answers were read on the front's own connections; hit and negative-hit
+/// counts; the keys hit in their refresh window and sampled for shadow
 /// checks.
-type Drained = ([(Vec<f64>, u64); 2], u64, u64, Vec<Vec<u8>>, Vec<Vec<u8>>);
+type Drained = (
+    [(Vec<f64>, u64, u64); 2],
+    u64,
+    u64,
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
+);
 
 /// The mirror of one worker's L1 (see the module's text), shared with its REST front.
 #[pyclass(frozen, module = "feature_store._native")]
@@ -697,7 +707,7 @@ impl HitCache {
         } else {
             self.hits.plan(body)
         }?;
-        let answer = replies.and_then(|r| self.hits.render(&plan, r));
+        let answer = replies.and_then(|r| self.hits.render(&plan, r, false));
         Some((
             PyBytes::new(py, &plan.command),
             plan.count,
@@ -783,7 +793,10 @@ impl HitCache {
         let s = std::mem::take(&mut *served);
         let [rest, grpc] = s.seconds;
         (
-            [(rest, s.entities[0]), (grpc, s.entities[1])],
+            [
+                (rest, s.entities[0], s.direct[0]),
+                (grpc, s.entities[1], s.direct[1]),
+            ],
             s.hits,
             s.negative_hits,
             s.refresh,

@@ -8,6 +8,7 @@
 //! caller answers that value with the Python reference, which also owns every error
 //! message. So the native path can be faster, never different.
 
+mod direct;
 mod front;
 mod hits;
 mod rest;
@@ -954,7 +955,7 @@ fn resp_int(line: &[u8]) -> PyResult<i64> {
 }
 
 /// The position after the reply at `pos`; None when `buf` ends first.
-fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
+pub(crate) fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
     let kind = match buf.get(pos) {
         Some(&k) => k,
         None => return Ok(None),
@@ -1401,6 +1402,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<rest::RestFront>()?;
     m.add_class::<rest::RestCall>()?;
     m.add_class::<hits::HitCache>()?;
+    m.add_class::<direct::FrontRedis>()?;
     m.add_function(wrap_pyfunction!(rest::rest_role, m)?)?;
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;

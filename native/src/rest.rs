@@ -36,6 +36,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use crate::direct::{Direct, FrontRedis};
 use crate::front::{tls_acceptor, TlsPem, TLS_HANDSHAKE_TIMEOUT};
 use crate::hits::{HitCache, Hits};
 
@@ -101,6 +102,7 @@ struct Shared {
     max_body: usize,
     body_timeout: Duration,
     hits: Option<(usize, Arc<Hits>)>, // the lookup route's index, and the L1's mirror
+    direct: Arc<Direct>,              // Redis connections of the front's own (planned reads)
 }
 
 impl Shared {
@@ -312,6 +314,9 @@ impl RestFront {
         let client = Client::builder()
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(VecDeque::new()),
             wake_fd,
@@ -322,11 +327,9 @@ impl RestFront {
             max_body,
             body_timeout,
             hits: hits.map(|(route, cache)| (route, Arc::clone(&cache.hits))),
+            direct: Arc::new(Direct::new(runtime.handle().clone())),
         });
         let (closing, closed) = watch::channel(None);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let serving = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("rest-front".into())
@@ -338,6 +341,14 @@ impl RestFront {
             closing,
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// The front's own Redis connections (planned reads without Python).
+    #[getter]
+    fn redis(&self) -> FrontRedis {
+        FrontRedis {
+            direct: Arc::clone(&self.shared.direct),
+        }
     }
 
     /// Every call queued since the last take, oldest first.
@@ -544,6 +555,12 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
                 return ok(body);
             }
             if let Some(mut plan) = hits.plan(&data) {
+                if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
+                    match hits.render(&plan, &replies, true) {
+                        Some(body) => return ok(body),
+                        None => return handled(shared, route, index, &authorization, &data).await,
+                    }
+                }
                 let command = std::mem::take(&mut plan.command);
                 let queued = queue(
                     shared,
@@ -554,7 +571,7 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
                 );
                 match queued.await {
                     Ok(Reply::Replies(replies)) => {
-                        if let Some(body) = hits.render(&plan, &replies) {
+                        if let Some(body) = hits.render(&plan, &replies, false) {
                             return ok(body);
                         } // else Python answers it, reading again
                     }
@@ -564,7 +581,18 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
             }
         }
     }
-    match queue(shared, index, &authorization, &data, None).await {
+    handled(shared, route, index, &authorization, &data).await
+}
+
+/// The route's handler's answer.
+async fn handled(
+    shared: &Shared,
+    route: &Route,
+    index: usize,
+    authorization: &Option<String>,
+    body: &Bytes,
+) -> Answer {
+    match queue(shared, index, authorization, body, None).await {
         Ok(Reply::Answer(answer)) => answer,
         Ok(Reply::Replies(_)) | Err(_) => route.refusal(503), // the server is stopping
     }

@@ -38,8 +38,10 @@ ENV = {
 AGES = re.compile(rb'"ages":\{[^}]*\}')
 N = 50
 ALL = [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
-READS = 'feature_serving_front_lookups_total{api="rest",how="read"}'
-GRPC_READS = 'feature_serving_front_lookups_total{api="grpc",how="read"}'
+READS = "rest"
+GRPC_READS = "grpc"
+LOOKUPS = "feature_serving_front_lookups_total"
+CONNECTIONS = "feature_serving_front_redis_connections"
 WRONG_TYPE, BAD_VALUE, BAD_TIME = 9001, 9002, 9003
 
 
@@ -51,11 +53,18 @@ def metric(server: ServingProcess, name: str) -> float:
     return 0.0
 
 
-def front_reads(server: ServingProcess, at_least: float, name: str = READS) -> float:
+def planned(server: ServingProcess, api: str, how: str | None = None) -> float:
+    """Lookups the front wrote from Redis's replies: sent by Python ("read"), read on its
+    own connections ("read_direct"), or both."""
+    hows = [how] if how else ["read", "read_direct"]
+    return sum(metric(server, f'{LOOKUPS}{{api="{api}",how="{h}"}}') for h in hows)
+
+
+def front_reads(server: ServingProcess, at_least: float, api: str = READS) -> float:
     """The front's planned answers once drained (every 20 ms), within 5 s."""
     deadline = time.monotonic() + 5
     while True:
-        value = metric(server, name)
+        value = planned(server, api)
         if value >= at_least or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
@@ -74,8 +83,10 @@ def key(entity_id: int) -> bytes:
     return f"{sample.registry().entities[ENTITY].prefix}:{entity_id}".encode()
 
 
-@pytest.fixture(scope="module")
-def servers(redis_server: EmbeddedRedis) -> Iterator[tuple[ServingProcess, ServingProcess]]:
+@pytest.fixture(scope="module", params=["2", "0"], ids=["own connections", "sent by Python"])
+def servers(
+    redis_server: EmbeddedRedis, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServingProcess, ServingProcess, int]]:
     url = redis_server.url
     registry = sample.registry()
     with FeatureStore.connect(url, registry) as store:
@@ -88,11 +99,12 @@ def servers(redis_server: EmbeddedRedis) -> Iterator[tuple[ServingProcess, Servi
         r.hset(key(BAD_VALUE), group.features[0].field, b"not a float")
         r.hset(key(BAD_TIME), mapping=r.hgetall(key(2)))
         r.hset(key(BAD_TIME), group.freshness_field, b"yesterday")
+    native_env = {**ENV, "FEATURE_SERVING_NATIVE_READS_CONNECTIONS": request.param}
     with (
-        ServingProcess(url, env=ENV) as native,
+        ServingProcess(url, env=native_env) as native,
         ServingProcess(url, env={**ENV, "FEATURE_SERVING_NATIVE_READS": "off"}) as python,
     ):
-        yield native, python
+        yield native, python, 2 * int(request.param)  # two fronts: REST and gRPC
 
 
 # the forms a client sends: the front writes the first four's answers once it learned them
@@ -122,21 +134,27 @@ def answer(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]
 
 
 def test_the_front_writes_answers_as_the_handler_does(
-    servers: tuple[ServingProcess, ServingProcess],
+    servers: tuple[ServingProcess, ServingProcess, int],
 ) -> None:
-    native, python = servers
-    written = metric(native, READS)
+    native, python, own = servers
+    written = planned(native, READS)
     for i, body in enumerate(BODIES):
-        first = [answer(server, body) for server in servers]  # teaches the form
+        first = [answer(server, body) for server in (native, python)]  # teaches the form
         assert first[0] == first[1], body
-        again = [answer(server, body) for server in servers]
+        again = [answer(server, body) for server in (native, python)]
         assert again[0] == again[1] == first[0], body
         if i < len(WRITTEN):
             assert again[0][0] == 200
             written += WRITTEN[i]
             assert front_reads(native, written) == written, body
     assert front_reads(native, written + 1) == written  # nothing else came from the front
-    assert metric(python, READS) == 0
+    assert planned(python, READS) == 0
+    # with connections of its own, the front reads on them once they are open; else Python
+    # sends every planned read
+    assert metric(native, CONNECTIONS) == own
+    assert (planned(native, READS, "read_direct") > 0) == (own > 0)
+    assert (planned(native, READS, "read") == 0) == (own > 0)
+    assert metric(python, CONNECTIONS) == 0
 
 
 @pytest.mark.parametrize(
@@ -148,9 +166,9 @@ def test_the_front_writes_answers_as_the_handler_does(
     ],
 )
 def test_an_entity_the_front_cannot_answer_goes_to_the_handler(
-    servers: tuple[ServingProcess, ServingProcess], bad: int, reason: str
+    servers: tuple[ServingProcess, ServingProcess, int], bad: int, reason: str
 ) -> None:
-    native, python = servers
+    native, python, _ = servers
     form = {"entity_type": ENTITY, "groups": [GROUP]}
     answer(native, {**form, "ids": [1]})  # the form is learned
     written = front_reads(native, 0)
@@ -189,20 +207,20 @@ GRPC_REQUESTS = [
 
 
 def test_the_grpc_front_writes_answers_as_the_method_does(
-    servers: tuple[ServingProcess, ServingProcess],
+    servers: tuple[ServingProcess, ServingProcess, int],
 ) -> None:
-    native, python = servers
-    written = metric(native, GRPC_READS)
-    for request, planned in GRPC_REQUESTS:
-        first = [grpc_answer(server, request) for server in servers]  # teaches the form
+    native, python, _ = servers
+    written = planned(native, GRPC_READS)
+    for request, count in GRPC_REQUESTS:
+        first = [grpc_answer(server, request) for server in (native, python)]  # teaches the form
         assert first[0] == first[1], request
-        again = [grpc_answer(server, request) for server in servers]
+        again = [grpc_answer(server, request) for server in (native, python)]
         assert again[0] == again[1] == first[0], request
         assert len(again[0].rows) == len(request.int_ids)
-        written += planned
+        written += count
         assert front_reads(native, written, GRPC_READS) == written, request
     assert [e.id.int_id for e in again[0].errors] == [BAD_VALUE]
-    assert metric(python, GRPC_READS) == 0
+    assert planned(python, GRPC_READS) == 0
 
 
 def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
