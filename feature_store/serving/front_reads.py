@@ -109,7 +109,7 @@ class FrontReads(FrontLookups):
         short = []
         connections = 0
         for front in self.fronts:
-            live, trips, failures = front.drain()
+            live, trips, late = front.drain()
             connections += live
             for seconds, keys in trips:
                 timeout.observe(seconds, keys)
@@ -117,7 +117,7 @@ class FrontReads(FrontLookups):
                     observe(seconds, keys)
             if trips:
                 breaker.success()
-            for _ in range(failures):
+            for _ in range(late):  # Redis did not answer in time
                 breaker.failure()
             if live < self.connections:
                 short.append((front, self.connections - live))

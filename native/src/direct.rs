@@ -41,7 +41,7 @@ struct Job {
 #[derive(Default)]
 struct Drained {
     trips: Vec<(f64, usize)>, // each round trip's seconds and keys
-    failures: u64,            // round trips that failed or timed out
+    failures: u64,            // round trips Redis did not answer in time
 }
 
 /// A front's connections to Redis and what Python decides for them.
@@ -98,7 +98,7 @@ impl Direct {
     }
 
     /// Live connections, and (since the last drain) each round trip's seconds and keys
-    /// and the failures.
+    /// and the round trips that timed out.
     pub fn drain(&self) -> (usize, Vec<(f64, usize)>, u64) {
         let live = {
             let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
@@ -177,11 +177,16 @@ impl Direct {
             let exchange = exchange(&mut stream, &command, &batch, &mut buf);
             let ends = match tokio::time::timeout(self.timeout(keys), exchange).await {
                 Ok(Some(ends)) => ends,
-                _ => {
-                    self.drained
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .failures += 1;
+                failed => {
+                    // Redis did not answer in time: a failure for the breaker. A connection
+                    // that closed or broke (a Redis restart, say) is not one: Python's path,
+                    // which its lookups take now, tells whether Redis is there.
+                    if failed.is_err() {
+                        self.drained
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .failures += 1;
+                    }
                     for job in batch {
                         let _ = job.reply.send(None);
                     }
@@ -262,7 +267,7 @@ impl FrontRedis {
         self.direct.set(allowed, timeouts);
     }
 
-    /// `(live connections, [(seconds, keys)] of the round trips, failed round trips)`
+    /// `(live connections, [(seconds, keys)] of the round trips, round trips timed out)`
     /// since the last drain.
     fn drain(&self) -> (usize, Vec<(f64, usize)>, u64) {
         self.direct.drain()

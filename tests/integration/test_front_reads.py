@@ -8,7 +8,9 @@ Redis gone answered with the handler's own 503.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,4 +246,34 @@ def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
             deadline = time.monotonic() + 20
             while get(native, body).status_code != 200:
                 assert time.monotonic() < deadline, "never recovered after Redis came back"
+                time.sleep(0.2)
+
+
+def test_redis_hanging_opens_the_circuit_and_recovers(tmp_path: Path) -> None:
+    """Round trips on the front's own connections that time out count for the breaker, as
+    Python's do: the circuit opens, lookups fail fast, and all is well once Redis answers."""
+    with EmbeddedRedis(tmp_path / "redis", persistence=False) as server:
+        with FeatureStore.connect(server.url, sample.registry()) as store:
+            store.write(GROUP, sample.rows(5))
+        env = {**ENV, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.3"}
+        with ServingProcess(server.url, env=env) as native:
+            body = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
+            deadline = time.monotonic() + 10
+            while planned(native, READS, "read_direct") == 0:  # the front's connections
+                assert get(native, body).status_code == 200
+                assert time.monotonic() < deadline, "the front never read on its own"
+                time.sleep(0.05)
+            assert server.process is not None
+            pid = server.process.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                statuses = [get(native, body).status_code for _ in range(12)]
+                opened = metric(native, "feature_serving_circuit_opened_total")
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert set(statuses) == {503}, statuses
+            assert opened >= 1
+            deadline = time.monotonic() + 20
+            while get(native, body).status_code != 200:
+                assert time.monotonic() < deadline, "never recovered after Redis answered"
                 time.sleep(0.2)
