@@ -296,31 +296,30 @@ def l1_off_tables(cells: list[Cell]) -> list[str]:
             f"| {connections} | {n.server_us / max(n.redis_us, 1e-9):.2f}x | "
             f"{o.server_us / max(o.redis_us, 1e-9):.2f}x |"
         )
-    lines += ["", *_pair_head("front / Python")]
-    for connections in CONNECTIONS:
-        n, o = (find(cells, front, "off", connections) for front in ("native", PYTHON_READS))
-        lines.append(f"| {connections} | {_pair(n, o)}")
-    lines += [
-        "",
-        "## L1 off: reads coalesced per loop tick against a read per request (native front)",
-        "",
-        *_pair_head("coalesced / per request"),
+    return [
+        *lines,
+        *_compare(cells, "off", PYTHON_READS, "", "front / Python"),
+        *_compare(
+            cells,
+            "off",
+            PER_REQUEST,
+            "L1 off: reads coalesced against a read per request (native front)",
+            "coalesced / per request",
+        ),
     ]
-    for connections in CONNECTIONS:
-        n, o = (find(cells, front, "off", connections) for front in ("native", PER_REQUEST))
-        lines.append(f"| {connections} | {_pair(n, o)}")
-    return lines
 
 
 def l1_on_table(cells: list[Cell]) -> list[str]:
-    lines = [
-        "",
-        "## L1 on: hits answered on the front's thread against hits in Python (native front)",
-        "",
-        *_pair_head("front / Python"),
-    ]
+    title = "L1 on: hits answered on the front's thread against hits in Python (native front)"
+    return _compare(cells, "on", PYTHON_HITS, title, "front / Python")
+
+
+def _compare(cells: list[Cell], l1: str, other: str, title: str, what: str) -> list[str]:
+    """The native front against ``other`` at every concurrency, under ``title``."""
+    lines = ["", f"## {title}", ""] if title else [""]
+    lines += _pair_head(what)
     for connections in CONNECTIONS:
-        n, o = (find(cells, front, "on", connections) for front in ("native", PYTHON_HITS))
+        n, o = (find(cells, front, l1, connections) for front in ("native", other))
         lines.append(f"| {connections} | {_pair(n, o)}")
     return lines
 

@@ -245,6 +245,16 @@ async fn exchange(
     Some(ends)
 }
 
+/// `buf[start..end]`: the replies Python hands back for a planned read (`RestCall.replies`,
+/// `Call.replies`).
+pub(crate) fn replies_of(buf: &[u8], start: usize, end: usize) -> PyResult<Bytes> {
+    buf.get(start..end)
+        .map(Bytes::copy_from_slice)
+        .ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err("the replies are not inside the buffer")
+        })
+}
+
 /// A front's Redis connections, for Python: it opens them and sets and drains their policy.
 #[pyclass(frozen, module = "feature_store._native")]
 pub struct FrontRedis {

@@ -39,7 +39,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
-use crate::direct::{Direct, FrontRedis};
+use crate::direct::{replies_of, Direct, FrontRedis};
 use crate::hits::{HitCache, Hits};
 use crate::rest::{role_of, ROLE_READ};
 
@@ -130,10 +130,7 @@ impl Call {
 
     /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
     fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
-        let replies = buf
-            .get(start..end)
-            .ok_or_else(|| PyValueError::new_err("the replies are not inside the buffer"))?;
-        self.send(Answer::Replies(Bytes::copy_from_slice(replies)))
+        self.send(Answer::Replies(replies_of(buf, start, end)?))
     }
 
     /// Answer with this message (serialized protobuf) and status OK.

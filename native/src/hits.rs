@@ -180,19 +180,7 @@ impl Hits {
         if self.planning {
             return None;
         }
-        let started = Instant::now();
-        let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
-        if request.bypass_cache {
-            return None;
-        }
-        self.lookup(
-            started,
-            REST,
-            request.entity_type,
-            &request.ids,
-            &request.features,
-            &request.groups,
-        )
+        self.lookup(&Asked::rest(body)?)
     }
 
     /// The `GetFeaturesResponse` message for a `GetFeaturesRequest` message, if every
@@ -201,28 +189,12 @@ impl Hits {
         if self.planning {
             return None;
         }
-        let started = Instant::now();
-        let request = GrpcRequest::parse(message)?;
-        self.lookup(
-            started,
-            GRPC,
-            request.entity_type,
-            &request.ids,
-            &request.features,
-            &request.groups,
-        )
+        self.lookup(&Asked::grpc(message)?)
     }
 
-    fn lookup(
-        &self,
-        started: Instant,
-        api: u8,
-        entity: &str,
-        ids: &[Id<'_>],
-        features: &[&str],
-        groups: &[&str],
-    ) -> Option<Vec<u8>> {
-        let form = self.form(api, entity, ids, features, groups)?;
+    fn lookup(&self, asked: &Asked<'_>) -> Option<Vec<u8>> {
+        let (api, ids, started) = (asked.api, &asked.ids, asked.started);
+        let form = self.form(asked)?;
         let now = unix_now();
         let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
@@ -305,20 +277,15 @@ impl Hits {
 
 impl Hits {
     /// The form learned for this request, if its ids are ones Python would take.
-    fn form(
-        &self,
-        api: u8,
-        entity: &str,
-        ids: &[Id<'_>],
-        features: &[&str],
-        groups: &[&str],
-    ) -> Option<Arc<Form>> {
+    fn form(&self, asked: &Asked<'_>) -> Option<Arc<Form>> {
+        let ids = &asked.ids;
         if ids.is_empty() || ids.len() > self.max_ids {
             return None;
         }
+        let key = form_key(asked.api, asked.entity, &asked.features, &asked.groups);
         let form = {
             let forms = self.forms.read().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(forms.get(&form_key(api, entity, features, groups))?)
+            Arc::clone(forms.get(&key)?)
         };
         for id in ids {
             match id {
@@ -346,48 +313,23 @@ impl Hits {
     /// The Redis commands of a `POST /v1/features/get` body without the L1: one per id,
     /// as `roundtrip.pack` writes them. None where Python answers (see `answer`).
     pub fn plan(&self, body: &[u8]) -> Option<Plan> {
-        let started = Instant::now();
-        let request: GetBody<'_> = serde_json::from_slice(body).ok()?;
-        if request.bypass_cache {
-            return None; // Python checks the key's role
+        if !self.planning {
+            return None;
         }
-        self.planned(
-            started,
-            REST,
-            request.entity_type,
-            &request.ids,
-            &request.features,
-            &request.groups,
-        )
+        self.planned(Asked::rest(body)?)
     }
 
     /// The same for a `GetFeaturesRequest` message.
     pub fn plan_grpc(&self, message: &[u8]) -> Option<Plan> {
-        let started = Instant::now();
-        let request = GrpcRequest::parse(message)?;
-        self.planned(
-            started,
-            GRPC,
-            request.entity_type,
-            &request.ids,
-            &request.features,
-            &request.groups,
-        )
-    }
-
-    fn planned(
-        &self,
-        started: Instant,
-        api: u8,
-        entity: &str,
-        ids: &[Id<'_>],
-        features: &[&str],
-        groups: &[&str],
-    ) -> Option<Plan> {
         if !self.planning {
             return None;
         }
-        let form = self.form(api, entity, ids, features, groups)?;
+        self.planned(Asked::grpc(message)?)
+    }
+
+    fn planned(&self, asked: Asked<'_>) -> Option<Plan> {
+        let form = self.form(&asked)?;
+        let ids = &asked.ids;
         let read = {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
             Arc::clone(reads.get(&form.group)?)
@@ -424,13 +366,13 @@ impl Hits {
             }
         }
         Some(Plan {
-            api,
+            api: asked.api,
             form,
             read,
-            ids: owned,
-            started,
-            command,
             count: ids.len(),
+            ids: owned,
+            started: asked.started,
+            command,
         })
     }
 
@@ -819,6 +761,36 @@ impl HitCache {
 
 // --- the request's form: a narrow JSON reading, anything else is Python's --------------
 
+/// A lookup as asked, over REST or gRPC: what its form and its answer need of it.
+struct Asked<'a> {
+    api: u8,
+    started: Instant,
+    entity: &'a str,
+    ids: Vec<Id<'a>>,
+    features: Vec<&'a str>,
+    groups: Vec<&'a str>,
+}
+
+impl<'a> Asked<'a> {
+    /// A `POST /v1/features/get` body in the form answered here; not one that bypasses the
+    /// cache (Python checks the key's role).
+    fn rest(body: &'a [u8]) -> Option<Self> {
+        let started = Instant::now();
+        let request: GetBody<'a> = serde_json::from_slice(body).ok()?;
+        if request.bypass_cache {
+            return None;
+        }
+        Some(Asked {
+            api: REST,
+            started,
+            entity: request.entity_type,
+            ids: request.ids,
+            features: request.features,
+            groups: request.groups,
+        })
+    }
+}
+
 enum Id<'a> {
     Int(i64),
     Str(&'a str),
@@ -928,20 +900,15 @@ impl<'de: 'a, 'a> Deserialize<'de> for Names<'a> {
     }
 }
 
-/// A `GetFeaturesRequest` (serving.proto) in the form answered here: each field in its
-/// wire type, the entity type once, ids of one kind, strings in UTF-8, no bypass, no
-/// other field. Anything else is Python's, which parses it with protobuf.
-struct GrpcRequest<'a> {
-    entity_type: &'a str,
-    ids: Vec<Id<'a>>,
-    features: Vec<&'a str>,
-    groups: Vec<&'a str>,
-}
-
-impl<'a> GrpcRequest<'a> {
-    fn parse(data: &'a [u8]) -> Option<Self> {
-        let mut request = GrpcRequest {
-            entity_type: "",
+impl<'a> Asked<'a> {
+    /// A `GetFeaturesRequest` (serving.proto) in the form answered here: each field in its
+    /// wire type, the entity type once, ids of one kind, strings in UTF-8, no bypass, no
+    /// other field. Anything else is Python's, which parses it with protobuf.
+    fn grpc(data: &'a [u8]) -> Option<Self> {
+        let mut request = Asked {
+            api: GRPC,
+            started: Instant::now(),
+            entity: "",
             ids: Vec::new(),
             features: Vec::new(),
             groups: Vec::new(),
@@ -959,7 +926,7 @@ impl<'a> GrpcRequest<'a> {
                     match tag {
                         0x0A if !entity_seen => {
                             entity_seen = true;
-                            request.entity_type = text;
+                            request.entity = text;
                         }
                         0x1A => {
                             strings = true;
@@ -1036,14 +1003,35 @@ mod tests {
     }
 
     #[test]
+    fn write_times_as_the_reference_reads_them() {
+        assert_eq!(unix_seconds(b"1700000000"), Some(1_700_000_000));
+        assert_eq!(unix_seconds(b"1700000000.123456789"), Some(1_700_000_000));
+        assert_eq!(unix_seconds(b"1099511627776"), Some(1 << 40));
+        for refused in [
+            &b""[..],
+            b"1099511627777",
+            b"-1",
+            b"1.",
+            b".5",
+            b"1.2.3",
+            b"1.1234567890",
+            b" 1",
+            b"1e9",
+            b"99999999999999999999999",
+        ] {
+            assert_eq!(unix_seconds(refused), None, "{refused:?}");
+        }
+    }
+
+    #[test]
     fn the_grpc_form_only() {
         // entity_type "u", int_ids [1, -1] packed, groups ["g"]
         let mut m = vec![0x0A, 1, b'u', 0x12, 11, 1];
         m.extend_from_slice(&[0xFF; 9]);
         m.push(0x01);
         m.extend_from_slice(&[0x2A, 1, b'g']);
-        let r = GrpcRequest::parse(&m).unwrap();
-        assert_eq!(r.entity_type, "u");
+        let r = Asked::grpc(&m).unwrap();
+        assert_eq!(r.entity, "u");
         assert!(matches!(r.ids[..], [Id::Int(1), Id::Int(-1)]));
         assert_eq!(r.groups, vec!["g"]);
         for refused in [
@@ -1054,7 +1042,7 @@ mod tests {
             vec![0x0A, 5, b'u'],                // cut short
             vec![0x0A, 1, 0xFF],                // not UTF-8
         ] {
-            assert!(GrpcRequest::parse(&refused).is_none(), "{refused:?}");
+            assert!(Asked::grpc(&refused).is_none(), "{refused:?}");
         }
     }
 }

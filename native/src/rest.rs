@@ -36,7 +36,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-use crate::direct::{Direct, FrontRedis};
+use crate::direct::{replies_of, Direct, FrontRedis};
 use crate::front::{tls_acceptor, TlsPem, TLS_HANDSHAKE_TIMEOUT};
 use crate::hits::{HitCache, Hits};
 
@@ -193,12 +193,10 @@ impl RestCall {
 
     /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
     fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
-        let replies = buf
-            .get(start..end)
-            .ok_or_else(|| PyValueError::new_err("the replies are not inside the buffer"))?;
+        let replies = replies_of(buf, start, end)?;
         match self.reply.take() {
             Some(tx) => {
-                let _ = tx.send(Reply::Replies(Bytes::copy_from_slice(replies)));
+                let _ = tx.send(Reply::Replies(replies));
                 Ok(())
             }
             None => Err(PyRuntimeError::new_err("the call was already answered")),
