@@ -283,9 +283,10 @@ def l1_off_tables(cells: list[Cell]) -> list[str]:
         "",
         "## L1 off: reads and answers written on the front against the handler in Python",
         "",
-        "The front writes the lookup's Redis commands and its answer; Python sends the "
-        "bytes (NATIVE_READS, serving/front_reads.py). Server CPU per entity against "
-        "Redis's own in the same cell:",
+        "The front writes the lookup's Redis commands and its answer, and reads the replies "
+        "on Redis connections of its own (NATIVE_READS, serving/front_reads.py, "
+        "native/src/direct.rs); Python: the route's handler (NATIVE_READS=off). Server CPU "
+        "per entity against Redis's own in the same cell:",
         "",
         "| conns | server / Redis CPU (front) | server / Redis CPU (Python) |",
         "|---:|---:|---:|",
