@@ -1,4 +1,4 @@
-"""Lookups without the L1 written on the native fronts' threads; Python sends the bytes.
+"""Lookups without the L1 read and answered on the native fronts' threads.
 
 Without the L1, a lookup cost the worker 3.2 times what Redis spends on it
 (benchmarks/results/rest_front.md): parsing the body, checking the ids, building keys and
@@ -6,11 +6,21 @@ commands, splitting the replies into entries and writing the answer, all in Pyth
 one round trip. Here the front does that in the extension (``native/src/hits.rs``:
 ``Hits::plan``, ``Hits::render``) for each request in a form Python has answered before
 (learned as ``hits.NativeHits`` learns them): it writes the lookup's commands, as
-``roundtrip.pack`` writes them, and queues the call. This loop takes every planned call of a
-wake-up at once and sends their commands in round trips of up to FLUSH_KEYS keys through
-``StoreReads.send_packed``: the circuit breaker, the adaptive timeout, the pooled
-connections and the round-trip metrics are those of every read. Each call gets its replies'
-bytes back, and the front writes the answer from them.
+``roundtrip.pack`` writes them, and writes the answer from Redis's replies. The round trip
+goes one of two ways:
+
+- on the front's own Redis connections (``native/src/direct.rs``, NATIVE_READS_CONNECTIONS
+  per front): this module opens them with redis-py (its handshake) and hands their sockets
+  over; the front reads on them without Python. Every 20 ms (hits.DRAIN_EVERY) ``drain`` takes
+  their round trips into the policy of every read (the adaptive timeout, the breaker, the
+  round-trip metrics) and sets what the front may do: use them only while the circuit is
+  closed, within each size class's timeout. A round trip that fails drops its connection,
+  its lookups take the other way, and a new connection is opened;
+- sent by Python (no connection, the circuit not closed, a TLS or unix-socket URL): the
+  front queues the lookup's commands; this loop takes every planned call of a wake-up at
+  once and sends their commands in round trips of up to FLUSH_KEYS keys through
+  ``StoreReads.send_packed`` (the breaker, the adaptive timeout, the pooled connections)
+  and hands each call its replies' bytes back.
 
 What is Python's stays Python's:
 
@@ -84,6 +94,8 @@ class FrontReads(FrontLookups):
         self.connections_gauge = runtime.metrics.front_connections
         self._opening: asyncio.Task[None] | None = None
         self._next_open = 0.0
+        self._closing = False
+        self._warned = False  # that a connection could not be opened (then at debug level)
         for name, spec in self.reads.specs.items():
             self.native.define_read(
                 self.index[name],
@@ -127,7 +139,8 @@ class FrontReads(FrontLookups):
         for front in self.fronts:
             front.set(closed, timeouts)
         now = time.monotonic()
-        if short and closed and self._opening is None and now >= self._next_open:
+        opening = self._opening is None and not self._closing
+        if short and closed and opening and now >= self._next_open:
             self._next_open = now + OPEN_EVERY
             self._opening = asyncio.get_running_loop().create_task(self._open(short))
         return drained
@@ -137,8 +150,15 @@ class FrontReads(FrontLookups):
             for front, missing in short:
                 for _ in range(missing):
                     front.add(await asyncio.to_thread(self._connect))
-        except Exception as e:  # Redis unreachable: the next drain tries again
-            log.debug("could not open a front's Redis connection: %s", e)
+        except Exception as e:  # Redis unreachable: a drain tries again OPEN_EVERY seconds on
+            level = logging.DEBUG if self._warned else logging.WARNING
+            self._warned = True
+            log.log(
+                level,
+                "could not open a Redis connection for the native fronts (%s); their lookups "
+                "without the L1 are sent by Python until one opens",
+                e,
+            )
         finally:
             self._opening = None
 
@@ -161,6 +181,7 @@ class FrontReads(FrontLookups):
             client.close()
 
     async def close(self) -> None:
+        self._closing = True
         if self._opening is not None:
             self._opening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
