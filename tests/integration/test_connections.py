@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,20 @@ def test_closed_port_is_unavailable(sample_registry: Registry) -> None:
         round_trip(f"redis://127.0.0.1:{free_port()}", sample_registry)
 
 
+def aof_written(url: str, within: float = 10.0) -> None:
+    """Wait until Redis has written its AOF buffer to the file. With appendfsync everysec,
+    Redis holds the buffer back (up to 2 s) while a background fsync is slow, and a kill -9
+    then loses those writes: a fresh run under load lost the last entity's that way."""
+    deadline = time.monotonic() + within
+    with redis.Redis.from_url(url) as client:
+        while True:
+            info = client.info("persistence")
+            if info["aof_buffer_length"] == 0 and not info["aof_pending_bio_fsync"]:
+                return
+            assert time.monotonic() < deadline, f"the AOF was not written within {within} s"
+            time.sleep(0.02)
+
+
 def test_server_death_is_unavailable_then_recovers(
     tmp_path: Path, sample_registry: Registry
 ) -> None:
@@ -87,6 +102,7 @@ def test_server_death_is_unavailable_then_recovers(
     try:
         with FeatureStore.connect(server.url, sample_registry) as store:
             store.write(sample.GROUP, sample.rows(5))
+            aof_written(server.url)  # what a kill -9 keeps (everysec may hold the buffer)
             server.kill()
             with pytest.raises(StoreUnavailableError):
                 store.read(sample.ENTITY, [1], ["int_0"])
