@@ -26,8 +26,7 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    json_i64, json_str, json_value, proto_value, read_varint, write_grpc_row, write_row, GrpcId,
-    Shape, Writer, ABSENT, MISSING_VALUE,
+    json_i64, json_str, read_varint, write_grpc_row, write_row, write_values, GrpcId, Shape,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL.
@@ -86,6 +85,47 @@ struct Form {
     int_ids: bool,
 }
 
+impl Form {
+    /// One entity's row of an answer of `api` from its values' answer bytes (REST: its JSON
+    /// array, after a comma unless `first`; gRPC: its records).
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        &self,
+        out: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+        api: u8,
+        first: bool,
+        id: &Id<'_>,
+        values: &[u8],
+        present: &[u8],
+        written_at: Option<i64>,
+        now: i64,
+    ) {
+        if api == REST {
+            if !first {
+                out.push(b',');
+            }
+            let id = |o: &mut Vec<u8>| match id {
+                Id::Int(n) => json_i64(o, *n),
+                Id::Str(s) => json_str(o, s),
+            };
+            let (max_age, label) = (self.max_age, &self.label);
+            write_row(
+                out, id, values, present, written_at, false, now, max_age, label,
+            );
+        } else {
+            let id = match id {
+                Id::Int(n) => GrpcId::Int(*n),
+                Id::Str(s) => GrpcId::Str(s),
+            };
+            let (max_age, label) = (self.max_age, &self.label);
+            write_grpc_row(
+                out, scratch, id, values, present, written_at, false, now, max_age, label,
+            );
+        }
+    }
+}
+
 #[derive(Default)]
 struct Served {
     seconds: [Vec<f64>; 2], // each answer's time, for the request histogram, per API
@@ -112,6 +152,15 @@ struct GroupRead {
 enum OwnedId {
     Int(i64),
     Str(String),
+}
+
+impl OwnedId {
+    fn id(&self) -> Id<'_> {
+        match self {
+            OwnedId::Int(n) => Id::Int(*n),
+            OwnedId::Str(s) => Id::Str(s),
+        }
+    }
 }
 
 /// The Redis commands of one lookup without the L1 (`Hits::plan`), and what writing its
@@ -211,41 +260,23 @@ impl Hits {
                 if started >= hit.expires {
                     return None;
                 }
-                if api == REST {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    write_row(
-                        &mut out,
-                        |o| match id {
-                            Id::Int(n) => json_i64(o, *n),
-                            Id::Str(s) => json_str(o, s),
-                        },
-                        hit.values.bytes(),
-                        hit.present.bytes(),
-                        hit.written_at,
-                        false,
-                        now,
-                        form.max_age,
-                        &form.label,
-                    );
+                let values = if api == REST {
+                    hit.values.bytes()
                 } else {
-                    write_grpc_row(
-                        &mut out,
-                        &mut row,
-                        match id {
-                            Id::Int(n) => GrpcId::Int(*n),
-                            Id::Str(s) => GrpcId::Str(s),
-                        },
-                        hit.wire.as_ref()?.bytes(),
-                        hit.present.bytes(),
-                        hit.written_at,
-                        false,
-                        now,
-                        form.max_age,
-                        &form.label,
-                    );
-                }
+                    hit.wire.as_ref()?.bytes()
+                };
+                let (present, written_at) = (hit.present.bytes(), hit.written_at);
+                form.row(
+                    &mut out,
+                    &mut row,
+                    api,
+                    i == 0,
+                    id,
+                    values,
+                    present,
+                    written_at,
+                    now,
+                );
                 if hit.negative {
                     negative += 1;
                     continue;
@@ -386,11 +417,6 @@ impl Hits {
         let now = unix_now();
         let mut out = Vec::with_capacity(form.head.len() + plan.ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
-        let (write, missing): (Writer, &[u8]) = if rest {
-            (json_value, b"null")
-        } else {
-            (proto_value, MISSING_VALUE)
-        };
         let mut slots = Vec::with_capacity(read.shape.count);
         let mut order = Vec::with_capacity(read.shape.count);
         let mut values = Vec::with_capacity(1400);
@@ -405,90 +431,24 @@ impl Hits {
             pos = next;
             values.clear();
             present.clear();
-            if rest {
-                values.push(b'[');
-            }
-            for (j, (&(type_code, dim), value)) in read.types.iter().zip(&slots).enumerate() {
-                if rest && j > 0 {
-                    values.push(b',');
-                }
-                match value {
-                    None => {
-                        values.extend_from_slice(missing);
-                        present.push(0);
-                    }
-                    Some(data) if data.len() < ABSENT as usize => {
-                        write(&mut values, type_code, dim, data).ok()?;
-                        present.push(1);
-                    }
-                    Some(_) => return None,
-                }
-            }
-            if rest {
-                values.push(b']');
-            }
+            let stored = &slots[..read.types.len()];
+            write_values(&read.types, stored, !rest, &mut values, &mut present, None).ok()?;
             let written_at = match slots[read.types.len()] {
                 Some(text) => Some(unix_seconds(text)?),
                 None => None,
             };
-            match id {
-                OwnedId::Int(n) if rest => {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    write_row(
-                        &mut out,
-                        |o| json_i64(o, *n),
-                        &values,
-                        &present,
-                        written_at,
-                        false,
-                        now,
-                        form.max_age,
-                        &form.label,
-                    );
-                }
-                OwnedId::Str(s) if rest => {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    write_row(
-                        &mut out,
-                        |o| json_str(o, s),
-                        &values,
-                        &present,
-                        written_at,
-                        false,
-                        now,
-                        form.max_age,
-                        &form.label,
-                    );
-                }
-                OwnedId::Int(n) => write_grpc_row(
-                    &mut out,
-                    &mut row,
-                    GrpcId::Int(*n),
-                    &values,
-                    &present,
-                    written_at,
-                    false,
-                    now,
-                    form.max_age,
-                    &form.label,
-                ),
-                OwnedId::Str(s) => write_grpc_row(
-                    &mut out,
-                    &mut row,
-                    GrpcId::Str(s),
-                    &values,
-                    &present,
-                    written_at,
-                    false,
-                    now,
-                    form.max_age,
-                    &form.label,
-                ),
-            }
+            let id = id.id();
+            form.row(
+                &mut out,
+                &mut row,
+                plan.api,
+                i == 0,
+                &id,
+                &values,
+                &present,
+                written_at,
+                now,
+            );
         }
         if pos != buf.len() {
             return None;

@@ -698,42 +698,70 @@ impl GroupCodec {
         let mut raw = Vec::with_capacity(1024);
         let mut answer = Vec::with_capacity(1024);
         let mut present = Vec::with_capacity(self.types.len());
-        let (write, missing): (Writer, &[u8]) = if proto {
-            (proto_value, MISSING_VALUE)
-        } else {
-            answer.push(b'[');
-            (json_value, b"null")
-        };
-        for (i, (&(type_code, dim), value)) in self.types.iter().zip(values).enumerate() {
-            if i > 0 && !proto {
-                answer.push(b',');
-            }
-            match value {
-                None => {
-                    raw.extend_from_slice(&ABSENT.to_le_bytes());
-                    answer.extend_from_slice(missing);
-                    present.push(0);
-                }
-                Some(data) => {
-                    if data.len() >= ABSENT as usize {
-                        return Err(fallback(i));
-                    }
-                    write(&mut answer, type_code, dim, data).map_err(|_| fallback(i))?;
-                    raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
-                    raw.extend_from_slice(data);
-                    present.push(1);
-                }
-            }
-        }
-        if !proto {
-            answer.push(b']');
-        }
+        write_values(
+            &self.types,
+            values,
+            proto,
+            &mut answer,
+            &mut present,
+            Some(&mut raw),
+        )
+        .map_err(fallback)?;
         Ok((
             PyBytes::new(py, &raw),
             PyBytes::new(py, &present),
             PyBytes::new(py, &answer),
         ))
     }
+}
+
+/// Stored values (`None`: none) of these types as their answer: a JSON array, or with
+/// `proto` their `FeatureRow.values` records joined; one byte per value into `present` (1
+/// stored, 0 none); with `raw`, their packed form too. Err(i): value i is one the native
+/// core does not take (the Python reference answers it).
+pub(crate) fn write_values(
+    types: &[(u8, u32)],
+    values: &[Option<&[u8]>],
+    proto: bool,
+    answer: &mut Vec<u8>,
+    present: &mut Vec<u8>,
+    mut raw: Option<&mut Vec<u8>>,
+) -> Result<(), usize> {
+    let (write, missing): (Writer, &[u8]) = if proto {
+        (proto_value, MISSING_VALUE)
+    } else {
+        answer.push(b'[');
+        (json_value, b"null")
+    };
+    for (i, (&(type_code, dim), value)) in types.iter().zip(values).enumerate() {
+        if i > 0 && !proto {
+            answer.push(b',');
+        }
+        match value {
+            None => {
+                if let Some(raw) = raw.as_deref_mut() {
+                    raw.extend_from_slice(&ABSENT.to_le_bytes());
+                }
+                answer.extend_from_slice(missing);
+                present.push(0);
+            }
+            Some(data) => {
+                if data.len() >= ABSENT as usize {
+                    return Err(i);
+                }
+                write(answer, type_code, dim, data).map_err(|_| i)?;
+                if let Some(raw) = raw.as_deref_mut() {
+                    raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
+                    raw.extend_from_slice(data);
+                }
+                present.push(1);
+            }
+        }
+    }
+    if !proto {
+        answer.push(b']');
+    }
+    Ok(())
 }
 
 #[pymethods]
