@@ -8,13 +8,13 @@ extension's HTTP/1.1 front, cache hits answered on its thread) and REST_FRONT=uv
 baseline, measured in the same run); with the L1 on also the native front with
 NATIVE_HITS=off (every hit answered in Python, as before hits.py), and with it off the
 native front with NATIVE_READS=off (every lookup answered by its handler, as before
-front_reads.py) and with SINGLE_FLIGHT=off (a Redis read per request, by the handler). Each answers wrk (1,000
-zipfian batches of 10 over the standard shape, all 50 features) at 1, 8, 256 and 1,000
-connections, with the L1 off and on. With the L1 on its TTL is ``--ttl`` seconds, so every
-window holds several TTLs: entries expire and are refreshed inside it (steady state, not a
-cache that never expires). wrk's timeout is 1 s, so its timeout count is the number of
-requests slower than 1 s; the maximum is wrk's. CPU per entity is read from
-/proc/<pid>/stat of the worker and of redis-server over each window.
+front_reads.py) and with SINGLE_FLIGHT=off (a Redis read per request, by the handler).
+Each answers wrk (1,000 zipfian batches of 10 over the standard shape, all 50 features) at
+1, 8, 256 and 1,000 connections, with the L1 off and on. With the L1 on its TTL is
+``--ttl`` seconds, so every window holds several TTLs: entries expire and are refreshed
+inside it (steady state, not a cache that never expires). wrk's timeout is 1 s, so its
+timeout count is the number of requests slower than 1 s; the maximum is wrk's. CPU per
+entity is read from /proc/<pid>/stat of the worker and of redis-server over each window.
 
 The stampede scenario follows: wrk at 400 connections over 100 distinct batches of 10
 (uniform over the entities), L1 TTL 1 s, 15 s per run, ``--stampede-runs`` runs per front,
