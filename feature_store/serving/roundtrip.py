@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import redis.asyncio
 import redis.asyncio.cluster
@@ -38,6 +38,7 @@ from feature_store.serving.spec import GroupSpec
 if TYPE_CHECKING or native_enabled():
     from feature_store._native import ReadPlan, resp_scan, resp_split
 
+T = TypeVar("T")
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
 CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
 CLUSTER_RETRIES = 2  # quick retries of a cluster round trip whose connection was closed
@@ -108,19 +109,24 @@ def pack(reads: Sequence[Read]) -> bytes:
     return b"".join(parts)
 
 
+async def retried(exchange: Callable[[], Awaitable[T]]) -> T:
+    """``exchange()`` with Redis's errors translated, once more on a connection error: a
+    pooled connection that died with a Redis restart fails on first use, and the reads are
+    idempotent, so one retry on a fresh connection is safe."""
+    with translated_errors():
+        try:
+            return await exchange()
+        except (redis.exceptions.ConnectionError, OSError):
+            return await exchange()
+
+
 class PackedRoundTrip:
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.pool = client.connection_pool
 
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         data = pack(reads)
-        with translated_errors():
-            try:
-                replies = await self._send(data, len(reads), answer_within)
-            except (redis.exceptions.ConnectionError, OSError):
-                # A pooled connection that died with a Redis restart fails on first use;
-                # the reads are idempotent, so one retry on a fresh connection is safe.
-                replies = await self._send(data, len(reads), answer_within)
+        replies = await retried(lambda: self._send(data, len(reads), answer_within))
         return align(reads, replies)
 
     async def _send(self, data: bytes, count: int, answer_within: float) -> list[object]:
@@ -186,12 +192,7 @@ class NativeRoundTrip(PackedRoundTrip):
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         data = pack(reads)
         plans = [self._plan(specs) for _, specs in reads]
-        with translated_errors():
-            try:
-                replies = await self._exchange(data, plans, answer_within)
-            except (redis.exceptions.ConnectionError, OSError):
-                # a pooled connection that died with a Redis restart: one retry, as above
-                replies = await self._exchange(data, plans, answer_within)
+        replies = await retried(lambda: self._exchange(data, plans, answer_within))
         return [
             key_error(key, r) if isinstance(r, Exception) else r
             for (key, _), r in zip(reads, replies, strict=True)
@@ -203,12 +204,7 @@ class NativeRoundTrip(PackedRoundTrip):
         """Send ``data`` (the commands of several lookups, ``counts`` of them each) and
         return their replies' bytes, unread, and where each lookup's replies end: the
         planned reads of the native fronts (front_reads.py), whose front reads them."""
-        with translated_errors():
-            try:
-                return await self._replies(data, counts, answer_within)
-            except (redis.exceptions.ConnectionError, OSError):
-                # a pooled connection that died with a Redis restart: one retry, as above
-                return await self._replies(data, counts, answer_within)
+        return await retried(lambda: self._replies(data, counts, answer_within))
 
     async def _replies(
         self, data: bytes, counts: Sequence[int], answer_within: float
