@@ -14,9 +14,12 @@ import errno
 import os
 import socket
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from feature_store.errors import ConfigError
+
+if TYPE_CHECKING:
+    from feature_store.serving.front_reads import FrontReads
 
 
 def listen(host: str, port: int, reuse_port: bool, what: str) -> socket.socket:
@@ -52,6 +55,7 @@ class QueuedCalls:
         self.wake = -1
         self.tasks: set[asyncio.Task[None]] = set()
         self.front: Any = None  # the extension's front: take() and stop(grace)
+        self.reads: FrontReads | None = None  # where its planned lookups are sent
 
     def start(self, make: Callable[[int], Any], port: str) -> None:
         self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -71,9 +75,20 @@ class QueuedCalls:
         self.dispatch(self.front.take())
 
     def dispatch(self, calls: list[Any]) -> None:
-        """Answer the calls of one take, each on a task of its own."""
+        """Answer the calls of one take: the planned lookups (``count`` > 0) sent together
+        (``FrontReads.read``, failures answered by ``fail_planned``), every other call on a
+        task of its own."""
+        planned = [call for call in calls if call.count]
+        if planned:
+            assert self.reads is not None
+            self.spawn(self.reads.read(planned, self.fail_planned))
+            calls = [call for call in calls if not call.count]
         for call in calls:
             self.spawn(self.answer(call))
+
+    def fail_planned(self, call: Any, error: BaseException, t0: float) -> None:
+        """Answer a planned lookup whose round trip failed with its route's error."""
+        raise NotImplementedError
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(work)

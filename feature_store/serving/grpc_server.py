@@ -351,17 +351,7 @@ class NativeFront(QueuedCalls):
         if self.reads is not None:
             self.reads.attach(self.front.redis)
 
-    def dispatch(self, calls: list[Call]) -> None:
-        """Planned lookups (``count`` > 0) are sent together (FrontReads.read); every other
-        call is answered by the method."""
-        planned = [call for call in calls if call.count]
-        if planned:
-            assert self.reads is not None
-            self.spawn(self.reads.read(planned, self._fail_planned))
-            calls = [call for call in calls if not call.count]
-        super().dispatch(calls)
-
-    def _fail_planned(self, call: Call, error: BaseException, t0: float) -> None:
+    def fail_planned(self, call: Call, error: BaseException, t0: float) -> None:
         """A planned lookup whose round trip failed: the method's own failure status."""
         code, details = self.servicer.failure(error, "get", t0)
         call.fail(code.value[0], details)

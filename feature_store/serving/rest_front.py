@@ -97,16 +97,9 @@ class NativeRestFront(QueuedCalls):
         if self.reads is not None:
             self.reads.attach(self.front.redis)
 
-    def dispatch(self, calls: list[RestCall]) -> None:
-        """Planned lookups (``count`` > 0) are sent together (FrontReads.read); every other
-        call is answered by its route's handler."""
-        planned = [call for call in calls if call.count]
-        if planned:
-            assert self.reads is not None
-            assert self.fail is not None
-            self.spawn(self.reads.read(planned, self.fail))
-            calls = [call for call in calls if not call.count]
-        super().dispatch(calls)
+    def fail_planned(self, call: RestCall, error: BaseException, t0: float) -> None:
+        assert self.fail is not None
+        self.fail(call, error, t0)
 
     async def answer(self, call: RestCall) -> None:
         route = self.routes[call.route]
