@@ -8,6 +8,7 @@ Redis gone answered with the handler's own 503.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -225,55 +226,62 @@ def test_the_grpc_front_writes_answers_as_the_method_does(
     assert planned(python, GRPC_READS) == 0
 
 
-def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def alone(tmp_path: Path, timeout_max: float) -> Iterator[tuple[EmbeddedRedis, ServingProcess]]:
+    """A Redis of its own with a few entities, and a server on it (L1 off) whose round
+    trips may take up to ``timeout_max`` seconds."""
     with EmbeddedRedis(tmp_path / "redis", persistence=False) as server:
         with FeatureStore.connect(server.url, sample.registry()) as store:
             store.write(GROUP, sample.rows(5))
-        env = {**ENV, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.5"}
+        env = {**ENV, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": f"{timeout_max:g}"}
         with ServingProcess(server.url, env=env) as native:
-            body = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
-            assert get(native, body).status_code == 200  # taught
-            assert get(native, body).status_code == 200
-            assert front_reads(native, 1) == 1
-            server.kill()
-            failures = [get(native, body) for _ in range(8)]
-            for r in failures:
-                assert r.status_code == 503, r.text
-                assert r.json()["error"]["code"] in {"redis_unavailable", "redis_error"}, r.text
-            # the circuit opens; its answers carry when to try again, as the handler's do
-            assert "retry-after" in failures[-1].headers
-            server.restart()
-            deadline = time.monotonic() + 20
-            while get(native, body).status_code != 200:
-                assert time.monotonic() < deadline, "never recovered after Redis came back"
-                time.sleep(0.2)
+            yield server, native
+
+
+def recovers(native: ServingProcess, body: dict[str, object], what: str) -> None:
+    """The lookup is answered again within 20 s."""
+    deadline = time.monotonic() + 20
+    while get(native, body).status_code != 200:
+        assert time.monotonic() < deadline, f"never recovered after {what}"
+        time.sleep(0.2)
+
+
+BODY = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
+
+
+def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
+    with alone(tmp_path, 0.5) as (server, native):
+        assert get(native, BODY).status_code == 200  # taught
+        assert get(native, BODY).status_code == 200
+        assert front_reads(native, 1) == 1
+        server.kill()
+        failures = [get(native, BODY) for _ in range(8)]
+        for r in failures:
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] in {"redis_unavailable", "redis_error"}, r.text
+        # the circuit opens; its answers carry when to try again, as the handler's do
+        assert "retry-after" in failures[-1].headers
+        server.restart()
+        recovers(native, BODY, "Redis came back")
 
 
 def test_redis_hanging_opens_the_circuit_and_recovers(tmp_path: Path) -> None:
     """Round trips on the front's own connections that time out count for the breaker, as
     Python's do: the circuit opens, lookups fail fast, and all is well once Redis answers."""
-    with EmbeddedRedis(tmp_path / "redis", persistence=False) as server:
-        with FeatureStore.connect(server.url, sample.registry()) as store:
-            store.write(GROUP, sample.rows(5))
-        env = {**ENV, "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.3"}
-        with ServingProcess(server.url, env=env) as native:
-            body = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
-            deadline = time.monotonic() + 10
-            while planned(native, READS, "read_direct") == 0:  # the front's connections
-                assert get(native, body).status_code == 200
-                assert time.monotonic() < deadline, "the front never read on its own"
-                time.sleep(0.05)
-            assert server.process is not None
-            pid = server.process.pid
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                statuses = [get(native, body).status_code for _ in range(12)]
-                opened = metric(native, "feature_serving_circuit_opened_total")
-            finally:
-                os.kill(pid, signal.SIGCONT)
-            assert set(statuses) == {503}, statuses
-            assert opened >= 1
-            deadline = time.monotonic() + 20
-            while get(native, body).status_code != 200:
-                assert time.monotonic() < deadline, "never recovered after Redis answered"
-                time.sleep(0.2)
+    with alone(tmp_path, 0.3) as (server, native):
+        deadline = time.monotonic() + 10
+        while planned(native, READS, "read_direct") == 0:  # the front's connections
+            assert get(native, BODY).status_code == 200
+            assert time.monotonic() < deadline, "the front never read on its own"
+            time.sleep(0.05)
+        assert server.process is not None
+        pid = server.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            statuses = [get(native, BODY).status_code for _ in range(12)]
+            opened = metric(native, "feature_serving_circuit_opened_total")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert set(statuses) == {503}, statuses
+        assert opened >= 1
+        recovers(native, BODY, "Redis answered")
