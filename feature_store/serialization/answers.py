@@ -42,36 +42,46 @@ TYPE_CODES: dict[FeatureType, int] = {
     FeatureType.INT_LIST: 7,
 }
 
-_LEN = struct.Struct("<I")
-ABSENT = 0xFFFFFFFF  # the length of a value that is not there
 MISSING_VALUE = b"\x12\x00"  # FeatureRow.values: an empty Value (no kind set)
 _DOUBLE_RECORD = struct.Struct("<BBBd")  # values record (tag 2, length 9), float_value, double
+_HEADS = [bytes((n,)) for n in range(128)]  # the one-byte varints
 
 
 def pack(values: Sequence[bytes | None]) -> bytes:
-    """Stored values as one bytes: per value a u32 little-endian length (ABSENT for
-    none), then the value. One object instead of one per value: the cache's unit."""
+    """Stored values as one bytes: per value a varint of its length plus one (0 for none),
+    then the value. One object instead of one per value: the cache's unit."""
     parts = []
     for v in values:
         if v is None:
-            parts.append(_LEN.pack(ABSENT))
+            parts.append(_HEADS[0])
         else:
-            parts.append(_LEN.pack(len(v)))
+            n = len(v) + 1
+            parts.append(_HEADS[n] if n < 128 else varint(n))
             parts.append(v)
     return b"".join(parts)
 
 
 def unpack(raw: bytes) -> list[bytes | None]:
     out: list[bytes | None] = []
-    pos = 0
-    while pos < len(raw):
-        (n,) = _LEN.unpack_from(raw, pos)
-        pos += 4
-        if n == ABSENT:
+    pos, end = 0, len(raw)
+    while pos < end:
+        n = raw[pos]
+        pos += 1
+        if n >= 0x80:  # a longer varint
+            n &= 0x7F
+            shift = 7
+            while True:
+                byte = raw[pos]
+                pos += 1
+                n |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+        if n == 0:
             out.append(None)
         else:
-            out.append(raw[pos : pos + n])
-            pos += n
+            out.append(raw[pos : pos + n - 1])
+            pos += n - 1
     return out
 
 

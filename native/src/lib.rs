@@ -27,9 +27,17 @@ const EMBEDDING: u8 = 5;
 const FLOAT_LIST: u8 = 6;
 const INT_LIST: u8 = 7;
 
-/// The packed form of a group's stored values: per feature a little-endian u32 length
-/// (`ABSENT` for no value), then the bytes.
-const ABSENT: u32 = u32::MAX;
+/// The packed form of a group's stored values: per feature a varint of its length plus
+/// one (0 for no value), then the bytes. One byte of length for a value under 127 bytes.
+fn pack_value(out: &mut Vec<u8>, value: Option<&[u8]>) {
+    match value {
+        None => out.push(0),
+        Some(v) => {
+            put_varint(out, v.len() as u64 + 1);
+            out.extend_from_slice(v);
+        }
+    }
+}
 
 /// A value the native path does not take; the Python reference answers it.
 struct Fallback;
@@ -627,14 +635,13 @@ impl<'a> Iterator for Packed<'a> {
     type Item = Option<&'a [u8]>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let head = self.data.get(self.pos..self.pos + 4)?;
-        self.pos += 4;
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-        if len == ABSENT {
+        let head = read_varint(self.data, &mut self.pos).ok()?;
+        if head == 0 {
             return Some(None);
         }
-        let value = self.data.get(self.pos..self.pos + len as usize)?;
-        self.pos += len as usize;
+        let len = usize::try_from(head - 1).ok()?;
+        let value = self.data.get(self.pos..self.pos.checked_add(len)?)?;
+        self.pos += len;
         Some(Some(value))
     }
 }
@@ -740,19 +747,15 @@ pub(crate) fn write_values(
         match value {
             None => {
                 if let Some(raw) = raw.as_deref_mut() {
-                    raw.extend_from_slice(&ABSENT.to_le_bytes());
+                    pack_value(raw, None);
                 }
                 answer.extend_from_slice(missing);
                 present.push(0);
             }
             Some(data) => {
-                if data.len() >= ABSENT as usize {
-                    return Err(i);
-                }
                 write(answer, type_code, dim, data).map_err(|_| i)?;
                 if let Some(raw) = raw.as_deref_mut() {
-                    raw.extend_from_slice(&(data.len() as u32).to_le_bytes());
-                    raw.extend_from_slice(data);
+                    pack_value(raw, Some(data));
                 }
                 present.push(1);
             }
@@ -1199,16 +1202,10 @@ fn resp_split<'py>(
             );
             continue;
         }
-        let size: usize = slots.iter().map(|v| 4 + v.map_or(0, <[u8]>::len)).sum();
+        let size: usize = slots.iter().map(|v| 3 + v.map_or(0, <[u8]>::len)).sum();
         let mut packed = Vec::with_capacity(size);
-        for value in &slots {
-            match value {
-                None => packed.extend_from_slice(&ABSENT.to_le_bytes()),
-                Some(v) => {
-                    packed.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                    packed.extend_from_slice(v);
-                }
-            }
+        for &value in &slots {
+            pack_value(&mut packed, value);
         }
         out.push(PyBytes::new(py, &packed).into_any().unbind());
     }

@@ -258,7 +258,11 @@ def test_a_bad_value_raises_the_references_error_on_every_path() -> None:
         fmt = GroupFormat([CODECS["bool"], CODECS["int"]], native=native)
         with pytest.raises(EncodingError, match="not 0 or 1"):
             fmt.load([b"2", b"1"])
-    assert pack([b"1", None]) == b"\x01\x00\x00\x001\xff\xff\xff\xff"
+    # per value a varint of its length plus one (0: none), then the value
+    assert pack([b"1", None, b""]) == b"\x021\x00\x01"
+    long = bytes(range(256)) * 2  # a two-byte length: 513 = 0x81 0x04
+    assert pack([long]) == b"\x81\x04" + long
+    assert unpack(pack([long, None, b"x"])) == [long, None, b"x"]
 
 
 # --- RESP replies read by the native round trip ------------------------------------------
