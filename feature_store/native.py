@@ -123,7 +123,12 @@ class GroupFormat:
 
     def json(self, raw: bytes) -> bytes:
         """The values' JSON array (what ``load`` makes), from the packed values."""
-        return b"[" + b",".join(self.json_parts(raw)) + b"]"
+        if self.native is not None:
+            try:
+                return self.native.json(raw)
+            except ValueError:
+                pass
+        return b"[" + b",".join(self.pure.json_parts(raw)) + b"]"
 
     def _shared(self, present: bytes) -> bytes:
         """One object per pattern of missing values, for entries to share."""

@@ -401,6 +401,7 @@ def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
     checks, mismatches = stats.get("shadow_checks", 0), stats.get("shadow_mismatches", 0)
     return {
         "enabled": cache is not None,
+        "form": runtime.settings.cache_form,
         "entries": 0 if cache is None else len(cache),
         "bytes": 0 if cache is None else cache.bytes,
         "counters": stats,

@@ -42,7 +42,8 @@ class Entry:
     """One entity's values of one group, as stored: one packed ``bytes`` (``raw``) and the
     values' JSON, made once when loaded. ``raw`` None: the entity has none (negative).
     Without the L1, an entry read for a gRPC answer holds its gRPC records (``wire``)
-    instead of the JSON, which REST would make from ``raw`` if it ever met one.
+    instead of the JSON, which REST would make from ``raw`` if it ever met one. In a
+    compact cache (``keep_answers`` False) an entry holds neither: each answer writes them.
 
     Nothing in an entry is a Python object per value: the garbage collector has nothing to
     walk, and ``size`` is what the entry really takes, so the byte bound holds for RSS."""
@@ -138,6 +139,8 @@ class LRUCache:
     mirror: Mirror | None = None
     # bytes the mirror holds per entry besides the entry's own objects (it shares those)
     mirror_entry: int = 0
+    # False (CACHE_FORM=compact): an entry keeps its packed values only, no answer bytes
+    keep_answers: bool = True
     _entries: OrderedDict[CacheKey, Entry] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
@@ -178,6 +181,8 @@ class LRUCache:
         ttl = self.lifetime(entry.negative)
         entry.expires_at = now + ttl
         entry.loaded_at = now
+        if not self.keep_answers and entry.raw is not None:
+            entry.json = entry.wire = None  # answers are written from ``raw`` on each hit
         entry.size = entry_size(entry) + self.mirror_entry
         old = self._entries.pop(key, None)
         if old is not None:
@@ -203,6 +208,9 @@ class LRUCache:
 
     def charge(self, entry: Entry) -> None:
         """Count what an entry grew by (its gRPC records, made on first use)."""
+        if not self.keep_answers:
+            entry.wire = None
+            return
         size = entry_size(entry) + self.mirror_entry
         if self._entries.get(entry.key) is entry and size != entry.size:
             self.bytes += size - entry.size

@@ -65,6 +65,10 @@ class ServingSettings:
     cache_max_bytes: int = 256 * 1024 * 1024
     cache_max_entries: int = 1_000_000
     cache_max_stale: float = 300.0  # how long past expiry a value may be served if Redis fails
+    # what an entry keeps: "answers", its packed values and their answer bytes (REST's JSON
+    # at load, gRPC's records once asked), about 2.9 KB per standard entity; "compact", the
+    # packed values only (about 1.4 KB), each hit writing its answer from them
+    cache_form: str = "answers"
     xfetch_beta: float = 1.0  # >1 refreshes hot keys earlier, 0 disables early refresh
     cache_refresh_ahead: float = 0.2  # a hit in this last share of a TTL reloads (batched)
     single_flight: bool = True  # off only to measure what the debouncer saves
@@ -122,6 +126,8 @@ class ServingSettings:
             raise fail("grpc_front", "must be native or grpcio")
         if self.rest_front not in ("native", "uvicorn"):
             raise fail("rest_front", "must be native or uvicorn")
+        if self.cache_form not in ("answers", "compact"):
+            raise fail("cache_form", "must be answers or compact")
         for name in (
             "cache_ttl",
             "redis_timeout_min",

@@ -50,11 +50,10 @@ from urllib.parse import urlsplit
 import redis
 
 from feature_store.errors import StoreUnavailableError
-from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.breaker import CircuitState
 from feature_store.serving.flight import FLUSH_KEYS
 from feature_store.serving.hits import FrontLookups
-from feature_store.serving.roundtrip import NativeRoundTrip, whole
+from feature_store.serving.roundtrip import NativeRoundTrip
 
 if TYPE_CHECKING:
     from feature_store._native import FrontRedis
@@ -96,13 +95,6 @@ class FrontReads(FrontLookups):
         self._next_open = 0.0
         self._closing = False
         self._warned = False  # that a connection could not be opened (then at debug level)
-        for name, spec in self.reads.specs.items():
-            self.native.define_read(
-                self.index[name],
-                list(spec.fields),
-                whole([spec]),
-                [(TYPE_CODES[c.type], c.dim or 0) for c in spec.fmt.codecs],
-            )
 
     # --- the fronts' own connections -------------------------------------------------
 

@@ -111,13 +111,15 @@ def _entity_id(e: pb.EntityId) -> EntityId:
 def answer_rows(lookup: Lookup, charge: Callable[[Entry], None] | None) -> bytes:
     """GetFeaturesResponse's rows, joined: by the native core for a whole group (the common
     request; ``grpc_rows``), else by ``_answer_rows``, its reference. ``charge`` counts
-    the gRPC records an entry gets on first use against the cache's bound."""
+    the gRPC records an entry gets on first use against the cache's bound (None: they are
+    not kept, and ``grpc_rows`` writes them)."""
     proj = lookup.projection
     if not proj.whole_group or _grpc_rows is None or lookup.errors:
         return b"".join(_answer_rows(lookup, charge))
-    for ((entry, _),) in lookup.entries:
-        if entry.wire is None:
-            wire.entry_values(entry, charge)
+    if charge is not None:
+        for ((entry, _),) in lookup.entries:
+            if entry.wire is None:
+                wire.entry_values(entry, charge)
     group = proj.groups[0]
     return _grpc_rows(
         lookup.ids, lookup.entries, lookup.now, group.max_age_seconds, group.name.encode()
@@ -234,7 +236,8 @@ class FeatureServicer:
         header = proj.memo.get(API)
         if header is None:
             header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
-        charge = self.cache.charge if self.cache is not None else None
+        cache = self.cache
+        charge = cache.charge if cache is not None and cache.keep_answers else None
         body = cast(bytes, header) + answer_rows(lookup, charge)
         learn = self.learn if proj.whole_group and not lookup.errors else None
         if learn is not None and not request.bypass_cache:

@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, TypeAlias
 import orjson
 
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
+from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.roundtrip import whole
 
 if TYPE_CHECKING:
     from feature_store.serving.runtime import ServingRuntime
@@ -68,7 +70,7 @@ class FrontLookups:
     metrics. ``NativeHits`` answers the L1's hits there; ``front_reads.FrontReads``, without
     the L1, the lookups whose Redis commands the front writes."""
 
-    def __init__(self, runtime: ServingRuntime, *, planning: bool) -> None:
+    def __init__(self, runtime: ServingRuntime, *, planning: bool, compact: bool = False) -> None:
         from feature_store import _native
 
         reader, settings = runtime.reader, runtime.settings
@@ -79,10 +81,20 @@ class FrontLookups:
             reader.shadow_fraction,
             random.getrandbits(64),
             planning,
+            compact,
         )
         # a key in the extension: the group's index (2 bytes) and the entity's Redis key
         names = sorted(runtime.registry.groups)
         self.index = {name: i for i, name in enumerate(names)}
+        # each group's read and value types: a planned read's commands and answer, and a
+        # compact entry's answer
+        for name, spec in reader.reads.specs.items():
+            self.native.define_read(
+                self.index[name],
+                list(spec.fields),
+                whole([spec]),
+                [(TYPE_CODES[c.type], c.dim or 0) for c in spec.fmt.codecs],
+            )
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
         metrics = runtime.metrics
@@ -165,10 +177,10 @@ class NativeHits(FrontLookups):
     """The fronts' mirror of one worker's L1 (see the module's text)."""
 
     def __init__(self, runtime: ServingRuntime) -> None:
-        super().__init__(runtime, planning=False)
         cache = runtime.reader.cache
         if cache is None:
             raise ValueError("native hits need the L1 cache")
+        super().__init__(runtime, planning=False, compact=not cache.keep_answers)
         self.cache: LRUCache = cache
         self.clock = cache.clock
         assert self.reader.refresher is not None  # there is one wherever there is a cache
@@ -185,7 +197,9 @@ class NativeHits(FrontLookups):
         tag = self.tags.get(group)
         if tag is None:
             return
-        if entry.json is None or entry.fault is not None:
+        compact = not self.cache.keep_answers
+        values = (entry.raw or b"") if compact else entry.json
+        if values is None or entry.fault is not None:
             self.native.discard(tag + key)  # Python answers these
             return
         ttl = entry.expires_at - self.clock()
@@ -193,7 +207,7 @@ class NativeHits(FrontLookups):
         window = 0.0 if negative else self.refresher.drawn_window(entry)
         self.native.put(
             tag + key,
-            entry.json,
+            values,
             entry.wire,
             entry.present,
             entry.written_at,

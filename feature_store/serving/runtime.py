@@ -52,6 +52,7 @@ class ServingRuntime:
                 negative_ttl=settings.cache_negative_ttl,
                 jitter=settings.cache_jitter,
                 max_stale=settings.cache_max_stale,
+                keep_answers=settings.cache_form == "answers",
             )
             if settings.cache
             else None

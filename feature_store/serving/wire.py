@@ -33,13 +33,14 @@ def record(tag: int, payload: bytes) -> bytes:
 
 def entry_values(entry: Entry, charge: Callable[[Entry], None] | None) -> bytes:
     """An entry's ``FeatureRow.values`` records, made on first use and kept on the entry
-    (``charge`` counts the growth against the cache's byte bound)."""
+    when ``charge`` counts the growth against the cache's byte bound (None: not kept, as
+    in a compact cache)."""
     found = entry.wire
     if found is None:
         raw = entry.raw
         found = MISSING_VALUE * len(entry.present) if raw is None else entry.fmt.proto(raw)
-        entry.wire = found
         if charge is not None:
+            entry.wire = found
             charge(entry)
     return found
 

@@ -5,9 +5,11 @@
 //! entry's own bytes object, held, not copied), its present pattern, its write time and its
 //! expiry. A `POST /v1/features/get` in the common form (one group's features, ids of the
 //! entity's type, no bypass) whose every entity is a fresh entry is answered here from those
-//! bytes; any other request (a miss, an expired entry, an id Python would refuse, a form not
-//! seen yet, a malformed body) goes to Python as before, which answers it and stays the one
-//! place where errors, misses and the cache's policy are decided.
+//! bytes. With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
+//! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
+//! `GroupCodec` does. Any other request (a miss, an expired entry, an id Python would
+//! refuse, a form not seen yet, a malformed body) goes to Python as before, which answers
+//! it and stays the one place where errors, misses and the cache's policy are decided.
 //!
 //! The policy stays Python's: a hit here on an entry inside its refresh window (refresh
 //! ahead, XFetch, an announced batch write) and a sample of hits (shadow checks) are noted
@@ -26,7 +28,8 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    json_i64, json_str, read_varint, write_grpc_row, write_row, write_values, GrpcId, Shape,
+    json_i64, json_str, read_varint, write_grpc_row, write_packed, write_row, write_values, GrpcId,
+    Shape,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL.
@@ -59,7 +62,9 @@ impl Held {
 }
 
 struct Hit {
-    values: Held,       // the values as JSON (REST)
+    // the values as JSON (REST); with `Hits::compact`, packed (empty for none), and each
+    // answer writes its JSON or gRPC records from them
+    values: Held,
     wire: Option<Held>, // as gRPC records, once a gRPC answer made them
     present: Held,
     written_at: Option<i64>,
@@ -178,6 +183,8 @@ pub struct Plan {
 pub struct Hits {
     /// without the L1: lookups are planned (`plan`), never looked up in `entries`
     pub planning: bool,
+    /// entries hold their packed values only (`CACHE_FORM=compact`)
+    compact: bool,
     reads: RwLock<HashMap<u16, Arc<GroupRead>>>,
     entries: RwLock<HashMap<Vec<u8>, Hit>>,
     forms: RwLock<HashMap<Vec<u8>, Arc<Form>>>,
@@ -233,7 +240,7 @@ impl Hits {
     }
 
     /// The `GetFeaturesResponse` message for a `GetFeaturesRequest` message, if every
-    /// entity is a fresh hit whose gRPC records are made.
+    /// entity is a fresh hit whose gRPC records are made (or, compact, can be written).
     pub fn answer_grpc(&self, message: &[u8]) -> Option<Vec<u8>> {
         if self.planning {
             return None;
@@ -249,6 +256,13 @@ impl Hits {
         out.extend_from_slice(&form.head);
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
         let mut row = Vec::new();
+        let read = if self.compact {
+            let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
+            Some(reads.get(&form.group)?.clone())
+        } else {
+            None
+        };
+        let (mut written, mut scratch) = (Vec::new(), Vec::new());
         let (mut hits, mut negative) = (0u64, 0u64);
         let mut refresh = Vec::new();
         let mut shadow = Vec::new();
@@ -260,10 +274,15 @@ impl Hits {
                 if started >= hit.expires {
                     return None;
                 }
-                let values = if api == REST {
-                    hit.values.bytes()
-                } else {
-                    hit.wire.as_ref()?.bytes()
+                let values = match (&read, api) {
+                    (Some(read), _) => {
+                        written.clear();
+                        let (raw, proto) = (hit.values.bytes(), api == GRPC);
+                        write_packed(&read.types, raw, proto, &mut written, &mut scratch).ok()?;
+                        &written
+                    }
+                    (None, REST) => hit.values.bytes(),
+                    (None, _) => hit.wire.as_ref()?.bytes(),
                 };
                 let (present, written_at) = (hit.present.bytes(), hit.written_at);
                 form.row(
@@ -505,13 +524,14 @@ pub struct HitCache {
 #[pymethods]
 impl HitCache {
     #[new]
-    #[pyo3(signature = (max_ids, max_string_id, shadow_fraction, seed=0, planning=false))]
+    #[pyo3(signature = (max_ids, max_string_id, shadow_fraction, seed=0, planning=false, compact=false))]
     fn new(
         max_ids: usize,
         max_string_id: usize,
         shadow_fraction: f64,
         seed: u64,
         planning: bool,
+        compact: bool,
     ) -> Self {
         let fraction = if shadow_fraction.is_finite() {
             shadow_fraction.clamp(0.0, 1.0)
@@ -521,6 +541,7 @@ impl HitCache {
         HitCache {
             hits: Arc::new(Hits {
                 planning,
+                compact,
                 reads: RwLock::new(HashMap::new()),
                 entries: RwLock::new(HashMap::new()),
                 forms: RwLock::new(HashMap::new()),

@@ -694,6 +694,21 @@ impl GroupCodec {
         PyList::new(py, parts)
     }
 
+    /// The answer `loaded` makes, from the packed values.
+    fn answer<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &[u8],
+        proto: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let values = unpack(raw, self.types.len())?;
+        let mut out = Vec::with_capacity(2 * raw.len() + 2);
+        let mut present = Vec::with_capacity(values.len());
+        write_values(&self.types, &values, proto, &mut out, &mut present, None)
+            .map_err(fallback)?;
+        Ok(PyBytes::new(py, &out))
+    }
+
     /// `(packed, present, answer)`: `answer` is the values' JSON array, or with `proto`
     /// their `FeatureRow.values` records joined (what `proto` makes of the packed bytes).
     fn loaded<'py>(
@@ -765,6 +780,28 @@ pub(crate) fn write_values(
         answer.push(b']');
     }
     Ok(())
+}
+
+/// The answer `write_values` makes of packed values (`raw`; empty for an entity with
+/// none: every value missing), with `present` as scratch. Err: a value the native core
+/// does not take, or `raw` is not a packed value list of `types`.
+pub(crate) fn write_packed(
+    types: &[(u8, u32)],
+    raw: &[u8],
+    proto: bool,
+    answer: &mut Vec<u8>,
+    present: &mut Vec<u8>,
+) -> Result<(), usize> {
+    let values: Vec<Option<&[u8]>> = if raw.is_empty() {
+        vec![None; types.len()]
+    } else {
+        Packed { data: raw, pos: 0 }.collect()
+    };
+    if values.len() != types.len() {
+        return Err(0);
+    }
+    present.clear();
+    write_values(types, &values, proto, answer, present, None)
 }
 
 #[pymethods]
@@ -889,19 +926,14 @@ impl GroupCodec {
         PyList::new(py, columns.iter().map(|c| PyBytes::new(py, c)))
     }
 
+    /// The values' JSON array (what `load` makes as the answer).
+    fn json<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        self.answer(py, raw, false)
+    }
+
     /// Every value's `FeatureRow.values` record, joined (a whole-group gRPC answer).
     fn proto<'py>(&self, py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-        let values = unpack(raw, self.types.len())?;
-        let mut out = Vec::with_capacity(raw.len() + 4 * values.len());
-        for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
-            match value {
-                None => out.extend_from_slice(MISSING_VALUE),
-                Some(data) => {
-                    proto_value(&mut out, type_code, dim, data).map_err(|_| fallback(i))?
-                }
-            }
-        }
-        Ok(PyBytes::new(py, &out))
+        self.answer(py, raw, true)
     }
 
     /// Each value's `FeatureRow.values` record, for answers that pick some features.
@@ -1231,9 +1263,9 @@ fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
 
 /// The rows of a gRPC answer for all of one group's features: per entity a
 /// `GetFeaturesResponse.rows` record (field 3) of a `FeatureRow` holding the id, the
-/// entry's values records (`wire`, made before the call: `wire.entry_values`), the packed
-/// statuses and the group's age. `rows` is as for `rest_rows`. The reference is the per-row
-/// loop of `feature_store.serving.grpc_server.FeatureServicer.answer` (`serving/wire.py`).
+/// entry's values records (`wire`, made before the call by `wire.entry_values`, or here
+/// when the entry does not keep them), the packed statuses and the group's age. `rows` is
+/// as for `rest_rows`. The reference is the per-row loop of `feature_store.serving.grpc_server.FeatureServicer.answer` (`serving/wire.py`).
 #[pyfunction]
 #[pyo3(signature = (ids, rows, now, max_age, group))]
 fn grpc_rows<'py>(
@@ -1249,8 +1281,20 @@ fn grpc_rows<'py>(
     for (id, item) in ids.iter().zip(rows.iter()) {
         let (entry, served_stale): (Bound<'py, PyAny>, bool) = item.get_item(0)?.extract()?;
         let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
-        let wire = entry.getattr(pyo3::intern!(py, "wire"))?;
+        let mut wire = entry.getattr(pyo3::intern!(py, "wire"))?;
         let present = entry.getattr(pyo3::intern!(py, "present"))?;
+        if wire.is_none() {
+            // not kept (a compact cache): made from the packed values, as `entry_values` does
+            let raw = entry.getattr(pyo3::intern!(py, "raw"))?;
+            wire = if raw.is_none() {
+                let count = present.downcast::<PyBytes>()?.as_bytes().len();
+                PyBytes::new(py, &MISSING_VALUE.repeat(count)).into_any()
+            } else {
+                entry
+                    .getattr(pyo3::intern!(py, "fmt"))?
+                    .call_method1("proto", (raw,))?
+            };
+        }
         let int_id = id.extract::<i64>().ok();
         let text = match int_id {
             Some(_) => "",
@@ -1387,7 +1431,8 @@ fn rest_rows<'py>(
         let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
         let mut json = entry.getattr(pyo3::intern!(py, "json"))?;
         if json.is_none() {
-            // loaded for a gRPC answer (spec.GroupSpec.entry): made from the packed values
+            // loaded for a gRPC answer (spec.GroupSpec.entry), or in a compact cache: made
+            // from the packed values
             let raw = entry.getattr(pyo3::intern!(py, "raw"))?;
             json = entry
                 .getattr(pyo3::intern!(py, "fmt"))?

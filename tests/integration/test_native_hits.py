@@ -2,6 +2,8 @@
 REST and gRPC, against a server that answers every lookup in Python (``NATIVE_HITS=off``):
 the same answers, hits counted, push writes and expiry seen at once, keys checked, and the
 cache's policy (refresh ahead, shadow checks) still run for the hits the fronts answer.
+The shared servers' tests run twice: entries keeping their answers, and a compact cache
+(``CACHE_FORM=compact``: packed values only, each answer written from them).
 """
 
 from __future__ import annotations
@@ -70,14 +72,19 @@ def get(server: ServingProcess, body: dict[str, object]) -> httpx.Response:
     )
 
 
-@pytest.fixture(scope="module")
-def servers(redis_server: object) -> Iterator[tuple[ServingProcess, ServingProcess]]:
+@pytest.fixture(scope="module", params=["answers", "compact"])
+def servers(
+    redis_server: object, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServingProcess, ServingProcess]]:
+    """A server with native hits in either cache form, and the reference: Python alone,
+    entries keeping their answers. Missing entities stay cached as long as the others."""
     url = redis_server.url  # type: ignore[attr-defined]
     with FeatureStore.connect(url, sample.registry()) as store:
         store.write(GROUP, sample.rows(N))
+    env = {**ENV, "FEATURE_SERVING_CACHE_NEGATIVE_TTL": "60"}
     with (
-        ServingProcess(url, env=ENV) as native,
-        ServingProcess(url, env={**ENV, "FEATURE_SERVING_NATIVE_HITS": "off"}) as python,
+        ServingProcess(url, env={**env, "FEATURE_SERVING_CACHE_FORM": request.param}) as native,
+        ServingProcess(url, env={**env, "FEATURE_SERVING_NATIVE_HITS": "off"}) as python,
     ):
         yield native, python
 
@@ -254,6 +261,8 @@ def test_the_grpc_front_answers_hits_as_python_does(
     servers: tuple[ServingProcess, ServingProcess],
 ) -> None:
     native, python = servers
+    doc = httpx.get(native.rest_url + "/v1/admin/cache", timeout=5).json()
+    forms = set()
     for request in GRPC_REQUESTS:
         before = front_hits(native)
         answers = []
@@ -262,7 +271,14 @@ def test_the_grpc_front_answers_hits_as_python_does(
             answers.append(_grpc_answer(server, request))
         assert answers[0] == answers[1]
         assert len(answers[0].rows) == len(request.int_ids)
-        assert front_hits(native, before + len(request.int_ids)) == before + len(request.int_ids)
+        # the entries are cached (by the REST test): the second answer is the front's, and
+        # in a compact cache, once the form is known, the first too: it needs no gRPC
+        # records made by Python first
+        form = (tuple(request.features), tuple(request.groups))
+        twice = doc["form"] == "compact" and form in forms
+        forms.add(form)
+        expected = before + len(request.int_ids) * (2 if twice else 1)
+        assert front_hits(native, expected) == expected
     assert metric(python, "feature_serving_cache_front_hits_total") == 0
     name = 'feature_serving_request_seconds_count{api="grpc",code="200",method="get"}'
     assert metric(native, name) == metric(python, name) > 0
@@ -286,3 +302,40 @@ def test_the_grpc_front_answers_hits_only_to_a_key_that_may_read(redis_server: o
                 _grpc_answer(server, request, key)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert front_hits(server) == hits + 3
+
+
+def test_answers_left_to_python_are_the_same_in_either_form(
+    servers: tuple[ServingProcess, ServingProcess],
+) -> None:
+    """Picked features over gRPC: Python writes the records from the entries (kept on them,
+    or, compact, written for each answer)."""
+    request = pb.GetFeaturesRequest(
+        entity_type=ENTITY, int_ids=[1, 2, 10_000_000], features=[*ALL[:3], ALL[-1]]
+    )
+    answers = []
+    for server in servers:
+        _grpc_answer(server, request)
+        answers.append(_grpc_answer(server, request))
+    assert answers[0] == answers[1]
+    assert len(answers[0].rows[0].values) == 4
+
+
+def test_a_compact_entry_holds_its_packed_values_only(redis_server: object) -> None:
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    ids = list(range(N))
+    per_entry = {}
+    for form in ("answers", "compact"):
+        with ServingProcess(url, env={**ENV, "FEATURE_SERVING_CACHE_FORM": form}) as server:
+            assert get(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}).is_success
+            _grpc_answer(
+                server, pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP])
+            )
+            doc = httpx.get(server.rest_url + "/v1/admin/cache", timeout=5).json()
+            assert doc["form"] == form
+            assert doc["entries"] == N
+            per_entry[form] = doc["bytes"] / N
+    # an answers entry also keeps the values' JSON and gRPC records, together about twice
+    # the packed values
+    assert per_entry["compact"] < 0.5 * per_entry["answers"], per_entry

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import tracemalloc
+from typing import cast
 
 import pytest
 
@@ -102,9 +103,12 @@ def cache_size_of(e: Entry) -> int:
     return make(Clock()).put(e).size
 
 
-def test_the_accounted_bytes_are_what_python_allocates() -> None:
-    """The byte bound is only as good as the sizes: within 25% of tracemalloc's count."""
+@pytest.mark.parametrize("keep_answers", [True, False])
+def test_the_accounted_bytes_are_what_python_allocates(keep_answers: bool) -> None:
+    """The byte bound is only as good as the sizes: within 25% of tracemalloc's count, with
+    the entries' answers kept or (compact) not."""
     cache = make(Clock(), max_bytes=10**9, max_entries=10**6)
+    cache.keep_answers = keep_answers
     group = sample.registry().groups[sample.GROUP]
     fmt = GroupFormat([f.codec for f in group.features])
     replies = [
@@ -118,6 +122,25 @@ def test_the_accounted_bytes_are_what_python_allocates() -> None:
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert 0.8 < grown / cache.bytes < 1.25, (grown / len(cache), cache.bytes / len(cache))
+
+
+def test_a_compact_cache_keeps_the_packed_values_only() -> None:
+    cache = make(Clock())
+    kept = cache.put(stored(key(1), *[[0.5] * 32] * 4, fmt=EMBEDDINGS))
+    cache.keep_answers = False
+    entry = stored(key(2), *[[0.5] * 32] * 4, fmt=EMBEDDINGS)
+    raw = entry.raw
+    compact = cache.put(entry)
+    assert compact.raw is raw
+    assert compact.json is None
+    assert compact.wire is None
+    assert kept.size - compact.size == len(cast(bytes, kept.json)) + 33
+    compact.wire = EMBEDDINGS.proto(cast(bytes, raw))  # a gRPC answer's records
+    cache.charge(compact)  # are not kept
+    assert compact.wire is None
+    assert compact.size == kept.size - len(cast(bytes, kept.json)) - 33
+    missing = cache.put(stored(key(3), fmt=EMBEDDINGS))  # a missing entity: its shared answer
+    assert missing.json == EMBEDDINGS.absent_json
 
 
 def test_expired_entries_serve_as_stale_fallback_within_max_stale() -> None:

@@ -117,6 +117,7 @@ def same_answers(names: list[str], reply: list[bytes | None]) -> bool:
         return False
     assert loaded == pure.load(reply)
     raw = loaded[0]
+    assert native.json(raw) == loaded[2]  # a compact cache's entry answered
     assert native.json_parts(raw) == pure.json_parts(raw)
     # a Feast answer's columns: the rows' values per feature, an entity with nothing between
     raws = [raw, None, raw]
@@ -394,9 +395,15 @@ def row_value(t: FeatureType, n: int) -> object:
         min_size=1,
         max_size=6,
     ),
+    st.booleans(),
 )
-def test_whole_group_rows_are_the_references(group_name: str, rows: list[tuple]) -> None:  # type: ignore[type-arg]
-    """REST's and gRPC's rows of whole-group answers: native and reference, byte for byte."""
+def test_whole_group_rows_are_the_references(
+    group_name: str,
+    rows: list[tuple],  # type: ignore[type-arg]
+    compact: bool,
+) -> None:
+    """REST's and gRPC's rows of whole-group answers: native and reference, byte for byte;
+    ``compact``: the entries keep no JSON (a compact cache's), and each answer makes it."""
     group = ROWS_REGISTRY.groups[group_name]
     fmt = GroupFormat([f.codec for f in group.features])
     now = 1_800_000_000
@@ -412,7 +419,8 @@ def test_whole_group_rows_are_the_references(group_name: str, rows: list[tuple])
             entry = Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
         else:
             raw, present, json = fmt.load(reply)
-            entry = Entry(key, fmt, raw, present, json, None if age is None else now - age)
+            written_at = None if age is None else now - age
+            entry = Entry(key, fmt, raw, present, None if compact else json, written_at)
         ids.append(entity_id if entity_id is not None else n)
         entries.append([Resolved(entry, served_stale)])
     proj = Projection(

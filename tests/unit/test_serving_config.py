@@ -44,6 +44,7 @@ def test_defaults_and_environment() -> None:
         ({"FEATURE_SERVING_ADMIN_KEYS": "short"}, "FEATURE_SERVING_ADMIN_KEYS"),
         ({"FEATURE_SERVING_GC_THRESHOLD": "1,2"}, "three positive integers"),
         ({"FEATURE_SERVING_GRPC_FRONT": "tonic"}, "FEATURE_SERVING_GRPC_FRONT must be native"),
+        ({"FEATURE_SERVING_CACHE_FORM": "small"}, "FEATURE_SERVING_CACHE_FORM must be answers"),
         (
             {"FEATURE_SERVING_REDIS_TIMEOUT_MIN": "2", "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "1"},
             "FEATURE_SERVING_REDIS_TIMEOUT_MIN",
