@@ -16,8 +16,10 @@ from /proc/<pid>/stat of the worker and of redis-server over each window. The ba
 (FEATURE_STORE_NATIVE=off: the Python reference), the grpcio front
 (FEATURE_SERVING_GRPC_FRONT=grpcio: every gRPC method on grpc.aio), the native fronts with
 lookups without the L1 answered by their handlers (FEATURE_SERVING_NATIVE_READS=off:
-"python-reads", L1 off) and --baseline run in the same session at batch 10, concurrency 1
-and 8, so every ratio compares figures taken minutes apart on one machine.
+"python-reads", L1 off), the L1 compact (FEATURE_SERVING_CACHE_FORM=compact: entries hold
+their packed values only and every hit writes its answer, L1 on) and --baseline run in the
+same session at batch 10, concurrency 1 and 8, so every ratio compares figures taken
+minutes apart on one machine.
 
 Targets (issue: the serving data plane): server CPU per entity at batch 10 and
 concurrency 8 of at most 25 us with the L1 off and 8 us with it on, for REST and gRPC;
@@ -66,11 +68,15 @@ TARGET_ON_P50_MS = 0.1
 # the native fronts with every lookup without the L1 answered by its handler
 # (NATIVE_READS=off): how they answered before front_reads.py
 PYTHON_READS = "python-reads"
+# the L1 keeping each entry's packed values only (CACHE_FORM=compact): every hit writes its
+# JSON or gRPC records, for half the memory per entity (benchmarks/l1_memory.py)
+COMPACT = "compact"
 
 
 @dataclass
 class Cell:
-    path: str  # "native", "reference" (Python reference), "grpcio" (front), PYTHON_READS, "before"
+    # "native", "reference" (the Python reference), "grpcio", PYTHON_READS, COMPACT, "before"
+    path: str
     api: str
     l1: str
     batch: int
@@ -127,6 +133,7 @@ def run_server(
         env["FEATURE_STORE_NATIVE"] = "off" if path == "reference" else "on"
         env["FEATURE_SERVING_GRPC_FRONT"] = "grpcio" if path == "grpcio" else "native"
         env["FEATURE_SERVING_NATIVE_READS"] = "off" if path == PYTHON_READS else "on"
+        env["FEATURE_SERVING_CACHE_FORM"] = "compact" if path == COMPACT else "answers"
     bodies = {
         batch: [
             orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
@@ -254,6 +261,18 @@ def verdicts(cells: list[Cell]) -> list[str]:
             f"{on.server_us:.1f} us",
             on.server_us <= TARGET_ON_US_NOW,
         )
+        compact = [
+            c
+            for c in cells
+            if (c.path, c.api, c.l1, c.batch, c.connections) == (COMPACT, api, "on", 10, 8)
+        ]
+        for c in compact:
+            row(
+                f"{api} L1 on, compact: server CPU <= {TARGET_ON_US_NOW:g} us/entity "
+                "(batch 10, c=8)",
+                f"{c.server_us:.1f} us ({c.server_us / on.server_us:.2f}x answers kept)",
+                c.server_us <= TARGET_ON_US_NOW,
+            )
         for l1, limit in (("off", TARGET_OFF_P50_MS), ("on", TARGET_ON_P50_MS)):
             c = find(cells, path="native", api=api, l1=l1, batch=10, connections=1)
             row(
@@ -336,6 +355,7 @@ def main() -> int:
             ("reference", baseline, None),
             ("grpcio", baseline, None),
             (PYTHON_READS, baseline, None),
+            (COMPACT, baseline, None),
             ("native", full, None),
         ]
         with contextlib.ExitStack() as stack:
@@ -344,7 +364,8 @@ def main() -> int:
                 runs.insert(0, ("before", baseline, tree))
             for path, plan, cwd in runs:
                 for api in ("grpc",) if path == "grpcio" else ("rest", "grpc"):
-                    for l1 in (False,) if path == PYTHON_READS else (False, True):
+                    l1s = {PYTHON_READS: (False,), COMPACT: (True,)}.get(path, (False, True))
+                    for l1 in l1s:
                         cells += run_server(
                             redis, path, api, l1, plan, args.seconds, Path(tmp), args.ttl, cwd
                         )

@@ -1,9 +1,10 @@
 """The L1 cache's memory: RSS per cached entity against what the cache accounts, and a long
-zipfian load against the byte bound; this checkout and (--baseline REV) an older one, and
-(--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off).
+zipfian load against the byte bound; this checkout and (--baseline REV) an older one,
+(--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off), and
+(--compact) with the L1 keeping each entry's packed values only (CACHE_FORM=compact).
 
-    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--entities 200000]
-        [--seconds 45] [--out FILE]
+    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--compact]
+        [--entities 200000] [--seconds 45] [--out FILE]
 
 1. A worker with the cache on (TTL 3,600 s) reads the first 40,000 entities of the
    standard shape, 1,000 ids per REST request. RSS (VmRSS of /proc/<pid>/status) before
@@ -41,6 +42,8 @@ from serving import add_data_dir, ensure_data, id_batches
 MIB = 1024 * 1024
 BOUND = 256 * MIB
 FIRST = 40_000
+TARGET_COMPACT = 1536  # issue: L1 memory <= 1.5 KB RSS per cached entity
+COMPACT = "this checkout, CACHE_FORM=compact"
 
 
 def rss(pid: int) -> int:
@@ -173,6 +176,11 @@ def main() -> int:
         action="store_true",
         help="also this checkout with NATIVE_HITS=off (no mirror of the L1 for the fronts)",
     )
+    parser.add_argument(
+        "--compact",
+        action="store_true",
+        help="also this checkout with CACHE_FORM=compact (entries keep packed values only)",
+    )
     parser.add_argument("--entities", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
@@ -188,6 +196,9 @@ def main() -> int:
             off = {"FEATURE_SERVING_NATIVE_HITS": "off"}
             label = "this checkout, NATIVE_HITS=off"
             outcomes.append(measure(label, redis, ROOT, args.entities, args.seconds, off))
+        if args.compact:
+            compact = {"FEATURE_SERVING_CACHE_FORM": "compact"}
+            outcomes.append(measure(COMPACT, redis, ROOT, args.entities, args.seconds, compact))
         if args.baseline:
             with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 label = f"baseline {args.baseline}"
@@ -220,6 +231,15 @@ def main() -> int:
         f"under the long load below idle + 1.25 x bound: "
         f"{'met' if new.bound_max <= new.limit else 'NOT met'}.",
     ]
+    for o in outcomes:
+        if o.label == COMPACT:
+            lines.append(
+                f"Compact: <= {TARGET_COMPACT:,} B per entity: "
+                f"{'met' if o.rss_per_entity <= TARGET_COMPACT else 'NOT met'} "
+                f"({o.rss_per_entity:,.0f} B, {o.rss_per_entity / new.rss_per_entity:.2f}x "
+                f"the answers kept); under the long load below idle + 1.25 x bound: "
+                f"{'met' if o.bound_max <= o.limit else 'NOT met'}."
+            )
     save(args.out, "L1 memory", lines)
     return 0
 
