@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -32,35 +33,30 @@ use crate::{
     Shape,
 };
 
-/// A Python bytes object held by the mirror, readable without the GIL.
-struct Held {
-    _object: Py<PyBytes>,
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: a bytes object is immutable, and `_object` keeps it alive as long as `ptr` is
-// read; the mirror drops entries only inside methods Python calls (with the GIL), and
-// pyo3 defers a decref made without the GIL to the next time it holds it.
-unsafe impl Send for Held {}
-unsafe impl Sync for Held {}
+/// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
+/// mirror drops entries only inside methods Python calls (with the GIL), and pyo3 defers a
+/// decref made without it to the next time it is held.
+struct Held(Py<PyBytes>);
 
 impl Held {
     fn new(object: &Bound<'_, PyBytes>) -> Self {
-        let data = object.as_bytes();
-        Held {
-            ptr: data.as_ptr(),
-            len: data.len(),
-            _object: object.clone().unbind(),
-        }
+        Held(object.clone().unbind())
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: see `Held`: the object outlives every read of its contents
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        let object = self.0.as_ptr();
+        // SAFETY: the `Py` keeps the object alive while it is read, and neither its size nor its
+        // contents (`ob_sval`, inline in the object) ever change; no reference count or
+        // other interpreter state is touched, so the GIL is not needed
+        unsafe {
+            let len = usize::try_from(ffi::Py_SIZE(object)).unwrap_or(0);
+            let data = std::ptr::addr_of!((*object.cast::<ffi::PyBytesObject>()).ob_sval);
+            std::slice::from_raw_parts(data.cast::<u8>(), len)
+        }
     }
 }
 
+/// One mirrored entry: 64 bytes besides its key (the bytes are the Python entry's).
 struct Hit {
     // the values as JSON (REST); with `Hits::compact`, packed (empty for none), and each
     // answer writes its JSON or gRPC records from them
@@ -68,9 +64,9 @@ struct Hit {
     wire: Option<Held>, // as gRPC records, once a gRPC answer made them
     present: Held,
     written_at: Option<i64>,
+    expires: u64,   // `Hits::ticks`
+    notice_at: u64, // `Hits::ticks`: from here on a hit is noted for Python (once per load)
     negative: bool,
-    expires: Instant,
-    notice_at: Instant, // from here on a hit is noted for Python (once per load)
     noticed: AtomicBool,
 }
 
@@ -186,7 +182,8 @@ pub struct Hits {
     /// entries hold their packed values only (`CACHE_FORM=compact`)
     compact: bool,
     reads: RwLock<HashMap<u16, Arc<GroupRead>>>,
-    entries: RwLock<HashMap<Vec<u8>, Hit>>,
+    entries: RwLock<HashMap<Box<[u8]>, Hit>>,
+    base: Instant, // `ticks` count from here
     forms: RwLock<HashMap<Vec<u8>, Arc<Form>>>,
     served: Mutex<Served>,
     shadow_below: u64, // a hit is sampled when a random u64 is below this
@@ -220,6 +217,11 @@ fn cache_key(out: &mut Vec<u8>, group: u16, prefix: &[u8], id: &Id<'_>) {
 }
 
 impl Hits {
+    /// A time as nanoseconds since `base`: 8 bytes in a `Hit` where an `Instant` is 16.
+    fn ticks(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     fn next_random(&self) -> u64 {
         // splitmix64 over an atomic counter: one sample per hit, no lock
         let mut z = self
@@ -252,6 +254,7 @@ impl Hits {
         let (api, ids, started) = (asked.api, &asked.ids, asked.started);
         let form = self.form(asked)?;
         let now = unix_now();
+        let now_ticks = self.ticks(started);
         let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
@@ -270,8 +273,8 @@ impl Hits {
             let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
             for (i, id) in ids.iter().enumerate() {
                 cache_key(&mut key, form.group, &form.prefix, id);
-                let hit = entries.get(&key)?;
-                if started >= hit.expires {
+                let hit = entries.get(key.as_slice())?;
+                if now_ticks >= hit.expires {
                     return None;
                 }
                 let values = match (&read, api) {
@@ -301,7 +304,7 @@ impl Hits {
                     continue;
                 }
                 hits += 1;
-                if started >= hit.notice_at && !hit.noticed.swap(true, Ordering::Relaxed) {
+                if now_ticks >= hit.notice_at && !hit.noticed.swap(true, Ordering::Relaxed) {
                     refresh.push(key.clone());
                 }
                 if self.shadow_below > 0 && self.next_random() < self.shadow_below {
@@ -544,6 +547,7 @@ impl HitCache {
                 compact,
                 reads: RwLock::new(HashMap::new()),
                 entries: RwLock::new(HashMap::new()),
+                base: Instant::now(),
                 forms: RwLock::new(HashMap::new()),
                 served: Mutex::new(Served::default()),
                 shadow_below: (fraction * u64::MAX as f64) as u64,
@@ -654,8 +658,10 @@ impl HitCache {
         notice_in: f64,
     ) {
         let now = Instant::now();
-        let after =
-            |s: f64| now + Duration::from_secs_f64(if s.is_finite() { s.max(0.0) } else { 0.0 });
+        let after = |s: f64| {
+            let ttl = Duration::from_secs_f64(if s.is_finite() { s.max(0.0) } else { 0.0 });
+            self.hits.ticks(now + ttl)
+        };
         let hit = Hit {
             values: Held::new(values),
             wire: wire.map(Held::new),
@@ -668,7 +674,7 @@ impl HitCache {
         };
         let old = {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            entries.insert(key, hit)
+            entries.insert(key.into_boxed_slice(), hit)
         };
         drop(old); // its bytes objects are released here, with the GIL
     }
@@ -691,7 +697,7 @@ impl HitCache {
 
     /// Note every entry of `group` on its next hit (a batch write was announced).
     fn notice_group(&self, group: u16) {
-        let now = Instant::now();
+        let now = self.hits.ticks(Instant::now());
         let prefix = group.to_be_bytes();
         let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
         for (key, hit) in entries.iter_mut() {
