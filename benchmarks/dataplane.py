@@ -3,7 +3,7 @@ concurrency 1, 8 and 32 (and batch 1,000 at 8); the native path, the Python refe
 on grpc.aio instead of the native front, and an older revision.
 
     python3 benchmarks/dataplane.py [--baseline REV] [--entities 100000] [--seconds 12] [--ttl 2]
-                                    [--out FILE]
+                                    [--stampede-runs 5] [--no-tail] [--out FILE]
 
 One `feature-store serve` worker per (path, API, L1); wrk drives REST (1,000 zipfian
 batches in turn) and h2load drives gRPC (one batch; its per-request log gives the
@@ -21,13 +21,22 @@ their packed values only and every hit writes its answer, L1 on) and --baseline 
 same session at batch 10, concurrency 1 and 8, so every ratio compares figures taken
 minutes apart on one machine.
 
+The tail at scale follows (--no-tail: none), on the native path: REST at 1,000 connections
+(wrk, timeout 1 s: its timeouts are the requests past 1 s) and gRPC at 500 connections x 10
+streams (h2load's per-request log), L1 off and on, with the maximum and the count past 1 s;
+then the stampede scenario (benchmarks/rest_front.py: wrk at 400 connections on 100
+batches of 10, L1 TTL 1 s, 15 s per run, --stampede-runs runs, Redis reads counted by
+Redis).
+
 Targets (issue: the serving data plane): server CPU per entity at batch 10 and
 concurrency 8 of at most 25 us with the L1 off and 8 us with it on, for REST and gRPC;
 gRPC at most 1.1x REST; batches of 100 and 1,000 no dearer per entity than batch 10; p50
 and p99 at concurrency 1 no worse than before. And (issue: a lookup costs what Redis pays
 for it) at batch 10: with the L1 off, server CPU per entity at most 1.5x Redis's in the
 same cell at concurrency 8 and p50 at most 0.25 ms at concurrency 1; with it on, at most
-3 us per entity and p50 at most 0.1 ms.
+3 us per entity and p50 at most 0.1 ms; REST at 1,000 connections with no request past 1
+s; in the stampede, none past 1 s in 5 runs, p99 <= 200 ms and Redis reads at about one
+per key per TTL.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -52,7 +62,18 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save, worktree
-from cost import children_cpu, cpu_seconds, h2load, wrk
+from cost import children_cpu, cpu_seconds, h2load, wrk, wrk_script
+from native_hits import run_h2load
+from rest_front import (
+    SLOW,
+    STAMPEDE_CONNECTIONS,
+    STAMPEDE_KEYS,
+    STAMPEDE_SECONDS,
+    STAMPEDE_TTL,
+    Stampede,
+    run_wrk,
+    stampede,
+)
 from serving import add_data_dir, ensure_data, id_batches
 
 TARGET_OFF_US = 25.0
@@ -63,6 +84,10 @@ TARGET_OFF_OVER_REDIS = 1.5  # L1 off: server CPU per entity over Redis's, same 
 TARGET_ON_US_NOW = 3.0
 TARGET_OFF_P50_MS = 0.25  # at one connection
 TARGET_ON_P50_MS = 0.1
+TARGET_STAMPEDE_P99_MS = 200.0
+STAMPEDE_READS = 1.25  # "about one read per key per TTL": at most this many
+# the tail at scale: (API, connections, streams per connection)
+TAILS = (("rest", 1000, 1), ("grpc", 500, 10))
 
 
 # the native fronts with every lookup without the L1 answered by its handler
@@ -188,6 +213,148 @@ def run_server(
             )
             out.append(cell)
     return out
+
+
+@dataclass
+class Tail:
+    api: str
+    l1: str
+    connections: int
+    streams: int
+    requests: int
+    seconds: float
+    p99_ms: float
+    max_ms: float
+    slow: int  # requests past SLOW seconds
+    errors: int
+    server_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def shape(self) -> str:
+        return (
+            f"{self.connections}" if self.streams == 1 else f"{self.connections} x {self.streams}"
+        )
+
+
+def run_tail(
+    redis: EmbeddedRedis, api: str, connections: int, streams: int, l1: bool, args: Any, work: Path
+) -> Tail:
+    """One window of the native path at ``connections`` (x ``streams`` for gRPC)."""
+    server_args = ["--cache-ttl", f"{args.ttl:g}"] if l1 else ["--no-cache"]
+    env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+    bodies = [
+        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        for ids in id_batches(args.entities, 10, count=1000)
+    ]
+    with ServingProcess(redis.url, args=server_args, env=env, grpc=api == "grpc") as server:
+        assert server.process is not None
+
+        def load(seconds: float, conns: int, per_conn: int) -> dict[str, float]:
+            if api == "rest":
+                script = wrk_script(work / "tail.lua", bodies)
+                return run_wrk(f"{server.rest_url}/v1/features/get", script, seconds, conns)
+            ids = orjson.loads(bodies[0])["ids"]
+            message = pb.GetFeaturesRequest(
+                entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]
+            ).SerializeToString()
+            return run_h2load(server.grpc_target, message, seconds, work, conns, per_conn)
+
+        load(2.0, 8, 1)  # warm-up: connections, the L1's first loads
+        s0, t0 = cpu_seconds(server.process.pid), time.monotonic()
+        got = load(args.seconds, connections, streams)
+        tail = Tail(
+            api,
+            "on" if l1 else "off",
+            connections,
+            streams,
+            int(got["requests"]),
+            time.monotonic() - t0,
+            got["p99"],
+            got["max"],
+            int(got["slow"]),
+            int(got["errors"]),
+            cpu_seconds(server.process.pid) - s0,
+        )
+    print(
+        f"tail      {api} L1 {tail.l1:3} c{tail.shape:9} {tail.rate:9,.0f} req/s  "
+        f"p99 {tail.p99_ms:7.1f} ms  max {tail.max_ms:7.1f} ms  past {SLOW:g} s {tail.slow}  "
+        f"errors {tail.errors}",
+        flush=True,
+    )
+    return tail
+
+
+def tail_lines(tails: list[Tail], stampedes: list[Stampede]) -> list[str]:
+    """The tail at scale and the stampede: their tables and verdicts."""
+    lines = []
+    if tails:
+        lines += [
+            "",
+            f"## The tail at scale (native path, batch 10, past {SLOW:g} s counted)",
+            "",
+            f"| API | L1 | conns | req/s | p99 ms | max ms | past {SLOW:g} s | errors "
+            "| server µs/entity |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for t in tails:
+            per_entity = t.server_cpu / max(1, t.requests * 10) * 1e6
+            lines.append(
+                f"| {t.api} | {t.l1} | {t.shape} | {t.rate:,.0f} | {t.p99_ms:.1f} | "
+                f"{t.max_ms:,.1f} | {t.slow} | {t.errors} | {per_entity:.1f} |"
+            )
+    if stampedes:
+        per_ttl = STAMPEDE_KEYS * 10 * STAMPEDE_SECONDS / STAMPEDE_TTL
+        lines += [
+            "",
+            f"## Stampede: {STAMPEDE_CONNECTIONS} connections, {STAMPEDE_KEYS} batches of 10, "
+            f"L1 TTL {STAMPEDE_TTL:g} s, {STAMPEDE_SECONDS:g} s per run (REST, native path)",
+            "",
+            f"One read per entity per TTL would be {per_ttl:,.0f} Redis reads per run.",
+            "",
+            f"| run | requests | p99 ms | max ms | past {SLOW:g} s | errors | Redis reads |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for st in stampedes:
+            lines.append(
+                f"| {st.run} | {st.requests:,} | {st.p99_ms:.1f} | {st.max_ms:,.1f} | "
+                f"{st.slow} | {st.errors} | {st.redis_reads:,} |"
+            )
+    verdict = ["", "| target | figure | met |", "|---|---|---|"]
+
+    def row(target: str, figure: str, ok: bool) -> None:
+        verdict.append(f"| {target} | {figure} | {'yes' if ok else '**no**'} |")
+
+    for t in tails:
+        row(
+            f"{t.api} L1 {t.l1} at {t.shape} connections: none past {SLOW:g} s",
+            f"{t.slow} past, max {t.max_ms:,.0f} ms, {t.errors} errors",
+            t.slow == 0 and t.errors == 0,
+        )
+    if stampedes:
+        per_ttl = STAMPEDE_KEYS * 10 * STAMPEDE_SECONDS / STAMPEDE_TTL
+        slow = sum(st.slow for st in stampedes)
+        worst = max(st.p99_ms for st in stampedes)
+        reads = max(st.redis_reads for st in stampedes)
+        row(
+            f"stampede: none past {SLOW:g} s in {len(stampedes)} runs",
+            f"{slow} past, max {max(st.max_ms for st in stampedes):,.0f} ms",
+            slow == 0,
+        )
+        row(
+            f"stampede: p99 <= {TARGET_STAMPEDE_P99_MS:g} ms",
+            f"worst run {worst:.1f} ms",
+            worst <= TARGET_STAMPEDE_P99_MS,
+        )
+        row(
+            f"stampede: Redis reads <= {STAMPEDE_READS}x one per key per TTL",
+            f"at most {reads:,} per run against {per_ttl:,.0f}",
+            reads <= STAMPEDE_READS * per_ttl,
+        )
+    return lines + (verdict if len(verdict) > 3 else [])
 
 
 def find(cells: list[Cell], **want: object) -> Cell:
@@ -340,6 +507,8 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
+    parser.add_argument("--stampede-runs", type=int, default=5, help="0: no stampede")
+    parser.add_argument("--no-tail", action="store_true", help="no cells at 1,000 connections")
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
@@ -369,6 +538,12 @@ def main() -> int:
                         cells += run_server(
                             redis, path, api, l1, plan, args.seconds, Path(tmp), args.ttl, cwd
                         )
+        tails = [
+            run_tail(redis, api, conns, streams, l1, args, Path(tmp))
+            for api, conns, streams in ([] if args.no_tail else TAILS)
+            for l1 in (False, True)
+        ]
+        stampedes = stampede(redis, "native", args.stampede_runs, args.entities, Path(tmp))
     lines = [
         *header(
             "One worker; wrk (REST, 1,000 zipfian batches), h2load (gRPC, one batch); "
@@ -380,6 +555,7 @@ def main() -> int:
         "## Targets",
         "",
         *verdicts(cells),
+        *tail_lines(tails, stampedes),
         "",
         "## Every cell",
         "",

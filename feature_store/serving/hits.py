@@ -51,9 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # RSS the mirror adds per cached entity (hash table slot, key, expiry, the held objects'
-# references), measured with benchmarks/l1_memory.py --python-hits: 3,038 against 2,755 B
+# references), measured with benchmarks/l1_memory.py --python-hits: 2,776 against 2,609 B
 # (benchmarks/results/l1_memory_hits.md)
-MIRROR_ENTRY = 280
+MIRROR_ENTRY = 170
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
 MAX_FORMS = 1024  # request forms taught per API (as the extension's bound, both together)
 REST, GRPC = 0, 1  # the APIs, as the extension numbers them
