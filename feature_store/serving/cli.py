@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-cache", action="store_true", help="disable the L1 cache")
     p.add_argument("--cache-ttl", type=float, help="L1 TTL in seconds (default 30)")
     p.add_argument("--cache-max-bytes", type=int, help="L1 bound in bytes (default 256 MiB)")
+    p.add_argument(
+        "--cache-form",
+        choices=("answers", "compact"),
+        help="answers: entries keep their answer bytes (default); compact: the packed values "
+        "only, about half the memory, each hit writing its answer",
+    )
     p.add_argument("--max-entities", type=int, help="entity ids per request (default 1000)")
     p.add_argument("--tls-cert", help="PEM certificate (chain): TLS on both ports")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
@@ -84,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         cache=False if args.no_cache else None,
         cache_ttl=args.cache_ttl,
         cache_max_bytes=args.cache_max_bytes,
+        cache_form=args.cache_form,
         max_entities=args.max_entities,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -6,8 +6,10 @@ the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and cle
 cache's ``mirror``), and teaches it each request form that Python answered with one group's
 values (``learner(api)``). The fronts then answer such a request without taking the GIL
 (gRPC only for a caller whose key may read, and with entries whose gRPC records a gRPC
-answer has made); every other request (any miss or expired entry, a form not seen yet,
-anything Python would refuse) reaches the handler as before.
+answer has made). In a compact cache (``CACHE_FORM=compact``) an entry holds its packed
+values alone, and the front writes each answer's JSON or gRPC records from them with the
+group's value types (taught by ``define_read``). Every other request (any miss or expired
+entry, a form not seen yet, anything Python would refuse) reaches the handler as before.
 
 What a hit decides besides its answer stays here, decided by the code that decides it for
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # RSS the mirror adds per cached entity (hash table slot, key, expiry, the held objects'
-# references), measured with benchmarks/l1_memory.py --python-hits: 2,776 against 2,609 B
+# references), measured with benchmarks/l1_memory.py --python-hits: 2,770 against 2,606 B
 # (benchmarks/results/l1_memory_hits.md)
 MIRROR_ENTRY = 170
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served

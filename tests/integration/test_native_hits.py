@@ -326,8 +326,8 @@ def test_a_compact_entry_holds_its_packed_values_only(redis_server: object) -> N
         store.write(GROUP, sample.rows(N))
     ids = list(range(N))
     per_entry = {}
-    for form in ("answers", "compact"):
-        with ServingProcess(url, env={**ENV, "FEATURE_SERVING_CACHE_FORM": form}) as server:
+    for form in ("answers", "compact"):  # the flag of `serve` (the fixture above: the variable)
+        with ServingProcess(url, args=["--cache-form", form], env=ENV) as server:
             assert get(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}).is_success
             _grpc_answer(
                 server, pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP])
