@@ -89,8 +89,8 @@ class FrontLookups:
         names = sorted(runtime.registry.groups)
         self.index = {name: i for i, name in enumerate(names)}
         # each group's read and value types: a planned read's commands and answer, and a
-        # compact entry's answer
-        for name, spec in reader.reads.specs.items():
+        # compact entry's answer (an entry that keeps its answers needs neither)
+        for name, spec in reader.reads.specs.items() if planning or compact else ():
             self.native.define_read(
                 self.index[name],
                 list(spec.fields),

@@ -646,14 +646,15 @@ impl<'a> Iterator for Packed<'a> {
     }
 }
 
-fn unpack(raw: &[u8], count: usize) -> PyResult<Vec<Option<&[u8]>>> {
+/// The values of a packed list of `count`; None when `raw` is not one.
+fn packed_values(raw: &[u8], count: usize) -> Option<Vec<Option<&[u8]>>> {
     let values: Vec<Option<&[u8]>> = Packed { data: raw, pos: 0 }.collect();
-    if values.len() != count {
-        return Err(PyValueError::new_err(
-            "not a packed value list of this group",
-        ));
-    }
-    Ok(values)
+    (values.len() == count).then_some(values)
+}
+
+fn unpack(raw: &[u8], count: usize) -> PyResult<Vec<Option<&[u8]>>> {
+    packed_values(raw, count)
+        .ok_or_else(|| PyValueError::new_err("not a packed value list of this group"))
 }
 
 /// One feature group's value types, and what the serving path makes of its stored values.
@@ -792,14 +793,11 @@ pub(crate) fn write_packed(
     answer: &mut Vec<u8>,
     present: &mut Vec<u8>,
 ) -> Result<(), usize> {
-    let values: Vec<Option<&[u8]>> = if raw.is_empty() {
+    let values = if raw.is_empty() {
         vec![None; types.len()]
     } else {
-        Packed { data: raw, pos: 0 }.collect()
+        packed_values(raw, types.len()).ok_or(0usize)?
     };
-    if values.len() != types.len() {
-        return Err(0);
-    }
     present.clear();
     write_values(types, &values, proto, answer, present, None)
 }
