@@ -139,6 +139,14 @@ class Cell:
         return f"{self.api} L1 {self.l1} b{self.batch} c{self.connections}"
 
 
+def batch_bodies(entities: int, batch: int) -> list[bytes]:
+    """1,000 zipfian batches of ``batch`` ids over ``entities``, as request bodies."""
+    return [
+        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        for ids in id_batches(entities, batch, count=1000)
+    ]
+
+
 def run_server(
     redis: EmbeddedRedis,
     path: str,
@@ -159,13 +167,7 @@ def run_server(
         env["FEATURE_SERVING_GRPC_FRONT"] = "grpcio" if path == "grpcio" else "native"
         env["FEATURE_SERVING_NATIVE_READS"] = "off" if path == PYTHON_READS else "on"
         env["FEATURE_SERVING_CACHE_FORM"] = "compact" if path == COMPACT else "answers"
-    bodies = {
-        batch: [
-            orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
-            for ids in id_batches(100_000, batch, count=1000)
-        ]
-        for batch in {b for b, _ in cells}
-    }
+    bodies = {batch: batch_bodies(100_000, batch) for batch in {b for b, _ in cells}}
     assert redis.process is not None
     out = []
     with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc", cwd=tree) as server:
@@ -246,21 +248,17 @@ def run_tail(
     """One window of the native path at ``connections`` (x ``streams`` for gRPC)."""
     server_args = ["--cache-ttl", f"{args.ttl:g}"] if l1 else ["--no-cache"]
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
-    bodies = [
-        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
-        for ids in id_batches(args.entities, 10, count=1000)
-    ]
+    bodies = batch_bodies(args.entities, 10)
+    script = wrk_script(work / "tail.lua", bodies)
+    message = pb.GetFeaturesRequest(
+        entity_type=sample.ENTITY, int_ids=orjson.loads(bodies[0])["ids"], groups=[sample.GROUP]
+    ).SerializeToString()
     with ServingProcess(redis.url, args=server_args, env=env, grpc=api == "grpc") as server:
         assert server.process is not None
 
         def load(seconds: float, conns: int, per_conn: int) -> dict[str, float]:
             if api == "rest":
-                script = wrk_script(work / "tail.lua", bodies)
                 return run_wrk(f"{server.rest_url}/v1/features/get", script, seconds, conns)
-            ids = orjson.loads(bodies[0])["ids"]
-            message = pb.GetFeaturesRequest(
-                entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]
-            ).SerializeToString()
             return run_h2load(server.grpc_target, message, seconds, work, conns, per_conn)
 
         load(2.0, 8, 1)  # warm-up: connections, the L1's first loads
