@@ -221,26 +221,37 @@ class NativeRoundTrip(PackedRoundTrip):
         await conn.send_packed_command(data, check_health=False)
         reader = conn._reader
         assert reader is not None
-        buf = b""
-        pos = 0
+        # The complete replies are set aside as they are scanned and joined once at the
+        # end: only the unscanned tail (one partial reply and a read) is ever added to. A
+        # single growing ``bytes`` was copied whole on every read, quadratic in the reply:
+        # a batch of 1,000 misses (1.3 MB) spent a tenth of its time in memmove.
+        done: list[bytes] = []
+        before = 0  # bytes in ``done``
+        tail = b""
+        pos = 0  # in ``tail``
         ends = []
         try:  # ValueError: not RESP, which no Redis sends
             for count in counts:
                 while True:
-                    pos, found = resp_scan(buf, pos, count)
+                    pos, found = resp_scan(tail, pos, count)
                     count -= found
                     if not count:
                         break
                     chunk = await reader.read(READ_SIZE)
                     if not chunk:
                         raise redis.exceptions.ConnectionError("Redis closed the connection")
-                    buf += chunk
-                ends.append(pos)
+                    if pos:
+                        done.append(tail[:pos])
+                        before += pos
+                        tail, pos = tail[pos:], 0
+                    tail += chunk
+                ends.append(before + pos)
         except ValueError as e:
             raise redis.exceptions.InvalidResponse(str(e)) from None
-        if pos != len(buf):
+        if pos != len(tail):
             raise redis.exceptions.InvalidResponse("bytes past the last reply")
-        return buf, ends
+        done.append(tail)
+        return b"".join(done) if len(done) > 1 else tail, ends
 
     async def _exchange(
         self, data: bytes, plans: list[ReadPlan], answer_within: float
