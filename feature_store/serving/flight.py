@@ -38,7 +38,7 @@ Own = Callable[[asyncio.Task[None]], None]  # keeps a task until it is done
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
-    """Mark the exception of a load nobody awaited (early refresh) as retrieved."""
+    """Mark the exception of a request nobody awaited any more as retrieved."""
     if not future.cancelled():
         future.exception()
 
@@ -71,12 +71,19 @@ class SingleFlight:
         self.inflight: dict[CacheKey, Load] = {}
         self._pending: list[Load] = []
         self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # of the pending flush
 
     def schedule(self, key: CacheKey, *, store: bool) -> Load:
         """A load of ``key`` in the next flush; ``store``: it is the key's shared load,
         whose entry goes into the cache (a bypass read is neither)."""
-        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_consume)
+        # while a flush is pending, its loop is the running one: CPython's get_running_loop
+        # makes a getpid system call each time, a tenth of the cost of a large batch's misses
+        loop = self._loop
+        if loop is None or not self._scheduled:
+            loop = asyncio.get_running_loop()
+        # no done callback: each would be a call of its own in the loop, a thousand per
+        # flush of a large batch's misses; ``fail`` marks its exceptions retrieved instead
+        future: asyncio.Future[Entry] = loop.create_future()
         load = Load(key, future, store)
         if store:
             self.inflight[key] = load
@@ -86,7 +93,8 @@ class SingleFlight:
         self._pending.append(load)
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop = loop
+            loop.call_soon(self._flush)
         return load
 
     def disown(self, key: CacheKey) -> None:
@@ -172,6 +180,7 @@ class SingleFlight:
                 del self.inflight[load.key]
             if not load.future.done():
                 load.future.set_exception(error)
+                load.future.exception()  # retrieved: a load nobody awaits (early refresh)
 
 
 class _Batch:

@@ -4,6 +4,7 @@ invalidation, bypass. Redis reads are counted by the server (INFO commandstats).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -115,6 +116,46 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_read(
     assert resolved[0].entry.values is not None
     assert entity_reads(redis_url) == 1
     assert runtime.reader.cache.peek(key(5)) is not None  # type: ignore[union-attr]
+
+
+async def test_a_cancelled_batch_leaves_the_loads_it_shares_to_their_other_callers(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    write_sample(redis_url, 40)
+    reset_stats(redis_url)
+    first = asyncio.ensure_future(runtime.reader.get([key(i) for i in range(40)]))
+    await asyncio.sleep(0)  # its 40 loads are queued
+    second = asyncio.ensure_future(runtime.reader.get([key(i) for i in range(10, 30)]))
+    await asyncio.sleep(0)  # waiting on 20 of them
+    first.cancel()
+    resolved = await second
+    assert first.cancelled()
+    assert [r.entry.values[0] for r in resolved] == [  # type: ignore[index]
+        sample.features(i)["float_00"] for i in range(10, 30)
+    ]
+    assert entity_reads(redis_url) == 40  # one read each, the cancelled caller's included
+    cache = runtime.reader.cache
+    assert cache is not None
+    assert all(cache.peek(key(i)) is not None for i in range(40))
+
+
+async def test_a_failed_load_nobody_waits_for_leaves_no_unretrieved_error(
+    runtime: ServingRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An early refresh's load is awaited by nobody: its failure is not logged by asyncio
+    as "exception was never retrieved" (the loads have no done callback to consume it)."""
+    flight = runtime.reader.flight
+    assert flight is not None
+    breaker = runtime.reader.breaker
+    for _ in range(100):  # open the circuit: each load fails at once
+        breaker.failure()
+    assert not breaker.allow()
+    load = flight.schedule(key(1), store=True)
+    assert load.future.done()
+    del load
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text
 
 
 async def test_missing_entities_are_cached_with_their_own_ttl(redis_url: str) -> None:
