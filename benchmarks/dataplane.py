@@ -18,8 +18,8 @@ from /proc/<pid>/stat of the worker and of redis-server over each window. The ba
 lookups without the L1 answered by their handlers (FEATURE_SERVING_NATIVE_READS=off:
 "python-reads", L1 off), the L1 compact (FEATURE_SERVING_CACHE_FORM=compact: entries hold
 their packed values only and every hit writes its answer, L1 on) and --baseline run in the
-same session at batch 10, concurrency 1 and 8, so every ratio compares figures taken
-minutes apart on one machine.
+same session at batch 10, concurrency 1 and 8 (--baseline also at batch 1,000), so every
+ratio compares figures taken minutes apart on one machine.
 
 The tail at scale follows (--no-tail: none), on the native path: REST at 1,000 connections
 (wrk, timeout 1 s: its timeouts are the requests past 1 s) and gRPC at 500 connections x 10
@@ -455,6 +455,14 @@ def verdicts(cells: list[Cell]) -> list[str]:
                 f"{c.p50_ms:.2f}/{c.p99_ms:.2f} ms vs {base.p50_ms:.2f}/{base.p99_ms:.2f} ms",
                 c.p50_ms <= base.p50_ms * 1.05 and c.p99_ms <= base.p99_ms * 1.1,
             )
+            for base in [b for b in before if (b.api, b.l1, b.batch) == (api, l1, 1000)]:
+                c = find(cells, path="native", api=api, l1=l1, batch=1000, connections=8)
+                row(
+                    f"{api} L1 {l1}: batch 1,000 server CPU per entity no more than before",
+                    f"{c.server_us:.1f} vs {base.server_us:.1f} us "
+                    f"({c.server_us / base.server_us:.2f}x)",
+                    c.server_us <= base.server_us * 1.05,
+                )
     return lines
 
 
@@ -528,7 +536,7 @@ def main() -> int:
         with contextlib.ExitStack() as stack:
             if args.baseline:
                 tree = stack.enter_context(worktree(args.baseline, Path(tmp) / "before"))
-                runs.insert(0, ("before", baseline, tree))
+                runs.insert(0, ("before", [*baseline, (1000, 8)], tree))
             for path, plan, cwd in runs:
                 for api in ("grpc",) if path == "grpcio" else ("rest", "grpc"):
                     l1s = {PYTHON_READS: (False,), COMPACT: (True,)}.get(path, (False, True))
