@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -26,13 +28,15 @@ def header(setup: str) -> list[str]:
 @contextlib.contextmanager
 def worktree(rev: str, into: Path) -> Iterator[Path]:
     """An older revision checked out at ``into`` (a git worktree), removed afterwards: a
-    `feature-store serve` started there (``ServingProcess(cwd=...)``) runs that code."""
+    `feature-store serve` started there (``ServingProcess(cwd=...)``) runs that code, with
+    its own native extension (without one it would run the pure-Python reference)."""
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(into), rev],
         check=True,
         capture_output=True,
     )
     try:
+        native_extension(rev, into)
         yield into
     finally:
         subprocess.run(
@@ -68,3 +72,26 @@ def line_plot(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def native_extension(rev: str, tree: Path) -> None:
+    """Put ``rev``'s extension into ``tree``'s package: this checkout's where ``native/``
+    is the same in both, else built from ``rev``'s sources (maturin, a wheel unpacked)."""
+    same = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", rev, "--", "native"])
+    if same.returncode == 0:
+        for built in (ROOT / "feature_store").glob("_native*.so"):
+            shutil.copy2(built, tree / "feature_store" / built.name)
+        return
+    print(f"building {rev}'s native extension ...", flush=True)
+    wheels = tree / "target-wheels"
+    maturin = Path(sys.executable).with_name("maturin")
+    subprocess.run(
+        [str(maturin), "build", "--release", "--quiet", "--out", str(wheels)],
+        cwd=tree,
+        check=True,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.startswith("feature_store/_native") and name.endswith(".so"):
+                (tree / name).write_bytes(archive.read(name))
