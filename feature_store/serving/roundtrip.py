@@ -251,7 +251,7 @@ class NativeRoundTrip(PackedRoundTrip):
         if pos != len(tail):
             raise redis.exceptions.InvalidResponse("bytes past the last reply")
         done.append(tail)
-        return b"".join(done) if len(done) > 1 else tail, ends
+        return b"".join(done), ends  # one part: the part itself, not a copy
 
     async def _exchange(
         self, data: bytes, plans: list[ReadPlan], answer_within: float

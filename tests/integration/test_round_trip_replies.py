@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlparse
 
+import hiredis
 import pytest
 import redis
 import redis.asyncio
@@ -17,10 +18,7 @@ from feature_store.serving.roundtrip import NativeRoundTrip, resp_scan
 
 
 def command(*args: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
+    return hiredis.pack_command(args)
 
 
 def lookups(url: str) -> tuple[bytes, list[int]]:
