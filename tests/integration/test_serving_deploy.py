@@ -170,6 +170,25 @@ def _worker_cpu(parent: int) -> dict[int, float]:
     return out
 
 
+def _listeners(port: int) -> int:
+    """Listening TCP sockets on ``port`` (one per worker: each binds with SO_REUSEPORT)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            count += state == "0A" and int(local.rsplit(":", 1)[1], 16) == port
+    return count
+
+
+def _wait_for_listeners(ports: list[int], workers: int, within: float = 30.0) -> None:
+    """Until every worker listens: the server is ready when one of them answers, and a
+    connection made before the other binds can only reach the first."""
+    deadline = time.monotonic() + within
+    while any(_listeners(port) < workers for port in ports):
+        assert time.monotonic() < deadline, {port: _listeners(port) for port in ports}
+        time.sleep(0.05)
+
+
 def test_two_workers_share_connections_and_cpu_over_rest_and_grpc(redis_url: str) -> None:
     """Per-worker CPU from /proc: both workers serve REST, and both serve gRPC."""
     from feature_store.serving.client import GrpcFeatureClient
@@ -178,6 +197,8 @@ def test_two_workers_share_connections_and_cpu_over_rest_and_grpc(redis_url: str
         store.write(sample.GROUP, sample.rows(50))
     with ServingProcess(redis_url, args=["--workers", "2", "--no-cache"]) as server:
         assert server.process is not None
+        assert server.grpc_port is not None
+        _wait_for_listeners([server.port, server.grpc_port], workers=2)
         parent = server.process.pid
         body = {"entity_type": "consumer", "ids": list(range(10)), "groups": [sample.GROUP]}
         for api in ("rest", "grpc"):
