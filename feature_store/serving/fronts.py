@@ -20,6 +20,7 @@ from feature_store.errors import ConfigError
 
 if TYPE_CHECKING:
     from feature_store.serving.front_reads import FrontReads
+    from feature_store.serving.hits import NativeHits
 
 
 def listen(host: str, port: int, reuse_port: bool, what: str) -> socket.socket:
@@ -56,6 +57,8 @@ class QueuedCalls:
         self.tasks: set[asyncio.Task[None]] = set()
         self.front: Any = None  # the extension's front: take() and stop(grace)
         self.reads: FrontReads | None = None  # where its planned lookups are sent
+        self.mirror: NativeHits | None = None  # the L1 its lookups' missing keys load into
+        self.proto = False  # whether its answers are gRPC's (a load makes their records)
 
     def start(self, make: Callable[[int], Any], port: str) -> None:
         self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -77,14 +80,24 @@ class QueuedCalls:
     def dispatch(self, calls: list[Any]) -> None:
         """Answer the calls of one take: the planned lookups (``count`` > 0) sent together
         (``FrontReads.read``, failures answered by ``fail_planned``), every other call on a
-        task of its own."""
+        task of its own: a load (``loading``) or the handler's answer."""
         planned = [call for call in calls if call.count]
         if planned:
             assert self.reads is not None
             self.spawn(self.reads.read(planned, self.fail_planned))
             calls = [call for call in calls if not call.count]
         for call in calls:
-            self.spawn(self.answer(call))
+            self.spawn(self.load(call) if call.loading else self.answer(call))
+
+    async def load(self, call: Any) -> None:
+        """A lookup the front found keys missing for: they are loaded into the L1 and the
+        front answers it from there; the handler answers it where they cannot be (Redis
+        failing, an entity's data broken: it names why, or serves what is stale)."""
+        assert self.mirror is not None
+        if await self.mirror.fill(call.keys, self.proto):
+            call.loaded()
+        else:
+            await self.answer(call)
 
     def fail_planned(self, call: Any, error: BaseException, t0: float) -> None:
         """Answer a planned lookup whose round trip failed with its route's error."""

@@ -41,7 +41,7 @@ from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.front_reads import FrontReads
 from feature_store.serving.fronts import QueuedCalls, listen
-from feature_store.serving.hits import GRPC, FrontLookups, Learn
+from feature_store.serving.hits import GRPC, FrontLookups, Learn, NativeHits
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
 
@@ -336,6 +336,8 @@ class NativeFront(QueuedCalls):
         self.servicer = servicer
         self.backend = backend  # grpc.aio's loopback port
         self.reads = hits if isinstance(hits, FrontReads) else None
+        self.mirror = hits if isinstance(hits, NativeHits) else None
+        self.proto = True
         self.parse = _parser(pb.GetFeaturesRequest)
         settings = servicer.runtime.settings
         self.start(

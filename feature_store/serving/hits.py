@@ -8,8 +8,13 @@ values (``learner(api)``). The fronts then answer such a request without taking 
 (gRPC only for a caller whose key may read, and with entries whose gRPC records a gRPC
 answer has made). In a compact cache (``CACHE_FORM=compact``) an entry holds its packed
 values alone, and the front writes each answer's JSON or gRPC records from them with the
-group's value types (taught by ``define_read``). Every other request (any miss or expired
-entry, a form not seen yet, anything Python would refuse) reaches the handler as before.
+group's value types (taught by ``define_read``). A lookup in such a form with entities
+missing, expired or (gRPC) without their records yet hands Python only those keys
+(``fill``): they load through the cache's own policy (single-flight, coalescing, the
+counters) and the front answers the whole lookup from the mirror, so a batch of 1,000 ids
+with 100 misses costs Python 100 loads, not 1,000 lookups. Where they do not all load (Redis
+failing, an entity's data broken, an entry not kept) and for every other request (a form
+not seen yet, anything Python would refuse) the handler answers, as before.
 
 What a hit decides besides its answer stays here, decided by the code that decides it for
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
@@ -43,6 +48,7 @@ import orjson
 
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
+from feature_store.serving import wire
 from feature_store.serving.cache import CacheKey, Entry, LRUCache
 from feature_store.serving.roundtrip import whole
 
@@ -105,6 +111,7 @@ class FrontLookups:
         how = "read" if planning else "hit"
         self.answered = [metrics.front_lookups.labels(api, how) for api in API_NAMES]
         self.direct = [metrics.front_lookups.labels(api, "read_direct") for api in API_NAMES]
+        self.loaded = [metrics.front_lookups.labels(api, "hit_loaded") for api in API_NAMES]
         self.forms: set[tuple[int, str, tuple[str, ...], tuple[str, ...]]] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -154,12 +161,14 @@ class FrontLookups:
         """Count what the fronts answered; the keys hit in their refresh window and those
         sampled for shadow checks, and the hit counts, for ``NativeHits``."""
         served, hits, negative, refresh, shadow = self.native.drain()
-        for api, (seconds, entities, direct) in enumerate(served):
+        for api, (seconds, entities, direct, loaded) in enumerate(served):
             if entities:
                 self.entities[api].inc(entities)
-                self.answered[api].inc(len(seconds) - direct)
+                self.answered[api].inc(len(seconds) - direct - loaded)
                 if direct:
                     self.direct[api].inc(direct)
+                if loaded:
+                    self.loaded[api].inc(loaded)
             observe = self.observe[api]
             for s in seconds:
                 observe(s)
@@ -231,6 +240,30 @@ class NativeHits(FrontLookups):
         index = self.index.get(group)
         if index is not None:
             self.native.notice_group(index)
+
+    # --- the fronts' misses -----------------------------------------------------------
+
+    async def fill(self, tagged: list[bytes], proto: bool) -> bool:
+        """Load the keys a front found missing or expired for one lookup (or, ``proto``,
+        without their gRPC records) into the cache, through the reader's own policy
+        (``CachedReader.get``: single-flight, coalescing, the counters); the front then
+        answers the lookup from the mirror. False where it cannot: a read failed (served
+        stale or refused by the handler), an entity's data is broken (the handler names
+        it), or an entry was not kept (dropped in flight, a negative TTL of 0)."""
+        names = self.names
+        keys = [(names[key[:2]], key[2:]) for key in tagged]
+        try:
+            resolved = await self.reader.get(keys)
+        except Exception:  # the handler reads again and answers with what failed
+            return False
+        cache = self.cache
+        charge = cache.charge if proto and cache.keep_answers else None
+        for key, (entry, stale) in zip(keys, resolved, strict=True):
+            if stale or entry.fault is not None or cache.peek(key) is not entry:
+                return False
+            if charge is not None and entry.wire is None:
+                wire.entry_values(entry, charge)  # the mirror's copy gets them (``put``)
+        return True
 
     # --- what the front served -------------------------------------------------------
 

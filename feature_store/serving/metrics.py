@@ -161,7 +161,8 @@ class ServingMetrics:
         self.front_lookups = Counter(
             f"{PREFIX}_front_lookups",
             "lookups answered on a native front's thread, by API and how: from the L1's "
-            "entries (hit, NATIVE_HITS) or, without the L1, written from Redis's replies to "
+            "entries (hit, NATIVE_HITS; hit_loaded once Python loaded the lookup's missing "
+            "keys) or, without the L1, written from Redis's replies to "
             "the commands the front wrote (NATIVE_READS), sent by Python (read) or on the "
             "front's own connections (read_direct)",
             ["api", "how"],

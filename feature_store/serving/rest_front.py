@@ -27,11 +27,11 @@ from feature_store.native import native_enabled
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.front_reads import Fail, FrontReads
 from feature_store.serving.fronts import QueuedCalls
+from feature_store.serving.hits import NativeHits
 
 if TYPE_CHECKING:
     from feature_store._native import RestCall
     from feature_store.serving.app import FastPath
-    from feature_store.serving.hits import NativeHits
     from feature_store.serving.json_answer import Answer, Route
 
 LOOKUP = "/v1/features/get"  # the route whose cache hits the front answers (hits.py)
@@ -78,6 +78,7 @@ class NativeRestFront(QueuedCalls):
         lookup = list(fast.routes).index(LOOKUP) if LOOKUP in fast.routes else -1
         self.hits = hits if lookup >= 0 else None
         self.reads = hits if isinstance(hits, FrontReads) else None
+        self.mirror = hits if isinstance(hits, NativeHits) else None
         self.fail = fail
         self.start(
             lambda wake: _native.RestFront(

@@ -40,7 +40,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
 use crate::direct::{replies_of, Direct, FrontRedis};
-use crate::hits::{HitCache, Hits};
+use crate::hits::{HitCache, Hits, Looked, GRPC};
 use crate::rest::{role_of, ROLE_READ};
 
 // gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html)
@@ -63,12 +63,31 @@ enum Answer {
     Message(Vec<u8>), // the gRPC frame: 5-byte prefix and the message
     Status(u32, String),
     Replies(Bytes), // a planned read: Redis's replies to its commands, the answer written here
+    Loaded,         // a load: its keys are in the L1, the answer is written here
+}
+
+/// What a call queued by either front asks of Python.
+pub(crate) enum Work {
+    Answer,               // the handler answers it
+    Read(Vec<u8>, usize), // send a planned read's commands (so many) to Redis
+    Load(Vec<Vec<u8>>),   // load a lookup's missing keys into the L1
+}
+
+impl Work {
+    /// As the calls Python takes hold it: commands, their count, keys to load.
+    pub(crate) fn parts(self) -> (Vec<u8>, usize, Vec<Vec<u8>>) {
+        match self {
+            Work::Answer => (Vec::new(), 0, Vec::new()),
+            Work::Read(command, count) => (command, count, Vec::new()),
+            Work::Load(keys) => (Vec::new(), 0, keys),
+        }
+    }
 }
 
 struct Queued {
     request: Bytes,
     authorization: Option<String>,
-    command: Option<(Vec<u8>, usize)>, // a planned read: the commands and their count
+    work: Work,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -102,7 +121,8 @@ impl Shared {
 }
 
 /// One call to the hot method, handed to Python: to answer, or (`count` > 0) a planned
-/// lookup whose commands Python sends to Redis, handing back the replies.
+/// lookup whose commands Python sends to Redis, handing back the replies, or (`loading`)
+/// a lookup whose missing keys Python loads into the L1 before the front answers it.
 #[pyclass(module = "feature_store._native")]
 pub struct Call {
     #[pyo3(get)]
@@ -111,6 +131,7 @@ pub struct Call {
     command: Vec<u8>,
     #[pyo3(get)]
     count: usize,
+    load: Vec<Vec<u8>>,
     reply: Option<oneshot::Sender<Answer>>,
 }
 
@@ -128,9 +149,26 @@ impl Call {
         PyBytes::new(py, &self.command)
     }
 
+    /// Whether the call is a load: its missing keys (`keys`) for the L1.
+    #[getter]
+    fn loading(&self) -> bool {
+        !self.load.is_empty()
+    }
+
+    /// A load's keys: each the group's index (2 bytes) and the entity's Redis key.
+    #[getter]
+    fn keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.load.iter().map(|key| PyBytes::new(py, key)).collect()
+    }
+
     /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
     fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
         self.send(Answer::Replies(replies_of(buf, start, end)?))
+    }
+
+    /// A load's keys are in the L1: the front answers from it.
+    fn loaded(&mut self) -> PyResult<()> {
+        self.send(Answer::Loaded)
     }
 
     /// Answer with this message (serialized protobuf) and status OK.
@@ -241,12 +279,13 @@ impl Front {
         queue
             .drain(..)
             .map(|q| {
-                let (command, count) = q.command.unwrap_or_default();
+                let (command, count, load) = q.work.parts();
                 Call {
                     authorization: q.authorization,
                     request: q.request,
                     command,
                     count,
+                    load,
                     reply: Some(q.reply),
                 }
             })
@@ -485,18 +524,35 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
     if let Some(hits) = &shared.hits {
         // a caller without a key that may read goes to Python, which says why
         if role_of(&shared.keys, authorization.as_deref()) >= ROLE_READ {
-            if let Some(message) = hits.answer_grpc(&request) {
-                return send_message(&mut respond, frame(&message));
+            match hits.answer_grpc(&request) {
+                Some(Looked::Answer(message)) => {
+                    return send_message(&mut respond, frame(&message));
+                }
+                Some(Looked::Missing(missing)) => {
+                    let load = Work::Load(missing.keys.clone());
+                    let rx = queue(shared, &request, &authorization, load);
+                    match wait(rx, deadline).await {
+                        Some(Ok(Answer::Loaded)) => {
+                            if let Some(message) = hits.replay(&request, GRPC, &missing) {
+                                return send_message(&mut respond, frame(&message));
+                            } // else evicted or dropped again: Python answers it
+                        }
+                        answer => return answered(&mut respond, answer),
+                    }
+                    let rx = queue(shared, &request, &authorization, Work::Answer);
+                    return answered(&mut respond, wait(rx, deadline).await);
+                }
+                None => {}
             }
             if let Some(mut plan) = hits.plan_grpc(&request) {
                 if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
                     if let Some(message) = hits.render(&plan, &replies, true) {
                         return send_message(&mut respond, frame(&message));
                     }
-                    let rx = queue(shared, &request, &authorization, None);
+                    let rx = queue(shared, &request, &authorization, Work::Answer);
                     return answered(&mut respond, wait(rx, deadline).await);
                 }
-                let command = Some((std::mem::take(&mut plan.command), plan.count));
+                let command = Work::Read(std::mem::take(&mut plan.command), plan.count);
                 let rx = queue(shared, &request, &authorization, command);
                 match wait(rx, deadline).await {
                     Some(Ok(Answer::Replies(replies))) => {
@@ -509,23 +565,23 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
             }
         }
     }
-    let rx = queue(shared, &request, &authorization, None);
+    let rx = queue(shared, &request, &authorization, Work::Answer);
     let answer = wait(rx, deadline).await;
     answered(&mut respond, answer)
 }
 
-/// Queue a call for Python: for the method's handler, or (`command`) a planned read.
+/// Queue a call for Python.
 fn queue(
     shared: &Shared,
     request: &Bytes,
     authorization: &Option<String>,
-    command: Option<(Vec<u8>, usize)>,
+    work: Work,
 ) -> oneshot::Receiver<Answer> {
     let (tx, rx) = oneshot::channel();
     shared.push(Queued {
         request: request.clone(),
         authorization: authorization.clone(),
-        command,
+        work,
         reply: tx,
     });
     rx
@@ -550,8 +606,9 @@ fn answered(
         None => status(respond, DEADLINE_EXCEEDED, "Deadline Exceeded"),
         Some(Ok(Answer::Message(frame))) => send_message(respond, frame),
         Some(Ok(Answer::Status(code, message))) => status(respond, code, &message),
-        // replies without a plan: not sent by Python; the stream goes as at shutdown
-        Some(Ok(Answer::Replies(_))) | Some(Err(_)) => {
+        // replies without a plan, loaded without a load: not sent by Python; the stream
+        // goes as at shutdown
+        Some(Ok(Answer::Replies(_) | Answer::Loaded)) | Some(Err(_)) => {
             status(respond, UNAVAILABLE, "the server is shutting down")
         }
     }

@@ -7,9 +7,12 @@
 //! entity's type, no bypass) whose every entity is a fresh entry is answered here from those
 //! bytes. With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
 //! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
-//! `GroupCodec` does. Any other request (a miss, an expired entry, an id Python would
-//! refuse, a form not seen yet, a malformed body) goes to Python as before, which answers
-//! it and stays the one place where errors, misses and the cache's policy are decided.
+//! `GroupCodec` does. A request of a known form with entries missing or expired (or, gRPC,
+//! without their records yet) sends Python those keys alone (`Looked::Missing`): Python
+//! loads them into the L1, through its policy, and the front answers from the mirror
+//! (`Hits::replay`). Any other request (an id Python would refuse, a form not seen yet, a
+//! malformed body, keys that did not load) goes to Python as before, which answers it and
+//! stays the one place where errors, misses and the cache's policy are decided.
 //!
 //! The policy stays Python's: a hit here on an entry inside its refresh window (refresh
 //! ahead, XFetch, an announced batch write) and a sample of hits (shadow checks) are noted
@@ -132,6 +135,7 @@ struct Served {
     seconds: [Vec<f64>; 2], // each answer's time, for the request histogram, per API
     entities: [u64; 2],
     direct: [u64; 2], // of the answers, planned reads read on the front's own connections
+    loaded: [u64; 2], // of the answers, hits once Python loaded the lookup's missing keys
     hits: u64,
     negative_hits: u64,
     refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
@@ -174,6 +178,20 @@ pub struct Plan {
     started: Instant,
     pub command: Vec<u8>,
     pub count: usize,
+}
+
+/// What a lookup found in the mirror.
+pub enum Looked {
+    /// every entity a fresh entry: the answer
+    Answer(Vec<u8>),
+    /// some missing, expired or (gRPC) without records: Python loads them, then `replay`
+    Missing(Missing),
+}
+
+/// The keys (group index and Redis key, sorted, each once) a lookup found missing.
+pub struct Missing {
+    pub keys: Vec<Vec<u8>>,
+    started: Instant,
 }
 
 pub struct Hits {
@@ -233,24 +251,42 @@ impl Hits {
         z ^ (z >> 31)
     }
 
-    /// The answer to a `POST /v1/features/get` body if every entity is a fresh hit.
-    pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+    /// The answer to a `POST /v1/features/get` body if every entity is a fresh hit, or
+    /// the keys Python must load first.
+    pub fn answer(&self, body: &[u8]) -> Option<Looked> {
         if self.planning {
             return None;
         }
-        self.lookup(&Asked::rest(body)?)
+        self.lookup(&Asked::rest(body)?, None)
     }
 
-    /// The `GetFeaturesResponse` message for a `GetFeaturesRequest` message, if every
-    /// entity is a fresh hit whose gRPC records are made (or, compact, can be written).
-    pub fn answer_grpc(&self, message: &[u8]) -> Option<Vec<u8>> {
+    /// The same for a `GetFeaturesRequest` message (an entry answers once it holds its
+    /// gRPC records, or, compact, can write them).
+    pub fn answer_grpc(&self, message: &[u8]) -> Option<Looked> {
         if self.planning {
             return None;
         }
-        self.lookup(&Asked::grpc(message)?)
+        self.lookup(&Asked::grpc(message)?, None)
     }
 
-    fn lookup(&self, asked: &Asked<'_>) -> Option<Vec<u8>> {
+    /// The answer to a lookup whose `missing` keys Python has loaded since `answer` found
+    /// them; None (Python answers) where an entry is still not here. The hits counted are
+    /// those of the other keys: Python counted the loaded ones.
+    pub fn replay(&self, request: &[u8], api: u8, missing: &Missing) -> Option<Vec<u8>> {
+        let mut asked = if api == REST {
+            Asked::rest(request)?
+        } else {
+            Asked::grpc(request)?
+        };
+        asked.started = missing.started; // the answer's time includes the load
+        match self.lookup(&asked, Some(&missing.keys))? {
+            Looked::Answer(answer) => Some(answer),
+            Looked::Missing(_) => None,
+        }
+    }
+
+    /// `loaded`: a replay, after Python loaded these keys (sorted).
+    fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Vec<u8>]>) -> Option<Looked> {
         let (api, ids, started) = (asked.api, &asked.ids, asked.started);
         let form = self.form(asked)?;
         let now = unix_now();
@@ -267,15 +303,29 @@ impl Hits {
         };
         let (mut written, mut scratch) = (Vec::new(), Vec::new());
         let (mut hits, mut negative) = (0u64, 0u64);
+        let mut missing: Vec<Vec<u8>> = Vec::new();
         let mut refresh = Vec::new();
         let mut shadow = Vec::new();
         {
             let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+            let mut noted: Vec<(&Hit, Vec<u8>)> = Vec::new();
             for (i, id) in ids.iter().enumerate() {
                 cache_key(&mut key, form.group, &form.prefix, id);
-                let hit = entries.get(key.as_slice())?;
-                if now_ticks >= hit.expires {
-                    return None;
+                let hit = match entries.get(key.as_slice()) {
+                    Some(hit)
+                        if now_ticks < hit.expires
+                            && (api == REST || read.is_some() || hit.wire.is_some()) =>
+                    {
+                        hit
+                    }
+                    _ if loaded.is_some() => return None, // gone again: Python answers
+                    _ => {
+                        missing.push(key.clone());
+                        continue;
+                    }
+                };
+                if !missing.is_empty() {
+                    continue; // no answer before the load: only what is missing matters
                 }
                 let values = match (&read, api) {
                     (Some(read), _) => {
@@ -299,16 +349,34 @@ impl Hits {
                     written_at,
                     now,
                 );
+                if let Some(loaded) = loaded {
+                    if loaded.binary_search(&key).is_ok() {
+                        continue; // counted by Python's load
+                    }
+                }
                 if hit.negative {
                     negative += 1;
                     continue;
                 }
                 hits += 1;
-                if now_ticks >= hit.notice_at && !hit.noticed.swap(true, Ordering::Relaxed) {
-                    refresh.push(key.clone());
+                if now_ticks >= hit.notice_at && !hit.noticed.load(Ordering::Relaxed) {
+                    noted.push((hit, key.clone()));
                 }
                 if self.shadow_below > 0 && self.next_random() < self.shadow_below {
                     shadow.push(key.clone());
+                }
+            }
+            if !missing.is_empty() {
+                missing.sort_unstable();
+                missing.dedup();
+                return Some(Looked::Missing(Missing {
+                    keys: missing,
+                    started,
+                }));
+            }
+            for (hit, key) in noted {
+                if !hit.noticed.swap(true, Ordering::Relaxed) {
+                    refresh.push(key); // once per load, by whichever answer comes first
                 }
             }
         }
@@ -316,6 +384,7 @@ impl Hits {
             out.extend_from_slice(b"]}");
         }
         let mut served = self.served(api, started, ids.len());
+        served.loaded[api as usize] += u64::from(loaded.is_some());
         served.hits += hits;
         served.negative_hits += negative;
         if served.refresh.len() < MAX_NOTED {
@@ -324,7 +393,7 @@ impl Hits {
         if served.shadow.len() < MAX_NOTED {
             served.shadow.append(&mut shadow);
         }
-        Some(out)
+        Some(Looked::Answer(out))
     }
 }
 
@@ -511,7 +580,7 @@ fn unix_seconds(text: &[u8]) -> Option<i64> {
 /// counts; the keys hit in their refresh window and sampled for shadow
 /// checks.
 type Drained = (
-    [(Vec<f64>, u64, u64); 2],
+    [(Vec<f64>, u64, u64, u64); 2],
     u64,
     u64,
     Vec<Vec<u8>>,
@@ -723,8 +792,8 @@ impl HitCache {
         let [rest, grpc] = s.seconds;
         (
             [
-                (rest, s.entities[0], s.direct[0]),
-                (grpc, s.entities[1], s.direct[1]),
+                (rest, s.entities[0], s.direct[0], s.loaded[0]),
+                (grpc, s.entities[1], s.direct[1], s.loaded[1]),
             ],
             s.hits,
             s.negative_hits,
@@ -737,12 +806,49 @@ impl HitCache {
     /// tests); with `grpc`, to a `GetFeaturesRequest` message.
     #[pyo3(signature = (body, grpc=false))]
     fn answer<'py>(&self, py: Python<'py>, body: &[u8], grpc: bool) -> Option<Bound<'py, PyBytes>> {
-        let out = if grpc {
+        match self.looked(body, grpc)? {
+            Looked::Answer(out) => Some(PyBytes::new(py, &out)),
+            Looked::Missing(_) => None,
+        }
+    }
+
+    /// The keys Python would be asked to load before the front answers `body` (for tests):
+    /// None where it answers at once or hands the request to Python.
+    #[pyo3(signature = (body, grpc=false))]
+    fn missing(&self, body: &[u8], grpc: bool) -> Option<Vec<Vec<u8>>> {
+        match self.looked(body, grpc)? {
+            Looked::Answer(_) => None,
+            Looked::Missing(missing) => Some(missing.keys),
+        }
+    }
+
+    /// The answer to `body` once `keys` were loaded (for tests; see `Hits::replay`).
+    #[pyo3(signature = (body, keys, grpc=false))]
+    fn replay<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        mut keys: Vec<Vec<u8>>,
+        grpc: bool,
+    ) -> Option<Bound<'py, PyBytes>> {
+        keys.sort_unstable();
+        let missing = Missing {
+            keys,
+            started: Instant::now(),
+        };
+        let api = if grpc { GRPC } else { REST };
+        let out = self.hits.replay(body, api, &missing)?;
+        Some(PyBytes::new(py, &out))
+    }
+}
+
+impl HitCache {
+    fn looked(&self, body: &[u8], grpc: bool) -> Option<Looked> {
+        if grpc {
             self.hits.answer_grpc(body)
         } else {
             self.hits.answer(body)
-        };
-        out.map(|out| PyBytes::new(py, &out))
+        }
     }
 }
 

@@ -37,8 +37,8 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use crate::direct::{replies_of, Direct, FrontRedis};
-use crate::front::{tls_acceptor, TlsPem, TLS_HANDSHAKE_TIMEOUT};
-use crate::hits::{HitCache, Hits};
+use crate::front::{tls_acceptor, TlsPem, Work, TLS_HANDSHAKE_TIMEOUT};
+use crate::hits::{HitCache, Hits, Looked, REST};
 
 const UNREACHABLE: &[u8] =
     br#"{"error":{"code":"unavailable","message":"the HTTP server behind the front is not reachable"}}"#;
@@ -78,17 +78,19 @@ impl Route {
 }
 
 /// What Python hands back for a queued call: its answer, or (a planned read) Redis's
-/// replies to the call's commands, which the front writes the answer from.
+/// replies to the call's commands, which the front writes the answer from, or (a load)
+/// word that the keys it asked for are in the L1.
 enum Reply {
     Answer(Answer),
     Replies(Bytes),
+    Loaded,
 }
 
 struct Queued {
     route: usize,
     authorization: Option<String>,
     body: Bytes,
-    command: Option<(Vec<u8>, usize)>, // a planned read: the commands and their count
+    work: Work,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -163,7 +165,8 @@ pub fn rest_role(keys: Vec<(Vec<u8>, u8)>, authorization: Option<&str>) -> u8 {
 }
 
 /// One POST to a fast route, handed to Python: to answer, or (`count` > 0) a planned
-/// lookup whose commands Python sends to Redis, handing back the replies.
+/// lookup whose commands Python sends to Redis, handing back the replies, or (`loading`)
+/// a lookup whose missing keys Python loads into the L1 before the front answers it.
 #[pyclass(module = "feature_store._native")]
 pub struct RestCall {
     #[pyo3(get)]
@@ -174,6 +177,7 @@ pub struct RestCall {
     command: Vec<u8>,
     #[pyo3(get)]
     count: usize,
+    load: Vec<Vec<u8>>,
     reply: Option<oneshot::Sender<Reply>>,
 }
 
@@ -191,16 +195,27 @@ impl RestCall {
         PyBytes::new(py, &self.command)
     }
 
+    /// Whether the call is a load: its missing keys (`keys`) for the L1.
+    #[getter]
+    fn loading(&self) -> bool {
+        !self.load.is_empty()
+    }
+
+    /// A load's keys: each the group's index (2 bytes) and the entity's Redis key.
+    #[getter]
+    fn keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.load.iter().map(|key| PyBytes::new(py, key)).collect()
+    }
+
     /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
     fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
         let replies = replies_of(buf, start, end)?;
-        match self.reply.take() {
-            Some(tx) => {
-                let _ = tx.send(Reply::Replies(replies));
-                Ok(())
-            }
-            None => Err(PyRuntimeError::new_err("the call was already answered")),
-        }
+        self.send(Reply::Replies(replies))
+    }
+
+    /// A load's keys are in the L1: the front answers from it.
+    fn loaded(&mut self) -> PyResult<()> {
+        self.send(Reply::Loaded)
     }
 
     /// Answer with this status, these extra headers and this JSON body.
@@ -215,13 +230,19 @@ impl RestCall {
                 "not an HTTP status: {status}"
             )));
         }
+        self.send(Reply::Answer(Answer {
+            status,
+            headers,
+            body: Bytes::copy_from_slice(body),
+        }))
+    }
+}
+
+impl RestCall {
+    fn send(&mut self, reply: Reply) -> PyResult<()> {
         match self.reply.take() {
             Some(tx) => {
-                let _ = tx.send(Reply::Answer(Answer {
-                    status,
-                    headers,
-                    body: Bytes::copy_from_slice(body),
-                }));
+                let _ = tx.send(reply); // the client may have gone: nothing to do then
                 Ok(())
             }
             None => Err(PyRuntimeError::new_err("the call was already answered")),
@@ -355,13 +376,14 @@ impl RestFront {
         queue
             .drain(..)
             .map(|q| {
-                let (command, count) = q.command.unwrap_or_default();
+                let (command, count, load) = q.work.parts();
                 RestCall {
                     route: q.route,
                     authorization: q.authorization,
                     body: q.body,
                     command,
                     count,
+                    load,
                     reply: Some(q.reply),
                 }
             })
@@ -549,8 +571,22 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
                 headers: Vec::new(),
                 body: Bytes::from(body),
             };
-            if let Some(body) = hits.answer(&data) {
-                return ok(body);
+            match hits.answer(&data) {
+                Some(Looked::Answer(body)) => return ok(body),
+                Some(Looked::Missing(missing)) => {
+                    let load = Work::Load(missing.keys.clone());
+                    match queue(shared, index, &authorization, &data, load).await {
+                        Ok(Reply::Loaded) => {
+                            if let Some(body) = hits.replay(&data, REST, &missing) {
+                                return ok(body);
+                            } // else evicted or dropped again: Python answers it
+                        }
+                        Ok(Reply::Answer(answer)) => return answer, // Python answered it
+                        Ok(Reply::Replies(_)) | Err(_) => return route.refusal(503),
+                    }
+                    return handled(shared, route, index, &authorization, &data).await;
+                }
+                None => {}
             }
             if let Some(mut plan) = hits.plan(&data) {
                 if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
@@ -565,7 +601,7 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
                     index,
                     &authorization,
                     &data,
-                    Some((command, plan.count)),
+                    Work::Read(command, plan.count),
                 );
                 match queued.await {
                     Ok(Reply::Replies(replies)) => {
@@ -574,7 +610,7 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
                         } // else Python answers it, reading again
                     }
                     Ok(Reply::Answer(answer)) => return answer, // Redis failed: Python's error
-                    Err(_) => return route.refusal(503),        // the server is stopping
+                    Ok(Reply::Loaded) | Err(_) => return route.refusal(503), // stopping
                 }
             }
         }
@@ -590,26 +626,26 @@ async fn handled(
     authorization: &Option<String>,
     body: &Bytes,
 ) -> Answer {
-    match queue(shared, index, authorization, body, None).await {
+    match queue(shared, index, authorization, body, Work::Answer).await {
         Ok(Reply::Answer(answer)) => answer,
-        Ok(Reply::Replies(_)) | Err(_) => route.refusal(503), // the server is stopping
+        Ok(_) | Err(_) => route.refusal(503), // the server is stopping
     }
 }
 
-/// Queue a call for Python: for the route's handler, or (`command`) a planned read.
+/// Queue a call for Python.
 fn queue(
     shared: &Shared,
     route: usize,
     authorization: &Option<String>,
     body: &Bytes,
-    command: Option<(Vec<u8>, usize)>,
+    work: Work,
 ) -> oneshot::Receiver<Reply> {
     let (tx, rx) = oneshot::channel();
     shared.push(Queued {
         route,
         authorization: authorization.clone(),
         body: body.clone(),
-        command,
+        work,
         reply: tx,
     });
     rx

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from feature_store import sample
+from feature_store.layout import entity_key
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
@@ -282,6 +283,71 @@ def test_the_grpc_front_answers_hits_as_python_does(
     assert metric(python, "feature_serving_cache_front_hits_total") == 0
     name = 'feature_serving_request_seconds_count{api="grpc",code="200",method="get"}'
     assert metric(native, name) == metric(python, name) > 0
+
+
+def _reads(client: redis.Redis) -> int:
+    """Entity reads Redis has served (HMGET and HGETALL calls)."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
+
+
+@pytest.mark.parametrize("form", ["answers", "compact"])
+def test_a_lookup_with_misses_loads_only_them_and_the_front_answers_it(
+    redis_server: object, form: str
+) -> None:
+    """Five cached ids and five not: Python loads the five (one Redis read each, counted as
+    misses) and the front answers the lookup from the L1, REST and gRPC, as it answers the
+    same lookup once every id is cached."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(url)
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    env = {**ENV, "FEATURE_SERVING_CACHE_FORM": form, "FEATURE_SERVING_INVALIDATION": "off"}
+    loaded = 'feature_serving_front_lookups_total{api="%s",how="hit_loaded"}'
+    with ServingProcess(url, env=env) as server:
+        for api, first in (("rest", 1), ("grpc", 21)):
+            cached, fresh = list(range(first, first + 5)), list(range(first + 5, first + 10))
+
+            def ask(ids: list[int], api: str = api) -> object:
+                if api == "rest":
+                    r = get(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]})
+                    assert r.status_code == 200, r.text
+                    return AGES.sub(b"", r.content)
+                request = pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP])
+                return _grpc_answer(server, request)
+
+            ask(cached)
+            ask(cached)  # the form is learned, and (gRPC) the records made
+            hits = front_hits(server, 5)
+            misses = metric(server, "feature_serving_cache_misses_total")
+            reads = _reads(client)
+            answer = ask(cached + fresh)
+            assert front_hits(server, hits + 5) == hits + 5  # the cached five, on the front
+            assert metric(server, "feature_serving_cache_misses_total") == misses + 5
+            assert _reads(client) == reads + 5  # the missing five, once each
+            assert metric(server, loaded % api) == 1  # answered by the front after the load
+            assert answer == ask(cached + fresh)  # as once every id is cached
+            assert front_hits(server, hits + 15) == hits + 15
+            assert metric(server, loaded % api) == 1
+        # a key that holds no hash among cached ones: the handler answers, naming it, after
+        # the one read that found it broken
+        entity = sample.registry().entities[ENTITY]
+        broken = entity_key(entity.prefix, entity.id_type, 9_999)
+        client.set(broken, b"not a hash")
+        reads = _reads(client)
+        try:
+            r = get(server, {"entity_type": ENTITY, "ids": [1, 2, 9_999], "groups": [GROUP]})
+        finally:
+            client.delete(broken)
+        assert r.status_code == 200, r.text
+        assert [row["statuses"][0] for row in r.json()["results"]] == [
+            "present",
+            "present",
+            "error",
+        ]
+        assert [(e["id"], e["reason"]) for e in r.json()["errors"]] == [(9_999, "wrong_type")]
+        assert _reads(client) == reads + 1
+        assert metric(server, loaded % "rest") == 1
 
 
 def test_the_grpc_front_answers_hits_only_to_a_key_that_may_read(redis_server: object) -> None:

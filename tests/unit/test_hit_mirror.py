@@ -167,9 +167,14 @@ async def _check(data: st.DataObject) -> None:
         )
         native = hits.native.answer(body)
         message = _grpc_request(group, wanted)
+        rest_missing = _unfresh(hits, group, wanted, now, grpc=False)
+        grpc_missing = _unfresh(hits, group, wanted, now, grpc=True)
+        assert hits.native.missing(body) == (rest_missing or None)
+        assert hits.native.missing(message, grpc=True) == (grpc_missing or None)
         if not fresh:
             assert native is None, (body, native)
             assert hits.native.answer(message, grpc=True) is None
+            assert hits.native.replay(body, rest_missing) is None  # still not there
             continue
         # gRPC: the records are made by the first gRPC answer from an entry, not before;
         # a compact entry keeps none, and the mirror writes them for each answer
@@ -186,9 +191,27 @@ async def _check(data: st.DataObject) -> None:
         before = await handlers.get(None, body)
         assert before.status == 200, before.body
         native = hits.native.answer(body)
+        # the answer once Python has loaded some of the keys: the same bytes
+        replayed = hits.native.replay(body, [hits.tags[group] + _key(group, wanted[-1])[1]])
         after = await handlers.get(None, body)
         assert native in (before.body, after.body)
+        assert replayed in (before.body, after.body)
         assert len(hits.native) <= len(cache)  # never an entry the cache has dropped
+
+
+def _unfresh(
+    hits: NativeHits, group: str, wanted: list[object], now: float, *, grpc: bool
+) -> list[bytes]:
+    """The keys the front asks Python to load for a lookup: missing, expired, or (gRPC, an
+    entry that keeps its answers) without its gRPC records yet."""
+    keys = set()
+    for i in wanted:
+        key = _key(group, i)
+        e = hits.cache.peek(key)
+        unmade = grpc and hits.cache.keep_answers and e is not None and e.wire is None
+        if e is None or now >= e.expires_at or unmade:
+            keys.add(hits.tags[group] + key[1])
+    return sorted(keys)
 
 
 class _Draw(random.Random):
