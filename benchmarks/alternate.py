@@ -1,0 +1,146 @@
+"""An older revision against this checkout, the same cells in alternation, round by round.
+
+    python3 benchmarks/alternate.py --baseline REV [--rounds 3] [--entities 100000]
+                                    [--seconds 12] [--ttl 2] [--out FILE]
+
+These machines are shared, and their speed drifts within a run: in one dataplane.py run,
+whose baseline cells came ten minutes before this checkout's, Redis's own CPU per entity
+was a third higher in the later cells, though Redis and its workload were the same. So here
+each round runs the baseline's worker and this checkout's back to back on the same cells
+(which goes first alternates), and each cell's ratio (now / before, server CPU per entity)
+is taken within its round; the median over the rounds is the figure, with Redis's own
+ratio beside it as the witness of drift (about 1.0 when the two ran alike).
+
+The cells are those of dataplane.py (benchmarks/dataplane.py: wrk on 1,000 zipfian batches
+for REST, h2load on one batch for gRPC, 8 connections, the L1's TTL a fraction of each
+window): REST and gRPC with the L1 off at batch 10, and with it on at batch 10, and, REST
+alone (gRPC's one batch is all hits), at 100 and 1,000, where some ids miss in every
+request.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save, worktree
+from dataplane import Cell, run_server
+from serving import add_data_dir, ensure_data
+
+from feature_store.embedded import EmbeddedRedis
+
+# (API, L1, the cells of one worker: (batch, connections))
+WORKERS: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
+    ("rest", False, [(10, 8)]),
+    ("rest", True, [(10, 8), (100, 8), (1000, 8)]),
+    ("grpc", False, [(10, 8)]),
+    ("grpc", True, [(10, 8)]),
+)
+
+
+def one_round(
+    redis: EmbeddedRedis, tree: Path, first: str, args: argparse.Namespace, work: Path
+) -> dict[str, list[Cell]]:
+    """Each worker of WORKERS, the baseline's and this checkout's back to back."""
+    order = ("before", "now") if first == "before" else ("now", "before")
+    cells: dict[str, list[Cell]] = {"before": [], "now": []}
+    for api, l1, plan in WORKERS:
+        for side in order:
+            cwd = tree if side == "before" else None
+            path = "before" if side == "before" else "native"
+            cells[side] += run_server(redis, path, api, l1, plan, args.seconds, work, args.ttl, cwd)
+    return cells
+
+
+def plot(path: Path, names: list[str], ratios: dict[str, list[float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for x, name in enumerate(names):
+        ys = ratios[name]
+        ax.scatter([x] * len(ys), ys, color="tab:blue", s=18)
+        ax.hlines(statistics.median(ys), x - 0.3, x + 0.3, color="tab:blue")
+    ax.axhline(1.0, color="grey", ls="--", lw=0.8)
+    ax.set_xticks(range(len(names)), names, fontsize=8, rotation=20, ha="right")
+    ax.set_ylabel("server CPU per entity, now / before")
+    ax.set_title("This checkout against the baseline, round by round (line: median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
+    parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
+    add_data_dir(parser)
+    args = parser.parse_args()
+    rounds: list[dict[str, list[Cell]]] = []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedRedis(args.data_dir) as redis,
+        contextlib.ExitStack() as stack,
+    ):
+        ensure_data(redis.url, args.entities)
+        tree = stack.enter_context(worktree(args.baseline, Path(tmp) / "before"))
+        for r in range(args.rounds):
+            first = "before" if r % 2 == 0 else "now"
+            rounds.append(one_round(redis, tree, first, args, Path(tmp)))
+    names = [c.name for c in rounds[0]["now"]]
+    server: dict[str, list[float]] = {name: [] for name in names}
+    redis_ratio: dict[str, list[float]] = {name: [] for name in names}
+    lines = [
+        *header(
+            f"One worker per cell; {args.rounds} rounds, the baseline ({args.baseline}) and "
+            f"this checkout back to back in each; {args.seconds:g} s per cell, L1 TTL "
+            f"{args.ttl:g} s; {args.entities:,} entities, batches of the standard shape."
+        ),
+        "",
+        "| cell | round | first | now µs/entity | before µs/entity | now / before "
+        "| Redis now / before |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r, cells in enumerate(rounds):
+        for now, before in zip(cells["now"], cells["before"], strict=True):
+            ratio = now.server_us / before.server_us
+            witness = now.redis_us / max(before.redis_us, 1e-9)
+            server[now.name].append(ratio)
+            redis_ratio[now.name].append(witness)
+            first = "before" if r % 2 == 0 else "now"
+            lines.append(
+                f"| {now.name} | {r + 1} | {first} | {now.server_us:.2f} | "
+                f"{before.server_us:.2f} | {ratio:.2f}x | {witness:.2f}x |"
+            )
+    lines += [
+        "",
+        "| cell | median now / before | range | Redis's median |",
+        "|---|---:|---|---:|",
+    ]
+    for name in names:
+        ys = server[name]
+        lines.append(
+            f"| {name} | {statistics.median(ys):.2f}x | {min(ys):.2f} to {max(ys):.2f} | "
+            f"{statistics.median(redis_ratio[name]):.2f}x |"
+        )
+    save(args.out, "This checkout against an older revision, in alternation", lines)
+    if args.out:
+        plot(args.out.with_suffix(".png"), names, server)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
