@@ -108,6 +108,43 @@ def test_redis_killed_gives_stale_values_or_503_then_recovers(own_redis: Embedde
         assert httpx.get(f"{server.rest_url}/readyz", timeout=5).status_code == 200
 
 
+def test_a_lookup_of_fresh_and_expired_entries_with_redis_dead_is_served_stale(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """Five fresh entries and five expired ones, whole-group lookups (the form the native
+    fronts answer from the L1): Redis dead, the five expired ones do not load, and the
+    handler answers the lookup with them stale and the others present, REST and gRPC."""
+    with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(20))
+    env = {
+        **SERVER_ENV,
+        "FEATURE_SERVING_CACHE_TTL": "3",
+        "FEATURE_SERVING_CACHE_REFRESH_AHEAD": "0",
+        "FEATURE_SERVING_XFETCH_BETA": "0",
+        "FEATURE_SERVING_INVALIDATION": "off",
+    }
+    with (
+        ServingProcess(own_redis.url, env=env) as server,
+        FeatureClient(server.rest_url, timeout=5) as client,
+        GrpcFeatureClient(server.grpc_target, timeout=5) as grpc_client,
+    ):
+        expired, fresh = [6, 7, 8, 9, 10], [1, 2, 3, 4, 5]
+        for _ in range(2):  # loaded, then answered by the front: the form is learned
+            client.get(ENTITY, expired, groups=[GROUP])
+        time.sleep(3.2)  # past their TTL: expired, kept for stale-on-error
+        for _ in range(2):
+            client.get(ENTITY, fresh, groups=[GROUP])
+        own_redis.kill()
+        for answer in (
+            client.get(ENTITY, fresh + expired, groups=[GROUP]),
+            grpc_client.get(ENTITY, fresh + expired, groups=[GROUP]),
+        ):
+            statuses = [{s.value for s in row.statuses} for row in answer.rows]
+            assert statuses == [{"present"}] * 5 + [{"stale"}] * 5
+            for i, row in zip(fresh + expired, answer.rows, strict=True):
+                assert row.values[0] == sample.features(i)["float_00"]
+
+
 def test_without_a_cache_a_dead_redis_is_a_fast_503(own_redis: EmbeddedRedis) -> None:
     with (
         ServingProcess(own_redis.url, args=["--no-cache"], env=SERVER_ENV) as server,
