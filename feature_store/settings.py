@@ -6,6 +6,7 @@ invalid value fails at startup with a message naming it, instead of being ignore
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
@@ -16,6 +17,9 @@ from feature_store.connection import RedisTarget
 from feature_store.errors import ConfigError
 
 ENV_PREFIX = "FEATURE_STORE_"
+# The longest duration a setting may name. Past it, sockets (time_t) and the native fronts'
+# timers overflow; a year is longer than any timeout or TTL a feature store needs.
+MAX_SECONDS = 365 * 24 * 3600
 
 
 def default_data_dir() -> Path:
@@ -42,6 +46,7 @@ class Settings:
         return cls(**coerced).validated()
 
     def validated(self) -> Settings:
+        check_numbers(ENV_PREFIX, self, seconds=("socket_timeout", "connect_timeout"))
         for name in ("socket_timeout", "connect_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive")
@@ -65,6 +70,21 @@ class Settings:
             max_connections=self.max_connections,
             retries=self.redis_retries,
         )
+
+
+def check_numbers(prefix: str, settings: Any, seconds: Collection[str]) -> None:
+    """Every float setting of the dataclass ``settings`` must be a finite number (``nan``
+    passes every comparison and ``inf`` every bound, so they are refused here, by name), and
+    those in ``seconds`` at most ``MAX_SECONDS``."""
+    for f in fields(settings):
+        if f.type != "float":
+            continue
+        value = getattr(settings, f.name)
+        var = f"{prefix}{f.name.upper()}"
+        if not math.isfinite(value):
+            raise ConfigError(f"{var} must be a finite number, not {value!r}")
+        if f.name in seconds and value > MAX_SECONDS:
+            raise ConfigError(f"{var} must be at most {MAX_SECONDS:,} seconds (a year)")
 
 
 def env_values(

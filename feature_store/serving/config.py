@@ -17,7 +17,7 @@ import orjson
 
 from feature_store import notices
 from feature_store.errors import ConfigError
-from feature_store.settings import env_values
+from feature_store.settings import check_numbers, env_values
 
 ENV_PREFIX = "FEATURE_SERVING_"
 # How `serve --workers N` hands the parent's settings to its worker processes.
@@ -115,6 +115,7 @@ class ServingSettings:
         def fail(name: str, message: str) -> ConfigError:
             return ConfigError(f"{ENV_PREFIX}{name.upper()} {message}")
 
+        check_numbers(ENV_PREFIX, self, seconds=_SECONDS)
         for name in ("port", "workers", "max_entities", "max_features", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise fail(name, "must be at least 1")
@@ -135,6 +136,7 @@ class ServingSettings:
             "breaker_open",
             "request_header_timeout",
             "request_body_timeout",
+            "redis_timeout_factor",
         ):
             if getattr(self, name) <= 0:
                 raise fail(name, "must be positive")
@@ -203,6 +205,22 @@ class ServingSettings:
         return cls(**coerced).validated()
 
 
+# the float settings that are durations (the others are shares, rates and factors)
+_SECONDS = frozenset(
+    f.name
+    for f in fields(ServingSettings)
+    if f.type == "float"
+    and f.name
+    not in (
+        "cache_jitter",
+        "xfetch_beta",
+        "cache_refresh_ahead",
+        "refresh_rate",
+        "shadow_fraction",
+        "redis_timeout_percentile",
+        "redis_timeout_factor",
+    )
+)
 _KINDS = {f.name: str(f.type) for f in fields(ServingSettings)}
 
 

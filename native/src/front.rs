@@ -296,11 +296,7 @@ impl Front {
     /// to `grace` seconds, then close: calls unfinished by then go with their connections
     /// (clients see UNAVAILABLE).
     fn stop(&self, py: Python<'_>, grace: f64) {
-        let grace = Duration::from_secs_f64(if grace.is_finite() {
-            grace.max(0.0)
-        } else {
-            0.0
-        });
+        let grace = crate::seconds(grace);
         let _ = self.closing.send(Some(grace));
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(thread) = thread {

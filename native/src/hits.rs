@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -727,10 +727,7 @@ impl HitCache {
         notice_in: f64,
     ) {
         let now = Instant::now();
-        let after = |s: f64| {
-            let ttl = Duration::from_secs_f64(if s.is_finite() { s.max(0.0) } else { 0.0 });
-            self.hits.ticks(now + ttl)
-        };
+        let after = |s: f64| self.hits.ticks(now + crate::seconds(s));
         let hit = Hit {
             values: Held::new(values),
             wire: wire.map(Held::new),

@@ -27,6 +27,15 @@ const EMBEDDING: u8 = 5;
 const FLOAT_LIST: u8 = 6;
 const INT_LIST: u8 = 7;
 
+/// `s` seconds from Python as a Duration, saturating: NaN and negatives are zero, and
+/// anything past a year (the settings' bound) is a year, where `Duration::from_secs_f64`
+/// would panic on overflow and `Instant + Duration` past the clock's range.
+pub(crate) fn seconds(s: f64) -> std::time::Duration {
+    const YEAR: f64 = 365.0 * 24.0 * 3600.0;
+    // NaN fails `s > 0.0`, +inf is past the year
+    std::time::Duration::from_secs_f64(if s > 0.0 { s.min(YEAR) } else { 0.0 })
+}
+
 /// The packed form of a group's stored values: per feature a varint of its length plus
 /// one (0 for no value), then the bytes. One byte of length for a value under 127 bytes.
 fn pack_value(out: &mut Vec<u8>, value: Option<&[u8]>) {

@@ -287,7 +287,7 @@ impl RestFront {
     ) -> PyResult<Self> {
         let seconds = |what: &str, s: f64| {
             if s.is_finite() && s > 0.0 {
-                Ok(Duration::from_secs_f64(s))
+                Ok(crate::seconds(s))
             } else {
                 Err(PyValueError::new_err(format!(
                     "{what} must be a positive number of seconds"
@@ -393,11 +393,7 @@ impl RestFront {
     /// Stop accepting, let requests in flight finish for up to `grace` seconds (idle
     /// keep-alive connections close at once), then close.
     fn stop(&self, py: Python<'_>, grace: f64) {
-        let grace = Duration::from_secs_f64(if grace.is_finite() {
-            grace.max(0.0)
-        } else {
-            0.0
-        });
+        let grace = crate::seconds(grace);
         let _ = self.closing.send(Some(grace));
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(thread) = thread {

@@ -292,3 +292,30 @@ def test_an_entry_newer_than_a_batch_write_is_still_refreshed_ahead() -> None:
         return announced, cache.stats.early_refreshes
 
     assert asyncio.run(run()) == (0, 1)
+
+
+@pytest.mark.parametrize("ttl", [1e20, float("inf")])
+def test_a_lifetime_past_the_clocks_range_is_a_long_one(ttl: float) -> None:
+    """Settings refuse such TTLs; the mirror, handed one anyway, holds the entry fresh
+    (a year) instead of panicking on the Duration's overflow (1e20) or treating it as
+    already expired (inf)."""
+
+    async def run() -> bool:
+        settings = ServingSettings(invalidation=False, cache_ttl=ttl, cache_jitter=0.0)
+        runtime = ServingRuntime(REGISTRY, RedisTarget.parse("redis://127.0.0.1:1"), settings)
+        cache = runtime.reader.cache
+        assert cache is not None
+        hits = NativeHits(runtime)
+        handlers = RestHandlers(runtime, Authenticator((), ()))
+        handlers.learn = hits.learner(REST)
+        entry = _specs["profile"].entry(
+            _key("profile", 1), [b"1.5", b"2", None, encode_timestamp(int(time.time()))]
+        )
+        cache.put(entry)
+        body = orjson.dumps({**FORMS["profile"], "ids": [1]})
+        assert (await handlers.get(None, body)).status == 200  # Python teaches the form
+        answered = hits.native.answer(body) is not None
+        await runtime.reader.close()
+        return answered
+
+    assert asyncio.run(run())

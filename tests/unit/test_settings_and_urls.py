@@ -33,6 +33,8 @@ def test_no_url_means_embedded() -> None:
         ({"FEATURE_STORE_REDIS_ULR": "x"}, "unknown setting FEATURE_STORE_REDIS_ULR"),
         ({"FEATURE_STORE_SOCKET_TIMEOUT": "fast"}, "FEATURE_STORE_SOCKET_TIMEOUT='fast' is not"),
         ({"FEATURE_STORE_SOCKET_TIMEOUT": "0"}, "FEATURE_STORE_SOCKET_TIMEOUT must be positive"),
+        ({"FEATURE_STORE_SOCKET_TIMEOUT": "nan"}, "FEATURE_STORE_SOCKET_TIMEOUT must be a finite"),
+        ({"FEATURE_STORE_CONNECT_TIMEOUT": "1e20"}, "CONNECT_TIMEOUT must be at most"),
         ({"FEATURE_STORE_MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS must be at least 1"),
         ({"FEATURE_STORE_REDIS_URL": "http://x"}, "scheme must be redis://"),
     ],
