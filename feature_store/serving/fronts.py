@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from feature_store.errors import ConfigError
+from feature_store.serving.loader import settled
 
 if TYPE_CHECKING:
     from feature_store.serving.front_reads import FrontReads
@@ -92,11 +93,14 @@ class QueuedCalls:
     async def load(self, call: Any) -> None:
         """A lookup the front found keys missing for: they are loaded into the L1 and the
         front answers it from there; the handler answers it where they cannot be (Redis
-        failing, an entity's data broken: it names why, or serves what is stale)."""
+        failing, an entity's data broken: it names why, or serves what is stale), with
+        what the load resolved for them."""
         assert self.mirror is not None
-        if await self.mirror.fill(call.keys, self.proto):
+        resolved = await self.mirror.fill(call.keys, self.proto)
+        if resolved is None:
             call.loaded()
-        else:
+            return
+        with settled(resolved):  # the handler does not read those keys again
             await self.answer(call)
 
     def fail_planned(self, call: Any, error: BaseException, t0: float) -> None:

@@ -53,6 +53,7 @@ from feature_store.serving.cache import CacheKey, Entry, LRUCache
 from feature_store.serving.roundtrip import whole
 
 if TYPE_CHECKING:
+    from feature_store.serving.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
     from feature_store.serving.service import Projection
 
@@ -243,27 +244,28 @@ class NativeHits(FrontLookups):
 
     # --- the fronts' misses -----------------------------------------------------------
 
-    async def fill(self, tagged: list[bytes], proto: bool) -> bool:
+    async def fill(self, tagged: list[bytes], proto: bool) -> Settled | None:
         """Load the keys a front found missing or expired for one lookup (or, ``proto``,
         without their gRPC records) into the cache, through the reader's own policy
-        (``CachedReader.get``: single-flight, coalescing, the counters); the front then
-        answers the lookup from the mirror. False where it cannot: a read failed (served
-        stale or refused by the handler), an entity's data is broken (the handler names
-        it), or an entry was not kept (dropped in flight, a negative TTL of 0)."""
+        (``CachedReader.get``: single-flight, coalescing, the counters). None: the front
+        answers the lookup from the mirror. Otherwise what the load resolved for each key,
+        for the handler to answer with (``loader.settled``): a read failed (served stale,
+        or its error), an entity's data is broken (the handler names it), or an entry was
+        not kept (dropped in flight, a negative TTL of 0)."""
         names = self.names
         keys = [(names[key[:2]], key[2:]) for key in tagged]
         try:
             resolved = await self.reader.get(keys)
-        except Exception:  # the handler reads again and answers with what failed
-            return False
+        except Exception as e:  # the handler answers with it
+            return dict.fromkeys(keys, e)
         cache = self.cache
         charge = cache.charge if proto and cache.keep_answers else None
         for key, (entry, stale) in zip(keys, resolved, strict=True):
             if stale or entry.fault is not None or cache.peek(key) is not entry:
-                return False
+                return dict(zip(keys, resolved, strict=True))
             if charge is not None and entry.wire is None:
                 wire.entry_values(entry, charge)  # the mirror's copy gets them (``put``)
-        return True
+        return None
 
     # --- what the front served -------------------------------------------------------
 

@@ -23,6 +23,12 @@
 Invalidation drops the entry and disowns a load in flight for the key, so a read that
 started before a write cannot put the pre-write value back into the cache.
 
+A native front's lookup whose missing keys loaded but cannot be answered from the L1 (read
+failed, served stale, an entry not kept) goes to its handler inside ``settled(...)``: the
+handler's ``get`` takes what that load resolved for those keys, or raises its error,
+instead of reading them again (a second timeout of a hung Redis, a second read of keys a
+negative TTL of 0 does not keep).
+
 The parts: reads.py does the I/O (a round trip under the adaptive timeout and the breaker,
 replies decoded into entries), flight.py the coalescing (single-flight loads, the batches
 of requests without a cache), this module the rules above.
@@ -31,9 +37,11 @@ of requests without a cache), this module the rules above.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
@@ -46,7 +54,22 @@ from feature_store.serving.roundtrip import RoundTrip
 from feature_store.serving.shadow import ShadowChecker
 from feature_store.serving.spec import GroupSpec
 
-__all__ = ["CachedReader", "CircuitOpenError", "Resolved"]
+__all__ = ["CachedReader", "CircuitOpenError", "Resolved", "settled"]
+
+Settled = Mapping[CacheKey, Resolved | Exception]
+_settled: ContextVar[Settled | None] = ContextVar("settled", default=None)
+
+
+@contextlib.contextmanager
+def settled(resolved: Settled) -> Iterator[None]:
+    """Within this block (this task, and tasks it starts), ``CachedReader.get`` answers a
+    key of ``resolved`` that is not a fresh hit with what was resolved for it: its entry,
+    or the error its read failed with, raised again."""
+    token = _settled.set(resolved)
+    try:
+        yield
+    finally:
+        _settled.reset(token)
 
 
 class CachedReader:
@@ -174,6 +197,7 @@ class CachedReader:
         on_hit = self.refresher.on_hit if self.refresher is not None else None
         shadow = self.shadow if self.shadow_fraction else None
         cache_get = cache.get
+        done = _settled.get()
         for i, key in enumerate(keys):
             if not bypass:
                 entry = cache_get(key)
@@ -190,6 +214,12 @@ class CachedReader:
                             on_hit(key, entry, now)
                         if shadow is not None and self.rng.random() < self.shadow_fraction:
                             shadow.sample(key, entry)
+                    continue
+                if done is not None and key in done:  # counted by the load that settled it
+                    result = done[key]
+                    if isinstance(result, Exception):
+                        raise result
+                    out[i] = result
                     continue
                 load = inflight.get(key)
                 if load is not None:

@@ -350,6 +350,37 @@ def test_a_lookup_with_misses_loads_only_them_and_the_front_answers_it(
         assert metric(server, loaded % "rest") == 1
 
 
+def test_keys_a_load_does_not_keep_are_read_once(redis_server: object) -> None:
+    """A negative TTL of 0 keeps no entry for an id with no data: five cached ids and five
+    unknown ones, the unknown five are read once (by the load the front asked for) and the
+    handler answers with what that read found, without reading them again, REST and gRPC."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(url)
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    env = {**ENV, "FEATURE_SERVING_CACHE_NEGATIVE_TTL": "0", "FEATURE_SERVING_INVALIDATION": "off"}
+    with ServingProcess(url, env=env) as server:
+        for api, first in (("rest", 1), ("grpc", 21)):
+            cached, unknown = list(range(first, first + 5)), list(range(10_000, 10_005))
+
+            def ask(ids: list[int], api: str = api) -> list[str]:
+                if api == "rest":
+                    r = get(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]})
+                    assert r.status_code == 200, r.text
+                    return [row["statuses"][0] for row in r.json()["results"]]
+                request = pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP])
+                answer = _grpc_answer(server, request)
+                return [pb.Status.Name(row.statuses[0]).lower() for row in answer.rows]
+
+            ask(cached)
+            ask(cached)  # the form is learned, and (gRPC) the records made
+            misses = metric(server, "feature_serving_cache_misses_total")
+            reads = _reads(client)
+            assert ask(cached + unknown) == ["present"] * 5 + ["missing"] * 5
+            assert _reads(client) == reads + 5  # the unknown five, once each
+            assert metric(server, "feature_serving_cache_misses_total") == misses + 5
+
+
 def test_the_grpc_front_answers_hits_only_to_a_key_that_may_read(redis_server: object) -> None:
     url = redis_server.url  # type: ignore[attr-defined]
     env = {

@@ -14,10 +14,12 @@ import redis
 
 from feature_store import sample
 from feature_store.connection import RedisTarget
+from feature_store.errors import StoreTimeoutError
 from feature_store.layout import entity_key
 from feature_store.serving.cache import CacheKey
 from feature_store.serving.client import AsyncGrpcFeatureClient, FeatureClient
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.loader import settled
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
@@ -195,6 +197,39 @@ async def test_invalidate_drops_the_entry_and_a_racing_read_cannot_refill_it(
     reader.invalidate([key(1)])
     await pending
     assert reader.cache.peek(key(1)) is None
+
+
+async def test_a_lookup_handed_on_after_a_load_takes_what_the_load_settled(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    """A front hands its handler a lookup whose load it cannot answer from (an entry not
+    kept, a read that failed): inside ``settled``, the handler's read of those keys takes
+    the load's entry, or raises its error, and asks Redis nothing; a fresh entry still
+    wins, and outside the block the keys are read as usual."""
+    write_sample(redis_url, 10)
+    reader = runtime.reader
+    cache = reader.cache
+    assert cache is not None
+    (loaded,) = await reader.get([key(1)])
+    cache.discard(key(1))  # not kept, as with a negative TTL of 0
+    await reader.get([key(3)])  # fresh
+    failure = StoreTimeoutError("Redis did not answer in 0.1 s")
+    reset_stats(redis_url)
+    misses = cache.stats.misses
+    with settled({key(1): loaded, key(2): failure, key(3): failure}):
+        (again, fresh) = await reader.get([key(1), key(3)])
+        assert again is loaded
+        assert fresh.entry is cache.peek(key(3))
+        assert not fresh.stale
+        with pytest.raises(StoreTimeoutError) as raised:
+            await reader.get([key(2)])
+        assert raised.value is failure
+    assert entity_reads(redis_url) == 0
+    assert cache.stats.misses == misses  # the load that settled them counted them
+    (r,) = await reader.get([key(2)])
+    assert entity_reads(redis_url) == 1
+    assert r.entry.values is not None
+    assert r.entry.values[0] == sample.features(2)["float_00"]
 
 
 async def test_bypass_reads_redis_and_sees_writes_made_elsewhere(

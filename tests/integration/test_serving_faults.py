@@ -113,7 +113,8 @@ def test_a_lookup_of_fresh_and_expired_entries_with_redis_dead_is_served_stale(
 ) -> None:
     """Five fresh entries and five expired ones, whole-group lookups (the form the native
     fronts answer from the L1): Redis dead, the five expired ones do not load, and the
-    handler answers the lookup with them stale and the others present, REST and gRPC."""
+    handler answers the lookup with them stale and the others present, REST and gRPC,
+    without trying Redis again for them (each served stale once)."""
     with FeatureStore.connect(own_redis.url, sample.registry()) as store:
         store.write(GROUP, sample.rows(20))
     env = {
@@ -135,6 +136,8 @@ def test_a_lookup_of_fresh_and_expired_entries_with_redis_dead_is_served_stale(
         for _ in range(2):
             client.get(ENTITY, fresh, groups=[GROUP])
         own_redis.kill()
+        stale = "feature_serving_cache_stale_serves_total"
+        before = metric(httpx.get(f"{server.rest_url}/metrics", timeout=5).text, stale)
         for answer in (
             client.get(ENTITY, fresh + expired, groups=[GROUP]),
             grpc_client.get(ENTITY, fresh + expired, groups=[GROUP]),
@@ -143,6 +146,8 @@ def test_a_lookup_of_fresh_and_expired_entries_with_redis_dead_is_served_stale(
             assert statuses == [{"present"}] * 5 + [{"stale"}] * 5
             for i, row in zip(fresh + expired, answer.rows, strict=True):
                 assert row.values[0] == sample.features(i)["float_00"]
+        after = metric(httpx.get(f"{server.rest_url}/metrics", timeout=5).text, stale)
+        assert after == before + 10
 
 
 def test_without_a_cache_a_dead_redis_is_a_fast_503(own_redis: EmbeddedRedis) -> None:
