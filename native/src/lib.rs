@@ -158,40 +158,42 @@ fn packed_payload(data: &[u8]) -> Native<&[u8]> {
     Ok(&data[pos..])
 }
 
-fn float_list(data: &[u8], dim: u32) -> Native<Vec<f32>> {
+/// A stored FloatList's packed payload (little-endian float32s), checked: `dim` values
+/// (any number for 0), and no signalling NaN. A signalling NaN turns quiet when Python
+/// widens it to a double: only the reference knows which bits come back, so it answers
+/// those.
+fn float_payload(data: &[u8], dim: u32) -> Native<&[u8]> {
     let payload = packed_payload(data)?;
-    if payload.len() % 4 != 0 {
+    if payload.len() % 4 != 0 || (dim != 0 && payload.len() / 4 != dim as usize) {
         return Err(Fallback);
     }
-    let values: Vec<f32> = payload
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    if dim != 0 && values.len() != dim as usize {
+    if floats(payload).any(|x| x.is_nan() && x.to_bits() & 0x0040_0000 == 0) {
         return Err(Fallback);
     }
-    // A signalling NaN turns quiet when Python widens it to a double: only the reference
-    // knows which bits come back, so it answers those
-    if values
-        .iter()
-        .any(|x| x.is_nan() && x.to_bits() & 0x0040_0000 == 0)
-    {
-        return Err(Fallback);
-    }
-    Ok(values)
+    Ok(payload)
 }
 
-fn int_list(data: &[u8]) -> Native<Vec<i64>> {
-    let plain = snap::raw::Decoder::new()
+fn floats(payload: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    payload
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// A stored IntList (Snappy-compressed protobuf) decompressed: its protobuf bytes.
+fn int_list_plain(data: &[u8]) -> Native<Vec<u8>> {
+    snap::raw::Decoder::new()
         .decompress_vec(data)
-        .map_err(|_| Fallback)?;
-    let payload = packed_payload(&plain)?;
-    let mut values = Vec::new();
+        .map_err(|_| Fallback)
+}
+
+/// Each value of an IntList's packed payload to `each`; Err at a varint that is not
+/// minimal or holds more than 64 bits.
+fn int_values(payload: &[u8], mut each: impl FnMut(i64)) -> Native<()> {
     let mut pos = 0;
     while pos < payload.len() {
-        values.push(read_varint(payload, &mut pos)? as i64);
+        each(read_varint(payload, &mut pos)? as i64);
     }
-    Ok(values)
+    Ok(())
 }
 
 // --- writing JSON ----------------------------------------------------------------------
@@ -481,17 +483,6 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-fn json_list<T: Copy>(out: &mut Vec<u8>, items: &[T], write: fn(&mut Vec<u8>, T)) {
-    out.push(b'[');
-    for (i, &x) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write(out, x);
-    }
-    out.push(b']');
-}
-
 fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
     match type_code {
         FLOAT | DOUBLE => {
@@ -506,8 +497,29 @@ fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native
             _ => return Err(Fallback),
         }),
         STRING => json_str(out, std::str::from_utf8(data).map_err(|_| Fallback)?),
-        EMBEDDING | FLOAT_LIST => json_list(out, &float_list(data, dim)?, json_f32),
-        INT_LIST => json_list(out, &int_list(data)?, json_i64),
+        EMBEDDING | FLOAT_LIST => {
+            out.push(b'[');
+            for (i, x) in floats(float_payload(data, dim)?).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                json_f32(out, x);
+            }
+            out.push(b']');
+        }
+        INT_LIST => {
+            let plain = int_list_plain(data)?;
+            out.push(b'[');
+            let mut first = true;
+            int_values(packed_payload(&plain)?, |x| {
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                json_i64(out, x);
+            })?;
+            out.push(b']');
+        }
         _ => return Err(Fallback),
     }
     Ok(())
@@ -539,16 +551,21 @@ fn py_value(py: Python<'_>, type_code: u8, dim: u32, data: &[u8]) -> Native<PyOb
             PyString::new(py, s).into_any().unbind()
         }
         EMBEDDING | FLOAT_LIST => {
-            let values: Vec<f64> = float_list(data, dim)?.into_iter().map(f64::from).collect();
+            let values: Vec<f64> = floats(float_payload(data, dim)?).map(f64::from).collect();
             PyList::new(py, values)
                 .map_err(|_| Fallback)?
                 .into_any()
                 .unbind()
         }
-        INT_LIST => PyList::new(py, int_list(data)?)
-            .map_err(|_| Fallback)?
-            .into_any()
-            .unbind(),
+        INT_LIST => {
+            let plain = int_list_plain(data)?;
+            let mut values = Vec::new();
+            int_values(packed_payload(&plain)?, |x| values.push(x))?;
+            PyList::new(py, values)
+                .map_err(|_| Fallback)?
+                .into_any()
+                .unbind()
+        }
         _ => return Err(Fallback),
     })
 }
@@ -574,7 +591,23 @@ fn record(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) {
 
 const MISSING_VALUE: &[u8] = b"\x12\x00"; // FeatureRow.values: a Value with no kind set
 
-/// One `FeatureRow.values` record (field 2) holding a `Value`.
+fn varint_len(n: u64) -> usize {
+    (64 - (n | 1).leading_zeros() as usize + 6) / 7
+}
+
+/// `outer, length, inner, length, body`: a record holding one record, lengths computed
+/// rather than the payloads written aside.
+fn nested(out: &mut Vec<u8>, outer: u8, inner: u8, body: &[u8]) {
+    let len = body.len() as u64;
+    out.push(outer);
+    put_varint(out, 1 + varint_len(len) as u64 + len);
+    out.push(inner);
+    put_varint(out, len);
+    out.extend_from_slice(body);
+}
+
+/// One `FeatureRow.values` record (field 2) holding a `Value`. A stored FloatList or
+/// IntList is, once checked, the bytes of the Value's own list field: copied as it is.
 fn proto_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
     match type_code {
         FLOAT | DOUBLE => {
@@ -583,11 +616,9 @@ fn proto_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Nativ
             out.extend_from_slice(&x.to_le_bytes());
         }
         INT => {
-            let x = parse_int(data)?;
-            record(out, 0x12, |p| {
-                p.push(0x10); // int_value = 2
-                put_varint(p, x as u64);
-            });
+            let x = parse_int(data)? as u64;
+            out.extend_from_slice(&[0x12, 1 + varint_len(x) as u8, 0x10]); // int_value = 2
+            put_varint(out, x);
         }
         BOOL => out.extend_from_slice(match data {
             b"1" => b"\x12\x02\x18\x01".as_slice(), // bool_value = 3
@@ -596,37 +627,16 @@ fn proto_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Nativ
         }),
         STRING => {
             let s = std::str::from_utf8(data).map_err(|_| Fallback)?;
-            record(out, 0x12, |p| {
-                record(p, 0x22, |q| q.extend_from_slice(s.as_bytes()))
-            });
+            nested(out, 0x12, 0x22, s.as_bytes()); // string_value = 4
         }
         EMBEDDING | FLOAT_LIST => {
-            let values = float_list(data, dim)?;
-            record(out, 0x12, |p| {
-                record(p, 0x2A, |q| {
-                    if !values.is_empty() {
-                        record(q, 0x0A, |r| {
-                            for x in &values {
-                                r.extend_from_slice(&x.to_le_bytes());
-                            }
-                        });
-                    }
-                })
-            });
+            float_payload(data, dim)?;
+            nested(out, 0x12, 0x2A, data); // float_list_value = 5
         }
         INT_LIST => {
-            let values = int_list(data)?;
-            record(out, 0x12, |p| {
-                record(p, 0x32, |q| {
-                    if !values.is_empty() {
-                        record(q, 0x0A, |r| {
-                            for &x in &values {
-                                put_varint(r, x as u64);
-                            }
-                        });
-                    }
-                })
-            });
+            let plain = int_list_plain(data)?;
+            int_values(packed_payload(&plain)?, |_| {})?;
+            nested(out, 0x12, 0x32, &plain); // int_list_value = 6
         }
         _ => return Err(Fallback),
     }
@@ -727,8 +737,11 @@ impl GroupCodec {
         values: &[Option<&[u8]>],
         proto: bool,
     ) -> PyResult<Loaded<'py>> {
-        let mut raw = Vec::with_capacity(1024);
-        let mut answer = Vec::with_capacity(1024);
+        // the answer is about the stored size (floats' text copied, integers' lists twice
+        // theirs, embeddings' three times): sized so that it is rarely grown
+        let size: usize = values.iter().map(|v| v.map_or(1, |d| d.len() + 1)).sum();
+        let mut raw = Vec::with_capacity(size + values.len());
+        let mut answer = Vec::with_capacity(2 * size + 16);
         let mut present = Vec::with_capacity(self.types.len());
         write_values(
             &self.types,
