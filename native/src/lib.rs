@@ -580,15 +580,6 @@ fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     out.push(n as u8);
 }
 
-/// `tag, length, payload` with the payload written by `write` in place.
-fn record(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) {
-    let mut payload = Vec::new();
-    write(&mut payload);
-    out.push(tag);
-    put_varint(out, payload.len() as u64);
-    out.extend_from_slice(&payload);
-}
-
 const MISSING_VALUE: &[u8] = b"\x12\x00"; // FeatureRow.values: a Value with no kind set
 
 fn varint_len(n: u64) -> usize {
@@ -1365,13 +1356,11 @@ pub(crate) fn write_grpc_row(
     row.clear();
     // FeatureRow.id = 1, an EntityId: int_id = 1 (varint) or string_id = 2
     match id {
-        GrpcId::Int(n) => record(row, 0x0A, |p| {
-            p.push(0x08);
-            put_varint(p, n as u64);
-        }),
-        GrpcId::Str(text) => record(row, 0x0A, |p| {
-            record(p, 0x12, |q| q.extend_from_slice(text.as_bytes()))
-        }),
+        GrpcId::Int(n) => {
+            row.extend_from_slice(&[0x0A, 1 + varint_len(n as u64) as u8, 0x08]);
+            put_varint(row, n as u64);
+        }
+        GrpcId::Str(text) => nested(row, 0x0A, 0x12, text.as_bytes()),
     }
     row.extend_from_slice(wire);
     // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
@@ -1385,11 +1374,17 @@ pub(crate) fn write_grpc_row(
     }));
     // FeatureRow.ages = 4, one map entry: key = 1, value = 2
     if let Some(age) = age {
-        record(row, 0x22, |p| {
-            record(p, 0x0A, |q| q.extend_from_slice(group));
-            p.push(0x10);
-            put_varint(p, age as u64);
-        });
+        let (key, value) = (group.len() as u64, age as u64);
+        row.push(0x22);
+        put_varint(
+            row,
+            1 + varint_len(key) as u64 + key + 1 + varint_len(value) as u64,
+        );
+        row.push(0x0A);
+        put_varint(row, key);
+        row.extend_from_slice(group);
+        row.push(0x10);
+        put_varint(row, value);
     }
     out.push(0x1A);
     put_varint(out, row.len() as u64);
