@@ -127,9 +127,13 @@ class Fronts:
         if hits is not None:
             hits.start()
         tune_gc(settings)
+        if runtime.siblings is not None:
+            runtime.siblings.join()  # answers on every port: its sockets are bound
         try:
             yield
         finally:
+            if runtime.siblings is not None:
+                runtime.siblings.leave()
             if rest is not None:
                 await rest.stop(grace=1.0)
             if grpc_server is not None:
@@ -236,12 +240,19 @@ def _api_routes(
     )
     async def readyz() -> Response:
         circuit = runtime.reader.breaker.state.value
-        if await runtime.ready():
-            return JSONBody(orjson.dumps({"status": "ready", "redis": "ok", "circuit": circuit}))
-        return JSONBody(
-            orjson.dumps({"status": "unavailable", "redis": "unreachable", "circuit": circuit}),
-            status_code=503,
-        )
+        redis = await runtime.redis_answers()
+        body = {"status": "ready", "redis": "ok", "circuit": circuit}
+        siblings = runtime.siblings
+        starting = False
+        if siblings is not None:
+            serving = siblings.serving()
+            body["workers"] = f"{serving} of {siblings.workers}"
+            starting = serving < siblings.workers
+        if not redis:
+            body.update(status="unavailable", redis="unreachable")
+        elif starting:
+            body["status"] = "starting"
+        return JSONBody(orjson.dumps(body), status_code=503 if not redis or starting else 200)
 
     @app.get(
         "/metrics",

@@ -155,36 +155,37 @@ def _serve(
             "access_log": False,
             "timeout_graceful_shutdown": 5,
         }
-        if rest_front_kind(serving) == "native":
-            # the front (each worker's) takes the REST port; uvicorn serves the rest of the
-            # app behind it on a loopback socket bound here, which the workers share
-            check_port_free(serving.host, serving.port, "REST")
-            backend = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            backend.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            backend.bind(("127.0.0.1", 0))
-            backend.listen(2048)
-            config["rest_backend"] = backend.getsockname()[1]
-            _serve_behind_front(config, serving.workers, backend, common)
-        elif serving.workers == 1:
-            uvicorn.run(
-                _app_from_config(config),
-                host=serving.host,
-                port=serving.port,
-                **common,
-                **_tls(serving),
-            )
-        else:
-            os.environ[WORKER_ENV] = orjson.dumps(config).decode()
-            with _metrics_dir():
+        with _siblings(config, serving.workers):
+            if rest_front_kind(serving) == "native":
+                # the front (each worker's) takes the REST port; uvicorn serves the rest of the
+                # app behind it on a loopback socket bound here, which the workers share
+                check_port_free(serving.host, serving.port, "REST")
+                backend = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                backend.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                backend.bind(("127.0.0.1", 0))
+                backend.listen(2048)
+                config["rest_backend"] = backend.getsockname()[1]
+                _serve_behind_front(config, serving.workers, backend, common)
+            elif serving.workers == 1:
                 uvicorn.run(
-                    "feature_store.serving.cli:worker_app",
-                    factory=True,
+                    _app_from_config(config),
                     host=serving.host,
                     port=serving.port,
-                    workers=serving.workers,
                     **common,
                     **_tls(serving),
                 )
+            else:
+                os.environ[WORKER_ENV] = orjson.dumps(config).decode()
+                with _metrics_dir():
+                    uvicorn.run(
+                        "feature_store.serving.cli:worker_app",
+                        factory=True,
+                        host=serving.host,
+                        port=serving.port,
+                        workers=serving.workers,
+                        **common,
+                        **_tls(serving),
+                    )
 
 
 def _serve_behind_front(
@@ -226,6 +227,21 @@ def _tls(serving: ServingSettings) -> dict[str, Any]:
     if serving.tls_client_ca is not None:
         out.update(ssl_ca_certs=serving.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     return out
+
+
+@contextlib.contextmanager
+def _siblings(config: dict[str, object], workers: int) -> Iterator[None]:
+    """With several workers, the directory where each marks that it answers (siblings.py):
+    the server is ready when all of them do."""
+    if workers == 1:
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="feature-serving-workers-")
+    config["workers_dir"] = path
+    try:
+        yield
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -285,6 +301,10 @@ def _app_from_config(config: dict[str, object]) -> FastPath:
         max_connections=int(config["max_connections"]),  # type: ignore[call-overload]
     )
     runtime = ServingRuntime(_load(str(config["registry"])), target, serving)
+    if config.get("workers_dir"):
+        from feature_store.serving.siblings import Siblings
+
+        runtime.siblings = Siblings(Path(str(config["workers_dir"])), serving.workers)
     backend = config.get("rest_backend")
     return create_app(
         runtime,

@@ -30,6 +30,7 @@ from feature_store.serving.loader import CachedReader
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
 from feature_store.serving.roundtrip import CONNECTION_WAIT, round_trip_for
 from feature_store.serving.service import FeatureService, Writer
+from feature_store.serving.siblings import Siblings
 from feature_store.serving.warm import WarmStart
 from feature_store.store import AsyncFeatureStore
 
@@ -80,6 +81,8 @@ class ServingRuntime:
             refresh_ahead=settings.cache_refresh_ahead,
         )
         self.listener: InvalidationListener | None = None
+        # with `serve --workers N`: the workers, for readiness (siblings.py)
+        self.siblings: Siblings | None = None
         publisher = None
         if settings.invalidation:
             # an instance without a cache still tells the others about its writes
@@ -155,6 +158,12 @@ class ServingRuntime:
             )
 
     async def ready(self) -> bool:
+        """Every worker of the server answers (``siblings``), and Redis answers a PING."""
+        if self.siblings is not None and not self.siblings.all_serving():
+            return False
+        return await self.redis_answers()
+
+    async def redis_answers(self) -> bool:
         try:
             async with asyncio.timeout(min(0.5, self.settings.redis_timeout_max)):
                 return await self.store.ping()

@@ -125,9 +125,15 @@ class HealthResponse(BaseModel):
 
 
 class ReadyResponse(BaseModel):
-    status: str = Field(description="ready or unavailable")
+    status: str = Field(
+        description="ready; unavailable (Redis does not answer); starting (with --workers N, "
+        "not every worker answers yet)"
+    )
     redis: str = Field(description="ok or unreachable")
     circuit: str = Field(description="the circuit breaker: closed, open or half_open")
+    workers: str | None = Field(
+        default=None, description="with --workers N: the workers that answer, as 'n of N'"
+    )
 
 
 class ShadowSummary(BaseModel):

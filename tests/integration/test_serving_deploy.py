@@ -180,25 +180,20 @@ def _listeners(port: int) -> int:
     return count
 
 
-def _wait_for_listeners(ports: list[int], workers: int, within: float = 30.0) -> None:
-    """Until every worker listens: the server is ready when one of them answers, and a
-    connection made before the other binds can only reach the first."""
-    deadline = time.monotonic() + within
-    while any(_listeners(port) < workers for port in ports):
-        assert time.monotonic() < deadline, {port: _listeners(port) for port in ports}
-        time.sleep(0.05)
-
-
 def test_two_workers_share_connections_and_cpu_over_rest_and_grpc(redis_url: str) -> None:
     """Per-worker CPU from /proc: both workers serve REST, and both serve gRPC."""
     from feature_store.serving.client import GrpcFeatureClient
 
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(sample.GROUP, sample.rows(50))
-    with ServingProcess(redis_url, args=["--workers", "2", "--no-cache"]) as server:
+    args = ["--workers", "2", "--no-cache"]
+    with ServingProcess(redis_url, args=args, ready_path="/readyz") as server:
         assert server.process is not None
         assert server.grpc_port is not None
-        _wait_for_listeners([server.port, server.grpc_port], workers=2)
+        # ready once both workers answer: a connection made then may reach either
+        assert (_listeners(server.port), _listeners(server.grpc_port)) == (2, 2)
+        ready = httpx.get(f"{server.rest_url}/readyz", timeout=5).json()
+        assert (ready["status"], ready["workers"]) == ("ready", "2 of 2")
         parent = server.process.pid
         body = {"entity_type": "consumer", "ids": list(range(10)), "groups": [sample.GROUP]}
         for api in ("rest", "grpc"):
