@@ -185,12 +185,14 @@ def translate(
         return StorePermissionError(
             f"the Redis user may not run this command (its ACL rules refuse it): {error}"
         )
-    text = str(error)
+    # some of redis-py's errors carry no message (a ConnectionError() of the cluster
+    # client): the class names what happened
+    text = str(error) or type(error).__name__
     if isinstance(error, redis.exceptions.TimeoutError):
         hint = _TLS_HINT if "connecting" in text.lower() else ""
-        return StoreTimeoutError(f"Redis did not answer in time: {error}{hint}")
+        return StoreTimeoutError(f"Redis did not answer in time: {text}{hint}")
     if "SSL" in text or "TLS" in text:
-        return StoreUnavailableError(f"Redis is unavailable: {error}{_TLS_HINT}")
+        return StoreUnavailableError(f"Redis is unavailable: {text}{_TLS_HINT}")
     if isinstance(
         error,
         redis.exceptions.ConnectionError
@@ -198,11 +200,12 @@ def translate(
         | redis.exceptions.TryAgainError
         | redis.exceptions.BusyLoadingError,
     ):
-        return StoreUnavailableError(f"Redis is unavailable: {error}")
-    if isinstance(error, redis.exceptions.RedisClusterException):
-        # no reachable node, slots not covered, a topology still settling: retry later
-        return StoreUnavailableError(f"Redis Cluster is unavailable: {error}")
-    return StoreError(f"Redis error: {error}")
+        return StoreUnavailableError(f"Redis is unavailable: {text}")
+    if isinstance(error, redis.exceptions.RedisClusterException | redis.exceptions.ClusterError):
+        # no reachable node, slots not covered, a topology still settling (ClusterError:
+        # redirections and errors past the client's limit for one command): retry later
+        return StoreUnavailableError(f"Redis Cluster is unavailable: {text}")
+    return StoreError(f"Redis error: {text}")
 
 
 def is_key_error(error: BaseException) -> bool:
@@ -237,5 +240,7 @@ def translated_errors() -> Iterator[None]:
         yield
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
         raise translate(e) from e
+    except TimeoutError:  # a deadline of the caller's (asyncio.timeout): it names the budget
+        raise
     except OSError as e:  # a socket error that redis-py did not wrap
-        raise StoreUnavailableError(f"Redis is unavailable: {e}") from e
+        raise StoreUnavailableError(f"Redis is unavailable: {str(e) or type(e).__name__}") from e

@@ -112,10 +112,13 @@ def pack(reads: Sequence[Read]) -> bytes:
 async def retried(exchange: Callable[[], Awaitable[T]]) -> T:
     """``exchange()`` with Redis's errors translated, once more on a connection error: a
     pooled connection that died with a Redis restart fails on first use, and the reads are
-    idempotent, so one retry on a fresh connection is safe."""
+    idempotent, so one retry on a fresh connection is safe. Not after its deadline passed
+    (TimeoutError, an OSError too): a hung Redis would cost the caller two."""
     with translated_errors():
         try:
             return await exchange()
+        except TimeoutError:
+            raise
         except (redis.exceptions.ConnectionError, OSError):
             return await exchange()
 
