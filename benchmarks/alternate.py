@@ -1,7 +1,7 @@
 """An older revision against this checkout, the same cells in alternation, round by round.
 
     python3 benchmarks/alternate.py --baseline REV [--rounds 3] [--entities 100000]
-                                    [--seconds 12] [--ttl 2] [--out FILE]
+                                    [--seconds 12] [--ttl 2] [--compact] [--out FILE]
 
 These machines are shared, and their speed drifts within a run: in one dataplane.py run,
 whose baseline cells came ten minutes before this checkout's, Redis's own CPU per entity
@@ -15,7 +15,8 @@ The cells are those of dataplane.py (benchmarks/dataplane.py: wrk on 1,000 zipfi
 for REST, h2load on one batch for gRPC, 8 connections, the L1's TTL a fraction of each
 window): REST and gRPC with the L1 off at batch 10, and with it on at batch 10, and, REST
 alone (gRPC's one batch is all hits), at 100 and 1,000, where some ids miss in every
-request.
+request. ``--compact``: the L1 cells alone, both sides with CACHE_FORM=compact (every hit
+writes its answer from the entry's packed values).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save, worktree
-from dataplane import Cell, run_server
+from dataplane import COMPACT, Cell, run_server
 from serving import add_data_dir, ensure_data
 
 from feature_store.embedded import EmbeddedRedis
@@ -52,9 +53,11 @@ def one_round(
     order = ("before", "now") if first == "before" else ("now", "before")
     cells: dict[str, list[Cell]] = {"before": [], "now": []}
     for api, l1, plan in WORKERS:
+        if args.compact and not l1:
+            continue
         for side in order:
             cwd = tree if side == "before" else None
-            path = "before" if side == "before" else "native"
+            path = COMPACT if args.compact else "before" if side == "before" else "native"
             cells[side] += run_server(redis, path, api, l1, plan, args.seconds, work, args.ttl, cwd)
     return cells
 
@@ -86,6 +89,7 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
+    parser.add_argument("--compact", action="store_true", help="L1 cells, CACHE_FORM=compact")
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
@@ -107,7 +111,8 @@ def main() -> int:
         *header(
             f"One worker per cell; {args.rounds} rounds, the baseline ({args.baseline}) and "
             f"this checkout back to back in each; {args.seconds:g} s per cell, L1 TTL "
-            f"{args.ttl:g} s; {args.entities:,} entities, batches of the standard shape."
+            f"{args.ttl:g} s; {args.entities:,} entities, batches of the standard shape"
+            + ("; the L1 compact (CACHE_FORM=compact) on both sides." if args.compact else ".")
         ),
         "",
         "| cell | round | first | now µs/entity | before µs/entity | now / before "

@@ -159,7 +159,8 @@ def run_server(
     tree: Path | None = None,
 ) -> list[Cell]:
     """Cells on one worker: of this checkout (``path`` "native", "reference" for the
-    Python reference, "grpcio" for gRPC on grpc.aio), or of the checkout at ``tree``."""
+    Python reference, "grpcio" for gRPC on grpc.aio), or of the checkout at ``tree`` (with
+    its L1 compact for ``path`` "compact")."""
     args = ["--cache-ttl", f"{ttl:g}"] if l1 else ["--no-cache"]
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
     if tree is None:
@@ -167,6 +168,8 @@ def run_server(
         env["FEATURE_SERVING_GRPC_FRONT"] = "grpcio" if path == "grpcio" else "native"
         env["FEATURE_SERVING_NATIVE_READS"] = "off" if path == PYTHON_READS else "on"
         env["FEATURE_SERVING_CACHE_FORM"] = "compact" if path == COMPACT else "answers"
+    elif path == COMPACT:  # a baseline's checkout, whose cache has the form too
+        env["FEATURE_SERVING_CACHE_FORM"] = "compact"
     bodies = {batch: batch_bodies(100_000, batch) for batch in {b for b, _ in cells}}
     assert redis.process is not None
     out = []
