@@ -6,6 +6,7 @@ small inputs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -63,6 +64,9 @@ def sample_input(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) 
     return path
 
 
+_RUNS = itertools.count()
+
+
 def _job(registry_file: Path, input_path: str, url: str, **kw: object) -> IngestJob:
     options: dict[str, object] = {
         "group": sample.GROUP,
@@ -70,6 +74,8 @@ def _job(registry_file: Path, input_path: str, url: str, **kw: object) -> Ingest
         "written_at": WRITTEN_AT,
         "chunk_size": 64,
         "progress_interval": 0,
+        # bad rows beside the input (a temporary directory), not in the working directory
+        "quarantine": f"{input_path}.quarantine-{next(_RUNS)}",
     }
     options.update(kw)
     return IngestJob(registry=registry_file, input=input_path, redis_url=url, **options)  # type: ignore[arg-type]
@@ -490,6 +496,8 @@ def test_event_time_column_never_overwrites_newer_push_writes(
     report = run_ingest(spark, job)
     assert report.outcome is Outcome.BAD_ROWS_OVER_THRESHOLD  # the null time, quarantined
     assert report.bad_rows_by_reason == {"null_event_time": 1}
+    assert report.quarantine is not None
+    assert [r[ID_COLUMN] for r in pq.read_table(report.quarantine).to_pylist()] == [N - 1]
     assert (report.entities_written, report.entities_skipped) == (N - 101, 100)
     assert report.event_time_column == "ts"
     expected = _expected(registry, range(N))
