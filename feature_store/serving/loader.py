@@ -283,11 +283,17 @@ class CachedReader:
         cache, now = self.cache, self._clock()
         out: list[Resolved | None] = [None] * len(keys)
         misses = []
+        done = _settled.get()
         for i, key in enumerate(keys):
             entry = None if bypass else cache.get(key)
             if entry is not None and now < entry.expires_at:
                 cache.stats.hits += 1
                 out[i] = Resolved(entry, False)
+            elif done is not None and key in done:  # counted by the load that settled it
+                result = done[key]
+                if isinstance(result, Exception):
+                    raise result
+                out[i] = result
             else:
                 cache.stats.misses += 1
                 misses.append(i)

@@ -350,15 +350,22 @@ def test_a_lookup_with_misses_loads_only_them_and_the_front_answers_it(
         assert metric(server, loaded % "rest") == 1
 
 
-def test_keys_a_load_does_not_keep_are_read_once(redis_server: object) -> None:
+@pytest.mark.parametrize("single_flight", ["on", "off"])
+def test_keys_a_load_does_not_keep_are_read_once(redis_server: object, single_flight: str) -> None:
     """A negative TTL of 0 keeps no entry for an id with no data: five cached ids and five
     unknown ones, the unknown five are read once (by the load the front asked for) and the
-    handler answers with what that read found, without reading them again, REST and gRPC."""
+    handler answers with what that read found, without reading them again, REST and gRPC;
+    with the debouncer and without it (each request reads its own misses)."""
     url = redis_server.url  # type: ignore[attr-defined]
     client = redis.Redis.from_url(url)
     with FeatureStore.connect(url, sample.registry()) as store:
         store.write(GROUP, sample.rows(N))
-    env = {**ENV, "FEATURE_SERVING_CACHE_NEGATIVE_TTL": "0", "FEATURE_SERVING_INVALIDATION": "off"}
+    env = {
+        **ENV,
+        "FEATURE_SERVING_CACHE_NEGATIVE_TTL": "0",
+        "FEATURE_SERVING_INVALIDATION": "off",
+        "FEATURE_SERVING_SINGLE_FLIGHT": single_flight,
+    }
     with ServingProcess(url, env=env) as server:
         for api, first in (("rest", 1), ("grpc", 21)):
             cached, unknown = list(range(first, first + 5)), list(range(10_000, 10_005))
