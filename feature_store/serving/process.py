@@ -10,6 +10,7 @@ and GIL), and for trying the API from a script:
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -110,7 +111,9 @@ class ServingProcess:
             verify = True if self.tls is None else self.tls.ssl_context()
             try:
                 url = f"{self.rest_url}{self.ready_path}"
-                if httpx.get(url, timeout=1.0, verify=verify).status_code == 200:
+                if httpx.get(url, timeout=1.0, verify=verify).status_code == 200 and (
+                    self._every_worker_serves(verify)
+                ):
                     return self
             except httpx.TransportError:
                 pass
@@ -120,6 +123,25 @@ class ServingProcess:
             f"feature-store serve was not ready ({self.ready_path}) within "
             f"{self.start_timeout:.0f} s" + self._log_tail()
         )
+
+    def _every_worker_serves(self, verify: bool | ssl.SSLContext) -> bool:
+        """With ``--workers N``: whether all N listen on the ports (/readyz's "n of N",
+        whatever Redis's state). Until then a connection reaches the first worker alone,
+        and a load started then would measure one worker."""
+        workers = self._workers()
+        if workers <= 1:
+            return True
+        body = httpx.get(f"{self.rest_url}/readyz", timeout=1.0, verify=verify).json()
+        return bool(body.get("workers") == f"{workers} of {workers}")
+
+    def _workers(self) -> int:
+        args = self.args
+        for i, arg in enumerate(args):
+            if arg == "--workers" and i + 1 < len(args):
+                return int(args[i + 1])
+            if arg.startswith("--workers="):
+                return int(arg.split("=", 1)[1])
+        return int(self.env.get("FEATURE_SERVING_WORKERS", "1"))
 
     def _log_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():

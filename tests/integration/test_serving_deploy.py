@@ -99,6 +99,9 @@ def test_serve_with_two_workers_answers_rest_and_grpc(redis_url: str) -> None:
     from feature_store.serving.client import FeatureClient, GrpcFeatureClient
 
     with ServingProcess(redis_url, args=["--workers", "2"]) as server:
+        # started (the harness of tests and benchmarks) once both workers listen
+        assert server.grpc_port is not None
+        assert (_listeners(server.port), _listeners(server.grpc_port)) == (2, 2)
         with FeatureClient(server.rest_url, timeout=10) as rest:
             for _ in range(4):
                 assert rest.get("consumer", [1], features=["float_00"]).rows[0].values == [None]
