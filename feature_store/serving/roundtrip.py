@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 
 import redis.asyncio
 import redis.asyncio.cluster
@@ -303,12 +303,28 @@ class PipelineRoundTrip:
                 pipe.execute_command("HGETALL", key)
             else:
                 pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
-        replies: list[object] = await pipe.execute(raise_on_error=False)
+        try:
+            replies: list[object] = await pipe.execute(raise_on_error=False)
+        except RuntimeError as e:
+            if not closed_under(e):
+                raise
+            raise redis.exceptions.ConnectionError(str(e)) from e
         for reply in replies:
             # redis-py hands back a connection closed under a command as that command's reply
             if isinstance(reply, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
                 raise reply
+            if closed_under(reply):
+                raise redis.exceptions.ConnectionError(str(reply)) from reply
         return replies
+
+
+def closed_under(error: object) -> TypeGuard[RuntimeError]:
+    """uvloop's error for a write on a connection whose transport was closed under it.
+    redis-py's cluster client can write on such a connection: seen when it sent a redirected
+    read again during a reshard under load, where it became the lookup's 503 ("the read
+    failed: RuntimeError"). It is a connection error in all but its type, and a read is
+    tried again after one."""
+    return isinstance(error, RuntimeError) and "closed" in str(error)
 
 
 def round_trip_for(client: AsyncClient) -> RoundTrip:

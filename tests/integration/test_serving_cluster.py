@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import redis.asyncio
+import uvloop
 
 from feature_store import sample
 from feature_store.connection import RedisTarget
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.roundtrip import PipelineRoundTrip
+from feature_store.serving.roundtrip import PipelineRoundTrip, Read, Reply
 from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.spec import GroupSpec
 from feature_store.store import FeatureStore
 
 pytestmark = pytest.mark.cluster
@@ -42,3 +47,39 @@ async def test_lookups_and_push_writes_on_a_cluster(cluster_url: str) -> None:
         assert values[i1] == 1
     finally:
         await rt.stop()
+
+
+def test_a_read_on_connections_closed_under_the_client_is_sent_again(cluster_url: str) -> None:
+    """Connections whose transports closed under redis-py's cluster client (it still holds
+    them as connected) make uvloop raise RuntimeError on the next write: the round trip is
+    sent again on fresh connections and answers, as after any connection error (seen
+    during a reshard under load as a 503, "the read failed: RuntimeError")."""
+    registry = sample.registry()
+    with FeatureStore.connect(cluster_url, registry) as store:
+        store.write(sample.GROUP, sample.rows(30))
+    spec = GroupSpec.of(registry.groups[sample.GROUP], registry)
+    prefix = registry.entities[sample.ENTITY].prefix
+    reads: list[Read] = [(f"{prefix}:{i}".encode(), [spec]) for i in range(30)]
+
+    async def read_twice() -> tuple[list[Reply], list[Reply], int]:
+        client = RedisTarget.parse(cluster_url).async_client()
+        assert isinstance(client, redis.asyncio.RedisCluster)
+        try:
+            round_trip = PipelineRoundTrip(client)
+            first = await round_trip(reads, 5.0)
+            closed = 0
+            for node in client.get_nodes():
+                for conn in node._free:
+                    if conn.is_connected:
+                        conn._writer.transport.close()
+                        closed += 1
+            await asyncio.sleep(0)  # the transports close
+            return first, await round_trip(reads, 5.0), closed
+        finally:
+            await client.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        first, again, closed = runner.run(read_twice())
+    assert closed >= 3  # one connection per master at least
+    assert all(isinstance(r, list) and r[0] is not None for r in first)
+    assert again == first
