@@ -151,14 +151,18 @@ def test_invalidation_keeps_working_across_a_failover(replicated: EmbeddedCluste
 
 
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
-def test_resharding_under_load_fails_no_request(replicated: EmbeddedCluster) -> None:
+def test_resharding_under_load_fails_no_request(
+    replicated: EmbeddedCluster, tmp_path: Path
+) -> None:
     masters = replicated.master_nodes()
     ids = []
     for node in masters[:2]:
         with redis.Redis(port=node.port or 0) as c:
             ids.append(c.execute_command("CLUSTER", "MYID").decode())
     answers, stop = Answers(), threading.Event()
-    with ServingProcess(replicated.url, args=["--no-cache"], grpc=False) as server:
+    log = tmp_path / "serve.log"  # a failed request's cause, in the assertion's message
+    args = ["--no-cache"]
+    with ServingProcess(replicated.url, args=args, grpc=False, log_path=log) as server:
         load = threading.Thread(target=_load, args=(server.rest_url, stop, answers))
         load.start()
         time.sleep(1.0)
@@ -177,5 +181,6 @@ def test_resharding_under_load_fails_no_request(replicated: EmbeddedCluster) -> 
         load.join()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert answers.wrong == []
-    assert answers.failures() == [], answers.errors  # MOVED and ASK were followed
+    # MOVED and ASK were followed
+    assert answers.failures() == [], (answers.errors, log.read_text()[-3000:])
     assert len(answers.rows) > 100
