@@ -324,7 +324,7 @@ def closed_under(error: object) -> TypeGuard[RuntimeError]:
     read again during a reshard under load, where it became the lookup's 503 ("the read
     failed: RuntimeError"). It is a connection error in all but its type, and a read is
     tried again after one."""
-    return isinstance(error, RuntimeError) and "closed" in str(error)
+    return isinstance(error, RuntimeError) and "the handler is closed" in str(error)
 
 
 def round_trip_for(client: AsyncClient) -> RoundTrip:
