@@ -185,9 +185,7 @@ def translate(
         return StorePermissionError(
             f"the Redis user may not run this command (its ACL rules refuse it): {error}"
         )
-    # some of redis-py's errors carry no message (a ConnectionError() of the cluster
-    # client): the class names what happened
-    text = str(error) or type(error).__name__
+    text = _message(error)
     if isinstance(error, redis.exceptions.TimeoutError):
         hint = _TLS_HINT if "connecting" in text.lower() else ""
         return StoreTimeoutError(f"Redis did not answer in time: {text}{hint}")
@@ -243,4 +241,10 @@ def translated_errors() -> Iterator[None]:
     except TimeoutError:  # a deadline of the caller's (asyncio.timeout): it names the budget
         raise
     except OSError as e:  # a socket error that redis-py did not wrap
-        raise StoreUnavailableError(f"Redis is unavailable: {str(e) or type(e).__name__}") from e
+        raise StoreUnavailableError(f"Redis is unavailable: {_message(e)}") from e
+
+
+def _message(error: BaseException) -> str:
+    """What an error says; its class where it says nothing (some of redis-py's errors, a
+    ConnectionError() of the cluster client, carry no message)."""
+    return str(error) or type(error).__name__
