@@ -72,6 +72,13 @@ def settled(resolved: Settled) -> Iterator[None]:
         _settled.reset(token)
 
 
+def _taken(result: Resolved | Exception) -> Resolved:
+    """What a load settled for a key: its entry, or the error it failed with, raised."""
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 class CachedReader:
     """Reads entity groups through the L1 cache. ``cache=None`` reads Redis every time."""
 
@@ -216,10 +223,7 @@ class CachedReader:
                             shadow.sample(key, entry)
                     continue
                 if done is not None and key in done:  # counted by the load that settled it
-                    result = done[key]
-                    if isinstance(result, Exception):
-                        raise result
-                    out[i] = result
+                    out[i] = _taken(done[key])
                     continue
                 load = inflight.get(key)
                 if load is not None:
@@ -290,10 +294,7 @@ class CachedReader:
                 cache.stats.hits += 1
                 out[i] = Resolved(entry, False)
             elif done is not None and key in done:  # counted by the load that settled it
-                result = done[key]
-                if isinstance(result, Exception):
-                    raise result
-                out[i] = result
+                out[i] = _taken(done[key])
             else:
                 cache.stats.misses += 1
                 misses.append(i)
