@@ -101,6 +101,9 @@ class ServingProcess:
         finally:
             if not isinstance(out, int):
                 out.close()  # the child has its own descriptor
+        # with --workers N, /healthz answers once the first worker does: wait for all N
+        # (/readyz answers 200 only then)
+        workers = 1 if self.ready_path == "/readyz" else self._workers()
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -112,7 +115,7 @@ class ServingProcess:
             try:
                 url = f"{self.rest_url}{self.ready_path}"
                 if httpx.get(url, timeout=1.0, verify=verify).status_code == 200 and (
-                    self._every_worker_serves(verify)
+                    workers <= 1 or self._every_worker_serves(workers, verify)
                 ):
                     return self
             except httpx.TransportError:
@@ -124,13 +127,10 @@ class ServingProcess:
             f"{self.start_timeout:.0f} s" + self._log_tail()
         )
 
-    def _every_worker_serves(self, verify: bool | ssl.SSLContext) -> bool:
-        """With ``--workers N``: whether all N listen on the ports (/readyz's "n of N",
-        whatever Redis's state). Until then a connection reaches the first worker alone,
-        and a load started then would measure one worker."""
-        workers = self._workers()
-        if workers <= 1:
-            return True
+    def _every_worker_serves(self, workers: int, verify: bool | ssl.SSLContext) -> bool:
+        """Whether all ``workers`` listen on the ports (/readyz's "n of N", whatever
+        Redis's state). Until then a connection reaches the first worker alone, and a load
+        started then would measure one worker."""
         body = httpx.get(f"{self.rest_url}/readyz", timeout=1.0, verify=verify).json()
         return bool(body.get("workers") == f"{workers} of {workers}")
 
