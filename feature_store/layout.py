@@ -52,9 +52,12 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 
+_INT = IdType.INT  # a module constant: an enum member read off its class costs ~200 ns
+
+
 def entity_key(prefix: str, id_type: IdType, entity_id: object) -> bytes:
     """The Redis key of one entity. Raises RequestError for an id of the wrong type."""
-    if id_type is IdType.INT:
+    if id_type is _INT:
         if type(entity_id) is not int or not INT64_MIN <= entity_id <= INT64_MAX:
             raise RequestError(f"entity id {entity_id!r} is not an int64")
         return f"{prefix}{KEY_SEPARATOR}{entity_id}".encode()

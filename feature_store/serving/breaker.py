@@ -28,6 +28,11 @@ class CircuitState(StrEnum):
     HALF_OPEN = "half_open"
 
 
+# the states as module constants: an enum member read off its class costs about 200 ns in
+# Python 3.11, and ``allow`` is asked once per key a load schedules
+_CLOSED, _OPEN = CircuitState.CLOSED, CircuitState.OPEN
+
+
 class CircuitBreaker:
     def __init__(
         self,
@@ -51,9 +56,10 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """Whether a read may go to Redis now. In half-open state, only one probe at a time."""
-        if self.state is CircuitState.CLOSED:
+        state = self.state
+        if state is _CLOSED:
             return True
-        if self.state is CircuitState.OPEN:
+        if state is _OPEN:
             if self.clock() < self._open_until:
                 return False
             self.state = CircuitState.HALF_OPEN
@@ -64,7 +70,7 @@ class CircuitBreaker:
         return True
 
     def success(self) -> None:
-        if self.state is not CircuitState.CLOSED:
+        if self.state is not _CLOSED:
             self.state = CircuitState.CLOSED
             self._open_for = self.base_open
             self._probing = False
