@@ -127,18 +127,26 @@ class SingleFlight:
     async def _load_all(self, loads: list[Load]) -> None:
         # one read per key of the flush: loads of one key share it (a bypass request that
         # names an entity twice, a bypass beside a cached read), every one of them queued
-        # before it is sent; groups of one entity share one HMGET
-        shared: dict[CacheKey, list[Load]] = {}
-        for load in loads:
-            shared.setdefault(load.key, []).append(load)
-        by_entity: dict[bytes, list[CacheKey]] = {}
-        for key in shared:
-            by_entity.setdefault(key[1], []).append(key)
+        # before it is sent; groups of one entity share one HMGET. One pass over the loads
+        # builds both (a flush of a large batch's misses has a thousand of them).
         specs = self.reads.specs
-        reads: list[Read] = [
-            (entity_key, [specs[key[0]] for key in group_keys])
-            for entity_key, group_keys in by_entity.items()
-        ]
+        shared: dict[CacheKey, list[Load]] = {}
+        entities: dict[bytes, tuple[list[CacheKey], list[GroupSpec]]] = {}
+        for load in loads:
+            key = load.key
+            same = shared.get(key)
+            if same is not None:
+                same.append(load)
+                continue
+            shared[key] = [load]
+            group, entity_key = key
+            read = entities.get(entity_key)
+            if read is None:
+                entities[entity_key] = ([key], [specs[group]])
+            else:
+                read[0].append(key)
+                read[1].append(specs[group])
+        reads: list[Read] = [(entity_key, read[1]) for entity_key, read in entities.items()]
         try:
             replies, cost = await self.reads.send(reads, len(shared))
         except StoreError as error:
@@ -152,12 +160,12 @@ class SingleFlight:
         stats.keys_loaded += len(shared)
         stats.coalesced += len(shared) - 1
         now = self.reads.clock()
-        for group_keys, reply in zip(by_entity.values(), replies, strict=True):
+        finish = self._finish
+        for (group_keys, group_specs), reply in zip(entities.values(), replies, strict=True):
             offset = 0
-            for key in group_keys:
-                spec = specs[key[0]]
+            for key, spec in zip(group_keys, group_specs, strict=True):
                 for load in shared[key]:
-                    self._finish(load, spec, reply, offset, cost, now)
+                    finish(load, spec, reply, offset, cost, now)
                 offset += len(spec.fields)
 
     def _finish(

@@ -71,6 +71,8 @@ class RoundTrip(Protocol):
 
 
 def whole(specs: Sequence[GroupSpec]) -> bool:
+    if len(specs) == 1:
+        return specs[0].whole_alone
     return reads_whole_hash(sum(len(s.fields) for s in specs), specs[0].hash_fields)
 
 
@@ -182,10 +184,10 @@ class NativeRoundTrip(PackedRoundTrip):
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         super().__init__(client)
-        self._plans: dict[tuple[str, ...], ReadPlan] = {}
+        self._plans: dict[str | tuple[str, ...], ReadPlan] = {}
 
     def _plan(self, specs: Sequence[GroupSpec]) -> ReadPlan:
-        names = tuple(s.group.name for s in specs)
+        names = specs[0].group.name if len(specs) == 1 else tuple(s.group.name for s in specs)
         plan = self._plans.get(names)
         if plan is None:
             fields = [f for s in specs for f in s.fields]

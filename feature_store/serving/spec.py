@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from feature_store.batch import Fault, FaultReason, hash_fields
+from feature_store.batch import Fault, FaultReason, hash_fields, reads_whole_hash
 from feature_store.errors import EncodingError, EntityDataError
 from feature_store.layout import decode_timestamp
 from feature_store.native import GroupFormat
@@ -25,16 +25,21 @@ class GroupSpec:
     packed_fields: bytes  # the same, RESP-encoded once
     fmt: GroupFormat  # stored values -> answer bytes (native or the Python reference)
     hash_fields: int  # fields the entity's whole hash can hold, all groups together
+    # read alone (the common read: one group of an entity), by HGETALL rather than HMGET
+    # (``batch.reads_whole_hash``)
+    whole_alone: bool
 
     @classmethod
     def of(cls, group: FeatureGroup, registry: Registry) -> GroupSpec:
         fields = (*(f.field for f in group.features), group.freshness_field)
+        entity_fields = hash_fields(registry, group.entity.name)
         return cls(
             group,
             fields,
             _resp(fields),
             GroupFormat([f.codec for f in group.features]),
-            hash_fields(registry, group.entity.name),
+            entity_fields,
+            reads_whole_hash(len(fields), entity_fields),
         )
 
     def entry(
