@@ -107,9 +107,11 @@ class GroupFormat:
 
     def load_packed(
         self, packed: bytes, first: int, proto: bool = False
-    ) -> tuple[tuple[bytes, bytes, bytes], bytes | None]:
+    ) -> tuple[tuple[bytes, bytes, bytes], bytes | int | None]:
         """``load`` of the group's values in a packed read (``resp_split``), from item
-        ``first`` on, and the group's freshness value, the item after them."""
+        ``first`` on, and the group's freshness value, the item after them: its bytes, or
+        (read by the native core) its unix seconds where it is a well-formed write time
+        (``layout.decode_timestamp``); a malformed one stays bytes, for the caller to name."""
         if self.native is not None:
             try:
                 (raw, present, answer), freshness = self.native.load_packed(packed, first, proto)

@@ -66,7 +66,10 @@ class GroupSpec:
             values = unpack(reply) if isinstance(reply, bytes) else reply
             self._name_bad_value(entity_key, values[offset : offset + len(self.fields)])
             raise EntityDataError(f"{entity_key.decode(errors='replace')}: {e}") from None
-        written_at = self.written_at(entity_key, freshness)
+        # the native core reads a well-formed write time itself (its unix seconds)
+        written_at = (
+            freshness if isinstance(freshness, int) else self.written_at(entity_key, freshness)
+        )
         if written_at is None and present == fmt.absent_present:
             return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
         if proto:

@@ -562,7 +562,7 @@ fn unix_now() -> i64 {
 
 /// A stored write time in whole seconds, as `layout.decode_timestamp` reads it (digits, at
 /// most one decimal point and nine digits after it, up to 2**40); None for anything else.
-fn unix_seconds(text: &[u8]) -> Option<i64> {
+pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {
     let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
     let (whole, fraction) = match text.iter().position(|&c| c == b'.') {
         Some(dot) => (&text[..dot], Some(&text[dot + 1..])),

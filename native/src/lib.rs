@@ -849,7 +849,9 @@ impl GroupCodec {
     }
 
     /// The same from a packed read (`resp_split`): the group's values start at item
-    /// `first`, and the item after them is the group's freshness field, returned too.
+    /// `first`, and the item after them is the group's freshness field, returned too: as
+    /// its unix seconds where it is a write time `layout.decode_timestamp` takes, as its
+    /// bytes otherwise (Python's reference then names what is wrong with it).
     #[pyo3(signature = (packed, first, proto = false))]
     fn load_packed<'py>(
         &self,
@@ -857,22 +859,27 @@ impl GroupCodec {
         packed: &[u8],
         first: usize,
         proto: bool,
-    ) -> PyResult<(Loaded<'py>, Option<Bound<'py, PyBytes>>)> {
+    ) -> PyResult<(Loaded<'py>, Option<Bound<'py, PyAny>>)> {
         let count = self.types.len();
-        let items: Vec<Option<&[u8]>> = Packed {
+        let mut items = Packed {
             data: packed,
             pos: 0,
         }
-        .skip(first)
-        .take(count + 1)
-        .collect();
-        if items.len() != count + 1 {
+        .skip(first);
+        let values: Vec<Option<&[u8]>> = items.by_ref().take(count).collect();
+        let (true, Some(freshness)) = (values.len() == count, items.next()) else {
             return Err(PyValueError::new_err(
                 "the read has fewer values than the group",
             ));
-        }
-        let freshness = items[count].map(|ts| PyBytes::new(py, ts));
-        Ok((self.loaded(py, &items[..count], proto)?, freshness))
+        };
+        let freshness = match freshness {
+            None => None,
+            Some(ts) => Some(match hits::unix_seconds(ts) {
+                Some(seconds) => seconds.into_pyobject(py)?.into_any(),
+                None => PyBytes::new(py, ts).into_any(),
+            }),
+        };
+        Ok((self.loaded(py, &values, proto)?, freshness))
     }
     /// The reply's first len(types) values as Python objects (None for none), as the
     /// codecs' `fast_decode` makes them: the store client's read.

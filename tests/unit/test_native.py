@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from feature_store import _native, sample
 from feature_store.batch import align_hash
 from feature_store.errors import EncodingError
+from feature_store.layout import decode_timestamp
 from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.values_pb2 import FloatList
@@ -130,10 +131,34 @@ def same_answers(names: list[str], reply: list[bytes | None]) -> bool:
     assert native.proto_parts(raw) == pure.proto_parts(raw)
     # loaded for a gRPC answer: the records in place of the JSON
     assert native.load(reply, True) == pure.load(reply, True) == (*loaded[:2], pure.proto(raw))
-    packed = pack([b"x", *reply, b"1700000000"])  # as resp_split packs a read
+    packed = pack([b"x", *reply, b"1700000000.5"])  # as resp_split packs a read
     for proto in (False, True):
-        assert native.load_packed(packed, 1, proto) == (pure.load(reply, proto), b"1700000000")
+        # a well-formed write time comes back read: its unix seconds
+        assert native.load_packed(packed, 1, proto) == (pure.load(reply, proto), 1700000000)
     return True
+
+
+@given(
+    st.one_of(
+        st.from_regex(rb"\A[0-9]{1,14}(\.[0-9]{0,11})?\Z"),
+        st.binary(max_size=16),
+        st.sampled_from([b"", b"1.", b".5", b"1e9", b"-1", b" 1", b"1099511627777", b"\xd9\xa3"]),
+    )
+)
+@example(b"1099511627776")
+def test_load_packed_reads_a_write_time_as_decode_timestamp_does(stamp: bytes) -> None:
+    """Where ``decode_timestamp`` takes the freshness value, the native load returns its
+    seconds; where it refuses it, the bytes themselves, for the reference to name."""
+    native = native_codec(["float"])
+    (_, _, _), freshness = native.load_packed(pack([b"1.5", stamp]), 0)
+    try:
+        expected: int | bytes = decode_timestamp(stamp)
+    except ValueError:
+        expected = stamp
+    assert freshness == expected
+    assert type(freshness) is type(expected)
+    (_, _, _), absent = native.load_packed(pack([b"1.5", None]), 0)
+    assert absent is None
 
 
 @st.composite
