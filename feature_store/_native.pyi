@@ -154,16 +154,9 @@ class HitCache:
         prefix: bytes,
         int_ids: bool,
     ) -> bool: ...
-    def put(
+    def put_many(
         self,
-        key: bytes,
-        values: bytes,
-        wire: bytes | None,
-        present: bytes,
-        written_at: int | None,
-        negative: bool,
-        ttl: float,
-        notice_in: float,
+        items: list[tuple[bytes, bytes, bytes | None, bytes, int | None, bool, float, float]],
     ) -> None: ...
     def discard(self, key: bytes) -> None: ...
     def clear(self) -> None: ...

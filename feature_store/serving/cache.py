@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -117,6 +117,7 @@ class Mirror(Protocol):
     fronts'), told of every change: it never holds an entry the cache has dropped."""
 
     def put(self, entry: Entry) -> None: ...
+    def put_many(self, entries: Iterable[Entry]) -> None: ...
     def discard(self, key: CacheKey) -> None: ...
     def clear(self) -> None: ...
     def notice_group(self, group: str) -> None: ...
@@ -176,26 +177,36 @@ class LRUCache:
 
     def put(self, entry: Entry, now: float | None = None) -> Entry:
         """Store an entry loaded ``now``; its expiry and size are set here."""
-        now = self.clock() if now is None else now
-        key = entry.key
-        ttl = self.lifetime(entry.negative)
-        entry.expires_at = now + ttl
-        entry.loaded_at = now
-        if not self.keep_answers and entry.raw is not None:
-            entry.json = entry.wire = None  # answers are written from ``raw`` on each hit
-        entry.size = entry_size(entry) + self.mirror_entry
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old.size
-        if ttl > 0:  # a negative TTL of 0 means: do not cache missing entities
-            self._entries[key] = entry
-            self.bytes += entry.size
-            if self.mirror is not None:
-                self.mirror.put(entry)
-            self._evict()
-        elif old is not None and self.mirror is not None:
-            self.mirror.discard(key)
+        self.put_many((entry,), self.clock() if now is None else now)
         return entry
+
+    def put_many(self, entries: Iterable[Entry], now: float) -> None:
+        """Store entries loaded together ``now`` (a round trip's), as ``put`` of each in
+        turn would; the mirror is told of the kept ones at once, and the bounds enforced
+        once, after the last."""
+        mirror = self.mirror
+        kept: dict[CacheKey, Entry] = {}
+        for entry in entries:
+            key = entry.key
+            ttl = self.lifetime(entry.raw is None)
+            entry.expires_at = now + ttl
+            entry.loaded_at = now
+            if not self.keep_answers and entry.raw is not None:
+                entry.json = entry.wire = None  # answers are written from ``raw`` on each hit
+            entry.size = entry_size(entry) + self.mirror_entry
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old.size
+            if ttl > 0:  # a negative TTL of 0 means: do not cache missing entities
+                self._entries[key] = entry
+                self.bytes += entry.size
+                kept[key] = entry
+            elif old is not None and mirror is not None:
+                kept.pop(key, None)
+                mirror.discard(key)
+        if mirror is not None and kept:
+            mirror.put_many(kept.values())
+        self._evict()
 
     def _evict(self) -> None:
         entries = self._entries

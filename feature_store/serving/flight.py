@@ -27,7 +27,7 @@ from typing import Any
 from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
 from feature_store.serving.cache import CacheKey, Entry, LRUCache
 from feature_store.serving.reads import CircuitOpenError, Resolved, StoreReads
-from feature_store.serving.roundtrip import Read, Reply
+from feature_store.serving.roundtrip import Read
 from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -160,26 +160,28 @@ class SingleFlight:
         stats.keys_loaded += len(shared)
         stats.coalesced += len(shared) - 1
         now = self.reads.clock()
-        finish = self._finish
+        # every load's entry first, then the kept ones stored together (the mirror told
+        # once, the bounds enforced once), then the callers woken
+        entry_of, inflight = self.reads.entry, self.inflight
+        stored: list[Entry] = []
+        settled: list[tuple[Load, Entry]] = []
         for (group_keys, group_specs), reply in zip(entities.values(), replies, strict=True):
             offset = 0
             for key, spec in zip(group_keys, group_specs, strict=True):
                 for load in shared[key]:
-                    finish(load, spec, reply, offset, cost, now)
+                    if inflight.get(key) is load:
+                        del inflight[key]
+                    entry = entry_of(spec, key, reply, offset)
+                    entry.cost = cost
+                    if load.store:
+                        stored.append(entry)
+                    else:
+                        entry.expires_at = entry.loaded_at = now
+                    settled.append((load, entry))
                 offset += len(spec.fields)
-
-    def _finish(
-        self, load: Load, spec: GroupSpec, reply: Reply, offset: int, cost: float, now: float
-    ) -> None:
-        if self.inflight.get(load.key) is load:
-            del self.inflight[load.key]
-        entry = self.reads.entry(spec, load.key, reply, offset)
-        entry.cost = cost
-        if load.store:
-            self.cache.put(entry, now)
-        else:
-            entry.expires_at = entry.loaded_at = now
-        load.future.set_result(entry)
+        self.cache.put_many(stored, now)
+        for load, entry in settled:
+            load.future.set_result(entry)
 
     def fail(self, loads: Iterable[Load], error: BaseException) -> None:
         self.cache.stats.failed_loads += 1

@@ -575,6 +575,18 @@ pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {
     (value <= 1 << 40).then_some(value as i64)
 }
 
+/// One entry `HitCache::put_many` stores (see there).
+type PutItem<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Option<Bound<'py, PyBytes>>,
+    Bound<'py, PyBytes>,
+    Option<i64>,
+    bool,
+    f64,
+    f64,
+);
+
 /// What Python drains: per API (REST, gRPC) the answers' times, the entities answered and
 /// how many of the answers were read on the front's own connections; hit and negative-hit
 /// counts; the keys hit in their refresh window and sampled for shadow
@@ -711,38 +723,39 @@ impl HitCache {
         ))
     }
 
-    /// Store the entry of `key` (group index, 2 bytes big-endian, then the Redis key):
-    /// fresh for `ttl` seconds from now, noted for Python from `notice_in` seconds.
-    #[pyo3(signature = (key, values, wire, present, written_at, negative, ttl, notice_in))]
-    #[allow(clippy::too_many_arguments)]
-    fn put(
-        &self,
-        key: Vec<u8>,
-        values: &Bound<'_, PyBytes>,
-        wire: Option<&Bound<'_, PyBytes>>,
-        present: &Bound<'_, PyBytes>,
-        written_at: Option<i64>,
-        negative: bool,
-        ttl: f64,
-        notice_in: f64,
-    ) {
+    /// Store entries, under one lock (a round trip's): per item its key (group index, 2
+    /// bytes big-endian, then the Redis key), values, gRPC records, present pattern and
+    /// write time, whether it is negative, and that it is fresh for `ttl` seconds from now,
+    /// noted for Python from `notice_in` seconds.
+    fn put_many(&self, items: Vec<PutItem<'_>>) {
         let now = Instant::now();
         let after = |s: f64| self.hits.ticks(now + crate::seconds(s));
-        let hit = Hit {
-            values: Held::new(values),
-            wire: wire.map(Held::new),
-            present: Held::new(present),
-            written_at,
-            negative,
-            expires: after(ttl),
-            notice_at: after(notice_in.min(ttl)),
-            noticed: AtomicBool::new(false),
-        };
-        let old = {
+        let mut old = Vec::with_capacity(items.len());
+        let hits: Vec<(Box<[u8]>, Hit)> = items
+            .into_iter()
+            .map(
+                |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
+                    let hit = Hit {
+                        values: Held::new(&values),
+                        wire: wire.as_ref().map(Held::new),
+                        present: Held::new(&present),
+                        written_at,
+                        negative,
+                        expires: after(ttl),
+                        notice_at: after(notice_in.min(ttl)),
+                        noticed: AtomicBool::new(false),
+                    };
+                    (Box::<[u8]>::from(key.as_bytes()), hit)
+                },
+            )
+            .collect();
+        {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            entries.insert(key.into_boxed_slice(), hit)
-        };
-        drop(old); // its bytes objects are released here, with the GIL
+            for (key, hit) in hits {
+                old.push(entries.insert(key, hit));
+            }
+        }
+        drop(old); // their bytes objects are released here, with the GIL
     }
 
     fn discard(&self, key: &[u8]) {
