@@ -181,9 +181,11 @@ class LRUCache:
         return entry
 
     def put_many(self, entries: Iterable[Entry], now: float) -> None:
-        """Store entries loaded together ``now`` (a round trip's), as ``put`` of each in
-        turn would; the mirror is told of the kept ones at once, and the bounds enforced
-        once, after the last."""
+        """Store entries loaded together ``now`` (a round trip's) as ``put`` of each in
+        turn would, except that the bounds are enforced once, after the last: an entry the
+        batch replaces or shrinks does not push older ones out first, so what stays is what
+        ``put`` of each would keep and perhaps more of the least recently used. The mirror
+        is told of the kept ones at once."""
         mirror = self.mirror
         kept: dict[CacheKey, Entry] = {}
         for entry in entries:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 import tracemalloc
+from collections.abc import Iterable
 from typing import cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from feature_store import sample
 from feature_store.native import GroupFormat
@@ -198,3 +201,112 @@ def test_xfetch_probability_rises_near_expiry_and_with_cost() -> None:
     assert rate(9.8, 0.2) == pytest.approx(0.368, abs=0.02)
     assert rate(9.8, 0.1, beta=2.0) == pytest.approx(0.368, abs=0.02)
     assert rate(9.0, 0.1, beta=0.0) == 0.0
+
+
+class RecordingMirror:
+    """A mirror that keeps what it was told: the entries it would answer from."""
+
+    def __init__(self) -> None:
+        self.entries: dict[CacheKey, Entry] = {}
+        self.calls = 0
+
+    def put(self, entry: Entry) -> None:
+        self.put_many([entry])
+
+    def put_many(self, entries: Iterable[Entry]) -> None:
+        self.calls += 1
+        for e in entries:
+            self.entries[e.key] = e
+
+    def discard(self, key: CacheKey) -> None:
+        self.entries.pop(key, None)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def notice_group(self, group: str) -> None:
+        pass
+
+
+# an entry to store: its key's number, and its values (none: negative; 4: embeddings, large)
+Stored = tuple[int, int]
+STORES = st.tuples(st.integers(0, 7), st.sampled_from([0, 1, 4]))
+
+
+def entry_of(spec: Stored) -> Entry:
+    i, size = spec
+    if size == 0:
+        return stored(key(i))
+    if size == 1:
+        return stored(key(i), float(i))
+    return stored(key(i), *([[float(i)] * 32] * 4), fmt=EMBEDDINGS)
+
+
+@given(
+    before=st.lists(STORES, max_size=8),
+    batch=st.lists(STORES, max_size=8, unique_by=lambda s: s[0]),
+    max_entries=st.integers(1, 6),
+    max_bytes=st.integers(300, 3000),
+    negative_ttl=st.sampled_from([0.0, 1.0]),
+)
+@settings(max_examples=300, deadline=None)
+def test_put_many_keeps_what_put_of_each_in_turn_keeps(
+    before: list[Stored],
+    batch: list[Stored],
+    max_entries: int,
+    max_bytes: int,
+    negative_ttl: float,
+) -> None:
+    """A round trip's entries stored together: within the bounds, in the order storing
+    them one by one leaves, keeping all that leaves (and perhaps more of the oldest, since
+    an entry the batch replaces no longer pushes others out before it is replaced), the
+    mirror holding exactly what the cache holds, told once."""
+    caches = []
+    for together in (False, True):
+        cache = make(
+            Clock(), max_entries=max_entries, max_bytes=max_bytes, negative_ttl=negative_ttl
+        )
+        cache.mirror = mirror = RecordingMirror()
+        for spec in before:
+            cache.put(entry_of(spec))
+        mirror.calls = 0
+        entries = [entry_of(spec) for spec in batch]
+        if together:
+            cache.put_many(entries, 100.0)
+            assert mirror.calls <= 1
+        else:
+            for e in entries:
+                cache.put(e, 100.0)
+        assert mirror.entries == {k: cache.peek(k) for k in cache.keys(None)}
+        assert cache.bytes == sum(e.size for e in mirror.entries.values()) <= max_bytes
+        assert len(cache) <= max_entries
+        caches.append(cache)
+    one_by_one, together_ = caches
+    kept, kept_together = one_by_one.keys(), together_.keys()
+    # what one by one keeps is the most recently used end of what together keeps
+    assert kept_together[len(kept_together) - len(kept) :] == kept
+    assert together_.stats.evictions <= one_by_one.stats.evictions
+    if len(kept_together) > len(kept):  # more kept only where the bounds allow it
+        assert together_.stats.evictions < one_by_one.stats.evictions
+    for k in kept:
+        a, b = together_.peek(k), one_by_one.peek(k)
+        assert a is not None
+        assert b is not None
+        assert (a.raw, a.expires_at, a.size) == (b.raw, b.expires_at, b.size)
+
+
+@given(batch=st.lists(STORES, max_size=10), negative_ttl=st.sampled_from([0.0, 1.0]))
+@settings(max_examples=200, deadline=None)
+def test_put_many_of_one_key_twice_keeps_the_last_and_the_mirror_in_step(
+    batch: list[Stored], negative_ttl: float
+) -> None:
+    cache = make(Clock(), negative_ttl=negative_ttl)
+    cache.mirror = mirror = RecordingMirror()
+    cache.put(entry_of((0, 1)))
+    entries = [entry_of(spec) for spec in batch]
+    cache.put_many(entries, 100.0)
+    last = {e.key: e for e in entries}
+    for k, e in last.items():
+        kept = e.raw is not None or negative_ttl > 0
+        assert (cache.peek(k) is e) == kept
+    assert mirror.entries == {k: cache.peek(k) for k in cache.keys(None)}
