@@ -1,7 +1,8 @@
 """An older revision against this checkout, the same cells in alternation, round by round.
 
     python3 benchmarks/alternate.py --baseline REV [--rounds 3] [--entities 100000]
-                                    [--seconds 12] [--ttl 2] [--compact] [--out FILE]
+                                    [--seconds 12] [--ttl 2] [--compact | --misses]
+                                    [--out FILE]
 
 These machines are shared, and their speed drifts within a run: in one dataplane.py run,
 whose baseline cells came ten minutes before this checkout's, Redis's own CPU per entity
@@ -16,7 +17,12 @@ for REST, h2load on one batch for gRPC, 8 connections, the L1's TTL a fraction o
 window): REST and gRPC with the L1 off at batch 10, and with it on at batch 10, and, REST
 alone (gRPC's one batch is all hits), at 100 and 1,000, where some ids miss in every
 request. ``--compact``: the L1 cells alone, both sides with CACHE_FORM=compact (every hit
-writes its answer from the entry's packed values).
+writes its answer from the entry's packed values). ``--misses``: the miss path alone, REST
+with the L1 on at batches of 10, 100 and 1,000 and a TTL of 50 ms (unless ``--ttl`` says
+otherwise), so that nearly every lookup misses and is loaded through the L1's policy
+(single-flight, the cache and its mirror) before it is answered: the cost of a cold key, a
+refresh, a restart. Redis's own CPU per entity, about that of the L1-off cells, shows how
+nearly every one missed.
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ WORKERS: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
     ("grpc", False, [(10, 8)]),
     ("grpc", True, [(10, 8)]),
 )
+# --misses: gRPC's one batch (h2load) would be hits between its reloads
+MISSES: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
+    ("rest", True, [(10, 8), (100, 8), (1000, 8)]),
+)
+MISSES_TTL = 0.05
 
 
 def one_round(
@@ -52,7 +63,7 @@ def one_round(
     """Each worker of WORKERS, the baseline's and this checkout's back to back."""
     order = ("before", "now") if first == "before" else ("now", "before")
     cells: dict[str, list[Cell]] = {"before": [], "now": []}
-    for api, l1, plan in WORKERS:
+    for api, l1, plan in MISSES if args.misses else WORKERS:
         if args.compact and not l1:
             continue
         for side in order:
@@ -88,11 +99,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=12.0)
-    parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
-    parser.add_argument("--compact", action="store_true", help="L1 cells, CACHE_FORM=compact")
+    parser.add_argument("--ttl", type=float, help="the L1's TTL (seconds; default 2)")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--compact", action="store_true", help="L1 cells, CACHE_FORM=compact")
+    form.add_argument("--misses", action="store_true", help="REST L1 cells that nearly all miss")
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
+    if args.ttl is None:
+        args.ttl = MISSES_TTL if args.misses else 2.0
     rounds: list[dict[str, list[Cell]]] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -112,7 +127,9 @@ def main() -> int:
             f"One worker per cell; {args.rounds} rounds, the baseline ({args.baseline}) and "
             f"this checkout back to back in each; {args.seconds:g} s per cell, L1 TTL "
             f"{args.ttl:g} s; {args.entities:,} entities, batches of the standard shape"
-            + ("; the L1 compact (CACHE_FORM=compact) on both sides." if args.compact else ".")
+            + ("; the L1 compact (CACHE_FORM=compact) on both sides" if args.compact else "")
+            + ("; the miss path: nearly every lookup misses" if args.misses else "")
+            + "."
         ),
         "",
         "| cell | round | first | now µs/entity | before µs/entity | now / before "
