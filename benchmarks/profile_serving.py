@@ -4,7 +4,8 @@
 
 One `feature-store serve` worker (REST: batches of 10 x all 50 features of the standard
 shape, zipfian ids over 100,000 entities, 8 connections from wrk; gRPC: one such batch,
-8 connections from h2load), L1 off and then on (after a warm-up). `py-spy record` samples
+8 connections from h2load), L1 off, then on (after a warm-up), then on with a TTL of 1 ms,
+so that nearly every lookup misses and loads through the L1's policy. `py-spy record` samples
 the worker at 500 Hz; the report lists the functions with the most samples of their own
 (time in C called from them counts as theirs: an orjson or native call is its caller's
 self time), and the share of a few paths. py-spy sees Python threads only, so the CPU of
@@ -52,6 +53,9 @@ PATHS = {  # frame name prefixes -> what they stand for
         "the L1 and the read path (round trip and decoding included)"
     ),
     ("NativeHits.drain",): "hits the fronts answered, counted (metrics, refresh notes)",
+    ("QueuedCalls.load",): "a front's lookup with misses: its keys loaded into the L1",
+    ("GroupSpec.entry",): "loaded values to a cache entry (the native decode included)",
+    ("LRUCache.put_many",): "entries stored in the L1 and its native mirror",
     ("HttpToolsProtocol", "RequestResponseCycle.send"): "uvicorn: HTTP parsing, socket writes",
 }
 
@@ -165,7 +169,11 @@ def main() -> int:
             entity_type=sample.ENTITY, int_ids=id_batches(100_000, 10, 1)[0], groups=[sample.GROUP]
         ).SerializeToString()
         Path(tmp, "request.bin").write_bytes(b"\x00" + len(request).to_bytes(4, "big") + request)
-        for title, serve_args in (("L1 off", ["--no-cache"]), ("L1 on", ["--cache-ttl", "3600"])):
+        for title, serve_args in (
+            ("L1 off", ["--no-cache"]),
+            ("L1 on", ["--cache-ttl", "3600"]),
+            ("L1 on, nearly every lookup a miss (TTL 1 ms)", ["--cache-ttl", "0.001"]),
+        ):
             found = profile(redis, serve_args, args.seconds, script, args.api)
             lines += ["", f"## {title}", "", *found]
     save(args.out, "Where a serving worker's CPU goes", lines)
