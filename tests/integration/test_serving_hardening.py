@@ -33,6 +33,7 @@ from feature_store.errors import (
     StorePermissionError,
 )
 from feature_store.layout import entity_key
+from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
 from feature_store.serving.client import FeatureClient
@@ -124,23 +125,31 @@ async def test_no_load_is_left_unresolved_when_any_step_raises(redis_url: str) -
     async def boom_async(*args: object, **kwargs: object) -> object:
         raise RuntimeError("injected")
 
-    steps: dict[str, tuple[object, str, Callable[..., object]]] = {
-        "round trip": (reader, "round_trip", boom_async),
-        "decode": (GroupSpec, "entry", boom),  # GroupSpec is slotted: patch its class
-        "write time": (GroupSpec, "written_at", boom),
-        "cache put": (reader.cache, "put", boom),
-        "breaker": (reader.breaker, "success", boom),
-        "timeouts": (reader.timeout, "observe", boom),
+    # each step's patches (GroupFormat and GroupSpec are slotted: their classes are
+    # patched); a reply's values and write time are decoded by load_packed (the native
+    # core), or by load and written_at (FEATURE_STORE_NATIVE=off): all three raise
+    steps: dict[str, list[tuple[object, str, Callable[..., object]]]] = {
+        "round trip": [(reader, "round_trip", boom_async)],
+        "decode": [
+            (GroupFormat, "load_packed", boom),
+            (GroupFormat, "load", boom),
+            (GroupSpec, "written_at", boom),
+        ],
+        "entry": [(GroupSpec, "entry", boom)],
+        "cache put": [(reader.cache, "put_many", boom)],  # a round trip's entries together
+        "breaker": [(reader.breaker, "success", boom)],
+        "timeouts": [(reader.timeout, "observe", boom)],
     }
     try:
-        for n, (step, (target, name, fake)) in enumerate(steps.items()):
+        for n, (step, patches) in enumerate(steps.items()):
             keys = [(GROUP, key(i)) for i in range(n, n + 3)]
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(target, name, fake)
+                for target, name, fake in patches:
+                    patch.setattr(target, name, fake)
                 waiters = [asyncio.ensure_future(reader.get(keys)) for _ in range(3)]
                 done, pending = await asyncio.wait(waiters, timeout=5)
                 assert not pending, f"a load hung when {step} raised"
-                for w in done:
+                for w in done:  # each step is on the path: its waiters all failed
                     assert isinstance(w.exception(), StoreError | EncodingError), step
             assert not flight.inflight, step
             resolved = await asyncio.wait_for(reader.get(keys), 5)  # the keys are not poisoned
