@@ -14,8 +14,8 @@ expires, and claimed 7.4 us per cached REST entity that cost 10.6 to 12.9 once e
 expired). CPU per entity is read
 from /proc/<pid>/stat of the worker and of redis-server over each window, and the share of
 the entities looked up that were read from Redis from its own count of HMGET and HGETALL
-calls (with the L1 on: the misses; below 100% with it off where a batch repeats an id,
-read once). The baseline
+calls (with the L1 on: the misses, an id a batch repeats read once; with it off, every id
+named, repeats too). The baseline
 (FEATURE_STORE_NATIVE=off: the Python reference), the grpcio front
 (FEATURE_SERVING_GRPC_FRONT=grpcio: every gRPC method on grpc.aio), the native fronts with
 lookups without the L1 answered by their handlers (FEATURE_SERVING_NATIVE_READS=off:
