@@ -104,7 +104,7 @@ class CachedReader:
         self.breaker = breaker or CircuitBreaker()
         self.timeout = timeout or AdaptiveTimeouts()
         self.single_flight = single_flight
-        self.rng = rng or random.Random()
+        self._rng = rng or random.Random()
         self._clock = cache.clock if cache is not None else time.monotonic
         self.reads = StoreReads(self.specs, round_trip, self.breaker, self.timeout, self._clock)
         self.reads.on_round_trip = on_round_trip
@@ -126,7 +126,7 @@ class CachedReader:
                 flight.inflight.__contains__,
                 self._own,
                 clock=self._clock,
-                rng=self.rng,
+                rng=self._rng,
                 xfetch_beta=xfetch_beta,
                 refresh_ahead=refresh_ahead,
                 refresh_rate=refresh_rate,
@@ -150,6 +150,17 @@ class CachedReader:
     @clock.setter
     def clock(self, clock: Callable[[], float]) -> None:
         self._clock = self.reads.clock = clock
+
+    @property
+    def rng(self) -> random.Random:
+        """The draws of the policies: which hits are shadow-checked, when XFetch refreshes."""
+        return self._rng
+
+    @rng.setter
+    def rng(self, rng: random.Random) -> None:
+        self._rng = rng
+        if self.refresher is not None:
+            self.refresher.rng = rng
 
     @property
     def round_trip(self) -> RoundTrip:
@@ -219,7 +230,7 @@ class CachedReader:
                         stats.hits += 1
                         if on_hit is not None and key not in inflight:
                             on_hit(key, entry, now)
-                        if shadow is not None and self.rng.random() < self.shadow_fraction:
+                        if shadow is not None and self._rng.random() < self.shadow_fraction:
                             shadow.sample(key, entry)
                     continue
                 if done is not None and key in done:  # counted by the load that settled it
