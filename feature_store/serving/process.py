@@ -5,6 +5,10 @@ and GIL), and for trying the API from a script:
 
     with ServingProcess(redis_url, registry="sample") as server:
         FeatureClient(server.rest_url).get(...)
+
+The server's output goes to ``log_path`` when one is given. Otherwise its last
+``OUTPUT_TAIL_BYTES`` are kept in memory, so that a server which exits or never gets ready
+says why in the error, and a load that makes it log millions of lines costs no disk.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ import os
 import ssl
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -24,6 +31,41 @@ from feature_store.errors import FeatureStoreError
 from feature_store.serving.client import TlsConfig
 
 START_TIMEOUT_S = 30.0
+OUTPUT_TAIL_BYTES = 64 * 1024  # of a server's output kept without a log_path
+ERROR_TAIL_CHARS = 2000  # of its output quoted in an error
+
+
+class OutputTail:
+    """The last ``limit`` bytes (or a little more: whole reads are kept) written to
+    ``pipe``, read on a daemon thread until the writer closes it."""
+
+    def __init__(self, pipe: IO[bytes], limit: int = OUTPUT_TAIL_BYTES) -> None:
+        self.limit = limit
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._read, args=(pipe,), name="serve-output", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, pipe: IO[bytes]) -> None:
+        with pipe:
+            while chunk := pipe.read1(65536):  # type: ignore[attr-defined]
+                with self._lock:
+                    self._chunks.append(chunk)
+                    self._size += len(chunk)
+                    while self._size - len(self._chunks[0]) >= self.limit:
+                        self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        with self._lock:
+            data = b"".join(self._chunks)
+        return data[-self.limit :].decode(errors="replace")
+
+    def wait(self, timeout: float) -> None:
+        """Until everything the writer wrote is read (it has closed the pipe)."""
+        self._thread.join(timeout)
 
 
 class ServingProcess:
@@ -56,6 +98,7 @@ class ServingProcess:
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.process: subprocess.Popen[bytes] | None = None
+        self.output: OutputTail | None = None  # without a log_path
 
     @property
     def rest_url(self) -> str:
@@ -93,20 +136,29 @@ class ServingProcess:
             and k != "PROMETHEUS_MULTIPROC_DIR"
         }
         env.update(self.env)
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out = open(self.log_path, "wb") if self.log_path else subprocess.PIPE  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=self.cwd
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
             )
         finally:
             if not isinstance(out, int):
                 out.close()  # the child has its own descriptor
+        if self.process.stdout is not None:
+            self.output = OutputTail(self.process.stdout)
         # with --workers N, /healthz answers once the first worker does: wait for all N
         # (/readyz answers 200 only then)
         workers = 1 if self.ready_path == "/readyz" else self._workers()
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if self.output is not None:
+                    self.output.wait(timeout=5.0)  # what it wrote before it exited
                 raise FeatureStoreError(
                     f"feature-store serve exited with {self.process.returncode}: {command}"
                     + self._log_tail()
@@ -143,10 +195,17 @@ class ServingProcess:
                 return int(arg.split("=", 1)[1])
         return int(self.env.get("FEATURE_SERVING_WORKERS", "1"))
 
+    def log_text(self) -> str:
+        """The server's output so far: its log file's, or the tail kept in memory."""
+        if self.log_path is not None:
+            return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "" if self.output is None else self.output.text()
+
     def _log_tail(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n" + self.log_path.read_text(errors="replace")[-2000:]
+        text = self.log_text()
+        if not text:
+            return "\n(the server wrote nothing)"
+        return "\nthe server's output ends with:\n" + text[-ERROR_TAIL_CHARS:]
 
     def stop(self) -> None:
         proc, self.process = self.process, None
