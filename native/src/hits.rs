@@ -523,7 +523,15 @@ impl Hits {
             values.clear();
             present.clear();
             let stored = &slots[..read.types.len()];
-            write_values(&read.types, stored, !rest, &mut values, &mut present, None).ok()?;
+            write_values(
+                &read.types,
+                stored.iter().copied(),
+                !rest,
+                &mut values,
+                &mut present,
+                None,
+            )
+            .ok()?;
             let written_at = match slots[read.types.len()] {
                 Some(text) => Some(unix_seconds(text)?),
                 None => None,

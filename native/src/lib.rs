@@ -59,43 +59,69 @@ fn fallback(index: usize) -> PyErr {
 
 // --- reading stored values -------------------------------------------------------------
 
+/// The powers of ten the quick path divides by, each exact as a float64.
+const EXACT_POWERS_OF_TEN: [f64; 19] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18,
+];
+
 /// Stored float text as Python's `float()` reads it, for the forms the writers produce:
 /// `-?digits(.digits)?([eE][+-]?digits)?`, `nan`, `inf`, `-inf`.
+///
+/// A plain decimal of at most 19 digits (at most 18 after the point) that make an integer
+/// of at most 2^53 (every text the writers store for a float32, and most for a float64) is
+/// that integer divided by a power of ten, both exact as float64: one correctly rounded
+/// division gives the nearest float64, as Python's does (Clinger's fast path, without the
+/// general parser's setup: a compact cache's gRPC hits read every float this way).
 fn parse_float(text: &[u8]) -> Native<f64> {
     match text {
+        b"0" => return Ok(0.0), // most stored floats
         b"nan" => return Ok(f64::NAN),
         b"inf" => return Ok(f64::INFINITY),
         b"-inf" => return Ok(f64::NEG_INFINITY),
         _ => {}
     }
-    let mut i = usize::from(text.first() == Some(&b'-'));
-    let digits = |i: &mut usize| {
+    let negative = text.first() == Some(&b'-');
+    let mut i = usize::from(negative);
+    let mut mantissa = 0u64; // the digits before any exponent (wraps past 19 of them)
+    let digits = |i: &mut usize, mantissa: &mut u64| {
         let start = *i;
         while *i < text.len() && text[*i].is_ascii_digit() {
+            *mantissa = mantissa
+                .wrapping_mul(10)
+                .wrapping_add(u64::from(text[*i] - b'0'));
             *i += 1;
         }
-        *i > start
+        *i - start
     };
-    if !digits(&mut i) {
+    let whole = digits(&mut i, &mut mantissa);
+    if whole == 0 {
         return Err(Fallback);
     }
+    let mut fraction = 0;
     if i < text.len() && text[i] == b'.' {
         i += 1;
-        if !digits(&mut i) {
+        fraction = digits(&mut i, &mut mantissa);
+        if fraction == 0 {
             return Err(Fallback);
         }
     }
-    if i < text.len() && (text[i] == b'e' || text[i] == b'E') {
+    let plain = i == text.len();
+    if !plain && (text[i] == b'e' || text[i] == b'E') {
         i += 1;
         if i < text.len() && (text[i] == b'+' || text[i] == b'-') {
             i += 1;
         }
-        if !digits(&mut i) {
+        if digits(&mut i, &mut 0) == 0 {
             return Err(Fallback);
         }
     }
     if i != text.len() {
         return Err(Fallback);
+    }
+    if plain && whole + fraction <= 19 && mantissa <= 1 << 53 {
+        let x = mantissa as f64 / EXACT_POWERS_OF_TEN[fraction];
+        return Ok(if negative { -x } else { x });
     }
     // only ASCII digits and signs are left: valid UTF-8, and a number Rust reads exactly
     // as Python does (both round correctly)
@@ -625,9 +651,25 @@ fn proto_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Nativ
             nested(out, 0x12, 0x2A, data); // float_list_value = 5
         }
         INT_LIST => {
-            let plain = int_list_plain(data)?;
-            int_values(packed_payload(&plain)?, |_| {})?;
-            nested(out, 0x12, 0x32, &plain); // int_list_value = 6
+            // decompressed in place (int_list_value = 6), its length read from its header
+            let len = snap::raw::decompress_len(data).map_err(|_| Fallback)?;
+            let start = out.len();
+            out.push(0x12);
+            put_varint(out, 1 + varint_len(len as u64) as u64 + len as u64);
+            out.push(0x32);
+            put_varint(out, len as u64);
+            let body = out.len();
+            out.resize(body + len, 0);
+            let plain = &mut out[body..];
+            let decompressed = snap::raw::Decoder::new().decompress(data, plain);
+            if decompressed.ok() != Some(len)
+                || packed_payload(plain)
+                    .and_then(|p| int_values(p, |_| {}))
+                    .is_err()
+            {
+                out.truncate(start);
+                return Err(Fallback);
+            }
         }
         _ => return Err(Fallback),
     }
@@ -715,8 +757,15 @@ impl GroupCodec {
         let values = unpack(raw, self.types.len())?;
         let mut out = Vec::with_capacity(2 * raw.len() + 2);
         let mut present = Vec::with_capacity(values.len());
-        write_values(&self.types, &values, proto, &mut out, &mut present, None)
-            .map_err(fallback)?;
+        write_values(
+            &self.types,
+            values.iter().copied(),
+            proto,
+            &mut out,
+            &mut present,
+            None,
+        )
+        .map_err(fallback)?;
         Ok(PyBytes::new(py, &out))
     }
 
@@ -736,7 +785,7 @@ impl GroupCodec {
         let mut present = Vec::with_capacity(self.types.len());
         write_values(
             &self.types,
-            values,
+            values.iter().copied(),
             proto,
             &mut answer,
             &mut present,
@@ -755,9 +804,9 @@ impl GroupCodec {
 /// `proto` their `FeatureRow.values` records joined; one byte per value into `present` (1
 /// stored, 0 none); with `raw`, their packed form too. Err(i): value i is one the native
 /// core does not take (the Python reference answers it).
-pub(crate) fn write_values(
+pub(crate) fn write_values<'v>(
     types: &[(u8, u32)],
-    values: &[Option<&[u8]>],
+    values: impl IntoIterator<Item = Option<&'v [u8]>>,
     proto: bool,
     answer: &mut Vec<u8>,
     present: &mut Vec<u8>,
@@ -798,7 +847,9 @@ pub(crate) fn write_values(
 
 /// The answer `write_values` makes of packed values (`raw`; empty for an entity with
 /// none: every value missing), with `present` as scratch. Err: a value the native core
-/// does not take, or `raw` is not a packed value list of `types`.
+/// does not take, or `raw` is not a packed value list of `types` (`answer` then holds
+/// part of one). The values are read as they are written, without a list of them: a
+/// compact cache's hits come here once per entity.
 pub(crate) fn write_packed(
     types: &[(u8, u32)],
     raw: &[u8],
@@ -806,13 +857,19 @@ pub(crate) fn write_packed(
     answer: &mut Vec<u8>,
     present: &mut Vec<u8>,
 ) -> Result<(), usize> {
-    let values = if raw.is_empty() {
-        vec![None; types.len()]
-    } else {
-        packed_values(raw, types.len()).ok_or(0usize)?
-    };
     present.clear();
-    write_values(types, &values, proto, answer, present, None)
+    if raw.is_empty() {
+        let none = std::iter::repeat(None).take(types.len());
+        return write_values(types, none, proto, answer, present, None);
+    }
+    let mut items = Packed { data: raw, pos: 0 };
+    let mut count = 0;
+    let counted = items.by_ref().inspect(|_| count += 1);
+    write_values(types, counted, proto, answer, present, None)?;
+    if count != types.len() || items.pos != raw.len() {
+        return Err(0);
+    }
+    Ok(())
 }
 
 #[pymethods]

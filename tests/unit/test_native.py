@@ -227,6 +227,43 @@ def test_float_text_copied_as_it_is_or_parsed_reads_the_same(text: bytes) -> Non
             assert answered, text
 
 
+@st.composite
+def plain_decimals(draw: st.DrawFn) -> bytes:
+    """-?digits(.digits)? of any magnitude: an integer of up to 21 digits with the point
+    anywhere in it, or after zeros before it."""
+    digits = str(draw(st.integers(0, 10**21)))
+    point = draw(st.integers(-5, len(digits)))
+    if point <= 0:
+        digits = "0." + "0" * -point + digits
+    elif point < len(digits):
+        digits = digits[:point] + "." + digits[point:]
+    return (draw(st.sampled_from(["", "-"])) + digits).encode()
+
+
+@given(
+    plain_decimals()
+    | st.from_regex(rb"\A-?(0|[1-9][0-9]{0,19})\.[0-9]{1,24}\Z")
+    | st.from_regex(rb"\A-?[0-9]{1,17}(\.[0-9]{1,9})?[eE][+-]?[0-9]{1,3}\Z")
+)
+@example(b"-0")
+@example(b"9007199254740992")  # 2^53: the largest integer the quick path divides
+@example(b"9007199254740993")  # 2^53 + 1: read by the general parser
+@example(b"900719925474099.35")  # more than 2^53 in its digits
+@example(b"0.0000000000000000000001234")  # 25 digits after the point
+@example(b"0.000000000000000001")  # 18 after the point
+@example(b"0.0000000000000000001")  # 19
+@example(b"18446744073709551617")  # past 64 bits
+@example(b"44667375401.9253275")  # divided after rounding its digits, it is one off
+def test_stored_float_text_is_read_as_python_reads_it(text: bytes) -> None:
+    """Every text of the number grammar, whichever way the native core reads it (an exact
+    division for short plain decimals, the general parser otherwise): the gRPC record's
+    double is float(text), bit for bit, and the answers are the reference's."""
+    for name in ("float", "double"):
+        assert same_answers([name], [text]), text
+        record = native_codec([name]).proto(pack([text]))
+        assert record == b"\x12\x09\x09" + struct.pack("<d", float(text)), text
+
+
 @given(f32s)
 def test_float32_json_is_the_shortest_float32_decimal(x: float) -> None:
     text = _native.float32_json(x)
