@@ -40,10 +40,11 @@ FAULT_OVERHEAD = 160  # a Fault object and its message's str header
 @dataclass(slots=True, eq=False)
 class Entry:
     """One entity's values of one group, as stored: one packed ``bytes`` (``raw``) and the
-    values' JSON, made once when loaded. ``raw`` None: the entity has none (negative).
-    Without the L1, an entry read for a gRPC answer holds its gRPC records (``wire``)
-    instead of the JSON, which REST would make from ``raw`` if it ever met one. In a
-    compact cache (``keep_answers`` False) an entry holds neither: each answer writes them.
+    answer of the API whose lookup loaded it, made once when loaded: the values' JSON for
+    REST, their gRPC records (``wire``) for gRPC. The other API's is made from ``raw`` on
+    its first use and kept (``LRUCache.charge``), so an entity only gRPC asks for holds no
+    JSON. ``raw`` None: the entity has none (negative). In a compact cache
+    (``keep_answers`` False) an entry holds neither: each answer writes them.
 
     Nothing in an entry is a Python object per value: the garbage collector has nothing to
     walk, and ``size`` is what the entry really takes, so the byte bound holds for RSS."""
@@ -85,6 +86,19 @@ def entry_size(entry: Entry) -> int:
     if entry.fault is not None:
         size += FAULT_OVERHEAD + len(entry.fault.message)
     return size
+
+
+def entry_json(entry: Entry, charge: Callable[[Entry], None] | None) -> bytes:
+    """An entry's values as a JSON array: made on first use where the entry was loaded for
+    a gRPC answer (which keeps its gRPC records instead), and kept on the entry when
+    ``charge`` counts the growth against the cache's byte bound (None: not kept)."""
+    found = entry.json
+    if found is None:
+        found = entry.fmt.absent_json if entry.raw is None else entry.fmt.json(entry.raw)
+        if charge is not None:
+            entry.json = found
+            charge(entry)
+    return found
 
 
 @dataclass(slots=True)
@@ -220,9 +234,10 @@ class LRUCache:
                 self.mirror.discard(key)
 
     def charge(self, entry: Entry) -> None:
-        """Count what an entry grew by (its gRPC records, made on first use)."""
+        """Count what an entry grew by (the answer form it was not loaded with, made on
+        first use: its gRPC records, or its JSON)."""
         if not self.keep_answers:
-            entry.wire = None
+            entry.json = entry.wire = None
             return
         size = entry_size(entry) + self.mirror_entry
         if self._entries.get(entry.key) is entry and size != entry.size:

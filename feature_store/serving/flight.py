@@ -53,12 +53,15 @@ def _failure(error: BaseException, what: str) -> BaseException:
 
 
 class Load:
-    __slots__ = ("future", "key", "store")
+    __slots__ = ("future", "key", "proto", "store")
 
-    def __init__(self, key: CacheKey, future: asyncio.Future[Entry], store: bool) -> None:
+    def __init__(
+        self, key: CacheKey, future: asyncio.Future[Entry], store: bool, proto: bool
+    ) -> None:
         self.key = key
         self.future = future
         self.store = store  # False once disowned, and for bypass loads
+        self.proto = proto  # the entry keeps gRPC records, not JSON (``GroupSpec.entry``)
 
 
 class SingleFlight:
@@ -73,9 +76,11 @@ class SingleFlight:
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None  # of the pending flush
 
-    def schedule(self, key: CacheKey, *, store: bool) -> Load:
+    def schedule(self, key: CacheKey, *, store: bool, proto: bool = False) -> Load:
         """A load of ``key`` in the next flush; ``store``: it is the key's shared load,
-        whose entry goes into the cache (a bypass read is neither)."""
+        whose entry goes into the cache (a bypass read is neither). ``proto``: for a gRPC
+        answer, the entry gets the values' gRPC records instead of their JSON (a REST
+        answer makes that on first use, ``cache.entry_json``)."""
         # while a flush is pending, its loop is the running one: CPython's get_running_loop
         # makes a getpid system call each time, a tenth of the cost of a large batch's misses
         loop = self._loop
@@ -84,7 +89,7 @@ class SingleFlight:
         # no done callback: each would be a call of its own in the loop, a thousand per
         # flush of a large batch's misses; ``fail`` marks its exceptions retrieved instead
         future: asyncio.Future[Entry] = loop.create_future()
-        load = Load(key, future, store)
+        load = Load(key, future, store, proto)
         if store:
             self.inflight[key] = load
         if not self.reads.breaker.allow():
@@ -171,7 +176,7 @@ class SingleFlight:
                 for load in shared[key]:
                     if inflight.get(key) is load:
                         del inflight[key]
-                    entry = entry_of(spec, key, reply, offset)
+                    entry = entry_of(spec, key, reply, offset, load.proto)
                     entry.cost = cost
                     if load.store:
                         stored.append(entry)

@@ -5,16 +5,18 @@ when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` 
 the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear: the
 cache's ``mirror``), and teaches it each request form that Python answered with one group's
 values (``learner(api)``). The fronts then answer such a request without taking the GIL
-(gRPC only for a caller whose key may read, and with entries whose gRPC records a gRPC
-answer has made). In a compact cache (``CACHE_FORM=compact``) an entry holds its packed
-values alone, and the front writes each answer's JSON or gRPC records from them with the
-group's value types (taught by ``define_read``). A lookup in such a form with entities
-missing, expired or (gRPC) without their records yet hands Python only those keys
-(``fill``): they load through the cache's own policy (single-flight, coalescing, the
-counters) and the front answers the whole lookup from the mirror, so a batch of 1,000 ids
-with 100 misses costs Python 100 loads, not 1,000 lookups. Where they do not all load (Redis
-failing, an entity's data broken, an entry not kept) and for every other request (a form
-not seen yet, anything Python would refuse) the handler answers, as before.
+(gRPC only for a caller whose key may read) from entries that hold the answer bytes of its
+API: an entry keeps those of the API whose lookup loaded it (JSON, or gRPC records), and
+the other API's are made on its first use there. In a compact cache
+(``CACHE_FORM=compact``) an entry holds its packed values alone, and the front writes each
+answer's JSON or gRPC records from them with the group's value types (taught by
+``define_read``). A lookup in such a form with entities missing, expired or without its
+API's answer bytes yet hands Python only those keys (``fill``): they load through the
+cache's own policy (single-flight, coalescing, the counters) and the front answers the
+whole lookup from the mirror, so a batch of 1,000 ids with 100 misses costs Python 100
+loads, not 1,000 lookups. Where they do not all load (Redis failing, an entity's data
+broken, an entry not kept) and for every other request (a form not seen yet, anything
+Python would refuse) the handler answers, as before.
 
 What a hit decides besides its answer stays here, decided by the code that decides it for
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
@@ -49,7 +51,7 @@ import orjson
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import wire
-from feature_store.serving.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_json
 from feature_store.serving.roundtrip import whole
 
 if TYPE_CHECKING:
@@ -203,7 +205,8 @@ class NativeHits(FrontLookups):
     # --- the cache's side ------------------------------------------------------------
 
     def put(self, entry: Entry) -> None:
-        """An entry was stored or grew its gRPC records (``LRUCache.put``, ``charge``): the
+        """An entry was stored or grew its other API's answer bytes (``LRUCache.put``,
+        ``charge``): the
         fronts answer from it until it expires."""
         self.put_many((entry,))
 
@@ -219,8 +222,10 @@ class NativeHits(FrontLookups):
             tag = tags.get(group)
             if tag is None:
                 continue
+            # an entry keeps the answer of the API that loaded it (JSON, or gRPC records);
+            # the mirror answers the other once Python has made it (``fill``)
             values = (entry.raw or b"") if compact else entry.json
-            if values is None or entry.fault is not None:
+            if entry.fault is not None or (values is None and entry.wire is None):
                 native.discard(tag + key)  # Python answers these
                 continue
             ttl = entry.expires_at - now
@@ -250,9 +255,10 @@ class NativeHits(FrontLookups):
     # --- the fronts' misses -----------------------------------------------------------
 
     async def fill(self, tagged: list[bytes], proto: bool) -> Settled | None:
-        """Load the keys a front found missing or expired for one lookup (or, ``proto``,
-        without their gRPC records) into the cache, through the reader's own policy
-        (``CachedReader.get``: single-flight, coalescing, the counters). None: the front
+        """Load the keys a front found missing or expired for one lookup (or without its
+        API's answer bytes: gRPC records, ``proto``, or JSON) into the cache, through the
+        reader's own policy (``CachedReader.get``: single-flight, coalescing, the
+        counters), loaded in that API's form. None: the front
         answers the lookup from the mirror. Otherwise what the load resolved for each key,
         for the handler to answer with (``loader.settled``): a read failed (served stale,
         or its error), an entity's data is broken (the handler names it), or an entry was
@@ -260,16 +266,21 @@ class NativeHits(FrontLookups):
         names = self.names
         keys = [(names[key[:2]], key[2:]) for key in tagged]
         try:
-            resolved = await self.reader.get(keys)
+            resolved = await self.reader.get(keys, proto=proto)
         except Exception as e:  # the handler answers with it
             return dict.fromkeys(keys, e)
         cache = self.cache
-        charge = cache.charge if proto and cache.keep_answers else None
+        charge = cache.charge if cache.keep_answers else None
         for key, (entry, stale) in zip(keys, resolved, strict=True):
             if stale or entry.fault is not None or cache.peek(key) is not entry:
                 return dict(zip(keys, resolved, strict=True))
-            if charge is not None and entry.wire is None:
-                wire.entry_values(entry, charge)  # the mirror's copy gets them (``put``)
+            if charge is None:
+                continue
+            # the mirror's copy gets them (``put``)
+            if proto and entry.wire is None:
+                wire.entry_values(entry, charge)
+            elif not proto and entry.json is None:
+                entry_json(entry, charge)
         return None
 
     # --- what the front served -------------------------------------------------------

@@ -202,7 +202,7 @@ class CachedReader:
                 return await self.reads.direct(keys, proto)
             return await self.batches.read(keys, proto)
         if not self.single_flight:
-            return await self._unshared(keys, bypass)
+            return await self._unshared(keys, bypass, proto)
         cache = self.cache
         stats = cache.stats
         now = self._clock()
@@ -242,7 +242,7 @@ class CachedReader:
                     waits.append((i, key, load.future))
                     continue
             stats.misses += 1
-            waits.append((i, key, flight.schedule(key, store=not bypass).future))
+            waits.append((i, key, flight.schedule(key, store=not bypass, proto=proto).future))
         if waits:
             await self._wait(waits, out, now)
         return out  # type: ignore[return-value]  # every slot is filled above
@@ -292,7 +292,9 @@ class CachedReader:
                     continue
             raise error
 
-    async def _unshared(self, keys: Sequence[CacheKey], bypass: bool) -> list[Resolved]:
+    async def _unshared(
+        self, keys: Sequence[CacheKey], bypass: bool, proto: bool
+    ) -> list[Resolved]:
         """The cache without the debouncer: each request reads its own misses (a baseline)."""
         assert self.cache is not None
         cache, now = self.cache, self._clock()
@@ -310,7 +312,7 @@ class CachedReader:
                 cache.stats.misses += 1
                 misses.append(i)
         if misses:
-            loaded = await self.reads.direct([keys[i] for i in misses])
+            loaded = await self.reads.direct([keys[i] for i in misses], proto)
             cache.stats.round_trips += 1
             for i, resolved in zip(misses, loaded, strict=True):
                 out[i] = Resolved(cache.put(resolved.entry), False)
@@ -319,9 +321,12 @@ class CachedReader:
     # --- what the policies ask of the reader ---------------------------------------------
 
     def _reload(self, key: CacheKey) -> None:
-        """A background load of ``key`` that stores its entry (the caller does not wait)."""
-        if self.flight is not None:
-            self.flight.schedule(key, store=True)
+        """A background load of ``key`` that stores its entry (the caller does not wait),
+        in the form of the entry it replaces: gRPC records alone where that had no JSON."""
+        if self.flight is not None and self.cache is not None:
+            entry = self.cache.peek(key)
+            proto = entry is not None and entry.json is None and entry.wire is not None
+            self.flight.schedule(key, store=True, proto=proto)
 
     def _own(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import orjson
@@ -21,6 +21,7 @@ from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.cache import Entry, entry_json
 from feature_store.serving.hits import Learn
 from feature_store.serving.json_answer import Answer, error_answer, parse_object
 from feature_store.serving.runtime import ServingRuntime
@@ -130,7 +131,10 @@ class RestHandlers:
                 orjson.dumps([f.type.value for f in proj.features]),
             )
         if proj.whole_group:
-            rows = whole_group_rows(lookup)
+            # an entry loaded for gRPC gets its JSON here, kept and counted
+            cache = self.runtime.reader.cache
+            charge = cache.charge if cache is not None and cache.keep_answers else None
+            rows = whole_group_rows(lookup, charge)
             if self.learn is not None and not lookup.errors and not bypass:
                 self.learn(entity, features, groups, proj, cast(bytes, head))
         else:
@@ -185,11 +189,16 @@ def _id_json(entity_id: EntityId) -> bytes:
     return b"%d" % entity_id if type(entity_id) is int else orjson.dumps(entity_id)
 
 
-def whole_group_rows(lookup: Lookup) -> bytes:
+def whole_group_rows(lookup: Lookup, charge: Callable[[Entry], None] | None = None) -> bytes:
     """The rows of a request for all of one group's features (the common request), joined:
-    each entry's values JSON, made when it was loaded, spliced in as it is. Written by the
+    each entry's values JSON, made when it was loaded (or, loaded for gRPC, now: kept when
+    ``charge`` counts it, ``cache.entry_json``), spliced in as it is. Written by the
     native core (``rest_rows``), or by ``_whole_group_rows``, its reference."""
     group = lookup.projection.groups[0]
+    if charge is not None:
+        for ((entry, _),) in lookup.entries:
+            if entry.json is None:
+                entry_json(entry, charge)
     if _rest_rows is None or lookup.errors:  # fault entries: the reference writes them
         return b",".join(_whole_group_rows(lookup))
     return _rest_rows(

@@ -1,14 +1,15 @@
 //! Cache hits answered on the REST front's thread, without the GIL.
 //!
 //! `HitCache` mirrors the L1's entries (`feature_store.serving.hits.NativeHits` keeps it in
-//! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON (the Python
-//! entry's own bytes object, held, not copied), its present pattern, its write time and its
-//! expiry. A `POST /v1/features/get` in the common form (one group's features, ids of the
+//! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON and gRPC
+//! records, whichever it has made (the Python entry's own bytes objects, held, not copied:
+//! an entry loaded for one API makes the other's on first use), its present pattern, its
+//! write time and its expiry. A `POST /v1/features/get` in the common form (one group's features, ids of the
 //! entity's type, no bypass) whose every entity is a fresh entry is answered here from those
 //! bytes. With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
 //! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
-//! `GroupCodec` does. A request of a known form with entries missing or expired (or, gRPC,
-//! without their records yet) sends Python those keys alone (`Looked::Missing`): Python
+//! `GroupCodec` does. A request of a known form with entries missing or expired (or without
+//! its API's answer bytes yet) sends Python those keys alone (`Looked::Missing`): Python
 //! loads them into the L1, through its policy, and the front answers from the mirror
 //! (`Hits::replay`). Any other request (an id Python would refuse, a form not seen yet, a
 //! malformed body, keys that did not load) goes to Python as before, which answers it and
@@ -61,10 +62,11 @@ impl Held {
 
 /// One mirrored entry: 64 bytes besides its key (the bytes are the Python entry's).
 struct Hit {
-    // the values as JSON (REST); with `Hits::compact`, packed (empty for none), and each
-    // answer writes its JSON or gRPC records from them
-    values: Held,
-    wire: Option<Held>, // as gRPC records, once a gRPC answer made them
+    // the values as JSON (REST), once a load or a REST answer made them; with
+    // `Hits::compact`, packed (empty for none), and each answer writes its JSON or gRPC
+    // records from them
+    values: Option<Held>,
+    wire: Option<Held>, // as gRPC records, once a load or a gRPC answer made them
     present: Held,
     written_at: Option<i64>,
     expires: u64,   // `Hits::ticks`
@@ -314,7 +316,12 @@ impl Hits {
                 let hit = match entries.get(key.as_slice()) {
                     Some(hit)
                         if now_ticks < hit.expires
-                            && (api == REST || read.is_some() || hit.wire.is_some()) =>
+                            && (read.is_some()
+                                || if api == REST {
+                                    hit.values.is_some()
+                                } else {
+                                    hit.wire.is_some()
+                                }) =>
                     {
                         hit
                     }
@@ -330,11 +337,11 @@ impl Hits {
                 let values = match (&read, api) {
                     (Some(read), _) => {
                         written.clear();
-                        let (raw, proto) = (hit.values.bytes(), api == GRPC);
+                        let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
                         write_packed(&read.types, raw, proto, &mut written, &mut scratch).ok()?;
                         &written
                     }
-                    (None, REST) => hit.values.bytes(),
+                    (None, REST) => hit.values.as_ref()?.bytes(),
                     (None, _) => hit.wire.as_ref()?.bytes(),
                 };
                 let (present, written_at) = (hit.present.bytes(), hit.written_at);
@@ -586,7 +593,7 @@ pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {
 /// One entry `HitCache::put_many` stores (see there).
 type PutItem<'py> = (
     Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
+    Option<Bound<'py, PyBytes>>,
     Option<Bound<'py, PyBytes>>,
     Bound<'py, PyBytes>,
     Option<i64>,
@@ -732,7 +739,8 @@ impl HitCache {
     }
 
     /// Store entries, under one lock (a round trip's): per item its key (group index, 2
-    /// bytes big-endian, then the Redis key), values, gRPC records, present pattern and
+    /// bytes big-endian, then the Redis key), values (JSON, or packed in a compact cache;
+    /// None: not made yet), gRPC records (None: not made yet), present pattern and
     /// write time, whether it is negative, and that it is fresh for `ttl` seconds from now,
     /// noted for Python from `notice_in` seconds.
     fn put_many(&self, items: Vec<PutItem<'_>>) {
@@ -744,7 +752,7 @@ impl HitCache {
             .map(
                 |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
                     let hit = Hit {
-                        values: Held::new(&values),
+                        values: values.as_ref().map(Held::new),
                         wire: wire.as_ref().map(Held::new),
                         present: Held::new(&present),
                         written_at,

@@ -16,11 +16,15 @@ from feature_store import sample
 from feature_store.connection import RedisTarget
 from feature_store.errors import StoreTimeoutError
 from feature_store.layout import entity_key
-from feature_store.serving.cache import CacheKey
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.serving.auth import Authenticator
+from feature_store.serving.cache import BYTES_OBJECT, CacheKey, entry_size
 from feature_store.serving.client import AsyncGrpcFeatureClient, FeatureClient
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.grpc_server import FeatureServicer
 from feature_store.serving.loader import settled
 from feature_store.serving.process import ServingProcess
+from feature_store.serving.rest_api import RestHandlers
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
 
@@ -84,6 +88,53 @@ async def test_a_thousand_concurrent_misses_on_one_key_make_one_redis_read(
     assert (stats.misses, stats.deduplicated, stats.round_trips) == (1, 999, 1)
     assert results[0][0].entry.values is not None
     assert results[0][0].entry.values[0] == sample.features(3)["float_00"]
+
+
+async def test_an_entry_keeps_the_answer_of_the_api_whose_lookup_loaded_it(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    """A gRPC lookup's miss keeps the values' gRPC records and no JSON, a REST lookup's the
+    JSON and no records; the other API's first answer makes its own, kept and counted
+    against the bound, and a refresh reloads an entry in the form it had."""
+    write_sample(redis_url, 10)
+    cache = runtime.reader.cache
+    assert cache is not None
+    body = orjson.dumps({"entity_type": ENTITY, "groups": [GROUP], "ids": [1, 2]})
+    request = pb.GetFeaturesRequest(entity_type=ENTITY, groups=[GROUP], int_ids=[1, 2])
+    rest = RestHandlers(runtime, Authenticator((), ()))
+    grpc = FeatureServicer(runtime)
+    (by_grpc,) = await runtime.reader.get([key(1)], proto=True)
+    (by_rest,) = await runtime.reader.get([key(2)])
+    g, r = by_grpc.entry, by_rest.entry
+    assert g.raw is not None
+    assert r.raw is not None
+    assert (g.json, g.wire) == (None, g.fmt.proto(g.raw))
+    assert (r.json, r.wire) == (r.fmt.json(r.raw), None)
+    before = cache.bytes
+    answer = await rest.get(None, body)
+    assert answer.status == 200
+    assert g.json == g.fmt.json(g.raw)  # made by the REST answer, and kept
+    assert cache.bytes == before + len(g.json) + BYTES_OBJECT
+    assert g.size == entry_size(g) + cache.mirror_entry
+    assert [row["values"] for row in orjson.loads(answer.body)["results"]] == [
+        orjson.loads(g.json),
+        orjson.loads(r.json),
+    ]
+    await grpc.answer(request, None, 0.0)
+    assert r.wire == r.fmt.proto(r.raw)
+    assert cache.bytes == before + len(g.json) + len(r.wire) + 2 * BYTES_OBJECT
+    # a refresh: the entry loaded for gRPC and never answered over REST stays records alone
+    (only_grpc,) = await runtime.reader.get([key(3)], proto=True)
+    runtime.reader._reload(key(3))
+    for _ in range(100):
+        if cache.peek(key(3)) is not only_grpc.entry:
+            break
+        await asyncio.sleep(0.01)
+    reloaded = cache.peek(key(3))
+    assert reloaded is not None
+    assert reloaded is not only_grpc.entry
+    assert reloaded.json is None
+    assert reloaded.wire is not None
 
 
 async def test_misses_of_concurrent_requests_share_one_round_trip(

@@ -1,8 +1,10 @@
 """The native fronts' mirror of the L1 (serving/hits.py, native/src/hits.rs), held to
 Python's answers: after any sequence of cache changes (puts, pushes that drop a key,
 evictions, expiry, clears) the mirror answers a lookup exactly when every entity is a fresh
-entry of the cache (for gRPC: with its gRPC records made, unless the cache is compact),
-and then with the bytes Python's handlers write for it, REST and gRPC, in either cache form.
+entry of the cache with its API's answer bytes made (unless the cache is compact: an entry
+loaded for a REST answer has its JSON, one loaded for gRPC its records, and the other API's
+are made by its first answer), and then with the bytes Python's handlers write for it, REST
+and gRPC, in either cache form.
 """
 
 from __future__ import annotations
@@ -87,17 +89,19 @@ VALUES = {
 
 
 def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
-    """An entry as a read of the stored values makes it (``GroupSpec.entry``)."""
+    """An entry as a read of the stored values makes it (``GroupSpec.entry``), for a REST
+    or a gRPC answer."""
     spec = _specs[group]
     key = _key(group, entity_id)
+    proto = data.draw(st.booleans(), "loaded for gRPC")
     if data.draw(st.booleans(), "negative"):
-        return spec.entry(key, [None] * len(spec.fields))
+        return spec.entry(key, [None] * len(spec.fields), proto=proto)
     stored = []
     for f in spec.group.features:
         value = data.draw(st.none() | VALUES[f.type.value], f.name)
         stored.append(None if value is None else f.codec.encode(value))
     ago = data.draw(st.sampled_from([0, 5, 3599, 3601, 10**6]), "written ago")
-    return spec.entry(key, [*stored, encode_timestamp(int(time.time()) - ago)])
+    return spec.entry(key, [*stored, encode_timestamp(int(time.time()) - ago)], proto=proto)
 
 
 _specs = _runtime().reader.specs
@@ -186,6 +190,9 @@ async def _check(data: st.DataObject) -> None:
         grpc_native = hits.native.answer(message, grpc=True)
         grpc_after = await servicer.answer(request, None, 0.0)
         assert grpc_native in (grpc_before, grpc_after)
+        # REST likewise: an entry loaded for gRPC gets its JSON from the first REST answer
+        made = compact or all(cache.peek(_key(group, i)).json is not None for i in wanted)  # type: ignore[union-attr]
+        assert (native is not None) == made
         # Python's answers (the first also teaches the form), around the mirror's: ages are
         # counted in whole seconds, and a second may turn between two of them
         before = await handlers.get(None, body)
@@ -202,13 +209,17 @@ async def _check(data: st.DataObject) -> None:
 def _unfresh(
     hits: NativeHits, group: str, wanted: list[object], now: float, *, grpc: bool
 ) -> list[bytes]:
-    """The keys the front asks Python to load for a lookup: missing, expired, or (gRPC, an
-    entry that keeps its answers) without its gRPC records yet."""
+    """The keys the front asks Python to load for a lookup: missing, expired, or (an entry
+    that keeps its answers) without its API's answer bytes yet."""
     keys = set()
     for i in wanted:
         key = _key(group, i)
         e = hits.cache.peek(key)
-        unmade = grpc and hits.cache.keep_answers and e is not None and e.wire is None
+        unmade = (
+            hits.cache.keep_answers
+            and e is not None
+            and (e.wire is None if grpc else e.json is None)
+        )
         if e is None or now >= e.expires_at or unmade:
             keys.add(hits.tags[group] + key[1])
     return sorted(keys)
