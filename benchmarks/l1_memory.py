@@ -1,14 +1,17 @@
 """The L1 cache's memory: RSS per cached entity against what the cache accounts, and a long
 zipfian load against the byte bound; this checkout and (--baseline REV) an older one,
-(--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off), and
-(--compact) with the L1 keeping each entry's packed values only (CACHE_FORM=compact).
+(--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off),
+(--compact) with the L1 keeping each entry's packed values only (CACHE_FORM=compact), and
+(--grpc) the first step again with the entities looked up over gRPC instead of REST (this
+checkout, and the baseline if one is given).
 
-    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--compact]
+    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--compact] [--grpc]
         [--entities 200000] [--seconds 45] [--out FILE]
 
 1. A worker with the cache on (TTL 3,600 s) reads the first 40,000 entities of the
    standard shape, 1,000 ids per REST request. RSS (VmRSS of /proc/<pid>/status) before
-   and after, against the bytes the cache accounts (`GET /v1/admin/cache`).
+   and after, against the bytes the cache accounts (`GET /v1/admin/cache`). With --grpc,
+   the same through the gRPC front (GetFeatures, 1,000 int_ids per request).
 2. A fresh worker with `--cache-max-bytes 256MiB`: uniform batches of 1,000 ids over
    every entity fill the bound, then wrk sends zipfian batches of 100 (8 connections) for
    --seconds. RSS is sampled every 0.5 s; the target is idle RSS + 256 MiB x 1.25.
@@ -32,6 +35,7 @@ import orjson
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
+from feature_store.serving.client import GrpcFeatureClient
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +48,7 @@ BOUND = 256 * MIB
 FIRST = 40_000
 TARGET_COMPACT = 1500  # issue: L1 memory <= 1.5 KB RSS per cached entity
 COMPACT = "this checkout, CACHE_FORM=compact"
+GRPC = "this checkout, gRPC lookups"
 
 
 def rss(pid: int) -> int:
@@ -71,10 +76,11 @@ class Outcome:
     after_first: int  # RSS after caching FIRST entities
     accounted_first: int  # the cache's bytes then
     entries_first: int
-    bound_idle: int
-    bound_max: int  # the largest RSS sampled under the long load
-    bound_accounted: int
-    bound_entries: int
+    # the long load against the bound (None: not run, the gRPC cells)
+    bound_idle: int | None = None
+    bound_max: int | None = None  # the largest RSS sampled under the long load
+    bound_accounted: int | None = None
+    bound_entries: int | None = None
 
     @property
     def rss_per_entity(self) -> float:
@@ -85,8 +91,12 @@ class Outcome:
         return self.accounted_first / self.entries_first
 
     @property
-    def limit(self) -> int:
-        return self.bound_idle + int(BOUND * 1.25)
+    def limit(self) -> int | None:
+        return None if self.bound_idle is None else self.bound_idle + int(BOUND * 1.25)
+
+    @property
+    def bound_met(self) -> bool:
+        return self.bound_max is not None and self.bound_max <= (self.limit or 0)
 
 
 def measure(
@@ -96,17 +106,24 @@ def measure(
     entities: int,
     seconds: float,
     more_env: dict[str, str] | None = None,
+    grpc: bool = False,
 ) -> Outcome:
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
     env.update(more_env or {})
     args = ["--cache-ttl", "3600"]
-    with ServingProcess(redis.url, args=args, env=env, grpc=False, cwd=tree) as server:
+    with ServingProcess(redis.url, args=args, env=env, grpc=grpc, cwd=tree) as server:
         assert server.process is not None
         pid = server.process.pid
         with httpx.Client(base_url=server.rest_url, timeout=60) as http:
             idle = rss(pid)
-            for start in range(0, FIRST, 1000):
-                get(http, list(range(start, start + 1000)))
+            if grpc:
+                with GrpcFeatureClient(server.grpc_target, timeout=60) as client:
+                    for start in range(0, FIRST, 1000):
+                        ids = list(range(start, start + 1000))
+                        client.get(sample.ENTITY, ids, groups=[sample.GROUP])
+            else:
+                for start in range(0, FIRST, 1000):
+                    get(http, list(range(start, start + 1000)))
             after = rss(pid)
             summary = cache_summary(http)
     accounted, entries = int(summary["bytes"]), int(summary["entries"])  # type: ignore[call-overload]
@@ -116,6 +133,8 @@ def measure(
         f"({accounted / entries:,.0f} B/entity)",
         flush=True,
     )
+    if grpc:  # the first step alone
+        return Outcome(label, idle, after, accounted, entries)
     args = ["--cache-ttl", "3600", "--cache-max-bytes", str(BOUND)]
     with (
         ServingProcess(redis.url, args=args, env=env, grpc=False, cwd=tree) as server,
@@ -161,7 +180,7 @@ def measure(
     )
     print(
         f"{label}: bound 256 MiB: idle {bound_idle / MIB:,.0f} MiB, "
-        f"max {outcome.bound_max / MIB:,.0f} MiB (limit {outcome.limit / MIB:,.0f}), "
+        f"max {max(samples) / MIB:,.0f} MiB (limit {(outcome.limit or 0) / MIB:,.0f}), "
         f"{outcome.bound_entries:,} entries",
         flush=True,
     )
@@ -181,6 +200,11 @@ def main() -> int:
         action="store_true",
         help="also this checkout with CACHE_FORM=compact (entries keep packed values only)",
     )
+    parser.add_argument(
+        "--grpc",
+        action="store_true",
+        help="also the first step through gRPC lookups (this checkout, and the baseline)",
+    )
     parser.add_argument("--entities", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
@@ -199,13 +223,20 @@ def main() -> int:
         if args.compact:
             compact = {"FEATURE_SERVING_CACHE_FORM": "compact"}
             outcomes.append(measure(COMPACT, redis, ROOT, args.entities, args.seconds, compact))
+        if args.grpc:
+            outcomes.append(measure(GRPC, redis, ROOT, args.entities, args.seconds, grpc=True))
         if args.baseline:
             with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 label = f"baseline {args.baseline}"
                 outcomes.append(measure(label, redis, tree, args.entities, args.seconds))
+                if args.grpc:
+                    label += ", gRPC lookups"
+                    outcomes.append(
+                        measure(label, redis, tree, args.entities, args.seconds, grpc=True)
+                    )
     lines = [
         *header(
-            f"One REST worker, cache TTL 3,600 s; {args.entities:,} entities of the standard "
+            f"One worker, cache TTL 3,600 s; {args.entities:,} entities of the standard "
             f"shape; the long load: wrk, zipfian batches of 100, 8 connections, "
             f"{args.seconds:g} s."
         ),
@@ -215,11 +246,16 @@ def main() -> int:
         "| entries at the bound |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def mib(n: int | None) -> str:
+        return "not run" if n is None else f"{n / MIB:,.0f} MiB"
+
     for o in outcomes:
         lines.append(
             f"| {o.label} | {o.rss_per_entity:,.0f} B | {o.accounted_per_entity:,.0f} B | "
-            f"{o.rss_per_entity / o.accounted_per_entity:.2f} | {o.bound_idle / MIB:,.0f} MiB | "
-            f"{o.bound_max / MIB:,.0f} MiB | {o.limit / MIB:,.0f} MiB | {o.bound_entries:,} |"
+            f"{o.rss_per_entity / o.accounted_per_entity:.2f} | {mib(o.bound_idle)} | "
+            f"{mib(o.bound_max)} | {mib(o.limit)} | "
+            f"{'not run' if o.bound_entries is None else f'{o.bound_entries:,}'} |"
         )
     new = outcomes[0]
     lines += [
@@ -229,7 +265,7 @@ def main() -> int:
         f"({new.rss_per_entity / new.accounted_per_entity:.2f}x); <= 3 KB per entity: "
         f"{'met' if new.rss_per_entity <= 3072 else 'NOT met'} ({new.rss_per_entity:,.0f} B); "
         f"under the long load below idle + 1.25 x bound: "
-        f"{'met' if new.bound_max <= new.limit else 'NOT met'}.",
+        f"{'met' if new.bound_met else 'NOT met'}.",
     ]
     for o in outcomes:
         if o.label == COMPACT:
@@ -238,7 +274,13 @@ def main() -> int:
                 f"{'met' if o.rss_per_entity <= TARGET_COMPACT else 'NOT met'} "
                 f"({o.rss_per_entity:,.0f} B, {o.rss_per_entity / new.rss_per_entity:.2f}x "
                 f"the answers kept); under the long load below idle + 1.25 x bound: "
-                f"{'met' if o.bound_max <= o.limit else 'NOT met'}."
+                f"{'met' if o.bound_met else 'NOT met'}."
+            )
+        if o.label == GRPC:
+            lines.append(
+                f"gRPC lookups: {o.rss_per_entity:,.0f} B per entity, "
+                f"{o.rss_per_entity / new.rss_per_entity:.2f}x REST's (an entry keeps the "
+                f"answer bytes of the API that loaded it)."
             )
     save(args.out, "L1 memory", lines)
     return 0
