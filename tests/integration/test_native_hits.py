@@ -23,6 +23,7 @@ from feature_store.layout import entity_key
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
+from feature_store.serving.cache import BYTES_OBJECT
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
@@ -443,3 +444,45 @@ def test_a_compact_entry_holds_its_packed_values_only(redis_server: object) -> N
     # an answers entry also keeps the values' JSON and gRPC records, together about twice
     # the packed values
     assert per_entry["compact"] < 0.5 * per_entry["answers"], per_entry
+
+
+def test_entities_looked_up_over_grpc_keep_their_json_only_once_rest_asks(
+    redis_server: object,
+) -> None:
+    """A gRPC lookup's misses load entries that keep the values' gRPC records alone. A REST
+    lookup of them makes their JSON, which the cache counts from then on, and the next is a
+    hit on the front; once the front knows the REST form, it asks Python for the JSON of
+    such entries alone and answers the lookup itself."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    ids = list(range(10, 20))
+    with ServingProcess(url, env={**ENV, "FEATURE_SERVING_INVALIDATION": "off"}) as server:
+        request = pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP])
+        _grpc_answer(server, request)  # loads
+        _grpc_answer(server, request)  # teaches the form
+        assert front_hits(server, len(ids)) == len(ids)
+        doc = httpx.get(server.rest_url + "/v1/admin/cache", timeout=5).json()
+        body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
+        first = get(server, body)  # Python's answer (a form not learned yet): makes the JSON
+        assert first.status_code == 200, first.text
+        grown = httpx.get(server.rest_url + "/v1/admin/cache", timeout=5).json()
+        values = re.findall(rb'"values":(.*?),"statuses":', first.content)
+        assert len(values) == len(ids)
+        assert grown["entries"] == doc["entries"] == len(ids)
+        assert grown["bytes"] - doc["bytes"] == sum(len(v) + BYTES_OBJECT for v in values)
+        second = get(server, body)  # the front's, from the JSON now kept
+        assert front_hits(server, 2 * len(ids)) == 2 * len(ids)
+        assert AGES.sub(b"", second.content) == AGES.sub(b"", first.content)
+        assert metric(server, "feature_serving_cache_misses_total") == len(ids)
+        # the REST form known: entries loaded by gRPC are sent to Python for their JSON
+        # alone (no Redis read, no miss), and the front answers the lookup
+        more = list(range(30, 35))
+        request = pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=more, groups=[GROUP])
+        _grpc_answer(server, request)
+        third = get(server, {**body, "ids": more})
+        assert third.status_code == 200, third.text
+        loaded = 'feature_serving_front_lookups_total{api="rest",how="hit_loaded"}'
+        assert metric(server, loaded) == 1
+        assert metric(server, "feature_serving_cache_misses_total") == len(ids) + len(more)
+        assert len(re.findall(rb'"statuses":\["present"', third.content)) == len(more)
