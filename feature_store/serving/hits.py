@@ -206,8 +206,7 @@ class NativeHits(FrontLookups):
 
     def put(self, entry: Entry) -> None:
         """An entry was stored or grew its other API's answer bytes (``LRUCache.put``,
-        ``charge``): the
-        fronts answer from it until it expires."""
+        ``charge``): the fronts answer from it until it expires."""
         self.put_many((entry,))
 
     def put_many(self, entries: Iterable[Entry]) -> None:
@@ -258,11 +257,11 @@ class NativeHits(FrontLookups):
         """Load the keys a front found missing or expired for one lookup (or without its
         API's answer bytes: gRPC records, ``proto``, or JSON) into the cache, through the
         reader's own policy (``CachedReader.get``: single-flight, coalescing, the
-        counters), loaded in that API's form. None: the front
-        answers the lookup from the mirror. Otherwise what the load resolved for each key,
-        for the handler to answer with (``loader.settled``): a read failed (served stale,
-        or its error), an entity's data is broken (the handler names it), or an entry was
-        not kept (dropped in flight, a negative TTL of 0)."""
+        counters), loaded in that API's form. None: the front answers the lookup from the
+        mirror. Otherwise what the load resolved for each key, for the handler to answer
+        with (``loader.settled``): a read failed (served stale, or its error), an entity's
+        data is broken (the handler names it), or an entry was not kept (dropped in
+        flight, a negative TTL of 0)."""
         names = self.names
         keys = [(names[key[:2]], key[2:]) for key in tagged]
         try:
