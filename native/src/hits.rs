@@ -4,9 +4,9 @@
 //! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON and gRPC
 //! records, whichever it has made (the Python entry's own bytes objects, held, not copied:
 //! an entry loaded for one API makes the other's on first use), its present pattern, its
-//! write time and its expiry. A `POST /v1/features/get` in the common form (one group's features, ids of the
-//! entity's type, no bypass) whose every entity is a fresh entry is answered here from those
-//! bytes. With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
+//! write time and its expiry. A `POST /v1/features/get` in the common form (one group's
+//! features, ids of the entity's type, no bypass) whose every entity is a fresh entry is
+//! answered here from those bytes. With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
 //! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
 //! `GroupCodec` does. A request of a known form with entries missing or expired (or without
 //! its API's answer bytes yet) sends Python those keys alone (`Looked::Missing`): Python
