@@ -467,7 +467,8 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Rout
             request = parse_read(parse_object(raw, limit), shapes)
             reads = zip(request.shape.reads, request.ids, strict=True)
             lookups = await asyncio.gather(
-                *(service.lookup(r.entity.name, ids, r.refs) for r, ids in reads)
+                # answered from the packed values: the entries keep no answer bytes
+                *(service.lookup(r.entity.name, ids, r.refs, answers=False) for r, ids in reads)
             )
         except Exception as e:
             return fail(e, "get", t0)

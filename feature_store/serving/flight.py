@@ -53,15 +53,21 @@ def _failure(error: BaseException, what: str) -> BaseException:
 
 
 class Load:
-    __slots__ = ("future", "key", "proto", "store")
+    __slots__ = ("bare", "future", "key", "proto", "store")
 
     def __init__(
-        self, key: CacheKey, future: asyncio.Future[Entry], store: bool, proto: bool
+        self,
+        key: CacheKey,
+        future: asyncio.Future[Entry],
+        store: bool,
+        proto: bool,
+        bare: bool = False,
     ) -> None:
         self.key = key
         self.future = future
         self.store = store  # False once disowned, and for bypass loads
         self.proto = proto  # the entry keeps gRPC records, not JSON (``GroupSpec.entry``)
+        self.bare = bare  # the entry keeps neither (its packed values alone)
 
 
 class SingleFlight:
@@ -76,11 +82,15 @@ class SingleFlight:
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None  # of the pending flush
 
-    def schedule(self, key: CacheKey, *, store: bool, proto: bool = False) -> Load:
+    def schedule(
+        self, key: CacheKey, *, store: bool, proto: bool = False, bare: bool = False
+    ) -> Load:
         """A load of ``key`` in the next flush; ``store``: it is the key's shared load,
         whose entry goes into the cache (a bypass read is neither). ``proto``: for a gRPC
         answer, the entry gets the values' gRPC records instead of their JSON (a REST
-        answer makes that on first use, ``cache.entry_json``)."""
+        answer makes that on first use, ``cache.entry_json``). ``bare``: for a caller that
+        answers from the packed values (Feast's API, picked features, the warm start), the
+        entry keeps no answer bytes; each API makes its own on first use."""
         # while a flush is pending, its loop is the running one: CPython's get_running_loop
         # makes a getpid system call each time, a tenth of the cost of a large batch's misses
         loop = self._loop
@@ -89,7 +99,7 @@ class SingleFlight:
         # no done callback: each would be a call of its own in the loop, a thousand per
         # flush of a large batch's misses; ``fail`` marks its exceptions retrieved instead
         future: asyncio.Future[Entry] = loop.create_future()
-        load = Load(key, future, store, proto)
+        load = Load(key, future, store, proto, bare)
         if store:
             self.inflight[key] = load
         if not self.reads.breaker.allow():
@@ -176,7 +186,11 @@ class SingleFlight:
                 for load in shared[key]:
                     if inflight.get(key) is load:
                         del inflight[key]
-                    entry = entry_of(spec, key, reply, offset, load.proto)
+                    # a bare load's values are checked by writing their gRPC records
+                    # (cheaper than their JSON), which it does not keep
+                    entry = entry_of(spec, key, reply, offset, load.proto or load.bare)
+                    if load.bare:
+                        entry.wire = None
                     entry.cost = cost
                     if load.store:
                         stored.append(entry)

@@ -195,14 +195,22 @@ class CachedReader:
     # --- reads ---------------------------------------------------------------------------
 
     async def get(
-        self, keys: Sequence[CacheKey], *, bypass: bool = False, proto: bool = False
+        self,
+        keys: Sequence[CacheKey],
+        *,
+        bypass: bool = False,
+        proto: bool = False,
+        bare: bool = False,
     ) -> list[Resolved]:
+        """The entries of ``keys``: cached, or loaded (``SingleFlight.schedule``): for a
+        gRPC answer (``proto``), for a REST answer, or (``bare``) for a caller that answers
+        from the packed values alone, which keep no answer bytes."""
         if self.cache is None or self.flight is None:
             if not self.single_flight:
                 return await self.reads.direct(keys, proto)
             return await self.batches.read(keys, proto)
         if not self.single_flight:
-            return await self._unshared(keys, bypass, proto)
+            return await self._unshared(keys, bypass, proto, bare)
         cache = self.cache
         stats = cache.stats
         now = self._clock()
@@ -242,7 +250,8 @@ class CachedReader:
                     waits.append((i, key, load.future))
                     continue
             stats.misses += 1
-            waits.append((i, key, flight.schedule(key, store=not bypass, proto=proto).future))
+            load = flight.schedule(key, store=not bypass, proto=proto, bare=bare)
+            waits.append((i, key, load.future))
         if waits:
             await self._wait(waits, out, now)
         return out  # type: ignore[return-value]  # every slot is filled above
@@ -293,7 +302,7 @@ class CachedReader:
             raise error
 
     async def _unshared(
-        self, keys: Sequence[CacheKey], bypass: bool, proto: bool
+        self, keys: Sequence[CacheKey], bypass: bool, proto: bool, bare: bool
     ) -> list[Resolved]:
         """The cache without the debouncer: each request reads its own misses (a baseline)."""
         assert self.cache is not None
@@ -312,9 +321,11 @@ class CachedReader:
                 cache.stats.misses += 1
                 misses.append(i)
         if misses:
-            loaded = await self.reads.direct([keys[i] for i in misses], proto)
+            loaded = await self.reads.direct([keys[i] for i in misses], proto or bare)
             cache.stats.round_trips += 1
             for i, resolved in zip(misses, loaded, strict=True):
+                if bare:
+                    resolved.entry.wire = None
                 out[i] = Resolved(cache.put(resolved.entry), False)
         return out  # type: ignore[return-value]
 
@@ -322,11 +333,13 @@ class CachedReader:
 
     def _reload(self, key: CacheKey) -> None:
         """A background load of ``key`` that stores its entry (the caller does not wait),
-        in the form of the entry it replaces: gRPC records alone where that had no JSON."""
+        in the form of the entry it replaces: gRPC records alone where that had no JSON,
+        no answer bytes where it had neither."""
         if self.flight is not None and self.cache is not None:
             entry = self.cache.peek(key)
             proto = entry is not None and entry.json is None and entry.wire is not None
-            self.flight.schedule(key, store=True, proto=proto)
+            bare = entry is not None and entry.json is None and entry.wire is None
+            self.flight.schedule(key, store=True, proto=proto, bare=bare)
 
     def _own(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)

@@ -286,19 +286,25 @@ class FeatureService:
         *,
         bypass: bool = False,
         proto: bool = False,
+        answers: bool = True,
     ) -> Lookup:
         """The entries of ``ids``'s groups that hold ``features`` (or ``groups``). ``proto``:
-        the answer is gRPC's, so entries read without the L1 carry gRPC records, not JSON."""
+        the answer is gRPC's, so the entries it loads carry gRPC records, not JSON. Those
+        loaded for an answer made from the packed values (``answers`` False: Feast's API;
+        or some of a group's features picked) carry neither (``CachedReader.get``)."""
         proj = self.projection(entity, features, groups)
+        bare = not answers or not proj.whole_group
         keys = self.check_ids(proj.entity, ids)
         names = [g.name for g in proj.groups]
         if len(names) == 1:
             name = names[0]
-            flat = await self.reader.get([(name, k) for k in keys], bypass=bypass, proto=proto)
+            flat = await self.reader.get(
+                [(name, k) for k in keys], bypass=bypass, proto=proto, bare=bare
+            )
             entries = [[r] for r in flat]
         else:
             flat = await self.reader.get(
-                [(g, k) for k in keys for g in names], bypass=bypass, proto=proto
+                [(g, k) for k in keys for g in names], bypass=bypass, proto=proto, bare=bare
             )
             n = len(names)
             entries = [flat[i : i + n] for i in range(0, len(flat), n)]

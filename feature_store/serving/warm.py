@@ -89,8 +89,9 @@ class WarmStart:
             self.loaded[group] = 0
             for start in range(0, min(len(keys), budget), LOAD_CHUNK):
                 chunk = keys[start : min(start + LOAD_CHUNK, budget)]
-                # a key with bad data becomes a fault entry (logged by the reader)
-                await self.reader.get([(group, k) for k in chunk])
+                # a key with bad data becomes a fault entry (logged by the reader); the
+                # entries keep no answer bytes: each API makes its own on first use
+                await self.reader.get([(group, k) for k in chunk], bare=True)
                 self.loaded[group] += len(chunk)
                 if self.reader.cache is not None:
                     self.reader.cache.stats.warm_loaded += len(chunk)

@@ -486,3 +486,33 @@ def test_entities_looked_up_over_grpc_keep_their_json_only_once_rest_asks(
         assert metric(server, loaded) == 1
         assert metric(server, "feature_serving_cache_misses_total") == len(ids) + len(more)
         assert len(re.findall(rb'"statuses":\["present"', third.content)) == len(more)
+
+
+def test_feast_lookups_load_entries_without_answer_bytes(redis_server: object) -> None:
+    """Feast's API answers from the packed values: the entries its lookups load keep no JSON
+    (nor gRPC records) until a REST lookup of the same entities makes it."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    ids = list(range(5))
+    features = [f"{GROUP}:{name}" for name in ALL]
+    with ServingProcess(url, env={**ENV, "FEATURE_SERVING_INVALIDATION": "off"}) as server:
+
+        def cache() -> dict[str, int]:
+            doc: dict[str, int] = httpx.get(server.rest_url + "/v1/admin/cache").json()
+            return doc
+
+        feast = httpx.post(
+            server.rest_url + "/get-online-features",
+            content=orjson.dumps({"entities": {"consumer_id": ids}, "features": features}),
+            headers={"content-type": "application/json"},
+        )
+        assert feast.status_code == 200, feast.text
+        bare = cache()
+        rest = get(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]})
+        assert rest.status_code == 200, rest.text
+        values = re.findall(rb'"values":(.*?),"statuses":', rest.content)
+        grown = cache()
+        assert grown["entries"] == bare["entries"] == len(ids)
+        assert grown["bytes"] - bare["bytes"] == sum(len(v) + BYTES_OBJECT for v in values)
+        assert metric(server, "feature_serving_cache_misses_total") == len(ids)

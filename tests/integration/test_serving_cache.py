@@ -7,6 +7,7 @@ import asyncio
 import gc
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import cast
 
 import orjson
 import pytest
@@ -135,6 +136,42 @@ async def test_an_entry_keeps_the_answer_of_the_api_whose_lookup_loaded_it(
     assert reloaded is not only_grpc.entry
     assert reloaded.json is None
     assert reloaded.wire is not None
+
+
+async def test_entries_loaded_for_an_answer_from_the_packed_values_keep_no_answer_bytes(
+    runtime: ServingRuntime, redis_url: str
+) -> None:
+    """Feast's API and picked features answer from the packed values: the entries they load
+    keep neither JSON nor gRPC records, and are not the dearer for it; a REST lookup of
+    the whole group then makes its JSON, and a refresh of one nobody else asked for keeps
+    it bare."""
+    write_sample(redis_url, 10)
+    cache = runtime.reader.cache
+    assert cache is not None
+    service = runtime.service
+    feast = await service.lookup(ENTITY, [1], groups=[GROUP], answers=False)
+    picked = await service.lookup(ENTITY, [2], features=["float_00", "embedding_0"])
+    for lookup in (feast, picked):
+        ((resolved,),) = lookup.entries
+        entry = resolved.entry
+        assert entry.raw is not None
+        assert (entry.json, entry.wire) == (None, None)
+        assert entry.size == entry_size(entry) + cache.mirror_entry
+    bare = feast.entries[0][0].entry
+    body = orjson.dumps({"entity_type": ENTITY, "groups": [GROUP], "ids": [1]})
+    before = cache.bytes
+    assert (await RestHandlers(runtime, Authenticator((), ())).get(None, body)).status == 200
+    assert bare.json == bare.fmt.json(cast(bytes, bare.raw))
+    assert cache.bytes == before + len(bare.json) + BYTES_OBJECT
+    runtime.reader._reload(key(2))
+    for _ in range(100):
+        if cache.peek(key(2)) is not picked.entries[0][0].entry:
+            break
+        await asyncio.sleep(0.01)
+    reloaded = cache.peek(key(2))
+    assert reloaded is not None
+    assert reloaded is not picked.entries[0][0].entry
+    assert (reloaded.json, reloaded.wire) == (None, None)
 
 
 async def test_misses_of_concurrent_requests_share_one_round_trip(

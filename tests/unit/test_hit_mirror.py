@@ -90,10 +90,11 @@ VALUES = {
 
 def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
     """An entry as a read of the stored values makes it (``GroupSpec.entry``), for a REST
-    or a gRPC answer."""
+    or a gRPC answer, or bare (for an answer from the packed values: no answer bytes)."""
     spec = _specs[group]
     key = _key(group, entity_id)
-    proto = data.draw(st.booleans(), "loaded for gRPC")
+    form = data.draw(st.sampled_from(["rest", "grpc", "bare"]), "loaded for")
+    proto = form != "rest"
     if data.draw(st.booleans(), "negative"):
         return spec.entry(key, [None] * len(spec.fields), proto=proto)
     stored = []
@@ -101,7 +102,10 @@ def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
         value = data.draw(st.none() | VALUES[f.type.value], f.name)
         stored.append(None if value is None else f.codec.encode(value))
     ago = data.draw(st.sampled_from([0, 5, 3599, 3601, 10**6]), "written ago")
-    return spec.entry(key, [*stored, encode_timestamp(int(time.time()) - ago)], proto=proto)
+    entry = spec.entry(key, [*stored, encode_timestamp(int(time.time()) - ago)], proto=proto)
+    if form == "bare":
+        entry.wire = None  # as ``SingleFlight`` stores a bare load
+    return entry
 
 
 _specs = _runtime().reader.specs
