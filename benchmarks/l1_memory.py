@@ -2,16 +2,17 @@
 zipfian load against the byte bound; this checkout and (--baseline REV) an older one,
 (--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off),
 (--compact) with the L1 keeping each entry's packed values only (CACHE_FORM=compact), and
-(--grpc) the first step again with the entities looked up over gRPC instead of REST (this
-checkout, and the baseline if one is given).
+the first step again with the entities looked up over gRPC (--grpc) or through Feast's API
+(--feast) instead of REST (this checkout, and the baseline if one is given).
 
     python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--compact] [--grpc]
-        [--entities 200000] [--seconds 45] [--out FILE]
+        [--feast] [--entities 200000] [--seconds 45] [--out FILE]
 
 1. A worker with the cache on (TTL 3,600 s) reads the first 40,000 entities of the
    standard shape, 1,000 ids per REST request. RSS (VmRSS of /proc/<pid>/status) before
    and after, against the bytes the cache accounts (`GET /v1/admin/cache`). With --grpc,
-   the same through the gRPC front (GetFeatures, 1,000 int_ids per request).
+   the same through the gRPC front (GetFeatures, 1,000 int_ids per request); with --feast,
+   through `POST /get-online-features` (1,000 consumer_id values, all 50 features).
 2. A fresh worker with `--cache-max-bytes 256MiB`: uniform batches of 1,000 ids over
    every entity fill the bound, then wrk sends zipfian batches of 100 (8 connections) for
    --seconds. RSS is sampled every 0.5 s; the target is idle RSS + 256 MiB x 1.25.
@@ -49,6 +50,11 @@ FIRST = 40_000
 TARGET_COMPACT = 1500  # issue: L1 memory <= 1.5 KB RSS per cached entity
 COMPACT = "this checkout, CACHE_FORM=compact"
 GRPC = "this checkout, gRPC lookups"
+FEAST = "this checkout, Feast lookups"
+ALL_FEATURES = [
+    f"{sample.GROUP}:{name}"
+    for name in [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
+]
 
 
 def rss(pid: int) -> int:
@@ -76,7 +82,7 @@ class Outcome:
     after_first: int  # RSS after caching FIRST entities
     accounted_first: int  # the cache's bytes then
     entries_first: int
-    # the long load against the bound (None: not run, the gRPC cells)
+    # the long load against the bound (None: not run, the gRPC and Feast cells)
     bound_idle: int | None = None
     bound_max: int | None = None  # the largest RSS sampled under the long load
     bound_accounted: int | None = None
@@ -106,11 +112,12 @@ def measure(
     entities: int,
     seconds: float,
     more_env: dict[str, str] | None = None,
-    grpc: bool = False,
+    api: str = "rest",
 ) -> Outcome:
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
     env.update(more_env or {})
     args = ["--cache-ttl", "3600"]
+    grpc = api == "grpc"
     with ServingProcess(redis.url, args=args, env=env, grpc=grpc, cwd=tree) as server:
         assert server.process is not None
         pid = server.process.pid
@@ -121,6 +128,11 @@ def measure(
                     for start in range(0, FIRST, 1000):
                         ids = list(range(start, start + 1000))
                         client.get(sample.ENTITY, ids, groups=[sample.GROUP])
+            elif api == "feast":
+                for start in range(0, FIRST, 1000):
+                    ids = list(range(start, start + 1000))
+                    body = {"entities": {"consumer_id": ids}, "features": ALL_FEATURES}
+                    http.post("/get-online-features", json=body).raise_for_status()
             else:
                 for start in range(0, FIRST, 1000):
                     get(http, list(range(start, start + 1000)))
@@ -133,7 +145,7 @@ def measure(
         f"({accounted / entries:,.0f} B/entity)",
         flush=True,
     )
-    if grpc:  # the first step alone
+    if api != "rest":  # the first step alone
         return Outcome(label, idle, after, accounted, entries)
     args = ["--cache-ttl", "3600", "--cache-max-bytes", str(BOUND)]
     with (
@@ -205,6 +217,11 @@ def main() -> int:
         action="store_true",
         help="also the first step through gRPC lookups (this checkout, and the baseline)",
     )
+    parser.add_argument(
+        "--feast",
+        action="store_true",
+        help="also the first step through Feast's API (this checkout, and the baseline)",
+    )
     parser.add_argument("--entities", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
@@ -223,16 +240,22 @@ def main() -> int:
         if args.compact:
             compact = {"FEATURE_SERVING_CACHE_FORM": "compact"}
             outcomes.append(measure(COMPACT, redis, ROOT, args.entities, args.seconds, compact))
-        if args.grpc:
-            outcomes.append(measure(GRPC, redis, ROOT, args.entities, args.seconds, grpc=True))
+        apis = [
+            (api, name)
+            for api, name in (("grpc", "gRPC"), ("feast", "Feast"))
+            if getattr(args, api)
+        ]
+        for api, name in apis:
+            label = f"this checkout, {name} lookups"
+            outcomes.append(measure(label, redis, ROOT, args.entities, args.seconds, api=api))
         if args.baseline:
             with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 label = f"baseline {args.baseline}"
                 outcomes.append(measure(label, redis, tree, args.entities, args.seconds))
-                if args.grpc:
-                    label += ", gRPC lookups"
+                for api, name in apis:
+                    label = f"baseline {args.baseline}, {name} lookups"
                     outcomes.append(
-                        measure(label, redis, tree, args.entities, args.seconds, grpc=True)
+                        measure(label, redis, tree, args.entities, args.seconds, api=api)
                     )
     lines = [
         *header(
@@ -281,6 +304,12 @@ def main() -> int:
                 f"gRPC lookups: {o.rss_per_entity:,.0f} B per entity, "
                 f"{o.rss_per_entity / new.rss_per_entity:.2f}x REST's (an entry keeps the "
                 f"answer bytes of the API that loaded it)."
+            )
+        if o.label == FEAST:
+            lines.append(
+                f"Feast lookups: {o.rss_per_entity:,.0f} B per entity, "
+                f"{o.rss_per_entity / new.rss_per_entity:.2f}x REST's (answered from the "
+                f"packed values: the entries keep no answer bytes)."
             )
     save(args.out, "L1 memory", lines)
     return 0
