@@ -186,11 +186,7 @@ class SingleFlight:
                 for load in shared[key]:
                     if inflight.get(key) is load:
                         del inflight[key]
-                    # a bare load's values are checked by writing their gRPC records
-                    # (cheaper than their JSON), which it does not keep
-                    entry = entry_of(spec, key, reply, offset, load.proto or load.bare)
-                    if load.bare:
-                        entry.wire = None
+                    entry = entry_of(spec, key, reply, offset, load.proto, load.bare)
                     entry.cost = cost
                     if load.store:
                         stored.append(entry)

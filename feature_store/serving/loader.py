@@ -321,11 +321,9 @@ class CachedReader:
                 cache.stats.misses += 1
                 misses.append(i)
         if misses:
-            loaded = await self.reads.direct([keys[i] for i in misses], proto or bare)
+            loaded = await self.reads.direct([keys[i] for i in misses], proto, bare)
             cache.stats.round_trips += 1
             for i, resolved in zip(misses, loaded, strict=True):
-                if bare:
-                    resolved.entry.wire = None
                 out[i] = Resolved(cache.put(resolved.entry), False)
         return out  # type: ignore[return-value]
 

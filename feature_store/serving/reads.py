@@ -149,23 +149,31 @@ class StoreReads:
         return replies, elapsed
 
     def entry(
-        self, spec: GroupSpec, key: CacheKey, reply: Reply, offset: int = 0, proto: bool = False
+        self,
+        spec: GroupSpec,
+        key: CacheKey,
+        reply: Reply,
+        offset: int = 0,
+        proto: bool = False,
+        bare: bool = False,
     ) -> Entry:
         """The entry of ``key`` in a read's reply; a fault entry when the entity's stored
         data cannot be read (its error reply, or bytes that do not decode), logged."""
         try:
             if isinstance(reply, KeyDataError):  # this entity's key is bad, not Redis
                 raise reply
-            return spec.entry(key, reply, offset, proto)
+            return spec.entry(key, reply, offset, proto, bare)
         except EncodingError as e:
             error = e if isinstance(e, EntityDataError) else EntityDataError(str(e))
             self.log_fault(error)
             return spec.fault_entry(key, error)
 
-    async def direct(self, keys: Sequence[CacheKey], proto: bool = False) -> list[Resolved]:
+    async def direct(
+        self, keys: Sequence[CacheKey], proto: bool = False, bare: bool = False
+    ) -> list[Resolved]:
         """One round trip for ``keys``, no sharing; the entries are not cached (they expire
-        as they are read). ``proto``: the entries are for a gRPC answer
-        (``GroupSpec.entry``)."""
+        as they are read). ``proto``: the entries are for a gRPC answer; ``bare``: for one
+        written from the packed values (``GroupSpec.entry``)."""
         if not self.breaker.allow():
             raise CircuitOpenError("Redis is unavailable (circuit open)")
         specs = self.specs
@@ -174,7 +182,7 @@ class StoreReads:
         now = self.clock()
         out = []
         for key, reply in zip(keys, replies, strict=True):
-            entry = self.entry(specs[key[0]], key, reply, proto=proto)
+            entry = self.entry(specs[key[0]], key, reply, proto=proto, bare=bare)
             entry.cost, entry.expires_at, entry.loaded_at = cost, now, now
             out.append(Resolved(entry, False))
         return out

@@ -48,19 +48,23 @@ class GroupSpec:
         reply: Sequence[bytes | None] | bytes,
         offset: int = 0,
         proto: bool = False,
+        bare: bool = False,
     ) -> Entry:
         """This group's values in a read's reply, from value ``offset`` on (its fields in
         order, the freshness field last), as an entry; negative when the entity has
         nothing of this group. ``reply`` is a list of values, or the read's values packed
-        (``feature_store._native.resp_split``). ``proto``: the entry is for one gRPC answer
-        (no L1), so it gets the values' gRPC records and no JSON."""
+        (``feature_store._native.resp_split``). ``proto``: the entry is for a gRPC answer,
+        so it gets the values' gRPC records and no JSON. ``bare``: for an answer written
+        from the packed values, it gets neither (the records are written all the same, the
+        cheaper check that every value decodes, and dropped)."""
         fmt, entity_key = self.fmt, key[1]
+        records = proto or bare
         try:
             if isinstance(reply, bytes):
-                (raw, present, answer), freshness = fmt.load_packed(reply, offset, proto)
+                (raw, present, answer), freshness = fmt.load_packed(reply, offset, records)
             else:
                 part = reply if not offset else reply[offset : offset + len(self.fields)]
-                raw, present, answer = fmt.load(part, proto)
+                raw, present, answer = fmt.load(part, records)
                 freshness = part[len(self.fields) - 1]
         except EncodingError as e:  # name the feature: the reference decodes each value again
             values = unpack(reply) if isinstance(reply, bytes) else reply
@@ -72,8 +76,8 @@ class GroupSpec:
         )
         if written_at is None and present == fmt.absent_present:
             return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
-        if proto:
-            return Entry(key, fmt, raw, present, None, written_at, wire=answer)
+        if records:
+            return Entry(key, fmt, raw, present, None, written_at, wire=None if bare else answer)
         return Entry(key, fmt, raw, present, answer, written_at)
 
     def _name_bad_value(self, entity_key: bytes, values: Sequence[bytes | None]) -> None:

@@ -94,18 +94,16 @@ def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
     spec = _specs[group]
     key = _key(group, entity_id)
     form = data.draw(st.sampled_from(["rest", "grpc", "bare"]), "loaded for")
-    proto = form != "rest"
+    proto, bare = form == "grpc", form == "bare"
     if data.draw(st.booleans(), "negative"):
-        return spec.entry(key, [None] * len(spec.fields), proto=proto)
+        return spec.entry(key, [None] * len(spec.fields), proto=proto, bare=bare)
     stored = []
     for f in spec.group.features:
         value = data.draw(st.none() | VALUES[f.type.value], f.name)
         stored.append(None if value is None else f.codec.encode(value))
     ago = data.draw(st.sampled_from([0, 5, 3599, 3601, 10**6]), "written ago")
-    entry = spec.entry(key, [*stored, encode_timestamp(int(time.time()) - ago)], proto=proto)
-    if form == "bare":
-        entry.wire = None  # as ``SingleFlight`` stores a bare load
-    return entry
+    written = encode_timestamp(int(time.time()) - ago)
+    return spec.entry(key, [*stored, written], proto=proto, bare=bare)
 
 
 _specs = _runtime().reader.specs
