@@ -23,6 +23,7 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
+import contextlib
 import random
 import shutil
 import sys
@@ -49,8 +50,14 @@ BOUND = 256 * MIB
 FIRST = 40_000
 TARGET_COMPACT = 1500  # issue: L1 memory <= 1.5 KB RSS per cached entity
 COMPACT = "this checkout, CACHE_FORM=compact"
-GRPC = "this checkout, gRPC lookups"
-FEAST = "this checkout, Feast lookups"
+LOOKUPS = {"grpc": "gRPC", "feast": "Feast"}  # --grpc, --feast: the first step through them
+
+
+def lookups_label(side: str, api: str) -> str:
+    return f"{side}, {LOOKUPS[api]} lookups"
+
+
+GRPC, FEAST = (lookups_label("this checkout", api) for api in LOOKUPS)
 ALL_FEATURES = [
     f"{sample.GROUP}:{name}"
     for name in [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
@@ -123,19 +130,24 @@ def measure(
         pid = server.process.pid
         with httpx.Client(base_url=server.rest_url, timeout=60) as http:
             idle = rss(pid)
-            if grpc:
-                with GrpcFeatureClient(server.grpc_target, timeout=60) as client:
-                    for start in range(0, FIRST, 1000):
-                        ids = list(range(start, start + 1000))
+            with contextlib.ExitStack() as stack:
+                if grpc:
+                    client = stack.enter_context(GrpcFeatureClient(server.grpc_target, timeout=60))
+
+                    def ask(ids: list[int]) -> None:
                         client.get(sample.ENTITY, ids, groups=[sample.GROUP])
-            elif api == "feast":
+                elif api == "feast":
+
+                    def ask(ids: list[int]) -> None:
+                        body = {"entities": {"consumer_id": ids}, "features": ALL_FEATURES}
+                        http.post("/get-online-features", json=body).raise_for_status()
+                else:
+
+                    def ask(ids: list[int]) -> None:
+                        get(http, ids)
+
                 for start in range(0, FIRST, 1000):
-                    ids = list(range(start, start + 1000))
-                    body = {"entities": {"consumer_id": ids}, "features": ALL_FEATURES}
-                    http.post("/get-online-features", json=body).raise_for_status()
-            else:
-                for start in range(0, FIRST, 1000):
-                    get(http, list(range(start, start + 1000)))
+                    ask(list(range(start, start + 1000)))
             after = rss(pid)
             summary = cache_summary(http)
     accounted, entries = int(summary["bytes"]), int(summary["entries"])  # type: ignore[call-overload]
@@ -240,20 +252,16 @@ def main() -> int:
         if args.compact:
             compact = {"FEATURE_SERVING_CACHE_FORM": "compact"}
             outcomes.append(measure(COMPACT, redis, ROOT, args.entities, args.seconds, compact))
-        apis = [
-            (api, name)
-            for api, name in (("grpc", "gRPC"), ("feast", "Feast"))
-            if getattr(args, api)
-        ]
-        for api, name in apis:
-            label = f"this checkout, {name} lookups"
+        apis = [api for api in LOOKUPS if getattr(args, api)]
+        for api in apis:
+            label = lookups_label("this checkout", api)
             outcomes.append(measure(label, redis, ROOT, args.entities, args.seconds, api=api))
         if args.baseline:
             with worktree(args.baseline, Path(tmp) / "baseline") as tree:
                 label = f"baseline {args.baseline}"
                 outcomes.append(measure(label, redis, tree, args.entities, args.seconds))
-                for api, name in apis:
-                    label = f"baseline {args.baseline}, {name} lookups"
+                for api in apis:
+                    label = lookups_label(f"baseline {args.baseline}", api)
                     outcomes.append(
                         measure(label, redis, tree, args.entities, args.seconds, api=api)
                     )
