@@ -1,7 +1,7 @@
 """An older revision against this checkout, the same cells in alternation, round by round.
 
     python3 benchmarks/alternate.py --baseline REV [--rounds 3] [--entities 100000]
-                                    [--seconds 12] [--ttl 2] [--compact | --misses]
+                                    [--seconds 12] [--ttl 2] [--compact | --misses | --feast]
                                     [--out FILE]
 
 These machines are shared, and their speed drifts within a run: in one dataplane.py run,
@@ -23,6 +23,9 @@ otherwise), so that nearly every lookup misses and is loaded through the L1's po
 (single-flight, the cache and its mirror) before it is answered: the cost of a cold key, a
 refresh, a restart. Its figure is server CPU per entity read from Redis (HMGET and HGETALL
 calls, as Redis counts them), beside the share of the entities looked up that were read.
+``--feast``: lookups answered from the packed values, at batch 10: Feast's
+``/get-online-features`` (all 50 features) with the L1 off and on, and ten picked features
+of ``/v1/features/get`` (dataplane.PICKED) with the L1 off.
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ MISSES: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
     ("rest", True, [(10, 8), (100, 8), (1000, 8)]),
 )
 MISSES_TTL = 0.001
+# --feast: answers written from the packed values (Feast's API, picked features)
+FEAST: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
+    ("feast", False, [(10, 8)]),
+    ("picked", False, [(10, 8)]),
+    ("feast", True, [(10, 8)]),
+)
 
 
 def one_round(
@@ -64,7 +73,7 @@ def one_round(
     """Each worker of WORKERS, the baseline's and this checkout's back to back."""
     order = ("before", "now") if first == "before" else ("now", "before")
     cells: dict[str, list[Cell]] = {"before": [], "now": []}
-    for api, l1, plan in MISSES if args.misses else WORKERS:
+    for api, l1, plan in MISSES if args.misses else FEAST if args.feast else WORKERS:
         if args.compact and not l1:
             continue
         for side in order:
@@ -104,6 +113,7 @@ def main() -> int:
     form = parser.add_mutually_exclusive_group()
     form.add_argument("--compact", action="store_true", help="L1 cells, CACHE_FORM=compact")
     form.add_argument("--misses", action="store_true", help="REST L1 cells that nearly all miss")
+    form.add_argument("--feast", action="store_true", help="Feast's API and picked features")
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
@@ -130,6 +140,7 @@ def main() -> int:
             f"{args.ttl:g} s; {args.entities:,} entities, batches of the standard shape"
             + ("; the L1 compact (CACHE_FORM=compact) on both sides" if args.compact else "")
             + ("; the miss path: nearly every lookup misses" if args.misses else "")
+            + ("; Feast's API and picked features" if args.feast else "")
             + "."
         ),
         "",

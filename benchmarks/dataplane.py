@@ -162,12 +162,28 @@ class Cell:
         return f"{self.api} L1 {self.l1} b{self.batch} c{self.connections}"
 
 
-def batch_bodies(entities: int, batch: int) -> list[bytes]:
-    """1,000 zipfian batches of ``batch`` ids over ``entities``, as request bodies."""
-    return [
-        orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
-        for ids in id_batches(entities, batch, count=1000)
-    ]
+# the "picked" cells' features: ten of the group's fifty, each kind among them
+PICKED = [*sample.FLOATS[:6], sample.INTS[0], sample.INT_LISTS[0], *sample.EMBEDDINGS]
+# the "feast" cells' features: all fifty, as Feast's clients name them
+FEAST_REFS = [
+    f"{sample.GROUP}:{n}"
+    for n in sample.FLOATS + sample.INTS + sample.INT_LISTS + sample.EMBEDDINGS
+]
+
+
+def batch_bodies(entities: int, batch: int, api: str = "rest") -> list[bytes]:
+    """1,000 zipfian batches of ``batch`` ids over ``entities``, as request bodies: of the
+    whole group (``api`` "rest"), of PICKED features ("picked"), or of Feast's
+    ``/get-online-features`` ("feast")."""
+    batches = id_batches(entities, batch, count=1000)
+    if api == "feast":
+        entities_of = sample.registry().entities[sample.ENTITY].join_key
+        return [
+            orjson.dumps({"features": FEAST_REFS, "entities": {entities_of: ids}})
+            for ids in batches
+        ]
+    asked = {"features": PICKED} if api == "picked" else {"groups": [sample.GROUP]}
+    return [orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, **asked}) for ids in batches]
 
 
 def run_server(
@@ -193,16 +209,16 @@ def run_server(
         env["FEATURE_SERVING_CACHE_FORM"] = "compact" if path == COMPACT else "answers"
     elif path == COMPACT:  # a baseline's checkout, whose cache has the form too
         env["FEATURE_SERVING_CACHE_FORM"] = "compact"
-    bodies = {batch: batch_bodies(100_000, batch) for batch in {b for b, _ in cells}}
+    bodies = {batch: batch_bodies(100_000, batch, api) for batch in {b for b, _ in cells}}
     assert redis.process is not None
     out = []
     with ServingProcess(redis.url, args=args, env=env, grpc=api == "grpc", cwd=tree) as server:
         assert server.process is not None
 
         def load(batch: int, connections: int, window: float) -> tuple[int, float, float, int]:
-            if api == "rest":
-                url = f"{server.rest_url}/v1/features/get"
-                return wrk(url, bodies[batch], window, work, connections)
+            if api != "grpc":  # REST: the whole group, picked features, or Feast's API
+                route = "/get-online-features" if api == "feast" else "/v1/features/get"
+                return wrk(f"{server.rest_url}{route}", bodies[batch], window, work, connections)
             ids = orjson.loads(bodies[batch][0])["ids"]
             request = pb.GetFeaturesRequest(
                 entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]

@@ -209,15 +209,19 @@ class SingleFlight:
 
 
 class _Batch:
-    """The keys of one request without a cache, read in the next flush."""
+    """The keys of one request without a cache, read in the next flush, and the form its
+    entries take (``GroupSpec.entry``): (proto, bare)."""
 
-    __slots__ = ("future", "keys", "proto")
+    __slots__ = ("form", "future", "keys")
 
     def __init__(
-        self, keys: Sequence[CacheKey], proto: bool, future: asyncio.Future[list[Resolved]]
+        self,
+        keys: Sequence[CacheKey],
+        form: tuple[bool, bool],
+        future: asyncio.Future[list[Resolved]],
     ) -> None:
         self.keys = keys
-        self.proto = proto
+        self.form = form
         self.future = future
 
 
@@ -231,12 +235,16 @@ class Batches:
         self._batches: list[_Batch] = []
         self._scheduled = False
 
-    async def read(self, keys: Sequence[CacheKey], proto: bool) -> list[Resolved]:
+    async def read(
+        self, keys: Sequence[CacheKey], proto: bool, bare: bool = False
+    ) -> list[Resolved]:
+        """The entries of ``keys``, for a gRPC answer (``proto``), a REST one, or (``bare``)
+        one written from the packed values alone (``StoreReads.direct``)."""
         # the circuit is asked at the flush (``StoreReads.direct``): asking here too would
         # spend a half-open circuit's one probe on a question and never send it
         future: asyncio.Future[list[Resolved]] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
-        self._batches.append(_Batch(keys, proto, future))
+        self._batches.append(_Batch(keys, (proto and not bare, bare), future))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -249,13 +257,13 @@ class Batches:
         self.own(asyncio.get_running_loop().create_task(self._read_batches(batches)))
 
     async def _read_batches(self, batches: list[_Batch]) -> None:
-        """Round trips of up to FLUSH_KEYS keys (one form each: REST entries or gRPC
-        ones), sent together; every future is resolved."""
+        """Round trips of up to FLUSH_KEYS keys (one form each: REST entries, gRPC ones or
+        bare ones), sent together; every future is resolved."""
         chunks: list[list[_Batch]] = []
-        for proto in (False, True):
+        for form in ((False, False), (True, False), (False, True)):
             size = FLUSH_KEYS  # start a new chunk
             for batch in batches:
-                if batch.proto is not proto:
+                if batch.form != form:
                     continue
                 if size + len(batch.keys) > FLUSH_KEYS:
                     chunks.append([])
@@ -267,7 +275,7 @@ class Batches:
     async def _read_chunk(self, chunk: list[_Batch]) -> None:
         keys = [key for batch in chunk for key in batch.keys]
         try:
-            resolved = await self.reads.direct(keys, chunk[0].proto)
+            resolved = await self.reads.direct(keys, *chunk[0].form)
         except BaseException as error:
             failure = _failure(error, f"{len(keys)} keys")
             for batch in chunk:

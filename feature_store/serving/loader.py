@@ -207,8 +207,8 @@ class CachedReader:
         from the packed values alone, which keep no answer bytes."""
         if self.cache is None or self.flight is None:
             if not self.single_flight:
-                return await self.reads.direct(keys, proto)
-            return await self.batches.read(keys, proto)
+                return await self.reads.direct(keys, proto, bare)
+            return await self.batches.read(keys, proto, bare)
         if not self.single_flight:
             return await self._unshared(keys, bypass, proto, bare)
         cache = self.cache

@@ -174,6 +174,40 @@ async def test_entries_loaded_for_an_answer_from_the_packed_values_keep_no_answe
     assert (reloaded.json, reloaded.wire) == (None, None)
 
 
+@pytest.mark.parametrize("single_flight", [True, False])
+async def test_without_the_l1_lookups_answered_from_the_packed_values_read_them_bare(
+    redis_url: str, single_flight: bool
+) -> None:
+    """Without the L1 (requests coalesced into shared round trips, or each read alone),
+    Feast's API and picked features read their entries without answer bytes too: nothing
+    keeps them, and the values' JSON costs more to make than any other part of a read. A
+    REST lookup of the whole group in the same round trip still gets its JSON, and a gRPC
+    one its records."""
+    write_sample(redis_url, 10)
+    settings = ServingSettings(cache=False, single_flight=single_flight, invalidation=False)
+    rt = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
+    await rt.start()
+    try:
+        service = rt.service
+        feast, picked, rest, grpc = await asyncio.gather(
+            service.lookup(ENTITY, [1, 3], groups=[GROUP], answers=False),
+            service.lookup(ENTITY, [2], features=["float_00", "embedding_0"]),
+            service.lookup(ENTITY, [1], groups=[GROUP]),
+            service.lookup(ENTITY, [2], groups=[GROUP], proto=True),
+        )
+        for lookup in (feast, picked):
+            for (resolved,) in lookup.entries:
+                assert resolved.entry.raw is not None
+                assert (resolved.entry.json, resolved.entry.wire) == (None, None)
+        ((whole,),) = rest.entries
+        assert whole.entry.json == whole.entry.fmt.json(cast(bytes, whole.entry.raw))
+        ((records,),) = grpc.entries
+        assert records.entry.json is None
+        assert records.entry.wire == records.entry.fmt.proto(cast(bytes, records.entry.raw))
+    finally:
+        await rt.stop()
+
+
 async def test_misses_of_concurrent_requests_share_one_round_trip(
     runtime: ServingRuntime, redis_url: str
 ) -> None:
