@@ -467,22 +467,9 @@ fn json_f32(out: &mut Vec<u8>, x: f32) {
     }
 }
 
+/// An integer's decimal digits (itoa: two digits a step), as JSON and as Python's `str`.
 fn json_i64(out: &mut Vec<u8>, x: i64) {
-    let mut digits = [0u8; 20];
-    let mut n = x.unsigned_abs();
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if x < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(itoa::Buffer::new().format(x).as_bytes());
 }
 
 /// A JSON string as orjson escapes it: `"`, `\` and control characters only.
@@ -534,10 +521,23 @@ fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native
             out.push(b']');
         }
         INT_LIST => {
-            let plain = int_list_plain(data)?;
+            // decompressed on the stack where it fits (a standard list is about 50 bytes)
+            let mut stack = [0u8; INT_LIST_STACK];
+            let heap: Vec<u8>;
+            let len = snap::raw::decompress_len(data).map_err(|_| Fallback)?;
+            let plain = if len <= INT_LIST_STACK {
+                let done = snap::raw::Decoder::new().decompress(data, &mut stack[..len]);
+                if done.ok() != Some(len) {
+                    return Err(Fallback);
+                }
+                &stack[..len]
+            } else {
+                heap = int_list_plain(data)?;
+                &heap[..]
+            };
             out.push(b'[');
             let mut first = true;
-            int_values(packed_payload(&plain)?, |x| {
+            int_values(packed_payload(plain)?, |x| {
                 if !first {
                     out.push(b',');
                 }
@@ -550,6 +550,9 @@ fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native
     }
     Ok(())
 }
+
+/// The largest decompressed int list `json_value` reads from the stack (larger ones: the heap).
+const INT_LIST_STACK: usize = 512;
 
 // --- Python objects (the store client) --------------------------------------------------
 
