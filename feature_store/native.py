@@ -162,14 +162,20 @@ class GroupFormat:
                 pass
         return self.pure.json_parts(raw)
 
-    def json_columns(self, raws: Sequence[bytes | None]) -> list[bytes]:
-        """Per feature, its values' JSON across ``raws`` joined by ``,``."""
+    def feast_columns(
+        self,
+        raws: Sequence[bytes | None],
+        statuses: Sequence[bytes],
+        stamps: Sequence[bytes],
+        picks: Sequence[int],
+    ) -> list[bytes]:
+        """Feast's answer columns of one group (``PureGroupCodec.feast_columns``)."""
         if self.native is not None:
             try:
-                return self.native.json_columns(raws)
+                return self.native.feast_columns(raws, statuses, stamps, picks)
             except ValueError:
                 pass
-        return self.pure.json_columns(raws)
+        return self.pure.feast_columns(raws, statuses, stamps, picks)
 
     def proto(self, raw: bytes) -> bytes:
         """Every value's ``FeatureRow.values`` record, joined."""

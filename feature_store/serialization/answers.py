@@ -42,6 +42,7 @@ TYPE_CODES: dict[FeatureType, int] = {
     FeatureType.INT_LIST: 7,
 }
 
+NULL_VALUE = b'"NULL_VALUE"'  # Feast's status of a value an entity does not have
 MISSING_VALUE = b"\x12\x00"  # FeatureRow.values: an empty Value (no kind set)
 _DOUBLE_RECORD = struct.Struct("<BBBd")  # values record (tag 2, length 9), float_value, double
 _HEADS = [bytes((n,)) for n in range(128)]  # the one-byte varints
@@ -159,16 +160,33 @@ class PureGroupCodec:
     def json_parts(self, raw: bytes) -> list[bytes]:
         return self._json(self._unpack(raw))
 
-    def json_columns(self, raws: Sequence[bytes | None]) -> list[bytes]:
-        """Per feature, its values' JSON across ``raws`` joined by ``,`` (``null`` where a
-        raw is None or lacks the value): the columns of a Feast-shaped answer."""
-        nulls = [b"null"] * len(self.codecs)
-        rows = [nulls if raw is None else self.json_parts(raw) for raw in raws]
-        return (
-            [b",".join(column) for column in zip(*rows, strict=True)]
-            if rows
-            else [b""] * len(nulls)
-        )
+    def feast_columns(
+        self,
+        raws: Sequence[bytes | None],
+        statuses: Sequence[bytes],
+        stamps: Sequence[bytes],
+        picks: Sequence[int],
+    ) -> list[bytes]:
+        """Feast's answer columns of one group, one per feature index in ``picks``: the
+        rows' values (``null`` where a raw is None or lacks the value), statuses (a row's
+        own, ``"NULL_VALUE"`` where it lacks the value) and event times (``stamps``)."""
+        if len(statuses) != len(raws) or len(stamps) != len(raws):
+            raise ValueError("one status and one time per row")
+        rows = [None if raw is None else self._unpack(raw) for raw in raws]
+        parts = [None if values is None else self._json(values) for values in rows]
+        times = b",".join(stamps)
+        columns = []
+        for fi in picks:
+            values = b",".join(b"null" if p is None else p[fi] for p in parts)
+            column_statuses = b",".join(
+                NULL_VALUE if v is not None and v[fi] is None else s
+                for v, s in zip(rows, statuses, strict=True)
+            )
+            columns.append(
+                b'{"values":[%b],"statuses":[%b],"event_timestamps":[%b]}'
+                % (values, column_statuses, times)
+            )
+        return columns
 
     def proto(self, raw: bytes) -> bytes:
         return b"".join(self.proto_parts(raw))

@@ -55,6 +55,11 @@ from feature_store.serving.service import (
 log = logging.getLogger(__name__)
 API = "feast"
 EPOCH = b'"1970-01-01T00:00:00Z"'  # Feast's event timestamp of a value it does not have
+# Feast's statuses of a row (NULL_VALUE, of one value a row lacks: GroupFormat.feast_columns)
+PRESENT = b'"PRESENT"'
+NOT_FOUND = b'"NOT_FOUND"'
+INVALID = b'"INVALID"'
+OUTSIDE_MAX_AGE = b'"OUTSIDE_MAX_AGE"'
 # columns of a pushed frame that are not features: Feast's event and creation times
 TIME_COLUMNS = frozenset({"event_timestamp", "created", "created_timestamp"})
 
@@ -294,9 +299,10 @@ def _timestamp(seconds: int) -> bytes:
 def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
     """Feast's column-shaped answer: the join key columns, then each feature's column.
 
-    The statuses and event timestamps of a column are those of its group's rows, the same
-    for every feature of the group unless a row lacks that one value (NULL_VALUE): they are
-    joined once per group, and a column only joins its values."""
+    A column holds its values, their statuses and their event times. The statuses and
+    times are those of its group's rows, the same for every feature of the group unless a
+    row lacks that one value (NULL_VALUE). Each group's columns are written in one call
+    (``GroupFormat.feast_columns``), in the order the request names them."""
     names: list[str] = []
     results: list[bytes] = []
     shape = request.shape
@@ -305,18 +311,18 @@ def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
         names.append(join_key)
         results.append(
             b'{"values":%b,"statuses":[%b],"event_timestamps":[%b]}'
-            % (orjson.dumps(ids), b",".join([b'"PRESENT"'] * n), b",".join([EPOCH] * n))
+            % (orjson.dumps(ids), b",".join([PRESENT] * n), b",".join([EPOCH] * n))
         )
-    groups = [
-        _GroupRows.of(lookup, gi) for lookup in lookups for gi in range(len(lookup.entries[0]))
-    ]
-    offsets = [0]
-    for lookup in lookups:
-        offsets.append(offsets[-1] + len(lookup.projection.groups))
+    # per (read, group): the features it answers, in the order of the request's columns
+    picks: dict[tuple[int, int], list[int]] = {}
     for column in shape.columns:
         gi, fi = lookups[column.read].projection.picks[column.index]
+        picks.setdefault((column.read, gi), []).append(fi)
+    made = {(ri, gi): iter(_group_columns(lookups[ri], gi, fis)) for (ri, gi), fis in picks.items()}
+    for column in shape.columns:
+        gi, _ = lookups[column.read].projection.picks[column.index]
         names.append(column.name)
-        results.append(groups[offsets[column.read] + gi].column(fi))
+        results.append(next(made[column.read, gi]))
     metadata: dict[str, object] = {"feature_names": names}
     if shape.with_views:
         views = dict.fromkeys(g.name for lookup in lookups for g in lookup.projection.groups)
@@ -324,68 +330,26 @@ def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
     return b'{"metadata":%b,"results":[%b]}' % (orjson.dumps(metadata), b",".join(results))
 
 
-@dataclass(frozen=True, slots=True)
-class _GroupRows:
-    """One group's rows of a lookup: per feature its column of JSON values ("null" where an
-    entity holds nothing of the group), and per row its presence, status and event time."""
-
-    values: list[bytes]  # per feature of the group: the rows' JSON values, joined
-    present: list[bytes | None]  # None: nothing stored (or unreadable): no NULL_VALUE
-    gaps: frozenset[int]  # the features some row holds the group but not the value of
-    statuses: list[bytes]
-    stamps: list[bytes]
-    joined: bytes  # '"statuses":[...],"event_timestamps":[...]' of a column with no gaps
-
-    @classmethod
-    def of(cls, lookup: Lookup, gi: int) -> _GroupRows:
-        group = lookup.projection.groups[gi]
-        max_age, now = group.max_age_seconds, lookup.now
-        raws: list[bytes | None] = []
-        present: list[bytes | None] = []
-        statuses: list[bytes] = []
-        stamps: list[bytes] = []
-        for row in lookup.entries:
-            entry, served_stale = row[gi]
-            raws.append(entry.raw)
-            if entry.raw is None:
-                present.append(None)
-                statuses.append(b'"NOT_FOUND"' if entry.fault is None else b'"INVALID"')
-                stamps.append(EPOCH)
-                continue
-            written = entry.written_at
-            stale = is_stale(written, served_stale, max_age, now)
-            present.append(entry.present)
-            statuses.append(b'"OUTSIDE_MAX_AGE"' if stale else b'"PRESENT"')
-            stamps.append(EPOCH if written is None else _timestamp(written))
-        joined = b'"statuses":[%b],"event_timestamps":[%b]' % (
-            b",".join(statuses),
-            b",".join(stamps),
-        )
-        full = _ones(len(group.features))
-        gaps = frozenset(
-            fi for p in present if p is not None and p != full for fi, v in enumerate(p) if not v
-        )
-        values = lookup.entries[0][gi].entry.fmt.json_columns(raws)
-        return cls(values, present, gaps, statuses, stamps, joined)
-
-    def column(self, fi: int) -> bytes:
-        values = self.values[fi]
-        if fi not in self.gaps:
-            return b'{"values":[%b],%b}' % (values, self.joined)
-        statuses = [
-            s if p is None or p[fi] else b'"NULL_VALUE"'
-            for s, p in zip(self.statuses, self.present, strict=True)
-        ]
-        return b'{"values":[%b],"statuses":[%b],"event_timestamps":[%b]}' % (
-            values,
-            b",".join(statuses),
-            b",".join(self.stamps),
-        )
-
-
-@functools.cache
-def _ones(count: int) -> bytes:
-    return b"\x01" * count
+def _group_columns(lookup: Lookup, gi: int, picks: list[int]) -> list[bytes]:
+    """The columns of features ``picks`` of the lookup's group ``gi``: each row's status and
+    event time from its entry, its values from the entry's packed values."""
+    group = lookup.projection.groups[gi]
+    max_age, now = group.max_age_seconds, lookup.now
+    raws: list[bytes | None] = []
+    statuses: list[bytes] = []
+    stamps: list[bytes] = []
+    for row in lookup.entries:
+        entry, served_stale = row[gi]
+        raws.append(entry.raw)
+        if entry.raw is None:
+            statuses.append(NOT_FOUND if entry.fault is None else INVALID)
+            stamps.append(EPOCH)
+            continue
+        written = entry.written_at
+        stale = is_stale(written, served_stale, max_age, now)
+        statuses.append(OUTSIDE_MAX_AGE if stale else PRESENT)
+        stamps.append(EPOCH if written is None else _timestamp(written))
+    return lookup.entries[0][gi].entry.fmt.feast_columns(raws, statuses, stamps, picks)
 
 
 # --- writes ------------------------------------------------------------------------------
@@ -466,10 +430,10 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Rout
             auth.require(authorization, Role.READ)
             request = parse_read(parse_object(raw, limit), shapes)
             reads = zip(request.shape.reads, request.ids, strict=True)
-            lookups = await asyncio.gather(
-                # answered from the packed values: the entries keep no answer bytes
-                *(service.lookup(r.entity.name, ids, r.refs, answers=False) for r, ids in reads)
-            )
+            # answered from the packed values: the entries keep no answer bytes
+            asked = [service.lookup(r.entity.name, ids, r.refs, answers=False) for r, ids in reads]
+            # one entity type (the usual request) needs no task of its own
+            lookups = [await asked[0]] if len(asked) == 1 else await asyncio.gather(*asked)
         except Exception as e:
             return fail(e, "get", t0)
         for lookup in lookups:

@@ -972,36 +972,74 @@ impl GroupCodec {
         self.parts(py, raw, b"null", json_value)
     }
 
-    /// Per feature, the JSON of its values across entities joined by `,` (`null` for an
-    /// entity with no value, or with nothing stored: `None` in `raws`): the columns of a
-    /// Feast-shaped answer. One call per group and request, instead of one `json_parts`
-    /// list per entity transposed in Python.
-    fn json_columns<'py>(
+    /// Feast's answer columns of one group, one per feature index in `picks`:
+    /// `{"values":[..],"statuses":[..],"event_timestamps":[..]}` over the rows. A row is
+    /// its packed values (None: the entity has nothing of the group), its status and its
+    /// event time (JSON strings, `statuses` and `stamps`); a value the row lacks is `null`
+    /// with status `"NULL_VALUE"`. One call per group and request: the answer's bulk,
+    /// written without a Python object per value (`serving/feast_api.py`).
+    fn feast_columns<'py>(
         &self,
         py: Python<'py>,
         raws: Vec<Option<Bound<'py, PyBytes>>>,
+        statuses: Vec<Bound<'py, PyBytes>>,
+        stamps: Vec<Bound<'py, PyBytes>>,
+        picks: Vec<usize>,
     ) -> PyResult<Bound<'py, PyList>> {
         let count = self.types.len();
-        let mut columns: Vec<Vec<u8>> = (0..count)
-            .map(|_| Vec::with_capacity(raws.len() * 12))
-            .collect();
-        for (row, raw) in raws.iter().enumerate() {
-            let values = match raw {
-                Some(raw) => unpack(raw.as_bytes(), count)?,
-                None => vec![None; count],
-            };
-            for (i, (value, &(type_code, dim))) in values.iter().zip(&self.types).enumerate() {
-                let out = &mut columns[i];
+        if statuses.len() != raws.len() || stamps.len() != raws.len() {
+            return Err(PyValueError::new_err("one status and one time per row"));
+        }
+        if picks.iter().any(|&fi| fi >= count) {
+            return Err(PyValueError::new_err("a feature index past the group's"));
+        }
+        let mut rows: Vec<Option<Vec<Option<&[u8]>>>> = Vec::with_capacity(raws.len());
+        for raw in &raws {
+            rows.push(match raw {
+                Some(raw) => Some(unpack(raw.as_bytes(), count)?),
+                None => None,
+            });
+        }
+        let mut times = Vec::with_capacity(stamps.len() * 24);
+        for (row, stamp) in stamps.iter().enumerate() {
+            if row > 0 {
+                times.push(b',');
+            }
+            times.extend_from_slice(stamp.as_bytes());
+        }
+        let mut columns = Vec::with_capacity(picks.len());
+        let mut out = Vec::with_capacity(256 + raws.len() * 40);
+        for &fi in &picks {
+            let (type_code, dim) = self.types[fi];
+            out.clear();
+            out.extend_from_slice(b"{\"values\":[");
+            for (row, values) in rows.iter().enumerate() {
                 if row > 0 {
                     out.push(b',');
                 }
-                match value {
+                match values.as_ref().and_then(|v| v[fi]) {
                     None => out.extend_from_slice(b"null"),
-                    Some(data) => json_value(out, type_code, dim, data).map_err(|_| fallback(i))?,
+                    Some(data) => {
+                        json_value(&mut out, type_code, dim, data).map_err(|_| fallback(fi))?
+                    }
                 }
             }
+            out.extend_from_slice(b"],\"statuses\":[");
+            for (row, (values, status)) in rows.iter().zip(&statuses).enumerate() {
+                if row > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(match values {
+                    Some(v) if v[fi].is_none() => b"\"NULL_VALUE\"".as_slice(),
+                    _ => status.as_bytes(),
+                });
+            }
+            out.extend_from_slice(b"],\"event_timestamps\":[");
+            out.extend_from_slice(&times);
+            out.extend_from_slice(b"]}");
+            columns.push(PyBytes::new(py, &out));
         }
-        PyList::new(py, columns.iter().map(|c| PyBytes::new(py, c)))
+        PyList::new(py, columns)
     }
 
     /// The values' JSON array (what `load` makes as the answer).

@@ -120,13 +120,23 @@ def same_answers(names: list[str], reply: list[bytes | None]) -> bool:
     raw = loaded[0]
     assert native.json(raw) == loaded[2]  # a compact cache's entry answered
     assert native.json_parts(raw) == pure.json_parts(raw)
-    # a Feast answer's columns: the rows' values per feature, an entity with nothing between
+    # a Feast answer's columns: the rows' values per feature (an entity with nothing
+    # between), their statuses (NULL_VALUE where a row lacks the value) and times
     raws = [raw, None, raw]
-    columns = native.json_columns(raws)
-    assert columns == pure.json_columns(raws)
+    statuses, stamps = [b'"PRESENT"', b'"NOT_FOUND"', b'"OUTSIDE_MAX_AGE"'], [b'"t1"', b"0", b"1"]
+    picks = [*reversed(range(len(names))), 0]
+    columns = native.feast_columns(raws, statuses, stamps, picks)
+    assert columns == pure.feast_columns(raws, statuses, stamps, picks)
     parts = pure.json_parts(raw)
-    assert columns == [b"%b,null,%b" % (p, p) for p in parts]
-    assert native.json_columns([]) == pure.json_columns([]) == [b""] * len(names)
+    for fi, column in zip(picks, columns, strict=True):
+        status = b'"PRESENT"' if reply[fi] is not None else b'"NULL_VALUE"'
+        late = b'"OUTSIDE_MAX_AGE"' if reply[fi] is not None else b'"NULL_VALUE"'
+        assert orjson.loads(column) == {
+            "values": orjson.loads(b"[%b,null,%b]" % (parts[fi], parts[fi])),
+            "statuses": orjson.loads(b'[%b,"NOT_FOUND",%b]' % (status, late)),
+            "event_timestamps": ["t1", 0, 1],
+        }
+    assert native.feast_columns([], [], [], picks) == pure.feast_columns([], [], [], picks)
     assert native.proto(raw) == pure.proto(raw)
     assert native.proto_parts(raw) == pure.proto_parts(raw)
     # loaded for a gRPC answer: the records in place of the JSON
