@@ -443,8 +443,11 @@ fn non_finite(out: &mut Vec<u8>, nan: bool, positive: bool) {
 /// for a middle range of exponents, and within orjson's plain range (1e-5 up to 1e16)
 /// the two layouts are the same text: copied as it is; anything else is laid out.
 fn shortest(out: &mut Vec<u8>, text: &str, magnitude: f64) {
-    if !text.contains('e') && magnitude < 1e16 && (magnitude >= 1e-5 || magnitude == 0.0) {
-        out.extend_from_slice(text.as_bytes());
+    let bytes = text.as_bytes();
+    // bytes: `str::contains` with a char sets up a substring search for a few bytes
+    let plain = magnitude < 1e16 && (magnitude >= 1e-5 || magnitude == 0.0);
+    if plain && !bytes.contains(&b'e') {
+        out.extend_from_slice(bytes);
     } else {
         layout(out, text);
     }
