@@ -88,6 +88,13 @@ def entry_size(entry: Entry) -> int:
     return size
 
 
+def keeper(cache: LRUCache | None) -> Callable[[Entry], None] | None:
+    """What keeps an answer form made on first use on its entry and counts it against the
+    byte bound (``LRUCache.charge``): None without the L1, or in a compact cache, whose
+    answers write their bytes each time."""
+    return cache.charge if cache is not None and cache.keep_answers else None
+
+
 def entry_json(entry: Entry, charge: Callable[[Entry], None] | None) -> bytes:
     """An entry's values as a JSON array: made on first use where the entry was loaded for
     a gRPC answer (which keeps its gRPC records instead), and kept on the entry when

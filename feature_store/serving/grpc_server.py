@@ -36,7 +36,7 @@ from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving import wire
 from feature_store.serving.auth import Authenticator, AuthError, Role
-from feature_store.serving.cache import Entry
+from feature_store.serving.cache import Entry, keeper
 from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.front_reads import FrontReads
@@ -236,9 +236,7 @@ class FeatureServicer:
         header = proj.memo.get(API)
         if header is None:
             header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
-        cache = self.cache
-        charge = cache.charge if cache is not None and cache.keep_answers else None
-        body = cast(bytes, header) + answer_rows(lookup, charge)
+        body = cast(bytes, header) + answer_rows(lookup, keeper(self.cache))
         learn = self.learn if proj.whole_group and not lookup.errors else None
         if learn is not None and not request.bypass_cache:
             learn(request.entity_type, features, groups, proj, cast(bytes, header))

@@ -51,7 +51,7 @@ import orjson
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import wire
-from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_json
+from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_json, keeper
 from feature_store.serving.roundtrip import whole
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ class NativeHits(FrontLookups):
         except Exception as e:  # the handler answers with it
             return dict.fromkeys(keys, e)
         cache = self.cache
-        charge = cache.charge if cache.keep_answers else None
+        charge = keeper(cache)
         for key, (entry, stale) in zip(keys, resolved, strict=True):
             if stale or entry.fault is not None or cache.peek(key) is not entry:
                 return dict(zip(keys, resolved, strict=True))

@@ -21,7 +21,7 @@ from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.auth import Authenticator, AuthError, Role
-from feature_store.serving.cache import Entry, entry_json
+from feature_store.serving.cache import Entry, entry_json, keeper
 from feature_store.serving.hits import Learn
 from feature_store.serving.json_answer import Answer, error_answer, parse_object
 from feature_store.serving.runtime import ServingRuntime
@@ -132,9 +132,7 @@ class RestHandlers:
             )
         if proj.whole_group:
             # an entry loaded for gRPC gets its JSON here, kept and counted
-            cache = self.runtime.reader.cache
-            charge = cache.charge if cache is not None and cache.keep_answers else None
-            rows = whole_group_rows(lookup, charge)
+            rows = whole_group_rows(lookup, keeper(self.runtime.reader.cache))
             if self.learn is not None and not lookup.errors and not bypass:
                 self.learn(entity, features, groups, proj, cast(bytes, head))
         else:
