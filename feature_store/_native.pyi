@@ -12,6 +12,15 @@ class GroupCodec:
     ) -> tuple[tuple[bytes, bytes, bytes], bytes | int | None]: ...
     def values(self, reply: list[bytes | None]) -> list[object]: ...
     def json_parts(self, raw: bytes) -> list[bytes]: ...
+    def picked_rows(
+        self,
+        ids: Sequence[object],
+        rows: Sequence[Sequence[object]],
+        now: int,
+        max_age: int | None,
+        group_json: bytes,
+        picks: Sequence[int],
+    ) -> bytes: ...
     def feast_columns(
         self,
         raws: Sequence[bytes | None],

@@ -975,6 +975,80 @@ impl GroupCodec {
         self.parts(py, raw, b"null", json_value)
     }
 
+    /// The rows of a REST answer that picks some of this group's features (`picks`: their
+    /// indices, in the answer's order), joined by commas: per entity
+    /// `{"id":..,"values":[..],"statuses":[..],"ages":{group:age}}`, the values written
+    /// from each entry's packed values. `rows` holds each entity's one `(entry,
+    /// served_stale)`, none of them a fault entry. The reference is
+    /// `feature_store.serving.rest_api._picked_rows`.
+    #[pyo3(signature = (ids, rows, now, max_age, group_json, picks))]
+    #[allow(clippy::too_many_arguments)]
+    fn picked_rows<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyList>,
+        rows: &Bound<'py, PyList>,
+        now: i64,
+        max_age: Option<i64>,
+        group_json: &[u8],
+        picks: Vec<usize>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let count = self.types.len();
+        if picks.iter().any(|&fi| fi >= count) {
+            return Err(PyValueError::new_err("a feature index past the group's"));
+        }
+        let mut out = Vec::with_capacity(rows.len() * (64 + picks.len() * 24));
+        for (i, (id, row)) in ids.iter().zip(rows.iter()).enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
+            let raw = entry.getattr(pyo3::intern!(py, "raw"))?;
+            let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+            let values = match raw.downcast::<PyBytes>() {
+                Ok(raw) => Some(unpack(raw.as_bytes(), count)?),
+                Err(_) => None, // nothing stored
+            };
+            let age = written_at.map(|w| (now - w).max(0));
+            let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+            out.extend_from_slice(b"{\"id\":");
+            json_id(&mut out, &id)?;
+            out.extend_from_slice(b",\"values\":[");
+            for (k, &fi) in picks.iter().enumerate() {
+                if k > 0 {
+                    out.push(b',');
+                }
+                match values.as_ref().and_then(|v| v[fi]) {
+                    None => out.extend_from_slice(b"null"),
+                    Some(data) => {
+                        let (type_code, dim) = self.types[fi];
+                        json_value(&mut out, type_code, dim, data).map_err(|_| fallback(fi))?
+                    }
+                }
+            }
+            out.extend_from_slice(b"],\"statuses\":[");
+            for (k, &fi) in picks.iter().enumerate() {
+                if k > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(match values.as_ref().and_then(|v| v[fi]) {
+                    None => b"\"missing\"".as_slice(),
+                    Some(_) if stale => b"\"stale\"".as_slice(),
+                    Some(_) => b"\"present\"".as_slice(),
+                });
+            }
+            out.extend_from_slice(b"],\"ages\":{");
+            out.extend_from_slice(group_json);
+            out.push(b':');
+            match age {
+                Some(a) => json_i64(&mut out, a),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.extend_from_slice(b"}}");
+        }
+        Ok(PyBytes::new(py, &out))
+    }
+
     /// Feast's answer columns of one group, one per feature index in `picks`:
     /// `{"values":[..],"statuses":[..],"event_timestamps":[..]}` over the rows. A row is
     /// its packed values (None: the entity has nothing of the group), its status and its
@@ -1530,6 +1604,15 @@ pub(crate) fn write_row(
         None => out.extend_from_slice(b"null"),
     }
     out.extend_from_slice(b"}}");
+}
+
+/// An entity id as JSON: an int's digits (as `b"%d"`), a string quoted (as orjson).
+fn json_id(out: &mut Vec<u8>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+    match id.extract::<i64>() {
+        Ok(n) => json_i64(out, n),
+        Err(_) => json_str(out, id.downcast::<pyo3::types::PyString>()?.to_str()?),
+    }
+    Ok(())
 }
 
 /// The rows of a REST answer for all of one group's features, joined by commas: per

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from collections.abc import Sequence
 
 import hiredis
 import orjson
@@ -34,7 +35,7 @@ from feature_store.serialization.codecs import encode_float32
 from feature_store.serving import grpc_server
 from feature_store.serving.cache import Entry
 from feature_store.serving.loader import Resolved
-from feature_store.serving.rest_api import _whole_group_rows
+from feature_store.serving.rest_api import _picked_rows, _whole_group_rows, picked_rows
 from feature_store.serving.service import Lookup, Projection
 
 CODECS = {
@@ -455,27 +456,26 @@ def row_value(t: FeatureType, n: int) -> object:
     return n / 7
 
 
-@given(
-    st.sampled_from(["daily", "forever"]),
-    st.lists(
-        st.tuples(
-            st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(min_size=1),
-            st.none() | st.integers(-10, 200_000),  # seconds since the write
-            st.booleans(),  # served stale (Redis failing)
-            st.lists(st.booleans(), min_size=3, max_size=3),  # which values are stored
-        ),
-        min_size=1,
-        max_size=6,
+ROWS = st.lists(
+    st.tuples(
+        st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(min_size=1),
+        st.none() | st.integers(-10, 200_000),  # seconds since the write
+        st.booleans(),  # served stale (Redis failing)
+        st.lists(st.booleans(), min_size=3, max_size=3),  # which values are stored
     ),
-    st.booleans(),
+    min_size=1,
+    max_size=6,
 )
-def test_whole_group_rows_are_the_references(
+
+
+def rows_lookup(
     group_name: str,
     rows: list[tuple],  # type: ignore[type-arg]
     compact: bool,
-) -> None:
-    """REST's and gRPC's rows of whole-group answers: native and reference, byte for byte;
-    ``compact``: the entries keep no JSON (a compact cache's), and each answer makes it."""
+    picks: Sequence[int] | None = None,
+) -> Lookup:
+    """A lookup of ``rows`` (ROWS) of one group of ROWS_REGISTRY: of all its features, or
+    of ``picks``; ``compact``: the entries keep no JSON."""
     group = ROWS_REGISTRY.groups[group_name]
     fmt = GroupFormat([f.codec for f in group.features])
     now = 1_800_000_000
@@ -495,15 +495,30 @@ def test_whole_group_rows_are_the_references(
             entry = Entry(key, fmt, raw, present, None if compact else json, written_at)
         ids.append(entity_id if entity_id is not None else n)
         entries.append([Resolved(entry, served_stale)])
+    indices = range(len(group.features)) if picks is None else picks
+    features = tuple(group.features[i] for i in indices)
     proj = Projection(
         group.entity,
-        group.features,
-        tuple(f.name for f in group.features),
+        features,
+        tuple(f.name for f in features),
         (group,),
-        tuple((0, i) for i in range(len(group.features))),
-        True,
+        tuple((0, i) for i in indices),
+        picks is None,
     )
-    lookup = Lookup(proj, ids, entries, now, [])  # type: ignore[arg-type]
+    return Lookup(proj, ids, entries, now, [])  # type: ignore[arg-type]
+
+
+@given(st.sampled_from(["daily", "forever"]), ROWS, st.booleans())
+def test_whole_group_rows_are_the_references(
+    group_name: str,
+    rows: list[tuple],  # type: ignore[type-arg]
+    compact: bool,
+) -> None:
+    """REST's and gRPC's rows of whole-group answers: native and reference, byte for byte;
+    ``compact``: the entries keep no JSON (a compact cache's), and each answer makes it."""
+    group = ROWS_REGISTRY.groups[group_name]
+    lookup = rows_lookup(group_name, rows, compact)
+    ids, entries, now = lookup.ids, lookup.entries, lookup.now
     native = _native.rest_rows(ids, entries, now, group.max_age_seconds, orjson.dumps(group.name))  # type: ignore[arg-type]
     assert native == b",".join(_whole_group_rows(lookup))
     assert orjson.loads(b"[" + native + b"]")[0]["id"] == ids[0]
@@ -514,6 +529,37 @@ def test_whole_group_rows_are_the_references(
     assert [r.id.WhichOneof("id") for r in answer.rows] == [
         "int_id" if isinstance(i, int) else "string_id" for i in ids
     ]
+
+
+@given(st.sampled_from(["daily", "forever"]), ROWS, st.data())
+def test_picked_rows_are_the_references(
+    group_name: str,
+    rows: list[tuple],  # type: ignore[type-arg]
+    data: st.DataObject,
+) -> None:
+    """REST's rows of answers that pick some of a group's features, in any order: native
+    (from the packed values) and reference, byte for byte."""
+    count = len(ROWS_REGISTRY.groups[group_name].features)
+    picks = data.draw(
+        st.permutations(range(count)).flatmap(
+            lambda p: st.sampled_from([p[:n] for n in range(1, count + 1)])
+        )
+    )
+    lookup = rows_lookup(group_name, rows, compact=True, picks=picks)
+    group = lookup.projection.groups[0]
+    fmt = lookup.entries[0][0].entry.fmt
+    assert fmt.native is not None  # the native core answers these values
+    native = fmt.native.picked_rows(
+        lookup.ids,
+        lookup.entries,
+        lookup.now,
+        group.max_age_seconds,
+        orjson.dumps(group.name),
+        picks,
+    )
+    assert native == b",".join(_picked_rows(lookup)) == picked_rows(lookup)
+    answered = orjson.loads(b"[" + native + b"]")
+    assert [len(r["values"]) for r in answered] == [len(picks)] * len(rows)
 
 
 # --- the Spark job's float features ------------------------------------------------------
