@@ -24,8 +24,8 @@ otherwise), so that nearly every lookup misses and is loaded through the L1's po
 refresh, a restart. Its figure is server CPU per entity read from Redis (HMGET and HGETALL
 calls, as Redis counts them), beside the share of the entities looked up that were read.
 ``--feast``: lookups answered from the packed values, at batch 10: Feast's
-``/get-online-features`` (all 50 features) with the L1 off and on, and ten picked features
-of ``/v1/features/get`` (dataplane.PICKED) with the L1 off.
+``/get-online-features`` (all 50 features) and ten picked features of ``/v1/features/get``
+(dataplane.PICKED), each with the L1 off and on.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ FEAST: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
     ("feast", False, [(10, 8)]),
     ("picked", False, [(10, 8)]),
     ("feast", True, [(10, 8)]),
+    ("picked", True, [(10, 8)]),
 )
 
 
