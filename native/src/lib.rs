@@ -1004,7 +1004,8 @@ impl GroupCodec {
             }
             let (entry, served_stale): (Bound<'py, PyAny>, bool) = row.get_item(0)?.extract()?;
             let raw = entry.getattr(pyo3::intern!(py, "raw"))?;
-            let written_at: Option<i64> = entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
+            let written_at: Option<i64> =
+                entry.getattr(pyo3::intern!(py, "written_at"))?.extract()?;
             let values = match raw.downcast::<PyBytes>() {
                 Ok(raw) => Some(unpack(raw.as_bytes(), count)?),
                 Err(_) => None, // nothing stored
