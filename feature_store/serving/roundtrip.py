@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
 
 import redis.asyncio
 import redis.asyncio.cluster
@@ -280,16 +280,20 @@ class PipelineRoundTrip:
     While slots move (a reshard, a failover), the client re-learns the cluster's layout and
     a connection in use can be closed under a read: the reads are idempotent, so such a
     round trip is retried (``CLUSTER_RETRIES`` times, within the same time budget).
+
+    The layout is learnt outside any one read's budget (``known_layout``).
     """
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
         self.client = client
+        self._learning: asyncio.Task[redis.asyncio.cluster.RedisCluster] | None = None
 
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         with translated_errors():
             async with asyncio.timeout(answer_within):
                 for attempt in range(CLUSTER_RETRIES + 1):
                     try:
+                        await self.known_layout()
                         replies = await self._once(reads)
                         break
                     except (redis.exceptions.ConnectionError, OSError):
@@ -297,6 +301,26 @@ class PipelineRoundTrip:
                             raise
                         await asyncio.sleep(0.01 * (attempt + 1))
         return align(reads, replies)
+
+    async def known_layout(self) -> None:
+        """Return once the client knows the cluster's layout.
+
+        After a connection error (a node died), redis-py forgets the layout and learns it
+        again at the next command: CLUSTER SLOTS, then COMMAND, tens of milliseconds, more
+        on a loaded host. Learnt inside a read's timeout, a refresh that the timeout cuts
+        starts over at the next read, and when each takes longer than the budget none ever
+        ends: serving stayed down after a failover until the load stopped. So it runs in a
+        task of its own, shared by the reads that wait for it and shielded from their
+        timeouts; a read cut meanwhile leaves it to finish for the next.
+        """
+        if not self.client._initialize:  # redis-py's flag: the layout is to be learnt
+            return
+        learning = self._learning
+        if learning is None or learning.done():
+            learning = asyncio.ensure_future(self.client.initialize())
+            learning.add_done_callback(_seen)
+            self._learning = learning
+        await asyncio.shield(learning)
 
     async def _once(self, reads: Sequence[Read]) -> list[object]:
         pipe = self.client.pipeline(transaction=False)
@@ -318,6 +342,13 @@ class PipelineRoundTrip:
             if closed_under(reply):
                 raise redis.exceptions.ConnectionError(str(reply)) from reply
         return replies
+
+
+def _seen(task: asyncio.Future[Any]) -> None:
+    """Take a finished task's error, if any: the reads that waited for it may all have
+    been cut, and asyncio reports an error nobody took."""
+    if not task.cancelled():
+        task.exception()
 
 
 def closed_under(error: object) -> TypeGuard[RuntimeError]:

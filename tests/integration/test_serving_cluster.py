@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 import redis.asyncio
 import uvloop
 
 from feature_store import sample
 from feature_store.connection import RedisTarget
+from feature_store.embedded import EmbeddedCluster
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.roundtrip import PipelineRoundTrip, Read, Reply
 from feature_store.serving.runtime import ServingRuntime
@@ -83,3 +85,50 @@ def test_a_read_on_connections_closed_under_the_client_is_sent_again(cluster_url
     assert closed >= 3  # one connection per master at least
     assert all(isinstance(r, list) and r[0] is not None for r in first)
     assert again == first
+
+
+def test_a_layout_refresh_cut_by_a_reads_timeout_finishes_for_the_next_read(
+    redis_cluster: EmbeddedCluster, cluster_url: str
+) -> None:
+    """After a node dies, redis-py learns the cluster's layout again (CLUSTER SLOTS, then
+    COMMAND) at the next command. A read whose budget ends first must not take the refresh
+    down with it: on a loaded host every refresh outlived its read's budget, each read
+    started it over, and serving stayed down after a failover until the load stopped."""
+    registry = sample.registry()
+    spec = GroupSpec.of(registry.groups[sample.GROUP], registry)
+    prefix = registry.entities[sample.ENTITY].prefix
+    reads: list[Read] = [(f"{prefix}:{i}".encode(), [spec]) for i in range(30)]
+    nodes = [redis.Redis.from_url(node.url) for node in redis_cluster.nodes]
+
+    def refreshes() -> int:  # CLUSTER SLOTS asked, over all the nodes
+        stats = (node.info("commandstats") for node in nodes)
+        return sum(s.get("cmdstat_cluster|slots", {}).get("calls", 0) for s in stats)
+
+    async def cut_then_read() -> tuple[int, int, int]:
+        client = RedisTarget.parse(cluster_url).async_client()
+        assert isinstance(client, redis.asyncio.RedisCluster)
+        try:
+            round_trip = PipelineRoundTrip(client)
+            await round_trip(reads, 5.0)
+            await client.aclose()  # as after a connection error: the layout is forgotten
+            before = refreshes()
+            with pytest.raises(TimeoutError):
+                await round_trip(reads, 0.0001)  # cut before any reply can come
+            for _ in range(100):  # the refresh goes on without the read (at most 5 s)
+                await asyncio.sleep(0.05)
+                if not client._initialize:
+                    break
+            learnt = refreshes()
+            await round_trip(reads, 5.0)
+            return before, learnt, refreshes()
+        finally:
+            await client.aclose()
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            before, learnt, after = runner.run(cut_then_read())
+    finally:
+        for node in nodes:
+            node.close()
+    assert learnt == before + 1  # the cut read's refresh went on to the end
+    assert after == learnt  # and the next read did not have to start it over
