@@ -3,7 +3,8 @@ concurrency 1, 8 and 32 (and batch 1,000 at 8); the native path, the Python refe
 on grpc.aio instead of the native front, and an older revision.
 
     python3 benchmarks/dataplane.py [--baseline REV] [--entities 100000] [--seconds 12] [--ttl 2]
-                                    [--stampede-runs 5] [--no-tail] [--out FILE]
+                                    [--stampede-runs 5] [--no-tail] [--tails APIS]
+                                    [--only-tails] [--out FILE]
 
 One `feature-store serve` worker per (path, API, L1); wrk drives REST (1,000 zipfian
 batches in turn) and h2load drives gRPC (one batch; its per-request log gives the
@@ -26,7 +27,10 @@ ratio compares figures taken minutes apart on one machine.
 
 The tail at scale follows (--no-tail: none), on the native path: REST at 1,000 connections
 (wrk, timeout 1 s: its timeouts are the requests past 1 s) and gRPC at 500 connections x 10
-streams (h2load's per-request log), L1 off and on, with the maximum and the count past 1 s;
+streams (h2load's per-request log), then the REST lookups that Python's handlers answer at
+1,000 connections: ten picked features ("picked") and Feast's API ("feast"); L1 off and on,
+with the maximum and the count past 1 s (--tails picks the APIs, --only-tails skips the
+cells before);
 then the stampede scenario (benchmarks/rest_front.py: wrk at 400 connections on 100
 batches of 10, L1 TTL 1 s, 15 s per run, --stampede-runs runs, Redis reads counted by
 Redis).
@@ -90,8 +94,9 @@ TARGET_OFF_P50_MS = 0.25  # at one connection
 TARGET_ON_P50_MS = 0.1
 TARGET_STAMPEDE_P99_MS = 200.0
 STAMPEDE_READS = 1.25  # "about one read per key per TTL": at most this many
-# the tail at scale: (API, connections, streams per connection)
-TAILS = (("rest", 1000, 1), ("grpc", 500, 10))
+# the tail at scale: (API, connections, streams per connection); "picked" and "feast" are
+# REST lookups that Python's handlers answer (ten picked features, Feast's API)
+TAILS = {"rest": (1000, 1), "grpc": (500, 10), "picked": (1000, 1), "feast": (1000, 1)}
 
 
 # the native fronts with every lookup without the L1 answered by its handler
@@ -294,17 +299,19 @@ def run_tail(
     """One window of the native path at ``connections`` (x ``streams`` for gRPC)."""
     server_args = ["--cache-ttl", f"{args.ttl:g}"] if l1 else ["--no-cache"]
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
-    bodies = batch_bodies(args.entities, 10)
+    bodies = batch_bodies(args.entities, 10, "rest" if api == "grpc" else api)
     script = wrk_script(work / "tail.lua", bodies)
+    route = "/get-online-features" if api == "feast" else "/v1/features/get"
+    ids = orjson.loads(batch_bodies(args.entities, 10)[0])["ids"]
     message = pb.GetFeaturesRequest(
-        entity_type=sample.ENTITY, int_ids=orjson.loads(bodies[0])["ids"], groups=[sample.GROUP]
+        entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]
     ).SerializeToString()
     with ServingProcess(redis.url, args=server_args, env=env, grpc=api == "grpc") as server:
         assert server.process is not None
 
         def load(seconds: float, conns: int, per_conn: int) -> dict[str, float]:
-            if api == "rest":
-                return run_wrk(f"{server.rest_url}/v1/features/get", script, seconds, conns)
+            if api != "grpc":
+                return run_wrk(f"{server.rest_url}{route}", script, seconds, conns)
             return run_h2load(server.grpc_target, message, seconds, work, conns, per_conn)
 
         load(2.0, 8, 1)  # warm-up: connections, the L1's first loads
@@ -570,9 +577,20 @@ def main() -> int:
     parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
     parser.add_argument("--stampede-runs", type=int, default=5, help="0: no stampede")
     parser.add_argument("--no-tail", action="store_true", help="no cells at 1,000 connections")
+    parser.add_argument(
+        "--tails",
+        default=",".join(TAILS),
+        help=f"the APIs of the tail at scale, of {', '.join(TAILS)} (default: all)",
+    )
+    parser.add_argument(
+        "--only-tails", action="store_true", help="the tail at scale and the stampede only"
+    )
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
+    tail_apis = [a for a in args.tails.split(",") if a]
+    if unknown := set(tail_apis) - set(TAILS):
+        parser.error(f"--tails: unknown {', '.join(sorted(unknown))}; known: {', '.join(TAILS)}")
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
@@ -592,7 +610,7 @@ def main() -> int:
             if args.baseline:
                 tree = stack.enter_context(worktree(args.baseline, Path(tmp) / "before"))
                 runs.insert(0, ("before", [*baseline, (1000, 8)], tree))
-            for path, plan, cwd in runs:
+            for path, plan, cwd in [] if args.only_tails else runs:
                 for api in ("grpc",) if path == "grpcio" else ("rest", "grpc"):
                     l1s = {PYTHON_READS: (False,), COMPACT: (True,)}.get(path, (False, True))
                     for l1 in l1s:
@@ -600,30 +618,30 @@ def main() -> int:
                             redis, path, api, l1, plan, args.seconds, Path(tmp), args.ttl, cwd
                         )
         tails = [
-            run_tail(redis, api, conns, streams, l1, args, Path(tmp))
-            for api, conns, streams in ([] if args.no_tail else TAILS)
+            run_tail(redis, api, *TAILS[api], l1, args, Path(tmp))
+            for api in ([] if args.no_tail else tail_apis)
             for l1 in (False, True)
         ]
         stampedes = stampede(redis, "native", args.stampede_runs, args.entities, Path(tmp))
-    lines = [
-        *header(
-            "One worker; wrk (REST, 1,000 zipfian batches), h2load (gRPC, one batch); "
-            f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s ({args.seconds / args.ttl:.0f} "
-            "TTLs per cell); batches of the standard shape (all 50 features)"
-            + (f"; before = {args.baseline}." if args.baseline else ".")
-        ),
-        "",
-        "## Targets",
-        "",
-        *verdicts(cells),
-        *tail_lines(tails, stampedes),
-        "",
-        "## Every cell",
-        "",
-        "| path | API | L1 | batch | conns | req/s | p50 ms | p99 ms | errors "
-        "| server µs/entity | Redis µs/entity | load generator µs/entity | read from Redis |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines = header(
+        "One worker; wrk (REST, 1,000 zipfian batches), h2load (gRPC, one batch); "
+        f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s ({args.seconds / args.ttl:.0f} "
+        "TTLs per cell); batches of the standard shape (all 50 features; ten picked in the "
+        "picked rows, and all 50 by Feast's names in the feast rows)"
+        + (f"; before = {args.baseline}." if args.baseline else ".")
+    )
+    if cells:
+        lines += ["", "## Targets", "", *verdicts(cells)]
+    lines += tail_lines(tails, stampedes)
+    if cells:
+        lines += [
+            "",
+            "## Every cell",
+            "",
+            "| path | API | L1 | batch | conns | req/s | p50 ms | p99 ms | errors "
+            "| server µs/entity | Redis µs/entity | load generator µs/entity | read from Redis |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for c in cells:
         lines.append(
             f"| {c.path} | {c.api} | {c.l1} | {c.batch} | {c.connections} | {c.rate:,.0f} | "
@@ -631,7 +649,7 @@ def main() -> int:
             f"{c.redis_us:.1f} | {c.loadgen_us:.1f} | {c.loaded:.0%} |"
         )
     save(args.out, "The serving data plane", lines)
-    if args.out:
+    if args.out and cells:
         plot(args.out.with_suffix(".png"), cells)
     return 0
 
