@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import orjson
@@ -116,6 +116,8 @@ class FeastShape:
     reads: tuple[Read, ...]
     columns: tuple[Column, ...]
     with_views: bool  # include_feature_view_version_metadata
+    # the answer's plan, made by the first answer of this shape (``answer_plan``)
+    plan: list[AnswerPlan] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,38 +298,68 @@ def _timestamp(seconds: int) -> bytes:
     return b'"%b"' % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerPlan:
+    """How the answers of one shape are put together: the same for each of its requests."""
+
+    head: bytes  # '{"metadata":{..},"results":[': the names do not change
+    groups: tuple[tuple[int, int, list[int]], ...]  # (read, group, its features' indices)
+    order: tuple[int, ...]  # per column: its place among the groups' columns, in turn
+
+
+def answer_plan(shape: FeastShape, lookups: Sequence[Lookup]) -> AnswerPlan:
+    """The plan of ``shape``'s answers, made by its first: the names' metadata, and which
+    group writes each column. The lookups' projections come from the shape's names and
+    the registry, which a process keeps, so every request of a shape has the same plan."""
+    if shape.plan:
+        return shape.plan[0]
+    # per (read, group): the features it answers, in the order of the request's columns
+    picks: dict[tuple[int, int], list[int]] = {}
+    for column in shape.columns:
+        gi, fi = lookups[column.read].projection.picks[column.index]
+        picks.setdefault((column.read, gi), []).append(fi)
+    start, taken = {}, 0
+    for key, fis in picks.items():
+        start[key], taken = taken, taken + len(fis)
+    order = []
+    for column in shape.columns:
+        gi, _ = lookups[column.read].projection.picks[column.index]
+        order.append(start[column.read, gi])
+        start[column.read, gi] += 1
+    names = [read.entity.join_key for read in shape.reads] + [c.name for c in shape.columns]
+    metadata: dict[str, object] = {"feature_names": names}
+    if shape.with_views:
+        views = dict.fromkeys(g.name for lookup in lookups for g in lookup.projection.groups)
+        metadata["feature_view_metadata"] = [{"name": v} for v in views]
+    plan = AnswerPlan(
+        b'{"metadata":%b,"results":[' % orjson.dumps(metadata),
+        tuple((ri, gi, fis) for (ri, gi), fis in picks.items()),
+        tuple(order),
+    )
+    shape.plan[:] = [plan]
+    return plan
+
+
 def answer_json(request: FeastRead, lookups: Sequence[Lookup]) -> bytes:
     """Feast's column-shaped answer: the join key columns, then each feature's column.
 
     A column holds its values, their statuses and their event times. The statuses and
     times are those of its group's rows, the same for every feature of the group unless a
     row lacks that one value (NULL_VALUE). Each group's columns are written in one call
-    (``GroupFormat.feast_columns``), in the order the request names them."""
-    names: list[str] = []
+    (``GroupFormat.feast_columns``), and put in the order the request names them."""
+    plan = answer_plan(request.shape, lookups)
     results: list[bytes] = []
-    shape = request.shape
-    for read, ids in zip(shape.reads, request.ids, strict=True):
-        join_key, n = read.entity.join_key, len(ids)
-        names.append(join_key)
+    for ids in request.ids:
+        n = len(ids)
         results.append(
             b'{"values":%b,"statuses":[%b],"event_timestamps":[%b]}'
             % (orjson.dumps(ids), b",".join([PRESENT] * n), b",".join([EPOCH] * n))
         )
-    # per (read, group): the features it answers, in the order of the request's columns
-    picks: dict[tuple[int, int], list[int]] = {}
-    for column in shape.columns:
-        gi, fi = lookups[column.read].projection.picks[column.index]
-        picks.setdefault((column.read, gi), []).append(fi)
-    made = {(ri, gi): iter(_group_columns(lookups[ri], gi, fis)) for (ri, gi), fis in picks.items()}
-    for column in shape.columns:
-        gi, _ = lookups[column.read].projection.picks[column.index]
-        names.append(column.name)
-        results.append(next(made[column.read, gi]))
-    metadata: dict[str, object] = {"feature_names": names}
-    if shape.with_views:
-        views = dict.fromkeys(g.name for lookup in lookups for g in lookup.projection.groups)
-        metadata["feature_view_metadata"] = [{"name": v} for v in views]
-    return b'{"metadata":%b,"results":[%b]}' % (orjson.dumps(metadata), b",".join(results))
+    made: list[bytes] = []
+    for ri, gi, fis in plan.groups:
+        made += _group_columns(lookups[ri], gi, fis)
+    results += [made[i] for i in plan.order]
+    return b"%b%b]}" % (plan.head, b",".join(results))
 
 
 def _group_columns(lookup: Lookup, gi: int, picks: list[int]) -> list[bytes]:

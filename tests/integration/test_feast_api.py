@@ -90,27 +90,24 @@ def test_every_status_and_two_entity_types_in_one_request(
     served: tuple[str, Registry, str],
 ) -> None:
     url, _, _ = served
-    got = columns(
-        post(
-            url,
-            "/get-online-features",
-            {
-                "entities": {
-                    "consumer_id": [1, 2, 3, 4, 5],
-                    "store_id": ["s1", "s1", "x", "s1", "y"],
-                },
-                "features": [
-                    "consumer_daily:orders",
-                    "store_daily:city",
-                    "consumer_daily:tags",
-                    "consumer_live:score_now",
-                    "consumer_daily:orders",  # repeated: answered once
-                ],
-                "full_feature_names": False,
-                "some_future_field": 1,  # ignored, as Feast's server ignores it
-            },
-        )
-    )
+    body = {
+        "entities": {
+            "consumer_id": [1, 2, 3, 4, 5],
+            "store_id": ["s1", "s1", "x", "s1", "y"],
+        },
+        "features": [  # the views' columns interleaved
+            "consumer_daily:orders",
+            "store_daily:city",
+            "consumer_daily:tags",
+            "consumer_live:score_now",
+            "consumer_daily:orders",  # repeated: answered once
+        ],
+        "full_feature_names": False,
+        "some_future_field": 1,  # ignored, as Feast's server ignores it
+    }
+    first, again = (post(url, "/get-online-features", body) for _ in range(2))
+    assert again.content == first.content  # the second put together by the shape's plan
+    got = columns(first)
     assert list(got) == ["consumer_id", "store_id", "orders", "city", "tags", "score_now"]
     assert got["consumer_id"]["values"] == [1, 2, 3, 4, 5]
     assert got["store_id"]["values"] == ["s1", "s1", "x", "s1", "y"]
