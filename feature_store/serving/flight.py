@@ -22,12 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
 from feature_store.serving.cache import CacheKey, Entry, LRUCache
 from feature_store.serving.reads import CircuitOpenError, Resolved, StoreReads
-from feature_store.serving.roundtrip import Read
+from feature_store.serving.roundtrip import Read, consume
 from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -35,12 +34,6 @@ log = logging.getLogger(__name__)
 FLUSH_KEYS = 1000  # keys per round trip of the reads of requests without a cache
 
 Own = Callable[[asyncio.Task[None]], None]  # keeps a task until it is done
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Mark the exception of a request nobody awaited any more as retrieved."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _failure(error: BaseException, what: str) -> BaseException:
@@ -243,7 +236,7 @@ class Batches:
         # the circuit is asked at the flush (``StoreReads.direct``): asking here too would
         # spend a half-open circuit's one probe on a question and never send it
         future: asyncio.Future[list[Resolved]] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_consume)
+        future.add_done_callback(consume)
         self._batches.append(_Batch(keys, (proto and not bare, bare), future))
         if not self._scheduled:
             self._scheduled = True

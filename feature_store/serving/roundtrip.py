@@ -318,7 +318,7 @@ class PipelineRoundTrip:
         learning = self._learning
         if learning is None or learning.done():
             learning = asyncio.ensure_future(self.client.initialize())
-            learning.add_done_callback(_seen)
+            learning.add_done_callback(consume)
             self._learning = learning
         await asyncio.shield(learning)
 
@@ -344,11 +344,11 @@ class PipelineRoundTrip:
         return replies
 
 
-def _seen(task: asyncio.Future[Any]) -> None:
-    """Take a finished task's error, if any: the reads that waited for it may all have
-    been cut, and asyncio reports an error nobody took."""
-    if not task.cancelled():
-        task.exception()
+def consume(future: asyncio.Future[Any]) -> None:
+    """Take a finished future's error, if any, as its done callback: those who waited for
+    it may all have been cut, and asyncio reports an error nobody took."""
+    if not future.cancelled():
+        future.exception()
 
 
 def closed_under(error: object) -> TypeGuard[RuntimeError]:
