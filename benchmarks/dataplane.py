@@ -191,6 +191,18 @@ def batch_bodies(entities: int, batch: int, api: str = "rest") -> list[bytes]:
     return [orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, **asked}) for ids in batches]
 
 
+def rest_route(api: str) -> str:
+    """The REST route of a cell's API: Feast's, or this server's lookups."""
+    return "/get-online-features" if api == "feast" else "/v1/features/get"
+
+
+def grpc_request(body: bytes) -> bytes:
+    """The gRPC GetFeaturesRequest of a whole-group REST body (``batch_bodies``)."""
+    return pb.GetFeaturesRequest(
+        entity_type=sample.ENTITY, int_ids=orjson.loads(body)["ids"], groups=[sample.GROUP]
+    ).SerializeToString()
+
+
 def run_server(
     redis: EmbeddedRedis,
     path: str,
@@ -222,12 +234,9 @@ def run_server(
 
         def load(batch: int, connections: int, window: float) -> tuple[int, float, float, int]:
             if api != "grpc":  # REST: the whole group, picked features, or Feast's API
-                route = "/get-online-features" if api == "feast" else "/v1/features/get"
-                return wrk(f"{server.rest_url}{route}", bodies[batch], window, work, connections)
-            ids = orjson.loads(bodies[batch][0])["ids"]
-            request = pb.GetFeaturesRequest(
-                entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]
-            ).SerializeToString()
+                url = f"{server.rest_url}{rest_route(api)}"
+                return wrk(url, bodies[batch], window, work, connections)
+            request = grpc_request(bodies[batch][0])
             return h2load(server.grpc_target, request, window, work, connections)
 
         for batch, connections in cells:
@@ -301,17 +310,13 @@ def run_tail(
     env = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
     bodies = batch_bodies(args.entities, 10, "rest" if api == "grpc" else api)
     script = wrk_script(work / "tail.lua", bodies)
-    route = "/get-online-features" if api == "feast" else "/v1/features/get"
-    ids = orjson.loads(batch_bodies(args.entities, 10)[0])["ids"]
-    message = pb.GetFeaturesRequest(
-        entity_type=sample.ENTITY, int_ids=ids, groups=[sample.GROUP]
-    ).SerializeToString()
+    message = grpc_request(bodies[0]) if api == "grpc" else b""
     with ServingProcess(redis.url, args=server_args, env=env, grpc=api == "grpc") as server:
         assert server.process is not None
 
         def load(seconds: float, conns: int, per_conn: int) -> dict[str, float]:
             if api != "grpc":
-                return run_wrk(f"{server.rest_url}{route}", script, seconds, conns)
+                return run_wrk(f"{server.rest_url}{rest_route(api)}", script, seconds, conns)
             return run_h2load(server.grpc_target, message, seconds, work, conns, per_conn)
 
         load(2.0, 8, 1)  # warm-up: connections, the L1's first loads
