@@ -42,6 +42,7 @@ T = TypeVar("T")
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
 CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
 CLUSTER_RETRIES = 2  # quick retries of a cluster round trip whose connection was closed
+LAYOUT_WAIT = 1.0  # seconds a cluster read may wait for the layout to be learnt
 
 
 class ConnectionWaitTimeout(StoreTimeoutError):
@@ -281,7 +282,7 @@ class PipelineRoundTrip:
     a connection in use can be closed under a read: the reads are idempotent, so such a
     round trip is retried (``CLUSTER_RETRIES`` times, within the same time budget).
 
-    The layout is learnt outside any one read's budget (``known_layout``).
+    The layout is learnt outside the reads' budget (``known_layout``).
     """
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
@@ -289,29 +290,41 @@ class PipelineRoundTrip:
         self._learning: asyncio.Task[redis.asyncio.cluster.RedisCluster] | None = None
 
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + answer_within
         with translated_errors():
-            async with asyncio.timeout(answer_within):
-                for attempt in range(CLUSTER_RETRIES + 1):
-                    try:
-                        await self.known_layout()
+            for attempt in range(CLUSTER_RETRIES + 1):
+                waited = loop.time()
+                await self.known_layout()
+                deadline += loop.time() - waited  # learning the layout is not the read's time
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        if attempt:
+                            await asyncio.sleep(0.01 * attempt)
                         replies = await self._once(reads)
-                        break
-                    except (redis.exceptions.ConnectionError, OSError):
-                        if attempt == CLUSTER_RETRIES:
-                            raise
-                        await asyncio.sleep(0.01 * (attempt + 1))
+                    break
+                except (redis.exceptions.ConnectionError, OSError):
+                    if attempt == CLUSTER_RETRIES:
+                        raise
         return align(reads, replies)
 
     async def known_layout(self) -> None:
-        """Return once the client knows the cluster's layout.
+        """Return once the client knows the cluster's layout (at most ``LAYOUT_WAIT``).
 
         After a connection error (a node died), redis-py forgets the layout and learns it
         again at the next command: CLUSTER SLOTS, then COMMAND, tens of milliseconds, more
-        on a loaded host. Learnt inside a read's timeout, a refresh that the timeout cuts
-        starts over at the next read, and when each takes longer than the budget none ever
-        ends: serving stayed down after a failover until the load stopped. So it runs in a
-        task of its own, shared by the reads that wait for it and shielded from their
-        timeouts; a read cut meanwhile leaves it to finish for the next.
+        on a loaded host. That wait is not counted in a read's budget (the adaptive
+        timeout, 100 ms at its floor), for two reasons:
+
+        - A refresh cut by a read's timeout started over at the next read, and when each
+          took longer than the budget none ever ended: serving stayed down after a
+          failover until the load stopped. So it runs in a task of its own, shared by the
+          reads that wait for it and shielded from them; a read cut meanwhile leaves it to
+          finish for the next.
+        - While the circuit is open, one probe read at a time decides whether Redis is
+          back, and the first probe after a failover is the read that learns the new
+          layout. Cut by its budget, it failed although the cluster was fine, and the
+          circuit stayed open twice as long (4 s after a 3 s failover, by default).
         """
         if not self.client._initialize:  # redis-py's flag: the layout is to be learnt
             return
@@ -320,7 +333,13 @@ class PipelineRoundTrip:
             learning = asyncio.ensure_future(self.client.initialize())
             learning.add_done_callback(consume)
             self._learning = learning
-        await asyncio.shield(learning)
+        try:
+            async with asyncio.timeout(LAYOUT_WAIT):
+                await asyncio.shield(learning)
+        except TimeoutError:
+            raise StoreTimeoutError(
+                f"the Redis Cluster's layout was not learnt within {LAYOUT_WAIT:.0f} s"
+            ) from None
 
     async def _once(self, reads: Sequence[Read]) -> list[object]:
         pipe = self.client.pipeline(transaction=False)

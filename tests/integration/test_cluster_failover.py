@@ -44,13 +44,13 @@ def replicated(tmp_path: Path) -> Iterator[EmbeddedCluster]:
 
 @dataclass
 class Answers:
-    """What a bounded load got: (seconds since start, HTTP status, latency s), and any
-    answer whose values were wrong."""
+    """What a bounded load got: (seconds since start, HTTP status, latency s), any answer
+    whose values were wrong, and each failed answer's body with its time."""
 
     t0: float = field(default_factory=time.monotonic)
     rows: list[tuple[float, int, float]] = field(default_factory=list)
     wrong: list[object] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    errors: list[tuple[float, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def statuses(self) -> set[int]:
@@ -58,6 +58,16 @@ class Answers:
 
     def failures(self) -> list[tuple[float, int, float]]:
         return [row for row in self.rows if row[1] != 200]
+
+    def why(self) -> str:
+        """Each distinct failure, how often and from when to when: a message that names
+        only the first few failures hides what kept serving down afterwards."""
+        seen: dict[str, list[float]] = {}
+        for t, text in self.errors:
+            seen.setdefault(text, []).append(t)
+        return "; ".join(
+            f"{len(ts)} x {text} ({min(ts):.2f} s to {max(ts):.2f} s)" for text, ts in seen.items()
+        )
 
 
 def _load(url: str, stop: threading.Event, answers: Answers, clients: int = 4) -> None:
@@ -78,8 +88,8 @@ def _load(url: str, stop: threading.Event, answers: Answers, clients: int = 4) -
                         got = [row["values"][0] for row in r.json()["results"]]
                         if got != [EXPECTED[i] for i in ids]:
                             answers.wrong.append((ids, got))
-                    elif len(answers.errors) < 20:
-                        answers.errors.append(r.text[:300])
+                    else:
+                        answers.errors.append((start - answers.t0, r.text[:300]))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -89,8 +99,14 @@ def _load(url: str, stop: threading.Event, answers: Answers, clients: int = 4) -
 
 
 def test_serving_rides_out_a_master_failover(replicated: EmbeddedCluster) -> None:
+    # While the failover runs the circuit opens, and each failed probe doubles its open
+    # period: 0.5, 1, 2, then 4 s by default, so a failover that outlasts the probe at
+    # 3.5 s keeps serving down up to 4 s longer. Probes at most 1 s apart make "answering
+    # 2 s after the cluster is ok" a bound on following the failover, not on that policy
+    # (tested in test_serving_breaker.py).
+    env = {"FEATURE_SERVING_BREAKER_OPEN_MAX": "1"}
     answers, stop = Answers(), threading.Event()
-    with ServingProcess(replicated.url, args=["--no-cache"], grpc=False) as server:
+    with ServingProcess(replicated.url, args=["--no-cache"], grpc=False, env=env) as server:
         load = threading.Thread(target=_load, args=(server.rest_url, stop, answers))
         load.start()
         time.sleep(2.0)
@@ -114,7 +130,7 @@ def test_serving_rides_out_a_master_failover(replicated: EmbeddedCluster) -> Non
     # errors only in the failover window: none before the kill, none 2 s after recovery
     recovered = killed_at + failover + 2.0
     # (a request in flight when the master died started up to its latency before)
-    assert all(killed_at - 1.0 <= t <= recovered for t, _, _ in failures), answers.errors
+    assert all(killed_at - 1.0 <= t <= recovered for t, _, _ in failures), answers.why()
     late = [status for t, status, _ in answers.rows if t > recovered]
     assert late
     assert set(late) == {200}  # recovered without a restart
@@ -182,5 +198,5 @@ def test_resharding_under_load_fails_no_request(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert answers.wrong == []
     # MOVED and ASK were followed
-    assert answers.failures() == [], (answers.errors, log.read_text()[-3000:])
+    assert answers.failures() == [], (answers.why(), log.read_text()[-3000:])
     assert len(answers.rows) > 100
