@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
 
+from feature_store.batch import reads_whole_hash
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import wire
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from feature_store.serving.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
     from feature_store.serving.service import Projection
+    from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ REST, GRPC = 0, 1  # the APIs, as the extension numbers them
 API_NAMES = ("rest", "grpc")  # as the metrics name them
 
 # (entity type, features, groups, the projection, the answer's head): a form a handler
-# answered with all of one group's values
+# answered with one group's values (all of them; or some, taught for planned reads)
 Learn: TypeAlias = Callable[[str, list[str], list[str], "Projection", bytes], None]
 
 
@@ -97,15 +99,14 @@ class FrontLookups:
         # a key in the extension: the group's index (2 bytes) and the entity's Redis key
         names = sorted(runtime.registry.groups)
         self.index = {name: i for i, name in enumerate(names)}
+        self.planning = planning
         # each group's read and value types: a planned read's commands and answer, and a
         # compact entry's answer (an entry that keeps its answers needs neither)
         for name, spec in reader.reads.specs.items() if planning or compact else ():
-            self.native.define_read(
-                self.index[name],
-                list(spec.fields),
-                whole([spec]),
-                [(TYPE_CODES[c.type], c.dim or 0) for c in spec.fmt.codecs],
-            )
+            self._define_read(self.index[name], spec, range(len(spec.fmt.codecs)))
+        # planned reads of some of a group's features (group, their indices): read ids
+        # after the groups' own
+        self.picked_reads: dict[tuple[str, tuple[int, ...]], int] = {}
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
         metrics = runtime.metrics
@@ -130,14 +131,20 @@ class FrontLookups:
             form = (api, entity, tuple(features), tuple(groups))
             if form in self.forms or len(self.forms) >= 2 * MAX_FORMS:
                 return
-            self.forms.add(form)
+            self.forms.add(form)  # taught or not, asked once
             group = proj.groups[0]
+            if proj.whole_group:
+                read = self.index[group.name]
+            elif self.planning and len(proj.groups) == 1:
+                read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
+            else:  # some features, answered from the L1: Python's (rest_api.picked_rows)
+                return
             self.native.learn(
                 api,
                 entity,
                 features,
                 groups,
-                self.index[group.name],
+                read,
                 head,
                 orjson.dumps(group.name) if api == REST else group.name.encode(),
                 group.max_age_seconds,
@@ -146,6 +153,32 @@ class FrontLookups:
             )
 
         return learn
+
+    def _define_read(self, read: int, spec: GroupSpec, picks: Iterable[int]) -> None:
+        """Teach read ``read``: features ``picks`` of ``spec``'s group (indices, in the
+        answer's order), then its freshness field, with their value types."""
+        picks = list(picks)
+        fields = [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
+        codecs = [spec.fmt.codecs[fi] for fi in picks]
+        self.native.define_read(
+            read,
+            fields,
+            whole([spec])
+            if len(picks) == len(spec.fmt.codecs)
+            else reads_whole_hash(len(fields), spec.hash_fields),
+            [(TYPE_CODES[c.type], c.dim or 0) for c in codecs],
+        )
+
+    def _picked_read(self, group: str, picks: tuple[int, ...]) -> int:
+        """The read of features ``picks`` of ``group`` alone, taught on first use: a planned
+        lookup of ten of fifty features asks Redis for those ten (an HMGET), not the
+        whole hash as the handler does."""
+        read = self.picked_reads.get((group, picks))
+        if read is None:
+            read = len(self.index) + len(self.picked_reads)
+            self.picked_reads[(group, picks)] = read
+            self._define_read(read, self.reader.reads.specs[group], picks)
+        return read
 
     # --- what the front served -------------------------------------------------------
 

@@ -134,10 +134,10 @@ class RestHandlers:
         if proj.whole_group:
             # an entry loaded for gRPC gets its JSON here, kept and counted
             rows = whole_group_rows(lookup, keeper(self.runtime.reader.cache))
-            if self.learn is not None and not lookup.errors and not bypass:
-                self.learn(entity, features, groups, proj, cast(bytes, head))
         else:
             rows = picked_rows(lookup)
+        if self.learn is not None and len(proj.groups) == 1 and not lookup.errors and not bypass:
+            self.learn(entity, features, groups, proj, cast(bytes, head))
         if lookup.errors:
             content = b'%b%b],"errors":%b}' % (cast(bytes, head), rows, errors_json(lookup))
             self.runtime.metrics.count_errors(API, lookup.errors)

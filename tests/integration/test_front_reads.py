@@ -110,14 +110,17 @@ def servers(
         yield native, python, 2 * int(request.param)  # two fronts: REST and gRPC
 
 
-# the forms a client sends: the front writes the first four's answers once it learned them
+# the forms a client sends: the front writes the first six's answers once it learned them
 BODIES: list[dict[str, object]] = [
     {"entity_type": ENTITY, "ids": [1, 2, 3], "groups": [GROUP]},
     {"entity_type": ENTITY, "ids": [4, 4, 10_000_000, -5], "groups": [GROUP]},  # missing ones
     {"entity_type": ENTITY, "ids": [5], "features": ALL},
+    # picked features: an HMGET of them, in the order asked; most of them: an HGETALL
+    {"entity_type": ENTITY, "ids": [1, 10_000_000, 2], "features": [ALL[20], ALL[0], ALL[7]]},
+    {"entity_type": ENTITY, "ids": [6, 7], "features": ALL[:45]},
+    {"entity_type": ENTITY, "ids": [8], "features": [ALL[3], ALL[3], ALL[30]]},  # a repeat
     {"groups": [GROUP], "ids": list(range(1, N + 1)), "bypass_cache": True, "entity_type": ENTITY},
-    # the handler's alone: picked features, ids of the wrong type, bad fields
-    {"entity_type": ENTITY, "ids": [1, 2], "features": ALL[:3]},
+    # the handler's alone: ids of the wrong type, bad fields
     {"entity_type": ENTITY, "ids": ["1"], "groups": [GROUP]},
     {"entity_type": ENTITY, "ids": [1.0], "groups": [GROUP]},
     {"entity_type": ENTITY, "ids": [2**63], "groups": [GROUP]},
@@ -126,9 +129,9 @@ BODIES: list[dict[str, object]] = [
     {"entity_type": ENTITY, "ids": [1], "groups": None},
 ]
 # of each body's two requests, those the front writes: the first of a form teaches it (the
-# second body has the first's form); the fourth asks to bypass the cache, which the handler
+# second body has the first's form); the seventh asks to bypass the cache, which the handler
 # allows by the key's role
-WRITTEN = [1, 2, 1]
+WRITTEN = [1, 2, 1, 1, 1, 1]
 
 
 def answer(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]:
@@ -201,9 +204,9 @@ GRPC_REQUESTS = [
     (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[1, 2, 3], groups=[GROUP]), 1),
     (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[4, 4, 10_000_000, -5], groups=[GROUP]), 2),
     (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], features=ALL), 1),
-    # the method's alone: a bypass (the key's role), picked features
+    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5, -1], features=[ALL[40], ALL[2]]), 1),
+    # the method's alone: a bypass (the key's role)
     (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], groups=[GROUP], bypass_cache=True), 0),
-    (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[5], features=ALL[:2]), 0),
     # an entity the front cannot answer: the method names it
     (pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=[1, BAD_VALUE], groups=[GROUP]), 0),
 ]
@@ -285,3 +288,21 @@ def test_redis_hanging_opens_the_circuit_and_recovers(tmp_path: Path) -> None:
         assert set(statuses) == {503}, statuses
         assert opened >= 1
         recovers(native, BODY, "Redis answered")
+
+
+def test_picked_features_are_all_redis_is_asked_for(
+    servers: tuple[ServingProcess, ServingProcess, int], redis_server: EmbeddedRedis
+) -> None:
+    """Without the L1, a lookup of two of fifty features reads those two (and the write
+    time) on the front, where its handler reads the whole hash."""
+    native, _, _ = servers
+    body = {"entity_type": ENTITY, "ids": [11, 12], "features": [ALL[9], ALL[4]]}
+    assert get(native, body).status_code == 200  # the form is learned
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.config_resetstat()
+        doc = get(native, body).json()
+        stats = r.info("commandstats")
+    assert doc["features"] == [ALL[9], ALL[4]]
+    assert [row["statuses"] for row in doc["results"]] == [["present", "present"]] * 2
+    assert stats["cmdstat_hmget"]["calls"] == 2  # one per entity
+    assert "cmdstat_hgetall" not in stats
