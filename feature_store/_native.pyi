@@ -168,6 +168,7 @@ class HitCache:
         max_age: int | None,
         prefix: bytes,
         int_ids: bool,
+        picks: list[int] | None = None,
     ) -> bool: ...
     def put_many(
         self,

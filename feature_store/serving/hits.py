@@ -122,8 +122,11 @@ class FrontLookups:
     # --- the handler's side ----------------------------------------------------------
 
     def learner(self, api: int) -> Learn:
-        """What a handler of ``api`` (REST, GRPC) calls with each form it answered with all
-        of one group's values: the front may answer it from then on."""
+        """What a handler of ``api`` (REST, GRPC) calls with each form it answered with one
+        group's values: the front may answer it from then on. A form of some of the group's
+        features is answered there without the L1 (a read of those features alone) and,
+        REST, from the L1's hits (their values picked from the entry's); gRPC hits of such a
+        form stay the method's."""
 
         def learn(
             entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
@@ -133,11 +136,16 @@ class FrontLookups:
                 return
             self.forms.add(form)  # taught or not, asked once
             group = proj.groups[0]
+            picks = None
             if proj.whole_group:
                 read = self.index[group.name]
-            elif self.planning and len(proj.groups) == 1:
+            elif len(proj.groups) != 1:
+                return
+            elif self.planning:  # a read of those features alone
                 read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
-            else:  # some features, answered from the L1: Python's (rest_api.picked_rows)
+            elif api == REST:  # hits: the entries' values, picked
+                read, picks = self.index[group.name], [fi for _, fi in proj.picks]
+            else:  # gRPC hits of some features: the method's (wire.picked_values)
                 return
             self.native.learn(
                 api,
@@ -150,6 +158,7 @@ class FrontLookups:
                 group.max_age_seconds,
                 (proj.entity.prefix + KEY_SEPARATOR).encode(),
                 proj.entity.id_type is IdType.INT,
+                picks,
             )
 
         return learn

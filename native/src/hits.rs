@@ -89,6 +89,9 @@ struct Form {
     max_age: Option<i64>,
     prefix: Vec<u8>, // the entity's key prefix and separator: key = prefix + id
     int_ids: bool,
+    // REST hits of some of the group's features: their indices in the group, in the
+    // answer's order (`Picked`); None: all of them, in the group's order
+    picks: Option<Vec<usize>>,
 }
 
 impl Form {
@@ -304,6 +307,7 @@ impl Hits {
             None
         };
         let (mut written, mut scratch) = (Vec::new(), Vec::new());
+        let mut picked = Picked::default();
         let (mut hits, mut negative) = (0u64, 0u64);
         let mut missing: Vec<Vec<u8>> = Vec::new();
         let mut refresh = Vec::new();
@@ -334,7 +338,7 @@ impl Hits {
                 if !missing.is_empty() {
                     continue; // no answer before the load: only what is missing matters
                 }
-                let values = match (&read, api) {
+                let mut values = match (&read, api) {
                     (Some(read), _) => {
                         written.clear();
                         let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
@@ -344,7 +348,11 @@ impl Hits {
                     (None, REST) => hit.values.as_ref()?.bytes(),
                     (None, _) => hit.wire.as_ref()?.bytes(),
                 };
-                let (present, written_at) = (hit.present.bytes(), hit.written_at);
+                let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
+                if let Some(picks) = &form.picks {
+                    picked.pick(values, present, picks)?;
+                    (values, present) = (&picked.values, &picked.present);
+                }
                 form.row(
                     &mut out,
                     &mut row,
@@ -569,6 +577,82 @@ impl Hits {
     }
 }
 
+/// Some of an entry's values, picked from its REST answer bytes for a form that asks for
+/// some of the group's features: the JSON array of those values and their present pattern,
+/// as `GroupCodec.picked_rows` writes them from the packed values.
+#[derive(Default)]
+struct Picked {
+    values: Vec<u8>,
+    present: Vec<u8>,
+    elements: Vec<(usize, usize)>,
+}
+
+impl Picked {
+    /// None where `values` is not a JSON array of `present.len()` values (it always is:
+    /// `write_values` wrote it) or a pick is past it.
+    fn pick(&mut self, values: &[u8], present: &[u8], picks: &[usize]) -> Option<()> {
+        json_elements(values, &mut self.elements)?;
+        if self.elements.len() != present.len() {
+            return None;
+        }
+        self.values.clear();
+        self.present.clear();
+        self.values.push(b'[');
+        for (k, &fi) in picks.iter().enumerate() {
+            let &(start, end) = self.elements.get(fi)?;
+            if k > 0 {
+                self.values.push(b',');
+            }
+            self.values.extend_from_slice(&values[start..end]);
+            self.present.push(present[fi]);
+        }
+        self.values.push(b']');
+        Some(())
+    }
+}
+
+/// Where each element of the JSON array `json` starts and ends (commas and brackets
+/// excluded), strings and nested arrays or objects kept whole. None if `json` is not an
+/// array.
+fn json_elements(json: &[u8], out: &mut Vec<(usize, usize)>) -> Option<()> {
+    out.clear();
+    if json.len() < 2 || json[0] != b'[' || json[json.len() - 1] != b']' {
+        return None;
+    }
+    let end = json.len() - 1;
+    if end == 1 {
+        return Some(()); // []
+    }
+    let (mut depth, mut start, mut in_string, mut escaped) = (0usize, 1, false, false);
+    for (i, &b) in json.iter().enumerate().take(end).skip(1) {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth = depth.checked_sub(1)?,
+            b',' if depth == 0 => {
+                out.push((start, i));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if in_string || depth != 0 {
+        return None;
+    }
+    out.push((start, end));
+    Some(())
+}
+
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -655,8 +739,9 @@ impl HitCache {
     }
 
     /// Learn a request form of `api` (0 REST, 1 gRPC) from Python's answer to it (see
-    /// `Form`). False when full.
-    #[pyo3(signature = (api, entity, features, groups, group, head, label, max_age, prefix, int_ids))]
+    /// `Form`); `picks` (REST only): the indices of the features it asks for, in its order,
+    /// when not all of the group's. False when full or refused.
+    #[pyo3(signature = (api, entity, features, groups, group, head, label, max_age, prefix, int_ids, picks=None))]
     #[allow(clippy::too_many_arguments)]
     fn learn(
         &self,
@@ -670,8 +755,10 @@ impl HitCache {
         max_age: Option<i64>,
         prefix: Vec<u8>,
         int_ids: bool,
+        picks: Option<Vec<usize>>,
     ) -> bool {
-        if api != REST && api != GRPC {
+        let known = api == REST || api == GRPC && picks.is_none(); // picks: REST hits only
+        if !known {
             return false;
         }
         let features: Vec<&str> = features.iter().map(String::as_str).collect();
@@ -690,6 +777,7 @@ impl HitCache {
                 max_age,
                 prefix,
                 int_ids,
+                picks,
             }),
         );
         true
@@ -1098,6 +1186,32 @@ mod tests {
 
     fn parse(body: &str) -> Option<GetBody<'_>> {
         serde_json::from_str(body).ok()
+    }
+
+    #[test]
+    fn json_elements_are_split_at_the_top_level_commas() {
+        let split = |json: &[u8]| {
+            let mut at = Vec::new();
+            json_elements(json, &mut at).map(|()| {
+                at.iter()
+                    .map(|&(s, e)| String::from_utf8(json[s..e].to_vec()).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(split(b"[]"), Some(vec![]));
+        assert_eq!(split(b"[1.5]"), Some(vec!["1.5".to_owned()]));
+        assert_eq!(
+            split(br#"[null,[1,2,[3]],"a,\"]b",{"k":[1,2]},-4]"#),
+            Some(
+                ["null", "[1,2,[3]]", r#""a,\"]b""#, r#"{"k":[1,2]}"#, "-4"]
+                    .map(str::to_owned)
+                    .to_vec()
+            )
+        );
+        assert_eq!(split(b"[1,2"), None);
+        assert_eq!(split(b"[1,]]"), None);
+        assert_eq!(split(br#"["a]"#), None);
+        assert_eq!(split(b"1,2"), None);
     }
 
     #[test]

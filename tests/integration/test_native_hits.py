@@ -91,14 +91,15 @@ def servers(
         yield native, python
 
 
-# the forms a client sends: the front answers the first four from the cache once learned
+# the forms a client sends: the front answers the first five from the cache once learned
 BODIES: list[dict[str, object]] = [
     {"entity_type": ENTITY, "ids": [1, 2, 3], "groups": [GROUP]},
     {"entity_type": ENTITY, "ids": [4, 4, 10_000_000, -5], "groups": [GROUP]},  # missing ones
     {"entity_type": ENTITY, "ids": [5], "features": ALL},
     {"groups": [GROUP], "ids": [6, 7], "bypass_cache": False, "entity_type": ENTITY},
-    # Python's alone: picked features, a bypass, ids of the wrong type, bad fields
-    {"entity_type": ENTITY, "ids": [1, 2], "features": ALL[:3]},
+    # picked features, in the order asked, of entries cached above (one of them missing)
+    {"entity_type": ENTITY, "ids": [1, 10_000_000, 2], "features": [ALL[9], ALL[0], ALL[31]]},
+    # Python's alone: a bypass, ids of the wrong type, bad fields
     {"entity_type": ENTITY, "ids": [1], "groups": [GROUP], "bypass_cache": True},
     {"entity_type": ENTITY, "ids": ["1"], "groups": [GROUP]},
     {"entity_type": ENTITY, "ids": [1.0], "groups": [GROUP]},
@@ -107,7 +108,7 @@ BODIES: list[dict[str, object]] = [
     {"entity_type": ENTITY, "ids": [1], "groups": [GROUP], "feature": ["x"]},
     {"entity_type": ENTITY, "ids": [1], "groups": None},
 ]
-ANSWERED_BY_THE_FRONT = 4
+ANSWERED_BY_THE_FRONT = 5
 
 
 def test_the_front_answers_hits_as_python_does(

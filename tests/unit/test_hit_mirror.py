@@ -4,7 +4,7 @@ evictions, expiry, clears) the mirror answers a lookup exactly when every entity
 entry of the cache with its API's answer bytes made (unless the cache is compact: an entry
 loaded for a REST answer has its JSON, one loaded for gRPC its records, and the other API's
 are made by its first answer), and then with the bytes Python's handlers write for it, REST
-and gRPC, in either cache form.
+and gRPC, in either cache form; a REST lookup of some of a group's features likewise.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ feature_groups:
 FORMS = {
     "profile": {"entity_type": "user", "groups": ["profile"]},
     "shops": {"entity_type": "shop", "features": ["open", "rating", "codes"]},
+}
+# REST forms of some of a group's features: their values picked from the entries'
+PICKED = {
+    "profile": {"entity_type": "user", "features": ["c", "a"]},
+    "shops": {"entity_type": "shop", "features": ["codes", "codes", "open"]},  # a repeat
 }
 INT_IDS = st.integers(-3, 6)
 STR_IDS = st.sampled_from(["a", "b", "é", "x y", "1"])
@@ -151,6 +156,9 @@ async def _check(data: st.DataObject) -> None:
         message = _grpc_request(group, [first])
         await servicer.answer(pb.GetFeaturesRequest.FromString(message), None, 0.0)
         assert hits.native.answer(message, grpc=True) is not None
+        picked = orjson.dumps({**PICKED[group], "ids": [first]})
+        assert (await handlers.get(None, picked)).status == 200
+        assert hits.native.answer(picked) is not None
     cache.clear()
     for _ in range(data.draw(st.integers(1, 25), "steps")):
         group = data.draw(st.sampled_from(sorted(FORMS)), "group")
@@ -177,8 +185,10 @@ async def _check(data: st.DataObject) -> None:
         grpc_missing = _unfresh(hits, group, wanted, now, grpc=True)
         assert hits.native.missing(body) == (rest_missing or None)
         assert hits.native.missing(message, grpc=True) == (grpc_missing or None)
+        picked = orjson.dumps({**PICKED[group], "ids": wanted})
         if not fresh:
             assert native is None, (body, native)
+            assert hits.native.answer(picked) is None
             assert hits.native.answer(message, grpc=True) is None
             assert hits.native.replay(body, rest_missing) is None  # still not there
             continue
@@ -205,6 +215,14 @@ async def _check(data: st.DataObject) -> None:
         after = await handlers.get(None, body)
         assert native in (before.body, after.body)
         assert replayed in (before.body, after.body)
+        # some of the group's features, picked from the same entries
+        made = compact or all(cache.peek(_key(group, i)).json is not None for i in wanted)  # type: ignore[union-attr]
+        before = await handlers.get(None, picked)
+        native = hits.native.answer(picked)
+        after = await handlers.get(None, picked)
+        assert (native is not None) == made
+        if native is not None:
+            assert native in (before.body, after.body)
         assert len(hits.native) <= len(cache)  # never an entry the cache has dropped
 
 
