@@ -306,3 +306,26 @@ def test_picked_features_are_all_redis_is_asked_for(
     assert [row["statuses"] for row in doc["results"]] == [["present", "present"]] * 2
     assert stats["cmdstat_hmget"]["calls"] == 2  # one per entity
     assert "cmdstat_hgetall" not in stats
+
+
+def test_a_bad_value_not_asked_for_is_not_the_lookups_error(
+    servers: tuple[ServingProcess, ServingProcess, int],
+) -> None:
+    """The front reads the features a lookup asks for, and no others: a value that cannot
+    be decoded is an entity's error only when it is among them. The handler, which reads
+    the whole group, names it either way."""
+    native, python, _ = servers
+    good, bad = [ALL[5], ALL[6]], [ALL[0], ALL[6]]  # ALL[0] holds BAD_VALUE's bad value
+    for features in (good, bad):
+        answer(native, {"entity_type": ENTITY, "ids": [3], "features": features})  # learned
+    written = front_reads(native, 0)
+    body = {"entity_type": ENTITY, "ids": [BAD_VALUE, 3], "features": good}
+    doc = get(native, body).json()
+    assert "errors" not in doc
+    assert doc["results"][0]["statuses"] == ["present", "present"]
+    assert get(python, body).json()["errors"][0]["reason"] == "undecodable_value"
+    assert front_reads(native, written + 1) == written + 1
+    doc = get(native, {**body, "features": bad}).json()  # the handler names it
+    assert [(e["id"], e["reason"]) for e in doc["errors"]] == [(BAD_VALUE, "undecodable_value")]
+    assert doc["results"][1]["statuses"] == ["present", "present"]
+    assert front_reads(native, written + 2) == written + 1
