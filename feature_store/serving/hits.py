@@ -124,9 +124,8 @@ class FrontLookups:
     def learner(self, api: int) -> Learn:
         """What a handler of ``api`` (REST, GRPC) calls with each form it answered with one
         group's values: the front may answer it from then on. A form of some of the group's
-        features is answered there without the L1 (a read of those features alone) and,
-        REST, from the L1's hits (their values picked from the entry's); gRPC hits of such a
-        form stay the method's."""
+        features is answered there too: without the L1, by a read of those features alone;
+        from the L1's hits, their values picked from the entries'."""
 
         def learn(
             entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
@@ -143,10 +142,8 @@ class FrontLookups:
                 return
             elif self.planning:  # a read of those features alone
                 read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
-            elif api == REST:  # hits: the entries' values, picked
+            else:  # hits: the entries' values, picked
                 read, picks = self.index[group.name], [fi for _, fi in proj.picks]
-            else:  # gRPC hits of some features: the method's (wire.picked_values)
-                return
             self.native.learn(
                 api,
                 entity,

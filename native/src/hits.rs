@@ -89,8 +89,8 @@ struct Form {
     max_age: Option<i64>,
     prefix: Vec<u8>, // the entity's key prefix and separator: key = prefix + id
     int_ids: bool,
-    // REST hits of some of the group's features: their indices in the group, in the
-    // answer's order (`Picked`); None: all of them, in the group's order
+    // hits of some of the group's features: their indices in the group, in the answer's
+    // order (`Picked`); None: all of them, in the group's order
     picks: Option<Vec<usize>>,
 }
 
@@ -350,7 +350,7 @@ impl Hits {
                 };
                 let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
                 if let Some(picks) = &form.picks {
-                    picked.pick(values, present, picks)?;
+                    picked.pick(api, values, present, picks)?;
                     (values, present) = (&picked.values, &picked.present);
                 }
                 form.row(
@@ -577,9 +577,10 @@ impl Hits {
     }
 }
 
-/// Some of an entry's values, picked from its REST answer bytes for a form that asks for
-/// some of the group's features: the JSON array of those values and their present pattern,
-/// as `GroupCodec.picked_rows` writes them from the packed values.
+/// Some of an entry's values, picked from its answer bytes for a form that asks for some of
+/// the group's features: those values (REST: a JSON array; gRPC: their `FeatureRow.values`
+/// records) and their present pattern, as `GroupCodec.picked_rows` and
+/// `wire.picked_values` write them from the packed values.
 #[derive(Default)]
 struct Picked {
     values: Vec<u8>,
@@ -588,27 +589,54 @@ struct Picked {
 }
 
 impl Picked {
-    /// None where `values` is not a JSON array of `present.len()` values (it always is:
-    /// `write_values` wrote it) or a pick is past it.
-    fn pick(&mut self, values: &[u8], present: &[u8], picks: &[usize]) -> Option<()> {
-        json_elements(values, &mut self.elements)?;
+    /// None where `values` is not `present.len()` values of `api` (it always is:
+    /// `write_values` wrote them) or a pick is past them.
+    fn pick(&mut self, api: u8, values: &[u8], present: &[u8], picks: &[usize]) -> Option<()> {
+        let rest = api == REST;
+        if rest {
+            json_elements(values, &mut self.elements)?;
+        } else {
+            value_records(values, &mut self.elements)?;
+        }
         if self.elements.len() != present.len() {
             return None;
         }
         self.values.clear();
         self.present.clear();
-        self.values.push(b'[');
+        if rest {
+            self.values.push(b'[');
+        }
         for (k, &fi) in picks.iter().enumerate() {
             let &(start, end) = self.elements.get(fi)?;
-            if k > 0 {
+            if k > 0 && rest {
                 self.values.push(b',');
             }
             self.values.extend_from_slice(&values[start..end]);
             self.present.push(present[fi]);
         }
-        self.values.push(b']');
+        if rest {
+            self.values.push(b']');
+        }
         Some(())
     }
+}
+
+/// Where each `FeatureRow.values` record of `wire` (tag 0x12, length, payload) starts and
+/// ends, its tag included. None if `wire` is not such records alone.
+fn value_records(wire: &[u8], out: &mut Vec<(usize, usize)>) -> Option<()> {
+    out.clear();
+    let mut pos = 0;
+    while pos < wire.len() {
+        let start = pos;
+        if wire[pos] != 0x12 {
+            return None;
+        }
+        pos += 1;
+        let len = usize::try_from(read_varint(wire, &mut pos).ok()?).ok()?;
+        pos = pos.checked_add(len).filter(|&end| end <= wire.len())?;
+        out.push((start, pos));
+    }
+    Some(())
 }
 
 /// Where each element of the JSON array `json` starts and ends (commas and brackets
@@ -739,8 +767,8 @@ impl HitCache {
     }
 
     /// Learn a request form of `api` (0 REST, 1 gRPC) from Python's answer to it (see
-    /// `Form`); `picks` (REST only): the indices of the features it asks for, in its order,
-    /// when not all of the group's. False when full or refused.
+    /// `Form`); `picks`: the indices of the features it asks for, in its order, when not
+    /// all of the group's. False when full.
     #[pyo3(signature = (api, entity, features, groups, group, head, label, max_age, prefix, int_ids, picks=None))]
     #[allow(clippy::too_many_arguments)]
     fn learn(
@@ -757,8 +785,7 @@ impl HitCache {
         int_ids: bool,
         picks: Option<Vec<usize>>,
     ) -> bool {
-        let known = api == REST || api == GRPC && picks.is_none(); // picks: REST hits only
-        if !known {
+        if api != REST && api != GRPC {
             return false;
         }
         let features: Vec<&str> = features.iter().map(String::as_str).collect();
@@ -1212,6 +1239,21 @@ mod tests {
         assert_eq!(split(b"[1,]]"), None);
         assert_eq!(split(br#"["a]"#), None);
         assert_eq!(split(b"1,2"), None);
+    }
+
+    #[test]
+    fn value_records_are_split_whole() {
+        let split = |wire: &[u8]| {
+            let mut at = Vec::new();
+            value_records(wire, &mut at).map(|()| at)
+        };
+        assert_eq!(split(b""), Some(vec![]));
+        assert_eq!(
+            split(b"\x12\x00\x12\x02\x08\x01\x12\x01\x0A"),
+            Some(vec![(0, 2), (2, 6), (6, 9)])
+        );
+        assert_eq!(split(b"\x12\x05\x08"), None); // past the end
+        assert_eq!(split(b"\x1A\x00"), None); // another field
     }
 
     #[test]

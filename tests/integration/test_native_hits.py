@@ -410,20 +410,24 @@ def test_the_grpc_front_answers_hits_only_to_a_key_that_may_read(redis_server: o
         assert front_hits(server) == hits + 3
 
 
-def test_answers_left_to_python_are_the_same_in_either_form(
+def test_picked_features_over_grpc_are_answered_by_the_front_as_python_does(
     servers: tuple[ServingProcess, ServingProcess],
 ) -> None:
-    """Picked features over gRPC: Python writes the records from the entries (kept on them,
-    or, compact, written for each answer)."""
+    """The front picks their records from the entries' (kept on them, or, compact, written
+    for each answer)."""
+    native, _ = servers
     request = pb.GetFeaturesRequest(
-        entity_type=ENTITY, int_ids=[1, 2, 10_000_000], features=[*ALL[:3], ALL[-1]]
+        entity_type=ENTITY, int_ids=[1, 2, 10_000_000], features=[ALL[-1], *ALL[:3]]
     )
-    answers = []
     for server in servers:
+        _grpc_answer(server, request)  # teaches the form; then the entries' records exist
         _grpc_answer(server, request)
-        answers.append(_grpc_answer(server, request))
+    time.sleep(0.1)  # the front's hits so far drained (every 20 ms)
+    hits = front_hits(native)
+    answers = [_grpc_answer(server, request) for server in servers]
     assert answers[0] == answers[1]
     assert len(answers[0].rows[0].values) == 4
+    assert front_hits(native, hits + 3) == hits + 3  # the native server's third answer
 
 
 def test_a_compact_entry_holds_its_packed_values_only(redis_server: object) -> None:

@@ -4,7 +4,7 @@ evictions, expiry, clears) the mirror answers a lookup exactly when every entity
 entry of the cache with its API's answer bytes made (unless the cache is compact: an entry
 loaded for a REST answer has its JSON, one loaded for gRPC its records, and the other API's
 are made by its first answer), and then with the bytes Python's handlers write for it, REST
-and gRPC, in either cache form; a REST lookup of some of a group's features likewise.
+and gRPC, in either cache form; a lookup of some of a group's features likewise.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ FORMS = {
     "profile": {"entity_type": "user", "groups": ["profile"]},
     "shops": {"entity_type": "shop", "features": ["open", "rating", "codes"]},
 }
-# REST forms of some of a group's features: their values picked from the entries'
+# forms of some of a group's features: their values picked from the entries'
 PICKED = {
     "profile": {"entity_type": "user", "features": ["c", "a"]},
     "shops": {"entity_type": "shop", "features": ["codes", "codes", "open"]},  # a repeat
@@ -114,8 +114,8 @@ def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
 _specs = _runtime().reader.specs
 
 
-def _grpc_request(group: str, ids: list[object]) -> bytes:
-    form = FORMS[group]
+def _grpc_request(group: str, ids: list[object], forms: dict[str, dict] = FORMS) -> bytes:  # type: ignore[type-arg]
+    form = forms[group]
     request = pb.GetFeaturesRequest(
         entity_type=str(form["entity_type"]),
         features=form.get("features", []),
@@ -159,6 +159,9 @@ async def _check(data: st.DataObject) -> None:
         picked = orjson.dumps({**PICKED[group], "ids": [first]})
         assert (await handlers.get(None, picked)).status == 200
         assert hits.native.answer(picked) is not None
+        message = _grpc_request(group, [first], PICKED)
+        await servicer.answer(pb.GetFeaturesRequest.FromString(message), None, 0.0)
+        assert hits.native.answer(message, grpc=True) is not None
     cache.clear()
     for _ in range(data.draw(st.integers(1, 25), "steps")):
         group = data.draw(st.sampled_from(sorted(FORMS)), "group")
@@ -186,9 +189,11 @@ async def _check(data: st.DataObject) -> None:
         assert hits.native.missing(body) == (rest_missing or None)
         assert hits.native.missing(message, grpc=True) == (grpc_missing or None)
         picked = orjson.dumps({**PICKED[group], "ids": wanted})
+        grpc_picked = _grpc_request(group, wanted, PICKED)
         if not fresh:
             assert native is None, (body, native)
             assert hits.native.answer(picked) is None
+            assert hits.native.answer(grpc_picked, grpc=True) is None
             assert hits.native.answer(message, grpc=True) is None
             assert hits.native.replay(body, rest_missing) is None  # still not there
             continue
@@ -202,6 +207,15 @@ async def _check(data: st.DataObject) -> None:
         grpc_native = hits.native.answer(message, grpc=True)
         grpc_after = await servicer.answer(request, None, 0.0)
         assert grpc_native in (grpc_before, grpc_after)
+        # some of the group's features, picked from the same entries' records
+        made = compact or all(cache.peek(_key(group, i)).wire is not None for i in wanted)  # type: ignore[union-attr]
+        request = pb.GetFeaturesRequest.FromString(grpc_picked)
+        grpc_before = await servicer.answer(request, None, 0.0)
+        grpc_native = hits.native.answer(grpc_picked, grpc=True)
+        grpc_after = await servicer.answer(request, None, 0.0)
+        assert (grpc_native is not None) == made
+        if grpc_native is not None:
+            assert grpc_native in (grpc_before, grpc_after)
         # REST likewise: an entry loaded for gRPC gets its JSON from the first REST answer
         made = compact or all(cache.peek(_key(group, i)).json is not None for i in wanted)  # type: ignore[union-attr]
         assert (native is not None) == made
