@@ -27,8 +27,8 @@ ratio compares figures taken minutes apart on one machine.
 
 The tail at scale follows (--no-tail: none), on the native path: REST at 1,000 connections
 (wrk, timeout 1 s: its timeouts are the requests past 1 s) and gRPC at 500 connections x 10
-streams (h2load's per-request log), then the REST lookups that Python's handlers answer at
-1,000 connections: ten picked features ("picked") and Feast's API ("feast"); L1 off and on,
+streams (h2load's per-request log), then other REST lookups at 1,000 connections: ten
+picked features ("picked") and Feast's API ("feast", which its handler answers); L1 off and on,
 with the maximum and the count past 1 s (--tails picks the APIs, --only-tails skips the
 cells before);
 then the stampede scenario (benchmarks/rest_front.py: wrk at 400 connections on 100
@@ -95,7 +95,8 @@ TARGET_ON_P50_MS = 0.1
 TARGET_STAMPEDE_P99_MS = 200.0
 STAMPEDE_READS = 1.25  # "about one read per key per TTL": at most this many
 # the tail at scale: (API, connections, streams per connection); "picked" and "feast" are
-# REST lookups that Python's handlers answer (ten picked features, Feast's API)
+# REST lookups of ten picked features (answered on the front) and of Feast's API (by its
+# handler, in Python)
 TAILS = {"rest": (1000, 1), "grpc": (500, 10), "picked": (1000, 1), "feast": (1000, 1)}
 
 

@@ -6,8 +6,10 @@ commands, splitting the replies into entries and writing the answer, all in Pyth
 one round trip. Here the front does that in the extension (``native/src/hits.rs``:
 ``Hits::plan``, ``Hits::render``) for each request in a form Python has answered before
 (learned as ``hits.NativeHits`` learns them): it writes the lookup's commands, as
-``roundtrip.pack`` writes them, and writes the answer from Redis's replies. The round trip
-goes one of two ways:
+``roundtrip.pack`` writes them, and writes the answer from Redis's replies. A lookup of
+some of one group's features has a read of its own (``FrontLookups._picked_read``): those
+fields and the write time, where its handler reads the whole group. The round trip goes
+one of two ways:
 
 - on the front's own Redis connections (``native/src/direct.rs``, NATIVE_READS_CONNECTIONS
   per front): this module opens them with redis-py (its handshake) and hands their sockets
