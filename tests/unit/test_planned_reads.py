@@ -23,7 +23,7 @@ from feature_store.serialization import FeatureType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import grpc_server, wire
 from feature_store.serving.reads import Resolved
-from feature_store.serving.rest_api import _whole_group_rows
+from feature_store.serving.rest_api import _picked_rows, _whole_group_rows
 from feature_store.serving.roundtrip import pack, whole
 from feature_store.serving.service import Lookup, Projection
 from feature_store.serving.spec import GroupSpec
@@ -206,6 +206,88 @@ def test_a_planned_lookup_is_the_references(
     lookup = reference(spec, ids, stored, before, api == GRPC)
     if api == REST:
         assert answer == head + b",".join(_whole_group_rows(lookup)) + b"]}"
+        orjson.loads(answer)
+    else:
+        assert answer == head + b"".join(grpc_server._answer_rows(lookup, None))
+
+
+@given(lookups(), st.sampled_from([REST, GRPC]), st.data())
+@settings(max_examples=300, deadline=None)
+def test_a_planned_lookup_of_some_features_is_the_references(
+    case: tuple[str, list[object], list[list[bytes | None]], bool, bool],
+    api: int,
+    data: st.DataObject,
+) -> None:
+    """Some of a group's features, in any order: the front reads those fields and the write
+    time alone (hits.FrontLookups._picked_read), and answers as the reference does from
+    them; a value it does not read cannot fail the lookup."""
+    name, ids, stored, hgetall, _ = case
+    group = REGISTRY.groups[name]
+    spec = GroupSpec.of(group, REGISTRY)
+    n = len(group.features)
+    picks = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
+    assume(picks != list(range(n)))  # all of them, in order: the whole group (above)
+    features = [group.features[fi] for fi in picks]
+    names = [f.name for f in features]
+    entity = group.entity
+    if api == REST:
+        head = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
+            orjson.dumps(entity.name),
+            orjson.dumps(names),
+            orjson.dumps([f.type.value for f in features]),
+        )
+        body = orjson.dumps({"entity_type": entity.name, "ids": ids, "features": names})
+    else:
+        head = wire.header(entity.name, names)
+        request = pb.GetFeaturesRequest(entity_type=entity.name, features=names)
+        if entity.id_type is IdType.INT:
+            request.int_ids.extend(ids)  # type: ignore[arg-type]
+        else:
+            request.string_ids.extend(ids)  # type: ignore[arg-type]
+        body = request.SerializeToString()
+    cache = _native.HitCache(1000, MAX_STRING_ID_BYTES, 0.0, 0, True)
+    fields = [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
+    types = [(TYPE_CODES[c.type], c.dim or 0) for c in (spec.fmt.codecs[fi] for fi in picks)]
+    cache.define_read(0, fields, hgetall, types)
+    label = orjson.dumps(group.name) if api == REST else group.name.encode()
+    prefix = (entity.prefix + KEY_SEPARATOR).encode()
+    int_ids = entity.id_type is IdType.INT
+    assert cache.learn(api, entity.name, names, [], 0, head, label, group.max_age_seconds,
+                       prefix, int_ids)  # fmt: skip
+    if hgetall:  # the whole hash, in an order of its own: the front finds the fields
+        redis_replies = replies(spec, stored, True)
+    else:
+        redis_replies = b"".join(
+            b"*%d\r\n" % len(fields) + b"".join(bulk(v[fi]) for fi in [*picks, n]) for v in stored
+        )
+    before = int(time.time())
+    planned = cache.plan(body, redis_replies, api == GRPC)
+    assume(int(time.time()) == before)  # the ages are of one second
+    assert planned is not None
+    command, count, answer = planned
+    assert count == len(ids)
+    keys = [f"{entity.prefix}{KEY_SEPARATOR}{i}".encode() for i in ids]
+    if hgetall:
+        assert command == b"".join(b"*2\r\n$7\r\nHGETALL\r\n" + bulk(k) for k in keys)
+    else:
+        head_of = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
+        assert command == b"".join(head_of + bulk(k) + b"".join(map(bulk, fields)) for k in keys)
+    # the reference, from what the front read: the picked values and the write time
+    read = [[v if fi in picks or fi == n else None for fi, v in enumerate(vs)] for vs in stored]
+    try:
+        entries = [
+            [Resolved(spec.entry((name, key), vs, proto=api == GRPC), False)]
+            for key, vs in zip(keys, read, strict=True)
+        ]
+    except EncodingError:
+        assert answer is None  # the handler answers, naming the fault
+        return
+    proj = Projection(
+        entity, tuple(features), tuple(names), (group,), tuple((0, fi) for fi in picks), False
+    )
+    lookup = Lookup(proj, ids, entries, before, [])  # type: ignore[arg-type]
+    if api == REST:
+        assert answer == head + b",".join(_picked_rows(lookup)) + b"]}"
         orjson.loads(answer)
     else:
         assert answer == head + b"".join(grpc_server._answer_rows(lookup, None))
