@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
@@ -53,7 +53,6 @@ from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import wire
 from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_json, keeper
-from feature_store.serving.roundtrip import whole
 
 if TYPE_CHECKING:
     from feature_store.serving.loader import Settled
@@ -73,7 +72,7 @@ REST, GRPC = 0, 1  # the APIs, as the extension numbers them
 API_NAMES = ("rest", "grpc")  # as the metrics name them
 
 # (entity type, features, groups, the projection, the answer's head): a form a handler
-# answered with one group's values (all of them; or some, taught for planned reads)
+# answered with one group's values (all of them, or some)
 Learn: TypeAlias = Callable[[str, list[str], list[str], "Projection", bytes], None]
 
 
@@ -160,18 +159,16 @@ class FrontLookups:
 
         return learn
 
-    def _define_read(self, read: int, spec: GroupSpec, picks: Iterable[int]) -> None:
+    def _define_read(self, read: int, spec: GroupSpec, picks: Sequence[int]) -> None:
         """Teach read ``read``: features ``picks`` of ``spec``'s group (indices, in the
-        answer's order), then its freshness field, with their value types."""
-        picks = list(picks)
+        answer's order), then its freshness field, with their value types; an HGETALL
+        when they are most of the hash, as ``roundtrip.whole`` decides for a group."""
         fields = [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
         codecs = [spec.fmt.codecs[fi] for fi in picks]
         self.native.define_read(
             read,
             fields,
-            whole([spec])
-            if len(picks) == len(spec.fmt.codecs)
-            else reads_whole_hash(len(fields), spec.hash_fields),
+            reads_whole_hash(len(fields), spec.hash_fields),
             [(TYPE_CODES[c.type], c.dim or 0) for c in codecs],
         )
 
