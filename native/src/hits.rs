@@ -33,8 +33,8 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    json_i64, json_str, read_varint, write_grpc_row, write_packed, write_row, write_values, GrpcId,
-    Shape,
+    json_i64, json_str, read_varint, write_grpc_row, write_packed, write_packed_picks, write_row,
+    write_values, GrpcId, Shape,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
@@ -306,6 +306,14 @@ impl Hits {
         } else {
             None
         };
+        // a compact entry's values are written for each answer: of a pick, the picked alone
+        let pick_types = match (&read, &form.picks) {
+            (Some(read), Some(picks)) => picks
+                .iter()
+                .map(|&fi| read.types.get(fi).copied())
+                .collect::<Option<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
         let (mut written, mut scratch) = (Vec::new(), Vec::new());
         let mut picked = Picked::default();
         let (mut hits, mut negative) = (0u64, 0u64);
@@ -342,7 +350,22 @@ impl Hits {
                     (Some(read), _) => {
                         written.clear();
                         let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
-                        write_packed(&read.types, raw, proto, &mut written, &mut scratch).ok()?;
+                        if let Some(picks) = &form.picks {
+                            let (types, count) = (&pick_types, read.types.len());
+                            let present = &mut picked.present;
+                            write_packed_picks(
+                                types,
+                                count,
+                                raw,
+                                picks,
+                                proto,
+                                &mut written,
+                                present,
+                            )?;
+                        } else {
+                            write_packed(&read.types, raw, proto, &mut written, &mut scratch)
+                                .ok()?;
+                        }
                         &written
                     }
                     (None, REST) => hit.values.as_ref()?.bytes(),
@@ -350,8 +373,11 @@ impl Hits {
                 };
                 let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
                 if let Some(picks) = &form.picks {
-                    picked.pick(api, values, present, picks)?;
-                    (values, present) = (&picked.values, &picked.present);
+                    if read.is_none() {
+                        picked.pick(api, values, present, picks)?;
+                        values = &picked.values;
+                    }
+                    present = &picked.present;
                 }
                 form.row(
                     &mut out,
@@ -580,7 +606,8 @@ impl Hits {
 /// Some of an entry's values, picked from its answer bytes for a form that asks for some of
 /// the group's features: those values (REST: a JSON array; gRPC: their `FeatureRow.values`
 /// records) and their present pattern, as `GroupCodec.picked_rows` and
-/// `wire.picked_values` write them from the packed values.
+/// `wire.picked_values` write them from the packed values (a compact entry's are written
+/// picked, `write_packed_picks`).
 #[derive(Default)]
 struct Picked {
     values: Vec<u8>,

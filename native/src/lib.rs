@@ -878,6 +878,29 @@ pub(crate) fn write_packed(
     Ok(())
 }
 
+/// `write_packed` of the values at `picks` alone, in that order (`types` are theirs; the
+/// group has `count`): a compact entry's answer to a lookup of some of its features. None
+/// where `raw` is not `count` packed values or a value does not write.
+pub(crate) fn write_packed_picks(
+    types: &[(u8, u32)],
+    count: usize,
+    raw: &[u8],
+    picks: &[usize],
+    proto: bool,
+    answer: &mut Vec<u8>,
+    present: &mut Vec<u8>,
+) -> Option<()> {
+    present.clear();
+    let slots = if raw.is_empty() {
+        vec![None; count]
+    } else {
+        packed_values(raw, count)?
+    };
+    let values = picks.iter().map(|&fi| slots.get(fi).copied());
+    let values = values.collect::<Option<Vec<_>>>()?;
+    write_values(types, values, proto, answer, present, None).ok()
+}
+
 #[pymethods]
 impl GroupCodec {
     #[new]
