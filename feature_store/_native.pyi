@@ -130,7 +130,7 @@ class RestFront:
         body_timeout: float,
         header_timeout: float,
         tls: tuple[bytes, bytes, bytes | None] | None = None,
-        hits: tuple[int, HitCache] | None = None,
+        hits: tuple[list[tuple[int, int]], HitCache] | None = None,
     ) -> None: ...
     def take(self) -> list[RestCall]: ...
     @property
@@ -154,7 +154,11 @@ class HitCache:
         self, group: int, fields: list[bytes], whole: bool, types: list[tuple[int, int]]
     ) -> None: ...
     def plan(
-        self, body: bytes, replies: bytes | None = None, grpc: bool = False
+        self,
+        body: bytes,
+        replies: bytes | None = None,
+        grpc: bool = False,
+        feast: bool = False,
     ) -> tuple[bytes, int, bytes | None] | None: ...
     def learn(
         self,
@@ -183,9 +187,13 @@ class HitCache:
     def drain(
         self,
     ) -> tuple[list[tuple[list[float], int, int, int]], int, int, list[bytes], list[bytes]]: ...
-    def answer(self, body: bytes, grpc: bool = False) -> bytes | None: ...
-    def missing(self, body: bytes, grpc: bool = False) -> list[bytes] | None: ...
-    def replay(self, body: bytes, keys: list[bytes], grpc: bool = False) -> bytes | None: ...
+    def answer(self, body: bytes, grpc: bool = False, feast: bool = False) -> bytes | None: ...
+    def missing(
+        self, body: bytes, grpc: bool = False, feast: bool = False
+    ) -> list[bytes] | None: ...
+    def replay(
+        self, body: bytes, keys: list[bytes], grpc: bool = False, feast: bool = False
+    ) -> bytes | None: ...
 
 class FrontRedis:
     """A front's own Redis connections for planned reads (native/src/direct.rs)."""

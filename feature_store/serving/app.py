@@ -27,9 +27,10 @@ from starlette.types import Receive, Scope, Send
 
 from feature_store.serving import schemas
 from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError, Role
-from feature_store.serving.feast_api import feast_routes
+from feature_store.serving.feast_api import LOOKUP as FEAST_LOOKUP
+from feature_store.serving.feast_api import FeastFront, feast_routes
 from feature_store.serving.front_reads import FrontReads, planned_reads
-from feature_store.serving.hits import REST, NativeHits
+from feature_store.serving.hits import FEAST, REST, NativeHits
 from feature_store.serving.json_answer import (
     JSON,
     Answer,
@@ -69,7 +70,7 @@ def create_app(
         default_response_class=JSONBody,
     )
     _api_routes(app, runtime, handlers, auth)
-    feast = _feast_routes(app, runtime, auth)
+    feast = _feast_routes(app, runtime, auth, fronts.feast)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
     routes = {
@@ -100,6 +101,7 @@ class Fronts:
         self.grpc_port = grpc_port
         self.rest_backend = rest_backend
         self.fast: FastPath | None = None  # the app the native REST front passes on to
+        self.feast = FeastFront()  # what the native REST front needs of Feast's lookups
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -119,6 +121,7 @@ class Fronts:
             assert self.fast is not None
             if hits is not None:
                 self.handlers.learn = hits.learner(REST)
+                self.feast.learn = hits.learner(FEAST)
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
             rest = NativeRestFront(
                 self.fast, sock, self.rest_backend, settings, hits, self._fail_planned
@@ -159,8 +162,11 @@ class Fronts:
         return NativeHits(self.runtime) if settings.native_hits else None
 
     def _fail_planned(self, call: RestCall, error: BaseException, t0: float) -> None:
-        """A planned REST lookup whose round trip failed: the handler's error answer."""
-        answer = self.handlers.fail(error, "get", t0)
+        """A planned lookup whose round trip failed: its handler's error answer (this
+        API's, or Feast's)."""
+        assert self.fast is not None
+        feast = list(self.fast.routes)[call.route] == FEAST_LOOKUP and self.feast.fail
+        answer = (feast or self.handlers.fail)(error, "get", t0)
         call.respond(answer.status, answer.body, list(answer.headers))
 
 
@@ -264,11 +270,13 @@ def _api_routes(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _feast_routes(app: FastAPI, runtime: ServingRuntime, auth: Authenticator) -> dict[str, Route]:
+def _feast_routes(
+    app: FastAPI, runtime: ServingRuntime, auth: Authenticator, front: FeastFront
+) -> dict[str, Route]:
     """Feast's feature-server API (docs/feast.md): answered by FastPath like this API's two
     POSTs; FastAPI's routes give other methods their 405. Feast's clients are Feast's own,
     so these stay out of this API's OpenAPI document."""
-    feast = feast_routes(runtime, auth)
+    feast = feast_routes(runtime, auth, front)
     for path, feast_route in feast.items():
 
         async def feast_post(request: Request, handler: Handler = feast_route.handler) -> Response:

@@ -41,6 +41,7 @@ from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.registry import EntityType, FeatureGroup, Registry
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.auth import Authenticator, Role
+from feature_store.serving.hits import Learn
 from feature_store.serving.json_answer import Answer, Handler, Route, error_headers, parse_object
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import (
@@ -433,9 +434,38 @@ _ZONE = re.compile(r"(Z|[+-]\d\d:?\d\d)$")
 
 # --- the routes --------------------------------------------------------------------------
 
+LOOKUP = "/get-online-features"
 
-def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Route]:
-    """The POST routes of Feast's API, by path, for the app's fast path (Feast's errors)."""
+
+@dataclass
+class FeastFront:
+    """What the native REST front needs of Feast's lookups (rest_front.py): ``learn``, told
+    of each form the handler answered from one group (``hits.FrontLookups.learner``; set
+    where the front answers them), and ``fail``, the handler's error answer, for a lookup
+    whose planned read failed (set by ``feast_routes``)."""
+
+    learn: Learn | None = None
+    fail: Callable[[BaseException, str, float], Answer] | None = None
+
+
+def feast_form(body: Mapping[str, object]) -> tuple[list[str], list[str]]:
+    """A lookup's form as the native front keys it (``Asked::feast`` in native/src/hits.rs):
+    its feature references as sent, or its feature service; and its flags, as ``groups``."""
+    service = body.get("feature_service")
+    flags = ["feature_service"] if service is not None else []
+    features = [cast(str, service)] if service is not None else cast(list[str], body["features"])
+    for flag in ("full_feature_names", "include_feature_view_version_metadata"):
+        if body.get(flag, False):
+            flags.append(flag)
+    return list(features), flags
+
+
+def feast_routes(
+    runtime: ServingRuntime, auth: Authenticator, front: FeastFront | None = None
+) -> dict[str, Route]:
+    """The POST routes of Feast's API, by path, for the app's fast path (Feast's errors);
+    ``front`` is told what the native REST front needs of them."""
+    front = FeastFront() if front is None else front
     service = runtime.service
     registry = runtime.registry
     metrics = runtime.metrics
@@ -456,11 +486,14 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Rout
         observe(API, method, str(answer.status)).observe(time.perf_counter() - t0)
         return answer
 
+    front.fail = fail
+
     async def get_online_features(authorization: str | None, raw: bytes) -> Answer:
         t0 = time.perf_counter()
         try:
             auth.require(authorization, Role.READ)
-            request = parse_read(parse_object(raw, limit), shapes)
+            body = parse_object(raw, limit)
+            request = parse_read(body, shapes)
             reads = zip(request.shape.reads, request.ids, strict=True)
             # answered from the packed values: the entries keep no answer bytes
             asked = [service.lookup(r.entity.name, ids, r.refs, answers=False) for r, ids in reads]
@@ -473,6 +506,8 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Rout
                 metrics.count_errors(API, lookup.errors)
             entities_served.inc(len(lookup.ids))
         content = answer_json(request, lookups)
+        if front.learn is not None and len(lookups) == 1:
+            _teach(front.learn, body, request, lookups[0])
         observe(API, "get", "200").observe(time.perf_counter() - t0)
         return Answer(200, content)
 
@@ -522,6 +557,17 @@ def feast_routes(runtime: ServingRuntime, auth: Authenticator) -> dict[str, Rout
             writing("write", lambda body: written_group(body, registry)), Role.ADMIN, feast_error
         ),
     }
+
+
+def _teach(learn: Learn, body: Mapping[str, object], request: FeastRead, lookup: Lookup) -> None:
+    """Teach the native front a form answered from one group's values, one entity column
+    asked (the join key's), no entity's data broken: its answers are then written there."""
+    entities = cast(dict[str, object], body["entities"])
+    if lookup.errors or len(lookup.projection.groups) != 1 or len(entities) != 1:
+        return
+    features, flags = feast_form(body)
+    join_key = request.shape.reads[0].entity.join_key
+    learn(join_key, features, flags, lookup.projection, request.shape.plan[0].head)
 
 
 def pushed_groups(body: Mapping[str, object], registry: Registry) -> Sequence[FeatureGroup]:

@@ -67,12 +67,13 @@ log = logging.getLogger(__name__)
 # (benchmarks/results/l1_memory_hits.md)
 MIRROR_ENTRY = 170
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
-MAX_FORMS = 1024  # request forms taught per API (as the extension's bound, both together)
-REST, GRPC = 0, 1  # the APIs, as the extension numbers them
-API_NAMES = ("rest", "grpc")  # as the metrics name them
+MAX_FORMS = 1024  # request forms taught (the extension's bound, every API together)
+REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them
+API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
 
 # (entity type, features, groups, the projection, the answer's head): a form a handler
-# answered with one group's values (all of them, or some)
+# answered with one group's values (all of them, or some). Feast's: the join key, the
+# feature references (or the feature service) and its flags (``feast_api.feast_form``)
 Learn: TypeAlias = Callable[[str, list[str], list[str], "Projection", bytes], None]
 
 
@@ -130,19 +131,21 @@ class FrontLookups:
             entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
         ) -> None:
             form = (api, entity, tuple(features), tuple(groups))
-            if form in self.forms or len(self.forms) >= 2 * MAX_FORMS:
+            if form in self.forms or len(self.forms) >= len(API_NAMES) * MAX_FORMS:
                 return
             self.forms.add(form)  # taught or not, asked once
             group = proj.groups[0]
             picks = None
-            if proj.whole_group:
-                read = self.index[group.name]
-            elif len(proj.groups) != 1:
+            if len(proj.groups) != 1:
                 return
-            elif self.planning:  # a read of those features alone
-                read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
-            else:  # hits: the entries' values, picked
-                read, picks = self.index[group.name], [fi for _, fi in proj.picks]
+            if self.planning:  # a read of those features alone, unless they are all
+                read = self.index[group.name]
+                if not proj.whole_group:
+                    read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
+            else:  # hits: the entries' values, picked (Feast's columns always pick)
+                read = self.index[group.name]
+                if api == FEAST or not proj.whole_group:
+                    picks = [fi for _, fi in proj.picks]
             self.native.learn(
                 api,
                 entity,

@@ -12,7 +12,8 @@ documented FastAPI routes call. Everything else (docs, registry, health, metrics
 With the L1 on, a lookup whose every entity is a fresh entry is answered on the front's
 thread from the entries' bytes, without Python (hits.py, ``NATIVE_HITS``). With it off, the
 front writes a lookup's Redis commands and its answer, and this loop sends the bytes
-(front_reads.py, ``NATIVE_READS``).
+(front_reads.py, ``NATIVE_READS``). Both for ``/v1/features/get`` and for Feast's
+``/get-online-features`` (its column-shaped answer; feast_api.py teaches its forms).
 
 ``REST_FRONT=uvicorn`` (or ``FEATURE_STORE_NATIVE=off``) serves the port with uvicorn
 alone, as before.
@@ -25,16 +26,18 @@ from typing import TYPE_CHECKING
 
 from feature_store.native import native_enabled
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.feast_api import LOOKUP as FEAST_LOOKUP
 from feature_store.serving.front_reads import Fail, FrontReads
 from feature_store.serving.fronts import QueuedCalls
-from feature_store.serving.hits import NativeHits
+from feature_store.serving.hits import FEAST, REST, NativeHits
 
 if TYPE_CHECKING:
     from feature_store._native import RestCall
     from feature_store.serving.app import FastPath
     from feature_store.serving.json_answer import Answer, Route
 
-LOOKUP = "/v1/features/get"  # the route whose cache hits the front answers (hits.py)
+# the lookup routes the front answers (hits.py, front_reads.py), with their APIs
+LOOKUPS = {"/v1/features/get": REST, FEAST_LOOKUP: FEAST}
 # the statuses the front answers itself, before a route's handler runs
 REFUSALS = (400, 401, 403, 408, 413, 415, 503)
 
@@ -75,8 +78,8 @@ class NativeRestFront(QueuedCalls):
             for path, route in fast.routes.items()
         ]
         keys = [(key, int(role)) for key, role in fast.auth.keys]
-        lookup = list(fast.routes).index(LOOKUP) if LOOKUP in fast.routes else -1
-        self.hits = hits if lookup >= 0 else None
+        lookups = [(i, LOOKUPS[path]) for i, path in enumerate(fast.routes) if path in LOOKUPS]
+        self.hits = hits if lookups else None
         self.reads = hits if isinstance(hits, FrontReads) else None
         self.mirror = hits if isinstance(hits, NativeHits) else None
         self.fail = fail
@@ -91,7 +94,7 @@ class NativeRestFront(QueuedCalls):
                 settings.request_body_timeout,
                 settings.request_header_timeout,
                 tls_pem(settings),
-                (lookup, self.hits.native) if self.hits is not None else None,
+                (lookups, self.hits.native) if self.hits is not None else None,
             ),
             "REST port",
         )

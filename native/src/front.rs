@@ -520,7 +520,7 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
     if let Some(hits) = &shared.hits {
         // a caller without a key that may read goes to Python, which says why
         if role_of(&shared.keys, authorization.as_deref()) >= ROLE_READ {
-            match hits.answer_grpc(&request) {
+            match hits.answer(GRPC, &request) {
                 Some(Looked::Answer(message)) => {
                     return send_message(&mut respond, frame(&message));
                 }
@@ -540,7 +540,7 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
                 }
                 None => {}
             }
-            if let Some(mut plan) = hits.plan_grpc(&request) {
+            if let Some(mut plan) = hits.plan(GRPC, &request) {
                 if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
                     if let Some(message) = hits.render(&plan, &replies, true) {
                         return send_message(&mut respond, frame(&message));

@@ -75,9 +75,12 @@ struct Hit {
     noticed: AtomicBool,
 }
 
-/// The two APIs whose lookups are answered here.
+/// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
+/// `/get-online-features` (its column-shaped answer: `FeastColumns`).
 pub const REST: u8 = 0;
 pub const GRPC: u8 = 1;
+pub const FEAST: u8 = 2;
+const APIS: usize = 3;
 
 /// A request form Python answered: everything an answer needs besides the entries.
 struct Form {
@@ -95,6 +98,16 @@ struct Form {
 }
 
 impl Form {
+    /// How many features an answer of this form gives: those picked, else those `read`
+    /// reads (0 where neither is known: a form whose answers are rows, not columns).
+    fn answered(&self, read: Option<&GroupRead>) -> usize {
+        match (&self.picks, read) {
+            (Some(picks), _) => picks.len(),
+            (None, Some(read)) => read.types.len(),
+            (None, None) => 0,
+        }
+    }
+
     /// One entity's row of an answer of `api` from its values' answer bytes (REST: its JSON
     /// array, after a comma unless `first`; gRPC: its records).
     #[allow(clippy::too_many_arguments)]
@@ -137,10 +150,10 @@ impl Form {
 
 #[derive(Default)]
 struct Served {
-    seconds: [Vec<f64>; 2], // each answer's time, for the request histogram, per API
-    entities: [u64; 2],
-    direct: [u64; 2], // of the answers, planned reads read on the front's own connections
-    loaded: [u64; 2], // of the answers, hits once Python loaded the lookup's missing keys
+    seconds: [Vec<f64>; APIS], // each answer's time, for the request histogram, per API
+    entities: [u64; APIS],
+    direct: [u64; APIS], // of the answers, planned reads read on the front's own connections
+    loaded: [u64; APIS], // of the answers, hits once Python loaded the lookup's missing keys
     hits: u64,
     negative_hits: u64,
     refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
@@ -256,33 +269,22 @@ impl Hits {
         z ^ (z >> 31)
     }
 
-    /// The answer to a `POST /v1/features/get` body if every entity is a fresh hit, or
-    /// the keys Python must load first.
-    pub fn answer(&self, body: &[u8]) -> Option<Looked> {
+    /// The answer to a lookup of `api` (a `POST /v1/features/get` or Feast
+    /// `/get-online-features` body, a `GetFeaturesRequest` message) if every entity is a
+    /// fresh hit, or the keys Python must load first. A gRPC lookup's entries answer once
+    /// they hold their gRPC records (or, compact, can write them); the others', their JSON.
+    pub fn answer(&self, api: u8, request: &[u8]) -> Option<Looked> {
         if self.planning {
             return None;
         }
-        self.lookup(&Asked::rest(body)?, None)
-    }
-
-    /// The same for a `GetFeaturesRequest` message (an entry answers once it holds its
-    /// gRPC records, or, compact, can write them).
-    pub fn answer_grpc(&self, message: &[u8]) -> Option<Looked> {
-        if self.planning {
-            return None;
-        }
-        self.lookup(&Asked::grpc(message)?, None)
+        self.lookup(&Asked::parse(api, request)?, None)
     }
 
     /// The answer to a lookup whose `missing` keys Python has loaded since `answer` found
     /// them; None (Python answers) where an entry is still not here. The hits counted are
     /// those of the other keys: Python counted the loaded ones.
     pub fn replay(&self, request: &[u8], api: u8, missing: &Missing) -> Option<Vec<u8>> {
-        let mut asked = if api == REST {
-            Asked::rest(request)?
-        } else {
-            Asked::grpc(request)?
-        };
+        let mut asked = Asked::parse(api, request)?;
         asked.started = missing.started; // the answer's time includes the load
         match self.lookup(&asked, Some(&missing.keys))? {
             Looked::Answer(answer) => Some(answer),
@@ -316,6 +318,7 @@ impl Hits {
         };
         let (mut written, mut scratch) = (Vec::new(), Vec::new());
         let mut picked = Picked::default();
+        let mut columns = FeastColumns::new(form.answered(read.as_deref()));
         let (mut hits, mut negative) = (0u64, 0u64);
         let mut missing: Vec<Vec<u8>> = Vec::new();
         let mut refresh = Vec::new();
@@ -329,10 +332,10 @@ impl Hits {
                     Some(hit)
                         if now_ticks < hit.expires
                             && (read.is_some()
-                                || if api == REST {
-                                    hit.values.is_some()
-                                } else {
+                                || if api == GRPC {
                                     hit.wire.is_some()
+                                } else {
+                                    hit.values.is_some()
                                 }) =>
                     {
                         hit
@@ -346,50 +349,65 @@ impl Hits {
                 if !missing.is_empty() {
                     continue; // no answer before the load: only what is missing matters
                 }
-                let mut values = match (&read, api) {
-                    (Some(read), _) => {
-                        written.clear();
-                        let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
-                        if let Some(picks) = &form.picks {
-                            let (types, count) = (&pick_types, read.types.len());
-                            let present = &mut picked.present;
-                            write_packed_picks(
-                                types,
-                                count,
-                                raw,
-                                picks,
-                                proto,
-                                &mut written,
-                                present,
-                            )?;
-                        } else {
-                            write_packed(&read.types, raw, proto, &mut written, &mut scratch)
-                                .ok()?;
+                if api == FEAST && hit.negative {
+                    columns.not_found(id);
+                } else {
+                    let mut values = match (&read, api) {
+                        (Some(read), _) => {
+                            written.clear();
+                            let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
+                            if let Some(picks) = &form.picks {
+                                let (types, count) = (&pick_types, read.types.len());
+                                let present = &mut picked.present;
+                                write_packed_picks(
+                                    types,
+                                    count,
+                                    raw,
+                                    picks,
+                                    proto,
+                                    &mut written,
+                                    present,
+                                )?;
+                            } else {
+                                write_packed(&read.types, raw, proto, &mut written, &mut scratch)
+                                    .ok()?;
+                            }
+                            &written
                         }
-                        &written
+                        (None, GRPC) => hit.wire.as_ref()?.bytes(),
+                        (None, _) => hit.values.as_ref()?.bytes(),
+                    };
+                    let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
+                    // Feast's columns pick from the entry's values as they split them
+                    let mut row_picks = None;
+                    if let Some(picks) = &form.picks {
+                        if read.is_some() {
+                            present = &picked.present; // written picked
+                        } else if api == FEAST {
+                            row_picks = Some(picks.as_slice());
+                        } else {
+                            picked.pick(api, values, present, picks)?;
+                            values = &picked.values;
+                            present = &picked.present;
+                        }
                     }
-                    (None, REST) => hit.values.as_ref()?.bytes(),
-                    (None, _) => hit.wire.as_ref()?.bytes(),
-                };
-                let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
-                if let Some(picks) = &form.picks {
-                    if read.is_none() {
-                        picked.pick(api, values, present, picks)?;
-                        values = &picked.values;
+                    if api == FEAST {
+                        let max_age = form.max_age;
+                        columns.row(id, values, present, row_picks, written_at, now, max_age)?;
+                    } else {
+                        form.row(
+                            &mut out,
+                            &mut row,
+                            api,
+                            i == 0,
+                            id,
+                            values,
+                            present,
+                            written_at,
+                            now,
+                        );
                     }
-                    present = &picked.present;
                 }
-                form.row(
-                    &mut out,
-                    &mut row,
-                    api,
-                    i == 0,
-                    id,
-                    values,
-                    present,
-                    written_at,
-                    now,
-                );
                 if let Some(loaded) = loaded {
                     if loaded.binary_search(&key).is_ok() {
                         continue; // counted by Python's load
@@ -421,9 +439,7 @@ impl Hits {
                 }
             }
         }
-        if api == REST {
-            out.extend_from_slice(b"]}");
-        }
+        columns.finish(api, &mut out);
         let mut served = self.served(api, started, ids.len());
         served.loaded[api as usize] += u64::from(loaded.is_some());
         served.hits += hits;
@@ -473,21 +489,13 @@ impl Hits {
         served
     }
 
-    /// The Redis commands of a `POST /v1/features/get` body without the L1: one per id,
-    /// as `roundtrip.pack` writes them. None where Python answers (see `answer`).
-    pub fn plan(&self, body: &[u8]) -> Option<Plan> {
+    /// The Redis commands of a lookup of `api` without the L1 (the request as for
+    /// `answer`): one per id, as `roundtrip.pack` writes them. None where Python answers.
+    pub fn plan(&self, api: u8, request: &[u8]) -> Option<Plan> {
         if !self.planning {
             return None;
         }
-        self.planned(Asked::rest(body)?)
-    }
-
-    /// The same for a `GetFeaturesRequest` message.
-    pub fn plan_grpc(&self, message: &[u8]) -> Option<Plan> {
-        if !self.planning {
-            return None;
-        }
-        self.planned(Asked::grpc(message)?)
+        self.planned(Asked::parse(api, request)?)
     }
 
     fn planned(&self, asked: Asked<'_>) -> Option<Plan> {
@@ -545,8 +553,9 @@ impl Hits {
     /// names the fault, or reads the form only its reference reads).
     pub fn render(&self, plan: &Plan, buf: &[u8], direct: bool) -> Option<Vec<u8>> {
         let (form, read) = (&plan.form, &plan.read);
-        let rest = plan.api == REST;
+        let proto = plan.api == GRPC;
         let now = unix_now();
+        let mut columns = FeastColumns::new(form.answered(Some(read)));
         let mut out = Vec::with_capacity(form.head.len() + plan.ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
         let mut slots = Vec::with_capacity(read.shape.count);
@@ -567,7 +576,7 @@ impl Hits {
             write_values(
                 &read.types,
                 stored.iter().copied(),
-                !rest,
+                proto,
                 &mut values,
                 &mut present,
                 None,
@@ -578,24 +587,30 @@ impl Hits {
                 None => None,
             };
             let id = id.id();
-            form.row(
-                &mut out,
-                &mut row,
-                plan.api,
-                i == 0,
-                &id,
-                &values,
-                &present,
-                written_at,
-                now,
-            );
+            if plan.api != FEAST {
+                form.row(
+                    &mut out,
+                    &mut row,
+                    plan.api,
+                    i == 0,
+                    &id,
+                    &values,
+                    &present,
+                    written_at,
+                    now,
+                );
+            } else if written_at.is_none() && present.iter().all(|&p| p == 0) {
+                // nothing of what was read: the entity has nothing of the group (see
+                // `FeastColumns`: a read of some fields cannot see the others)
+                columns.not_found(&id);
+            } else {
+                columns.row(&id, &values, &present, None, written_at, now, form.max_age)?;
+            }
         }
         if pos != buf.len() {
             return None;
         }
-        if rest {
-            out.extend_from_slice(b"]}");
-        }
+        columns.finish(plan.api, &mut out);
         let mut served = self.served(plan.api, plan.started, plan.ids.len());
         served.direct[plan.api as usize] += u64::from(direct);
         drop(served);
@@ -619,7 +634,7 @@ impl Picked {
     /// None where `values` is not `present.len()` values of `api` (it always is:
     /// `write_values` wrote them) or a pick is past them.
     fn pick(&mut self, api: u8, values: &[u8], present: &[u8], picks: &[usize]) -> Option<()> {
-        let rest = api == REST;
+        let rest = api != GRPC;
         if rest {
             json_elements(values, &mut self.elements)?;
         } else {
@@ -646,6 +661,180 @@ impl Picked {
         }
         Some(())
     }
+}
+
+/// Feast's column-shaped answer to a lookup of one group (`feast_api.answer_json`),
+/// gathered an entity at a time and written a column at a time: first the join key's, its
+/// ids each "PRESENT" at the epoch; then per feature its value in each row, the row's
+/// status and the row's event time. A row's status is "NOT_FOUND" where the entity has
+/// nothing of the group (a negative entry; in a planned read of some fields, neither those
+/// nor the write time: the others are not read, and this project's writers write the write
+/// time with every value), else "OUTSIDE_MAX_AGE" past the group's max_age, else
+/// "PRESENT"; a value the row lacks is null with status "NULL_VALUE".
+#[derive(Default)]
+struct FeastColumns {
+    width: usize,                     // the features answered
+    ids: Vec<u8>,                     // the join key's values, joined by commas
+    stamps: Vec<u8>,                  // each row's event time, joined by commas
+    statuses: Vec<&'static [u8]>,     // each row's status
+    values: Vec<u8>,                  // the rows' values' JSON, one row after the other
+    cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON in `values`, lacking
+    elements: Vec<(usize, usize)>,
+}
+
+const EPOCH: &[u8] = b"\"1970-01-01T00:00:00Z\"";
+const LAST_STAMP: i64 = 253_402_300_799; // 9999-12-31T23:59:59Z: the reference's strftime agrees up to here
+
+impl FeastColumns {
+    fn new(width: usize) -> Self {
+        FeastColumns {
+            width,
+            ..FeastColumns::default()
+        }
+    }
+
+    fn id(&mut self, id: &Id<'_>, status: &'static [u8]) {
+        if !self.statuses.is_empty() {
+            self.ids.push(b',');
+            self.stamps.push(b',');
+        }
+        match id {
+            Id::Int(n) => json_i64(&mut self.ids, *n),
+            Id::Str(s) => json_str(&mut self.ids, s),
+        }
+        self.statuses.push(status);
+    }
+
+    /// The row of an entity with nothing of the group.
+    fn not_found(&mut self, id: &Id<'_>) {
+        self.id(id, b"\"NOT_FOUND\"");
+        self.stamps.extend_from_slice(EPOCH);
+        let start = self.values.len();
+        self.values.extend_from_slice(b"null");
+        for _ in 0..self.width {
+            self.cells.push((start, start + 4, false));
+        }
+    }
+
+    /// The row of an entity from its values' JSON array and present pattern: those
+    /// answered, or, with `picks`, the group's, of which `picks` are answered. None where
+    /// they do not match (Python answers), or the write time is past year 9999.
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        &mut self,
+        id: &Id<'_>,
+        values: &[u8],
+        present: &[u8],
+        picks: Option<&[usize]>,
+        written_at: Option<i64>,
+        now: i64,
+        max_age: Option<i64>,
+    ) -> Option<()> {
+        json_elements(values, &mut self.elements)?;
+        if self.elements.len() != present.len() {
+            return None;
+        }
+        if picks.map_or(present.len(), <[usize]>::len) != self.width {
+            return None;
+        }
+        let stale = matches!((written_at, max_age), (Some(w), Some(m)) if now - w > m);
+        self.id(
+            id,
+            if stale {
+                b"\"OUTSIDE_MAX_AGE\""
+            } else {
+                b"\"PRESENT\""
+            },
+        );
+        match written_at {
+            None => self.stamps.extend_from_slice(EPOCH),
+            Some(t) => iso_stamp(&mut self.stamps, t)?,
+        }
+        let base = self.values.len();
+        self.values.extend_from_slice(values);
+        for k in 0..self.width {
+            let fi = picks.map_or(Some(k), |p| p.get(k).copied())?;
+            let (&(start, end), &p) = (self.elements.get(fi)?, present.get(fi)?);
+            self.cells.push((base + start, base + end, p == 0));
+        }
+        Some(())
+    }
+
+    /// End the answer of `api` begun with its form's head: Feast's columns, then the
+    /// closing brackets of a JSON answer.
+    fn finish(&self, api: u8, out: &mut Vec<u8>) {
+        if api == FEAST {
+            self.write(out);
+        }
+        if api != GRPC {
+            out.extend_from_slice(b"]}");
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        let rows = self.statuses.len();
+        let each = |out: &mut Vec<u8>, item: &[u8]| {
+            for r in 0..rows {
+                if r > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(item);
+            }
+        };
+        out.extend_from_slice(b"{\"values\":[");
+        out.extend_from_slice(&self.ids);
+        out.extend_from_slice(b"],\"statuses\":[");
+        each(out, b"\"PRESENT\"");
+        out.extend_from_slice(b"],\"event_timestamps\":[");
+        each(out, EPOCH);
+        out.extend_from_slice(b"]}");
+        for k in 0..self.width {
+            let cells = self.cells.iter().skip(k).step_by(self.width);
+            out.extend_from_slice(b",{\"values\":[");
+            for (r, &(start, end, _)) in cells.clone().enumerate() {
+                if r > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&self.values[start..end]);
+            }
+            out.extend_from_slice(b"],\"statuses\":[");
+            for (r, (&(_, _, lacking), status)) in cells.zip(&self.statuses).enumerate() {
+                if r > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(if lacking { b"\"NULL_VALUE\"" } else { status });
+            }
+            out.extend_from_slice(b"],\"event_timestamps\":[");
+            out.extend_from_slice(&self.stamps);
+            out.extend_from_slice(b"]}");
+        }
+    }
+}
+
+/// A write time as Feast's event timestamp, `"%Y-%m-%dT%H:%M:%SZ"` in UTC, as
+/// `feast_api._timestamp` writes it (`time.strftime` of `time.gmtime`); None outside
+/// 1970 to 9999.
+fn iso_stamp(out: &mut Vec<u8>, t: i64) -> Option<()> {
+    use std::io::Write;
+    if !(0..=LAST_STAMP).contains(&t) {
+        return None;
+    }
+    let (days, secs) = (t / 86_400, t % 86_400);
+    // the civil date of a day count (H. Hinnant's `civil_from_days`)
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (secs / 3_600, secs % 3_600 / 60, secs % 60);
+    write!(
+        out,
+        "\"{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z\""
+    )
+    .ok()
 }
 
 /// Where each `FeatureRow.values` record of `wire` (tag 0x12, length, payload) starts and
@@ -741,12 +930,12 @@ type PutItem<'py> = (
     f64,
 );
 
-/// What Python drains: per API (REST, gRPC) the answers' times, the entities answered and
+/// What Python drains: per API (REST, gRPC, Feast) the answers' times, the entities answered and
 /// how many of the answers were read on the front's own connections; hit and negative-hit
 /// counts; the keys hit in their refresh window and sampled for shadow
 /// checks.
 type Drained = (
-    [(Vec<f64>, u64, u64, u64); 2],
+    [(Vec<f64>, u64, u64, u64); APIS],
     u64,
     u64,
     Vec<Vec<u8>>,
@@ -793,9 +982,10 @@ impl HitCache {
         }
     }
 
-    /// Learn a request form of `api` (0 REST, 1 gRPC) from Python's answer to it (see
-    /// `Form`); `picks`: the indices of the features it asks for, in its order, when not
-    /// all of the group's. False when full.
+    /// Learn a request form of `api` (0 REST, 1 gRPC, 2 Feast) from Python's answer to it
+    /// (see `Form`); `picks`: the indices of the features it asks for, in its order, when
+    /// not all of the group's (a Feast form's hits: always). A Feast form's entity is its
+    /// join key, and its groups its flags (see `Asked::feast`). False when full.
     #[pyo3(signature = (api, entity, features, groups, group, head, label, max_age, prefix, int_ids, picks=None))]
     #[allow(clippy::too_many_arguments)]
     fn learn(
@@ -812,7 +1002,7 @@ impl HitCache {
         int_ids: bool,
         picks: Option<Vec<usize>>,
     ) -> bool {
-        if api != REST && api != GRPC {
+        if usize::from(api) >= APIS {
             return false;
         }
         let features: Vec<&str> = features.iter().map(String::as_str).collect();
@@ -858,20 +1048,18 @@ impl HitCache {
     }
 
     /// The commands (and their count) of a planned REST `body`, and the answer written
-    /// from `replies` to them (for tests); with `grpc`, of a `GetFeaturesRequest`.
-    #[pyo3(signature = (body, replies=None, grpc=false))]
+    /// from `replies` to them (for tests); with `grpc`, of a `GetFeaturesRequest`; with
+    /// `feast`, of a Feast `/get-online-features` body.
+    #[pyo3(signature = (body, replies=None, grpc=false, feast=false))]
     fn plan<'py>(
         &self,
         py: Python<'py>,
         body: &[u8],
         replies: Option<&[u8]>,
         grpc: bool,
+        feast: bool,
     ) -> Option<(Bound<'py, PyBytes>, usize, Option<Bound<'py, PyBytes>>)> {
-        let plan = if grpc {
-            self.hits.plan_grpc(body)
-        } else {
-            self.hits.plan(body)
-        }?;
+        let plan = self.hits.plan(api_of(grpc, feast), body)?;
         let answer = replies.and_then(|r| self.hits.render(&plan, r, false));
         Some((
             PyBytes::new(py, &plan.command),
@@ -957,11 +1145,12 @@ impl HitCache {
     fn drain(&self) -> Drained {
         let mut served = self.hits.served.lock().unwrap_or_else(|e| e.into_inner());
         let s = std::mem::take(&mut *served);
-        let [rest, grpc] = s.seconds;
+        let [rest, grpc, feast] = s.seconds;
         (
             [
                 (rest, s.entities[0], s.direct[0], s.loaded[0]),
                 (grpc, s.entities[1], s.direct[1], s.loaded[1]),
+                (feast, s.entities[2], s.direct[2], s.loaded[2]),
             ],
             s.hits,
             s.negative_hits,
@@ -971,10 +1160,17 @@ impl HitCache {
     }
 
     /// The answer this mirror would give to a REST `body`, None where Python answers (for
-    /// tests); with `grpc`, to a `GetFeaturesRequest` message.
-    #[pyo3(signature = (body, grpc=false))]
-    fn answer<'py>(&self, py: Python<'py>, body: &[u8], grpc: bool) -> Option<Bound<'py, PyBytes>> {
-        match self.looked(body, grpc)? {
+    /// tests); with `grpc`, to a `GetFeaturesRequest` message; with `feast`, to a Feast
+    /// `/get-online-features` body.
+    #[pyo3(signature = (body, grpc=false, feast=false))]
+    fn answer<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        grpc: bool,
+        feast: bool,
+    ) -> Option<Bound<'py, PyBytes>> {
+        match self.hits.answer(api_of(grpc, feast), body)? {
             Looked::Answer(out) => Some(PyBytes::new(py, &out)),
             Looked::Missing(_) => None,
         }
@@ -982,41 +1178,40 @@ impl HitCache {
 
     /// The keys Python would be asked to load before the front answers `body` (for tests):
     /// None where it answers at once or hands the request to Python.
-    #[pyo3(signature = (body, grpc=false))]
-    fn missing(&self, body: &[u8], grpc: bool) -> Option<Vec<Vec<u8>>> {
-        match self.looked(body, grpc)? {
+    #[pyo3(signature = (body, grpc=false, feast=false))]
+    fn missing(&self, body: &[u8], grpc: bool, feast: bool) -> Option<Vec<Vec<u8>>> {
+        match self.hits.answer(api_of(grpc, feast), body)? {
             Looked::Answer(_) => None,
             Looked::Missing(missing) => Some(missing.keys),
         }
     }
 
     /// The answer to `body` once `keys` were loaded (for tests; see `Hits::replay`).
-    #[pyo3(signature = (body, keys, grpc=false))]
+    #[pyo3(signature = (body, keys, grpc=false, feast=false))]
     fn replay<'py>(
         &self,
         py: Python<'py>,
         body: &[u8],
         mut keys: Vec<Vec<u8>>,
         grpc: bool,
+        feast: bool,
     ) -> Option<Bound<'py, PyBytes>> {
         keys.sort_unstable();
         let missing = Missing {
             keys,
             started: Instant::now(),
         };
-        let api = if grpc { GRPC } else { REST };
-        let out = self.hits.replay(body, api, &missing)?;
+        let out = self.hits.replay(body, api_of(grpc, feast), &missing)?;
         Some(PyBytes::new(py, &out))
     }
 }
 
-impl HitCache {
-    fn looked(&self, body: &[u8], grpc: bool) -> Option<Looked> {
-        if grpc {
-            self.hits.answer_grpc(body)
-        } else {
-            self.hits.answer(body)
-        }
+/// The API the test helpers' flags name.
+fn api_of(grpc: bool, feast: bool) -> u8 {
+    match (grpc, feast) {
+        (true, _) => GRPC,
+        (false, true) => FEAST,
+        (false, false) => REST,
     }
 }
 
@@ -1033,6 +1228,46 @@ struct Asked<'a> {
 }
 
 impl<'a> Asked<'a> {
+    /// A lookup of `api` as the front received it.
+    fn parse(api: u8, request: &'a [u8]) -> Option<Self> {
+        match api {
+            REST => Self::rest(request),
+            GRPC => Self::grpc(request),
+            FEAST => Self::feast(request),
+            _ => None,
+        }
+    }
+
+    /// A Feast `/get-online-features` body in the form answered here (`FeastBody`). Its
+    /// form is its join key, its feature references (or its feature service) and its
+    /// flags, which stand in the form's groups, named as the body names them.
+    fn feast(body: &'a [u8]) -> Option<Self> {
+        let started = Instant::now();
+        let request: FeastBody<'a> = serde_json::from_slice(body).ok()?;
+        let mut groups = Vec::new();
+        let features = match request.service {
+            Some(service) => {
+                groups.push("feature_service");
+                vec![service]
+            }
+            None => request.features,
+        };
+        if request.full_feature_names {
+            groups.push("full_feature_names");
+        }
+        if request.with_views {
+            groups.push("include_feature_view_version_metadata");
+        }
+        Some(Asked {
+            api: FEAST,
+            started,
+            entity: request.join_key,
+            ids: request.ids,
+            features,
+            groups,
+        })
+    }
+
     /// A `POST /v1/features/get` body in the form answered here; not one that bypasses the
     /// cache (Python checks the key's role).
     fn rest(body: &'a [u8]) -> Option<Self> {
@@ -1135,6 +1370,93 @@ impl<'de: 'a, 'a> Deserialize<'de> for GetBody<'a> {
             }
         }
         d.deserialize_map(BodyVisitor)
+    }
+}
+
+/// A Feast `/get-online-features` body (`feast_api.parse_read`) in the form answered here:
+/// one entity column (its ids as in `GetBody`), the features as `features` (strings
+/// without escapes) or `feature_service` (which wins, as in Python), the two flags as
+/// booleans, each field once. Other fields are skipped, as Python ignores them.
+struct FeastBody<'a> {
+    join_key: &'a str,
+    ids: Vec<Id<'a>>,
+    features: Vec<&'a str>,
+    service: Option<&'a str>,
+    full_feature_names: bool,
+    with_views: bool,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for FeastBody<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct BodyVisitor;
+        impl<'de> Visitor<'de> for BodyVisitor {
+            type Value = FeastBody<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a Feast lookup request")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FeastBody<'de>, A::Error> {
+                let (mut entities, mut features, mut service) = (None, None, None);
+                let (mut full, mut views) = (None, None);
+                while let Some(name) = map.next_key::<&'de str>()? {
+                    let fresh = match name {
+                        "entities" => entities.replace(map.next_value::<Column<'de>>()?).is_none(),
+                        "features" => features
+                            .replace(map.next_value::<Names<'de>>()?.0)
+                            .is_none(),
+                        "feature_service" => service
+                            .replace(map.next_value::<Option<&'de str>>()?)
+                            .is_none(),
+                        "full_feature_names" => full.replace(map.next_value::<bool>()?).is_none(),
+                        "include_feature_view_version_metadata" => {
+                            views.replace(map.next_value::<bool>()?).is_none()
+                        }
+                        _ => {
+                            map.next_value::<de::IgnoredAny>()?;
+                            true
+                        }
+                    };
+                    if !fresh {
+                        return Err(de::Error::custom(Refused));
+                    }
+                }
+                let Column(join_key, ids) = entities.ok_or_else(|| de::Error::custom(Refused))?;
+                Ok(FeastBody {
+                    join_key,
+                    ids,
+                    features: features.unwrap_or_default(),
+                    service: service.flatten(),
+                    full_feature_names: full.unwrap_or(false),
+                    with_views: views.unwrap_or(false),
+                })
+            }
+        }
+        d.deserialize_map(BodyVisitor)
+    }
+}
+
+/// Feast's `entities` of one column: its join key and ids.
+struct Column<'a>(&'a str, Vec<Id<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Column<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ColumnVisitor;
+        impl<'de> Visitor<'de> for ColumnVisitor {
+            type Value = Column<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of one join key's ids")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Column<'de>, A::Error> {
+                let Some(join_key) = map.next_key::<&'de str>()? else {
+                    return Err(de::Error::custom(Refused));
+                };
+                let ids = map.next_value::<Vec<Id<'de>>>()?;
+                if map.next_key::<&'de str>()?.is_some() {
+                    return Err(de::Error::custom(Refused)); // several entities: Python's
+                }
+                Ok(Column(join_key, ids))
+            }
+        }
+        d.deserialize_map(ColumnVisitor)
     }
 }
 
@@ -1302,6 +1624,60 @@ mod tests {
         ] {
             assert!(parse(refused).is_none(), "{refused}");
         }
+    }
+
+    #[test]
+    fn the_feast_form_only() {
+        let asked = |body: &'static str| Asked::feast(body.as_bytes());
+        let a = asked(
+            r#"{"features":["v:a","v:b"],"entities":{"k":[1,2]},"project":{"x":[1,"]"]},
+                "full_feature_names":true}"#,
+        )
+        .unwrap();
+        assert_eq!((a.api, a.entity, a.ids.len()), (FEAST, "k", 2));
+        assert_eq!(a.features, vec!["v:a", "v:b"]);
+        assert_eq!(a.groups, vec!["full_feature_names"]);
+        // a service wins over the features, as in Python; a null one is none
+        let a = asked(r#"{"features":["v:a"],"feature_service":"s","entities":{"k":["x"]}}"#);
+        let a = a.unwrap();
+        assert_eq!((a.features, a.groups), (vec!["s"], vec!["feature_service"]));
+        let a = asked(r#"{"features":["v:a"],"feature_service":null,"entities":{"k":[1]}}"#);
+        assert_eq!(a.unwrap().features, vec!["v:a"]);
+        for refused in [
+            r#"{"features":["v:a"]}"#,
+            r#"{"features":["v:a"],"entities":{}}"#,
+            r#"{"features":["v:a"],"entities":{"k":[1],"j":[2]}}"#,
+            r#"{"features":["v:a"],"entities":{"k":[1]},"entities":{"k":[1]}}"#,
+            r#"{"features":["v:a"],"entities":{"k":[1.5]}}"#,
+            r#"{"features":["v:a"],"entities":{"k":[1]},"full_feature_names":null}"#,
+            r#"{"features":["v:\u0061"],"entities":{"k":[1]}}"#,
+        ] {
+            assert!(asked(refused).is_none(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn event_times_as_strftime_writes_them() {
+        let stamp = |t: i64| {
+            let mut out = Vec::new();
+            iso_stamp(&mut out, t).map(|()| String::from_utf8(out).unwrap())
+        };
+        for (t, text) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (951_782_400, "2000-02-29T00:00:00Z"),
+            (951_868_799, "2000-02-29T23:59:59Z"),
+            (1_709_164_800, "2024-02-29T00:00:00Z"),
+            (4_107_542_400, "2100-03-01T00:00:00Z"),
+            (LAST_STAMP, "9999-12-31T23:59:59Z"),
+        ] {
+            assert_eq!(
+                stamp(t).as_deref(),
+                Some(format!("\"{text}\"").as_str()),
+                "{t}"
+            );
+        }
+        assert_eq!(stamp(-1), None);
+        assert_eq!(stamp(LAST_STAMP + 1), None);
     }
 
     #[test]

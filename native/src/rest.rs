@@ -38,7 +38,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::direct::{replies_of, Direct, FrontRedis};
 use crate::front::{tls_acceptor, TlsPem, Work, TLS_HANDSHAKE_TIMEOUT};
-use crate::hits::{HitCache, Hits, Looked, REST};
+use crate::hits::{HitCache, Hits, Looked};
 
 const UNREACHABLE: &[u8] =
     br#"{"error":{"code":"unavailable","message":"the HTTP server behind the front is not reachable"}}"#;
@@ -94,6 +94,10 @@ struct Queued {
     reply: oneshot::Sender<Reply>,
 }
 
+/// The routes whose lookups the mirror answers: each its index and its API (`hits::REST`,
+/// `hits::FEAST`).
+type Lookups = Vec<(usize, u8)>;
+
 struct Shared {
     queue: Mutex<VecDeque<Queued>>,
     wake_fd: RawFd,
@@ -103,8 +107,8 @@ struct Shared {
     client: Client<HttpConnector, Body>,
     max_body: usize,
     body_timeout: Duration,
-    hits: Option<(usize, Arc<Hits>)>, // the lookup route's index, and the L1's mirror
-    direct: Arc<Direct>,              // Redis connections of the front's own (planned reads)
+    hits: Option<(Lookups, Arc<Hits>)>, // the lookup routes, and the L1's mirror
+    direct: Arc<Direct>,                // Redis connections of the front's own (planned reads)
 }
 
 impl Shared {
@@ -268,8 +272,9 @@ impl RestFront {
     /// else goes to the HTTP server at `backend` ("127.0.0.1:port").
     ///
     /// `keys`: (key, role) pairs, empty without auth. `tls`: PEM bytes of the certificate
-    /// chain, its key and optionally a client CA; None serves plaintext. `hits`: the index
-    /// of the lookup route and the L1's mirror, whose hits are answered here.
+    /// chain, its key and optionally a client CA; None serves plaintext. `hits`: the lookup
+    /// routes, each (its index, its API: `hits::REST` or `hits::FEAST`), and the L1's
+    /// mirror, whose hits (or, without the L1, planned reads) are answered here.
     #[new]
     #[pyo3(signature = (listen_fd, wake_fd, routes, keys, backend, max_body, body_timeout, header_timeout, tls=None, hits=None))]
     #[allow(clippy::too_many_arguments)]
@@ -283,7 +288,7 @@ impl RestFront {
         body_timeout: f64,
         header_timeout: f64,
         tls: Option<TlsPem>,
-        hits: Option<(usize, PyRef<'_, HitCache>)>,
+        hits: Option<(Lookups, PyRef<'_, HitCache>)>,
     ) -> PyResult<Self> {
         let seconds = |what: &str, s: f64| {
             if s.is_finite() && s > 0.0 {
@@ -345,7 +350,7 @@ impl RestFront {
             client,
             max_body,
             body_timeout,
-            hits: hits.map(|(route, cache)| (route, Arc::clone(&cache.hits))),
+            hits: hits.map(|(routes, cache)| (routes, Arc::clone(&cache.hits))),
             direct: Arc::new(Direct::new(runtime.handle().clone())),
         });
         let (closing, closed) = watch::channel(None);
@@ -560,54 +565,56 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
         Ok(Err(None)) => return route.refusal(400),
         Err(_) => return route.refusal(408),
     };
-    if let Some((lookup, hits)) = &shared.hits {
-        if *lookup == index {
-            let ok = |body: Vec<u8>| Answer {
-                status: 200,
-                headers: Vec::new(),
-                body: Bytes::from(body),
-            };
-            match hits.answer(&data) {
-                Some(Looked::Answer(body)) => return ok(body),
-                Some(Looked::Missing(missing)) => {
-                    let load = Work::Load(missing.keys.clone());
-                    match queue(shared, index, &authorization, &data, load).await {
-                        Ok(Reply::Loaded) => {
-                            if let Some(body) = hits.replay(&data, REST, &missing) {
-                                return ok(body);
-                            } // else evicted or dropped again: Python answers it
-                        }
-                        Ok(Reply::Answer(answer)) => return answer, // Python answered it
-                        Ok(Reply::Replies(_)) | Err(_) => return route.refusal(503),
-                    }
-                    return handled(shared, route, index, &authorization, &data).await;
-                }
-                None => {}
-            }
-            if let Some(mut plan) = hits.plan(&data) {
-                if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
-                    match hits.render(&plan, &replies, true) {
-                        Some(body) => return ok(body),
-                        None => return handled(shared, route, index, &authorization, &data).await,
-                    }
-                }
-                let command = std::mem::take(&mut plan.command);
-                let queued = queue(
-                    shared,
-                    index,
-                    &authorization,
-                    &data,
-                    Work::Read(command, plan.count),
-                );
-                match queued.await {
-                    Ok(Reply::Replies(replies)) => {
-                        if let Some(body) = hits.render(&plan, &replies, false) {
+    let lookup = shared.hits.as_ref().and_then(|(routes, hits)| {
+        let &(_, api) = routes.iter().find(|&&(route, _)| route == index)?;
+        Some((api, hits))
+    });
+    if let Some((api, hits)) = lookup {
+        let ok = |body: Vec<u8>| Answer {
+            status: 200,
+            headers: Vec::new(),
+            body: Bytes::from(body),
+        };
+        match hits.answer(api, &data) {
+            Some(Looked::Answer(body)) => return ok(body),
+            Some(Looked::Missing(missing)) => {
+                let load = Work::Load(missing.keys.clone());
+                match queue(shared, index, &authorization, &data, load).await {
+                    Ok(Reply::Loaded) => {
+                        if let Some(body) = hits.replay(&data, api, &missing) {
                             return ok(body);
-                        } // else Python answers it, reading again
+                        } // else evicted or dropped again: Python answers it
                     }
-                    Ok(Reply::Answer(answer)) => return answer, // Redis failed: Python's error
-                    Ok(Reply::Loaded) | Err(_) => return route.refusal(503), // stopping
+                    Ok(Reply::Answer(answer)) => return answer, // Python answered it
+                    Ok(Reply::Replies(_)) | Err(_) => return route.refusal(503),
                 }
+                return handled(shared, route, index, &authorization, &data).await;
+            }
+            None => {}
+        }
+        if let Some(mut plan) = hits.plan(api, &data) {
+            if let Some(replies) = shared.direct.read(plan.command.clone(), plan.count).await {
+                match hits.render(&plan, &replies, true) {
+                    Some(body) => return ok(body),
+                    None => return handled(shared, route, index, &authorization, &data).await,
+                }
+            }
+            let command = std::mem::take(&mut plan.command);
+            let queued = queue(
+                shared,
+                index,
+                &authorization,
+                &data,
+                Work::Read(command, plan.count),
+            );
+            match queued.await {
+                Ok(Reply::Replies(replies)) => {
+                    if let Some(body) = hits.render(&plan, &replies, false) {
+                        return ok(body);
+                    } // else Python answers it, reading again
+                }
+                Ok(Reply::Answer(answer)) => return answer, // Redis failed: Python's error
+                Ok(Reply::Loaded) | Err(_) => return route.refusal(503), // stopping
             }
         }
     }

@@ -252,11 +252,29 @@ def recovers(native: ServingProcess, body: dict[str, object], what: str) -> None
 BODY = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
 
 
+FEAST_BODY = {
+    "features": [f"{GROUP}:{ALL[3]}", f"{GROUP}:{ALL[0]}"],
+    "entities": {sample.registry().entities[ENTITY].join_key: [1, 2]},
+}
+
+
+def feast_get(server: ServingProcess) -> httpx.Response:
+    return httpx.post(
+        server.rest_url + "/get-online-features",
+        content=orjson.dumps(FEAST_BODY),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+
+
 def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
+    """Each route's own: this API's error, and Feast's (a JSON string its SDK raises)."""
     with alone(tmp_path, 0.5) as (server, native):
-        assert get(native, BODY).status_code == 200  # taught
-        assert get(native, BODY).status_code == 200
+        for _ in range(2):  # taught, then written by the front
+            assert get(native, BODY).status_code == 200
+            assert feast_get(native).status_code == 200
         assert front_reads(native, 1) == 1
+        assert front_reads(native, 1, "feast") == 1
         server.kill()
         failures = [get(native, BODY) for _ in range(8)]
         for r in failures:
@@ -264,8 +282,14 @@ def test_redis_gone_is_the_handlers_503(tmp_path: Path) -> None:
             assert r.json()["error"]["code"] in {"redis_unavailable", "redis_error"}, r.text
         # the circuit opens; its answers carry when to try again, as the handler's do
         assert "retry-after" in failures[-1].headers
+        feast = feast_get(native)
+        assert feast.status_code == 503, feast.text
+        detail = orjson.loads(feast.json())
+        assert (detail["module"], detail["class"]) == ("feast.errors", "FeastError"), detail
+        assert "retry-after" in feast.headers
         server.restart()
         recovers(native, BODY, "Redis came back")
+        assert feast_get(native).status_code == 200
 
 
 def test_redis_hanging_opens_the_circuit_and_recovers(tmp_path: Path) -> None:

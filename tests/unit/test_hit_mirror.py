@@ -4,7 +4,8 @@ evictions, expiry, clears) the mirror answers a lookup exactly when every entity
 entry of the cache with its API's answer bytes made (unless the cache is compact: an entry
 loaded for a REST answer has its JSON, one loaded for gRPC its records, and the other API's
 are made by its first answer), and then with the bytes Python's handlers write for it, REST
-and gRPC, in either cache form; a lookup of some of a group's features likewise.
+and gRPC, in either cache form; a lookup of some of a group's features likewise, and
+Feast's lookups (their column-shaped answers) from the same entries.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from feature_store.registry import parse_registry
 from feature_store.serving.auth import Authenticator
 from feature_store.serving.cache import Entry
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.feast_api import LOOKUP, FeastFront, feast_routes
 from feature_store.serving.grpc_server import FeatureServicer
-from feature_store.serving.hits import GRPC, REST, NativeHits
+from feature_store.serving.hits import FEAST, GRPC, REST, NativeHits
 from feature_store.serving.rest_api import RestHandlers
 from feature_store.serving.runtime import ServingRuntime
 
@@ -67,6 +69,14 @@ FORMS = {
 PICKED = {
     "profile": {"entity_type": "user", "features": ["c", "a"]},
     "shops": {"entity_type": "shop", "features": ["codes", "codes", "open"]},  # a repeat
+}
+# Feast's forms: its column-shaped answer, of all of a group's features or some
+FEAST_FORMS = {
+    "profile": {"features": ["profile:c", "profile:a", "profile:c"]},
+    "shops": {
+        "features": ["shops:open", "shops:rating", "shops:codes"],
+        "full_feature_names": True,
+    },
 }
 INT_IDS = st.integers(-3, 6)
 STR_IDS = st.sampled_from(["a", "b", "é", "x y", "1"])
@@ -128,6 +138,11 @@ def _grpc_request(group: str, ids: list[object], forms: dict[str, dict] = FORMS)
     return request.SerializeToString()
 
 
+def _feast_request(group: str, ids: list[object]) -> bytes:
+    join_key = REGISTRY.groups[group].entity.join_key
+    return orjson.dumps({**FEAST_FORMS[group], "entities": {join_key: ids}})
+
+
 OPS = st.sampled_from(["put", "put", "put", "discard", "expire", "clear"])
 
 
@@ -147,6 +162,8 @@ async def _check(data: st.DataObject) -> None:
     handlers.learn = hits.learner(REST)
     servicer = FeatureServicer(runtime)
     servicer.learn = hits.learner(GRPC)
+    auth = Authenticator((), ())
+    feast = feast_routes(runtime, auth, FeastFront(learn=hits.learner(FEAST)))[LOOKUP].handler
     ids = {"profile": INT_IDS, "shops": STR_IDS}
     for group, first in (("profile", 0), ("shops", "a")):  # Python teaches the forms
         cache.put(_entry(group, first, data))
@@ -162,6 +179,9 @@ async def _check(data: st.DataObject) -> None:
         message = _grpc_request(group, [first], PICKED)
         await servicer.answer(pb.GetFeaturesRequest.FromString(message), None, 0.0)
         assert hits.native.answer(message, grpc=True) is not None
+        feast_body = _feast_request(group, [first])
+        assert (await feast(None, feast_body)).status == 200
+        assert hits.native.answer(feast_body, feast=True) is not None
     cache.clear()
     for _ in range(data.draw(st.integers(1, 25), "steps")):
         group = data.draw(st.sampled_from(sorted(FORMS)), "group")
@@ -190,8 +210,11 @@ async def _check(data: st.DataObject) -> None:
         assert hits.native.missing(message, grpc=True) == (grpc_missing or None)
         picked = orjson.dumps({**PICKED[group], "ids": wanted})
         grpc_picked = _grpc_request(group, wanted, PICKED)
+        feast_body = _feast_request(group, wanted)
+        assert hits.native.missing(feast_body, feast=True) == (rest_missing or None)
         if not fresh:
             assert native is None, (body, native)
+            assert hits.native.answer(feast_body, feast=True) is None
             assert hits.native.answer(picked) is None
             assert hits.native.answer(grpc_picked, grpc=True) is None
             assert hits.native.answer(message, grpc=True) is None
@@ -234,6 +257,15 @@ async def _check(data: st.DataObject) -> None:
         before = await handlers.get(None, picked)
         native = hits.native.answer(picked)
         after = await handlers.get(None, picked)
+        assert (native is not None) == made
+        if native is not None:
+            assert native in (before.body, after.body)
+        # Feast's columns, from the same entries' JSON
+        made = compact or all(cache.peek(_key(group, i)).json is not None for i in wanted)  # type: ignore[union-attr]
+        before = await feast(None, feast_body)
+        native = hits.native.answer(feast_body, feast=True)
+        after = await feast(None, feast_body)
+        assert before.status == 200, before.body
         assert (native is not None) == made
         if native is not None:
             assert native in (before.body, after.body)

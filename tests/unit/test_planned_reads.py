@@ -22,6 +22,7 @@ from feature_store.registry import parse_registry
 from feature_store.serialization import FeatureType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import grpc_server, wire
+from feature_store.serving.feast_api import Shapes, answer_json, answer_plan, parse_read
 from feature_store.serving.reads import Resolved
 from feature_store.serving.rest_api import _picked_rows, _whole_group_rows
 from feature_store.serving.roundtrip import pack, whole
@@ -46,7 +47,7 @@ feature_groups:
     features: {rating: double, vector: embedding(3), scores: float_list}
 """
 )
-REST, GRPC = 0, 1
+REST, GRPC, FEAST = 0, 1, 2
 
 
 def value_of(t: FeatureType, draw: st.DrawFn) -> object:
@@ -291,3 +292,67 @@ def test_a_planned_lookup_of_some_features_is_the_references(
         orjson.loads(answer)
     else:
         assert answer == head + b"".join(grpc_server._answer_rows(lookup, None))
+
+
+@given(lookups(), st.data())
+@settings(max_examples=300, deadline=None)
+def test_a_planned_feast_lookup_is_the_references(
+    case: tuple[str, list[object], list[list[bytes | None]], bool, bool], data: st.DataObject
+) -> None:
+    """Feast's ``/get-online-features`` of some or all of a group's features, in any order,
+    repeats answered once: the front reads those fields and the write time, and writes the
+    column-shaped answer ``feast_api.answer_json`` writes from what it read."""
+    name, ids, stored, hgetall, _ = case
+    group = REGISTRY.groups[name]
+    spec = GroupSpec.of(group, REGISTRY)
+    n = len(group.features)
+    asked = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n + 2))
+    picks = list(dict.fromkeys(asked))  # a repeated reference is answered once
+    full = data.draw(st.booleans())
+    entity = group.entity
+    refs = [f"{name}:{group.features[fi].name}" for fi in asked]
+    body = {"features": refs, "entities": {entity.join_key: ids}, "full_feature_names": full}
+    request = parse_read(body, Shapes(REGISTRY, 100))
+    shape = request.shape
+    features = tuple(group.features[fi] for fi in picks)
+    names = tuple(f.name for f in features)
+    whole = picks == list(range(n))
+    proj = Projection(entity, features, names, (group,), tuple((0, fi) for fi in picks), whole)
+    head = answer_plan(shape, [Lookup(proj, ids, [], 0, [])]).head  # type: ignore[arg-type]
+    cache = _native.HitCache(1000, MAX_STRING_ID_BYTES, 0.0, 0, True)
+    fields = [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
+    types = [(TYPE_CODES[c.type], c.dim or 0) for c in (spec.fmt.codecs[fi] for fi in picks)]
+    cache.define_read(0, fields, hgetall, types)
+    prefix = (entity.prefix + KEY_SEPARATOR).encode()
+    int_ids = entity.id_type is IdType.INT
+    flags = ["full_feature_names"] if full else []
+    assert cache.learn(FEAST, entity.join_key, refs, flags, 0, head, b"", group.max_age_seconds,
+                       prefix, int_ids)  # fmt: skip
+    if hgetall:  # the whole hash, in an order of its own: the front finds the fields
+        redis_replies = replies(spec, stored, True)
+    else:
+        redis_replies = b"".join(
+            b"*%d\r\n" % len(fields) + b"".join(bulk(v[fi]) for fi in [*picks, n]) for v in stored
+        )
+    planned = cache.plan(orjson.dumps(body), redis_replies, feast=True)
+    assert planned is not None
+    _, count, answer = planned
+    assert count == len(ids)
+    keys = [f"{entity.prefix}{KEY_SEPARATOR}{i}".encode() for i in ids]
+    # the reference, from what the front read: the picked values and the write time
+    read = [[v if fi in picks or fi == n else None for fi, v in enumerate(vs)] for vs in stored]
+    try:
+        entries = [
+            [Resolved(spec.entry((name, key), vs, bare=True), False)]
+            for key, vs in zip(keys, read, strict=True)
+        ]
+    except EncodingError:
+        assert answer is None  # the handler answers, naming the fault
+        return
+    lookup = Lookup(proj, ids, entries, int(time.time()), [])  # type: ignore[arg-type]
+    expected = answer_json(request, [lookup])
+    if answer != expected:  # stale or not: a second may have turned between the two
+        lookup = Lookup(proj, ids, entries, int(time.time()) - 1, [])  # type: ignore[arg-type]
+        expected = answer_json(request, [lookup])
+    assert answer == expected
+    orjson.loads(answer)

@@ -1,0 +1,215 @@
+"""Feast's ``/get-online-features`` answered on the native REST front (native/src/hits.rs:
+``Asked::feast``, ``FeastColumns``) against the same server answering it in its handler:
+with the L1 on, from the L1's entries (``NATIVE_HITS=off`` answers in Python); with it off,
+by a planned read (``NATIVE_READS=off``). The same answers, byte for byte: every status
+Feast has, int and string ids, picked and repeated features, a feature service, the flags;
+what the front cannot answer (an entity whose data is broken, several entity columns, a
+float id) handed to the handler; the front's answers counted under api="feast".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from feature_store.embedded import EmbeddedRedis
+from feature_store.layout import entity_key
+from feature_store.native import native_enabled
+from feature_store.registry import load_registry
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
+
+REGISTRY = """
+version: 1
+entities:
+  consumer: {prefix: c, id_type: int, ttl: 7d, join_key: consumer_id}
+  store: {prefix: s, id_type: string, ttl: 7d, join_key: store_id}
+feature_groups:
+  consumer_daily:
+    entity: consumer
+    max_age: 1h
+    features: {orders: int, score: float, tags: int_list, note: string, vec: embedding(3)}
+  store_daily:
+    entity: store
+    features: {rating: float, city: string, score: double}
+feature_services:
+  daily: [consumer_daily]
+  two: [consumer_daily:tags, consumer_daily:score]
+  both: [consumer_daily:orders, store_daily]
+"""
+NOW = time.time()
+BROKEN = 4  # its key holds a string, not a hash: the handler answers INVALID
+UNTIMED = 8  # a value without the write time that this project's writers write with it
+LOOKUPS = "feature_serving_front_lookups_total"
+DAILY = [f"consumer_daily:{f}" for f in ("orders", "score", "tags", "note", "vec")]
+
+
+def metric(server: ServingProcess, name: str) -> float:
+    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def front(server: ServingProcess, at_least: float = 0.0) -> float:
+    """Feast lookups the front answered, once drained (every 20 ms), within 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        value = sum(
+            metric(server, f'{LOOKUPS}{{api="feast",how="{how}"}}')
+            for how in ("hit", "hit_loaded", "read", "read_direct")
+        )
+        if value >= at_least or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module", params=["on", "off"], ids=["L1 on", "L1 off"])
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServingProcess, ServingProcess, str]]:
+    """A server whose front answers Feast's lookups, and one whose handler does."""
+    path = tmp_path_factory.mktemp("registry") / "features.yaml"
+    path.write_text(REGISTRY)
+    registry = load_registry(path, check_lock=False)
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
+        with FeatureStore.connect(server.url, registry) as store:
+            store.write(
+                "consumer_daily",
+                [
+                    (1, {"orders": 3, "score": 0.5, "tags": [1, 2], "note": 'a "b"\n',
+                         "vec": [0.25, -1.0, 3e-8]}),
+                    (2, {"orders": 4, "score": 0.0}),  # the others lacking: NULL_VALUE
+                    (6, {"orders": -7, "score": float("nan"), "note": "ünï"}),
+                ],
+            )  # fmt: skip
+            store.write("consumer_daily", [(3, {"orders": 9})], event_time=NOW - 7200)  # stale
+            store.write("store_daily", [("s1", {"rating": 4.5, "city": "Oslo", "score": 2.0})])
+        consumer = registry.entities["consumer"].id_type
+        with redis.Redis.from_url(server.url) as r:
+            r.set(entity_key("c", consumer, BROKEN), b"not a hash")
+            orders = registry.groups["consumer_daily"].features[0].field
+            r.hset(entity_key("c", consumer, UNTIMED), orders, b"5")
+        env = {"FEATURE_SERVING_CACHE": request.param, "FEATURE_SERVING_REST_FRONT": "native"}
+        off = {"FEATURE_SERVING_NATIVE_HITS": "off", "FEATURE_SERVING_NATIVE_READS": "off"}
+        python_env = {**env, **off}
+        with (
+            ServingProcess(server.url, registry=path, grpc=False, env=env) as native,
+            ServingProcess(server.url, registry=path, grpc=False, env=python_env) as python,
+        ):
+            yield native, python, request.param
+
+
+def post(server: ServingProcess, body: object) -> tuple[int, bytes]:
+    r = httpx.post(
+        server.rest_url + "/get-online-features",
+        content=body if isinstance(body, bytes) else orjson.dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    return r.status_code, r.content
+
+
+IDS = {"consumer_id": [1, 2, 3, 5, 6, 1]}  # stale (3), NOT_FOUND (5), a repeat
+# the forms the front answers once taught
+ANSWERED: list[dict[str, object]] = [
+    {"features": DAILY, "entities": IDS},  # the whole group, in its order
+    {"features": [DAILY[2], DAILY[0]], "entities": IDS, "full_feature_names": True},
+    {"features": [DAILY[1], DAILY[1], DAILY[4]], "entities": IDS},  # a repeated reference
+    {"feature_service": "daily", "entities": IDS, "include_feature_view_version_metadata": True},
+    {"feature_service": "two", "features": ["ignored:x"], "entities": IDS},
+    {"features": DAILY[3:], "entities": IDS, "project": "ignored", "nested": {"a": [1, "]"]}},
+    {"features": ["store_daily:city", "store_daily:rating"], "entities": {"store_id": ["s1", "x"]}},
+    {"features": DAILY[1:3], "entities": {"consumer_id": [5, 7]}},  # nothing found
+]
+# the handler's alone, answered alike
+HANDLERS: list[object] = [
+    {"features": DAILY, "entities": {"consumer_id": [1, BROKEN]}},  # INVALID
+    {"feature_service": "both", "entities": {"consumer_id": [1], "store_id": ["s1"]}},
+    {"features": DAILY, "entities": {"consumer_id": [1.0]}},
+    {"features": DAILY, "entities": {"consumer_id": ["1"]}},
+    {"features": DAILY, "entities": {"consumer_id": []}},
+    {"features": DAILY, "entities": IDS, "full_feature_names": None},
+    # a field twice: the last one counts in Python
+    b'{"features":["consumer_daily:orders"],"entities":{"consumer_id":[1]},'
+    b'"full_feature_names":true,"full_feature_names":false}',
+    {"features": ["consumer_daily:nope"], "entities": IDS},
+]
+
+
+def test_the_front_answers_feast_lookups_as_the_handler_does(
+    servers: tuple[ServingProcess, ServingProcess, str],
+) -> None:
+    native, python, _ = servers
+    answered = front(native)
+    for body in ANSWERED:
+        first = [post(server, body) for server in (native, python)]  # teaches the form
+        assert first[0] == first[1], body
+        assert first[0][0] == 200, first[0]
+        for _ in range(2):  # the L1's entries get their JSON on the first, then hits
+            again = [post(server, body) for server in (native, python)]
+            assert again[0] == again[1] == first[0], body
+        answered += 2
+        assert front(native, answered) == answered, body
+    assert front(python) == 0
+    for body in HANDLERS:
+        first = [post(server, body) for server in (native, python)]
+        again = [post(server, body) for server in (native, python)]
+        assert again[0] == again[1] == first[0] == first[1], body
+    assert front(native, answered + 1) == answered  # the handler answered those
+
+
+def test_every_status_is_written_by_the_front(
+    servers: tuple[ServingProcess, ServingProcess, str],
+) -> None:
+    """The answer the front writes holds each of Feast's statuses where it belongs."""
+    native, _, _ = servers
+    body = {"features": [DAILY[0], DAILY[2]], "entities": IDS}
+    post(native, body)  # taught
+    before = front(native)
+    for _ in range(2):
+        _, content = post(native, body)
+    assert front(native, before + 2) == before + 2
+    doc = orjson.loads(content)
+    assert doc["metadata"]["feature_names"] == ["consumer_id", "orders", "tags"]
+    ids, orders, tags = doc["results"]
+    assert ids["values"] == IDS["consumer_id"]
+    assert orders["values"] == [3, 4, 9, None, -7, 3]
+    assert orders["statuses"] == [
+        "PRESENT", "PRESENT", "OUTSIDE_MAX_AGE", "NOT_FOUND", "PRESENT", "PRESENT"
+    ]  # fmt: skip
+    assert tags["values"] == [[1, 2], None, None, None, None, [1, 2]]
+    assert tags["statuses"][1] == "NULL_VALUE"
+    assert orders["event_timestamps"][3] == "1970-01-01T00:00:00Z"
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(NOW - 7200)))
+    assert orders["event_timestamps"][2] == written
+
+
+def test_an_entity_without_a_write_time(
+    servers: tuple[ServingProcess, ServingProcess, str],
+) -> None:
+    """A hash holding a value of the group but not its write time (not written by this
+    project's writers). The handler reads the whole group: the entity has the group, so a
+    feature it lacks is NULL_VALUE. The front, without the L1, reads the features asked for
+    and the write time alone: where it finds none of them, it cannot tell, and answers
+    NOT_FOUND. With the L1, the entries are the handler's reads, and the answers agree."""
+    native, python, cache = servers
+    body = {"features": [DAILY[1]], "entities": {"consumer_id": [UNTIMED]}}
+    for _ in range(3):  # taught, then answered by the front
+        answers = [orjson.loads(post(server, body)[1]) for server in (native, python)]
+    statuses = [doc["results"][1]["statuses"] for doc in answers]
+    assert statuses[1] == ["NULL_VALUE"]
+    assert statuses[0] == (["NOT_FOUND"] if cache == "off" else ["NULL_VALUE"])
+    whole = {"features": DAILY, "entities": {"consumer_id": [UNTIMED]}}  # reads every field
+    for _ in range(3):
+        answers = [orjson.loads(post(server, whole)[1]) for server in (native, python)]
+    assert answers[0] == answers[1]
+    assert answers[0]["results"][1]["values"] == [5]
