@@ -1,4 +1,5 @@
-"""Cache hits answered on the native fronts' threads (``native/src/hits.rs``), REST and gRPC.
+"""Cache hits answered on the native fronts' threads (``native/src/hits.rs``): REST, gRPC,
+and Feast's ``/get-online-features`` (its columns written from the entries' JSON).
 
 A lookup whose every entity is a fresh L1 entry needs nothing of Python but bytes it made
 when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step with
@@ -122,8 +123,8 @@ class FrontLookups:
     # --- the handler's side ----------------------------------------------------------
 
     def learner(self, api: int) -> Learn:
-        """What a handler of ``api`` (REST, GRPC) calls with each form it answered with one
-        group's values: the front may answer it from then on. A form of some of the group's
+        """What a handler of ``api`` (REST, GRPC, FEAST) calls with each form it answered
+        with one group's values: the front may answer it from then on. A form of some of the group's
         features is answered there too: without the L1, by a read of those features alone;
         from the L1's hits, their values picked from the entries'."""
 
