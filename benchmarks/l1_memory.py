@@ -316,8 +316,9 @@ def main() -> int:
         if o.label == FEAST:
             lines.append(
                 f"Feast lookups: {o.rss_per_entity:,.0f} B per entity, "
-                f"{o.rss_per_entity / new.rss_per_entity:.2f}x REST's (answered from the "
-                f"packed values: the entries keep no answer bytes)."
+                f"{o.rss_per_entity / new.rss_per_entity:.2f}x REST's (the native front "
+                f"answers them from the entries' JSON, as REST's; the handler, from the packed "
+                f"values, keeps none)."
             )
     save(args.out, "L1 memory", lines)
     return 0
