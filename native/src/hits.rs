@@ -301,24 +301,14 @@ impl Hits {
         let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
-        let mut row = Vec::new();
         let read = if self.compact {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
             Some(reads.get(&form.group)?.clone())
         } else {
             None
         };
-        // a compact entry's values are written for each answer: of a pick, the picked alone
-        let pick_types = match (&read, &form.picks) {
-            (Some(read), Some(picks)) => picks
-                .iter()
-                .map(|&fi| read.types.get(fi).copied())
-                .collect::<Option<Vec<_>>>()?,
-            _ => Vec::new(),
-        };
-        let (mut written, mut scratch) = (Vec::new(), Vec::new());
-        let mut picked = Picked::default();
-        let mut columns = FeastColumns::new(form.answered(read.as_deref()));
+        let compact = read.is_some();
+        let mut writer = HitWriter::new(api, &form, read, now)?;
         let (mut hits, mut negative) = (0u64, 0u64);
         let mut missing: Vec<Vec<u8>> = Vec::new();
         let mut refresh = Vec::new();
@@ -331,7 +321,7 @@ impl Hits {
                 let hit = match entries.get(key.as_slice()) {
                     Some(hit)
                         if now_ticks < hit.expires
-                            && (read.is_some()
+                            && (compact
                                 || if api == GRPC {
                                     hit.wire.is_some()
                                 } else {
@@ -349,65 +339,7 @@ impl Hits {
                 if !missing.is_empty() {
                     continue; // no answer before the load: only what is missing matters
                 }
-                if api == FEAST && hit.negative {
-                    columns.not_found(id);
-                } else {
-                    let mut values = match (&read, api) {
-                        (Some(read), _) => {
-                            written.clear();
-                            let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
-                            if let Some(picks) = &form.picks {
-                                let (types, count) = (&pick_types, read.types.len());
-                                let present = &mut picked.present;
-                                write_packed_picks(
-                                    types,
-                                    count,
-                                    raw,
-                                    picks,
-                                    proto,
-                                    &mut written,
-                                    present,
-                                )?;
-                            } else {
-                                write_packed(&read.types, raw, proto, &mut written, &mut scratch)
-                                    .ok()?;
-                            }
-                            &written
-                        }
-                        (None, GRPC) => hit.wire.as_ref()?.bytes(),
-                        (None, _) => hit.values.as_ref()?.bytes(),
-                    };
-                    let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
-                    // Feast's columns pick from the entry's values as they split them
-                    let mut row_picks = None;
-                    if let Some(picks) = &form.picks {
-                        if read.is_some() {
-                            present = &picked.present; // written picked
-                        } else if api == FEAST {
-                            row_picks = Some(picks.as_slice());
-                        } else {
-                            picked.pick(api, values, present, picks)?;
-                            values = &picked.values;
-                            present = &picked.present;
-                        }
-                    }
-                    if api == FEAST {
-                        let max_age = form.max_age;
-                        columns.row(id, values, present, row_picks, written_at, now, max_age)?;
-                    } else {
-                        form.row(
-                            &mut out,
-                            &mut row,
-                            api,
-                            i == 0,
-                            id,
-                            values,
-                            present,
-                            written_at,
-                            now,
-                        );
-                    }
-                }
+                writer.entity(&mut out, i, id, hit)?;
                 if let Some(loaded) = loaded {
                     if loaded.binary_search(&key).is_ok() {
                         continue; // counted by Python's load
@@ -439,7 +371,7 @@ impl Hits {
                 }
             }
         }
-        columns.finish(api, &mut out);
+        writer.finish(&mut out);
         let mut served = self.served(api, started, ids.len());
         served.loaded[api as usize] += u64::from(loaded.is_some());
         served.hits += hits;
@@ -451,6 +383,102 @@ impl Hits {
             served.shadow.append(&mut shadow);
         }
         Some(Looked::Answer(out))
+    }
+}
+
+/// Writes one lookup's answer from the mirror's entries, entity by entity (`entity`), then
+/// closes it (`finish`): rows of this API's REST or gRPC answer, or Feast's columns.
+struct HitWriter<'f> {
+    api: u8,
+    form: &'f Form,
+    // compact: each answer writes the values from the entry's packed ones (of a pick, the
+    // picked alone, of these types)
+    read: Option<Arc<GroupRead>>,
+    pick_types: Vec<(u8, u32)>,
+    now: i64,
+    written: Vec<u8>,
+    scratch: Vec<u8>,
+    row: Vec<u8>,
+    picked: Picked,
+    columns: FeastColumns,
+}
+
+impl<'f> HitWriter<'f> {
+    /// None where a pick is past the group's values (Python answers).
+    fn new(api: u8, form: &'f Form, read: Option<Arc<GroupRead>>, now: i64) -> Option<Self> {
+        let pick_types = match (&read, &form.picks) {
+            (Some(read), Some(picks)) => picks
+                .iter()
+                .map(|&fi| read.types.get(fi).copied())
+                .collect::<Option<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
+        Some(HitWriter {
+            api,
+            form,
+            columns: FeastColumns::new(form.answered(read.as_deref())),
+            read,
+            pick_types,
+            now,
+            written: Vec::new(),
+            scratch: Vec::new(),
+            row: Vec::new(),
+            picked: Picked::default(),
+        })
+    }
+
+    /// Entity `i`'s part of the answer, from its entry. None where the entry's bytes are
+    /// not what they should be (Python answers).
+    fn entity(&mut self, out: &mut Vec<u8>, i: usize, id: &Id<'_>, hit: &Hit) -> Option<()> {
+        let (api, form, now) = (self.api, self.form, self.now);
+        if api == FEAST && hit.negative {
+            self.columns.not_found(id);
+            return Some(());
+        }
+        let (picked, written) = (&mut self.picked, &mut self.written);
+        let mut values = match &self.read {
+            Some(read) => {
+                written.clear();
+                let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
+                if let Some(picks) = &form.picks {
+                    let (types, count) = (&self.pick_types, read.types.len());
+                    let present = &mut picked.present;
+                    write_packed_picks(types, count, raw, picks, proto, written, present)?;
+                } else {
+                    write_packed(&read.types, raw, proto, written, &mut self.scratch).ok()?;
+                }
+                written.as_slice()
+            }
+            None if api == GRPC => hit.wire.as_ref()?.bytes(),
+            None => hit.values.as_ref()?.bytes(),
+        };
+        let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
+        // Feast's columns pick from the entry's values as they split them
+        let mut row_picks = None;
+        if let Some(picks) = &form.picks {
+            if self.read.is_some() {
+                present = &picked.present; // written picked
+            } else if api == FEAST {
+                row_picks = Some(picks.as_slice());
+            } else {
+                picked.pick(api, values, present, picks)?;
+                values = &picked.values;
+                present = &picked.present;
+            }
+        }
+        if api == FEAST {
+            let max_age = form.max_age;
+            return self
+                .columns
+                .row(id, values, present, row_picks, written_at, now, max_age);
+        }
+        let row = &mut self.row;
+        form.row(out, row, api, i == 0, id, values, present, written_at, now);
+        Some(())
+    }
+
+    fn finish(&self, out: &mut Vec<u8>) {
+        self.columns.finish(self.api, out);
     }
 }
 
