@@ -116,6 +116,17 @@ def replies(spec: GroupSpec, stored: list[list[bytes | None]], hgetall: bool) ->
     return out
 
 
+def picked_replies(
+    spec: GroupSpec, stored: list[list[bytes | None]], picks: list[int], hgetall: bool
+) -> bytes:
+    """Redis's replies to a read of features ``picks`` and the write time: the whole hash
+    (in an order of its own: the front finds the fields), or those fields in turn."""
+    if hgetall:
+        return replies(spec, stored, True)
+    at = [*picks, len(spec.fields) - 1]
+    return b"".join(b"*%d\r\n" % len(at) + b"".join(bulk(v[fi]) for fi in at) for v in stored)
+
+
 def planner(spec: GroupSpec, hgetall: bool, api: int, head: bytes) -> _native.HitCache:
     group = spec.group
     cache = _native.HitCache(1000, MAX_STRING_ID_BYTES, 0.0, 0, True)
@@ -255,12 +266,7 @@ def test_a_planned_lookup_of_some_features_is_the_references(
     int_ids = entity.id_type is IdType.INT
     assert cache.learn(api, entity.name, names, [], 0, head, label, group.max_age_seconds,
                        prefix, int_ids)  # fmt: skip
-    if hgetall:  # the whole hash, in an order of its own: the front finds the fields
-        redis_replies = replies(spec, stored, True)
-    else:
-        redis_replies = b"".join(
-            b"*%d\r\n" % len(fields) + b"".join(bulk(v[fi]) for fi in [*picks, n]) for v in stored
-        )
+    redis_replies = picked_replies(spec, stored, picks, hgetall)
     before = int(time.time())
     planned = cache.plan(body, redis_replies, api == GRPC)
     assume(int(time.time()) == before)  # the ages are of one second
@@ -328,12 +334,7 @@ def test_a_planned_feast_lookup_is_the_references(
     flags = ["full_feature_names"] if full else []
     assert cache.learn(FEAST, entity.join_key, refs, flags, 0, head, b"", group.max_age_seconds,
                        prefix, int_ids)  # fmt: skip
-    if hgetall:  # the whole hash, in an order of its own: the front finds the fields
-        redis_replies = replies(spec, stored, True)
-    else:
-        redis_replies = b"".join(
-            b"*%d\r\n" % len(fields) + b"".join(bulk(v[fi]) for fi in [*picks, n]) for v in stored
-        )
+    redis_replies = picked_replies(spec, stored, picks, hgetall)
     planned = cache.plan(orjson.dumps(body), redis_replies, feast=True)
     assert planned is not None
     _, count, answer = planned
