@@ -706,7 +706,7 @@ struct FeastColumns {
     stamps: Vec<u8>,                  // each row's event time, joined by commas
     statuses: Vec<&'static [u8]>,     // each row's status
     values: Vec<u8>,                  // the rows' values' JSON, one row after the other
-    cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON in `values`, lacking
+    cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON's span, NULL_VALUE
     elements: Vec<(usize, usize)>,
 }
 
@@ -721,6 +721,7 @@ impl FeastColumns {
         }
     }
 
+    /// A row begun: its id in the join key's column, its status.
     fn id(&mut self, id: &Id<'_>, status: &'static [u8]) {
         if !self.statuses.is_empty() {
             self.ids.push(b',');
