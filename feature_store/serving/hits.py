@@ -110,13 +110,8 @@ class FrontLookups:
         self.picked_reads: dict[tuple[str, tuple[int, ...]], int] = {}
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
-        metrics = runtime.metrics
-        self.observe = [metrics.requests.labels(api, "get", "200").observe for api in API_NAMES]
-        self.entities = [metrics.entities.labels(api) for api in API_NAMES]
-        how = "read" if planning else "hit"
-        self.answered = [metrics.front_lookups.labels(api, how) for api in API_NAMES]
-        self.direct = [metrics.front_lookups.labels(api, "read_direct") for api in API_NAMES]
-        self.loaded = [metrics.front_lookups.labels(api, "hit_loaded") for api in API_NAMES]
+        self.metrics = runtime.metrics
+        self.how = "read" if planning else "hit"
         self.forms: set[tuple[int, str, tuple[str, ...], tuple[str, ...]]] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -204,15 +199,18 @@ class FrontLookups:
         """Count what the fronts answered; the keys hit in their refresh window and those
         sampled for shadow checks, and the hit counts, for ``NativeHits``."""
         served, hits, negative, refresh, shadow = self.native.drain()
-        for api, (seconds, entities, direct, loaded) in enumerate(served):
-            if entities:
-                self.entities[api].inc(entities)
-                self.answered[api].inc(len(seconds) - direct - loaded)
-                if direct:
-                    self.direct[api].inc(direct)
-                if loaded:
-                    self.loaded[api].inc(loaded)
-            observe = self.observe[api]
+        metrics = self.metrics
+        for name, (seconds, entities, direct, loaded) in zip(API_NAMES, served, strict=True):
+            if not seconds:  # an API's series appear once it is served, as its handler's do
+                continue
+            metrics.entities.labels(name).inc(entities)
+            lookups = metrics.front_lookups
+            lookups.labels(name, self.how).inc(len(seconds) - direct - loaded)
+            if direct:
+                lookups.labels(name, "read_direct").inc(direct)
+            if loaded:
+                lookups.labels(name, "hit_loaded").inc(loaded)
+            observe = metrics.requests.labels(name, "get", "200").observe
             for s in seconds:
                 observe(s)
         return refresh, shadow, hits, negative

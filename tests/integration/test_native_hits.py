@@ -132,6 +132,10 @@ def test_the_front_answers_hits_as_python_does(
     # the requests the front answered are in the request metrics as Python's are
     for name in SERVED:
         assert metric(native, name) == metric(python, name) > 0, name
+    # an API's request series appear once it is served: no Feast rows in the recording
+    # rules of a server that serves none
+    text = httpx.get(native.rest_url + "/metrics", timeout=5).text
+    assert 'feature_serving_request_seconds_count{api="feast"' not in text
 
 
 def test_a_push_write_is_answered_at_once(servers: tuple[ServingProcess, ServingProcess]) -> None:
@@ -494,8 +498,9 @@ def test_entities_looked_up_over_grpc_keep_their_json_only_once_rest_asks(
 
 
 def test_feast_lookups_load_entries_without_answer_bytes(redis_server: object) -> None:
-    """Feast's API answers from the packed values: the entries its lookups load keep no JSON
-    (nor gRPC records) until a REST lookup of the same entities makes it."""
+    """Feast's handler answers from the packed values: the entries its lookups load keep no
+    JSON (nor gRPC records). The front answers the form's next lookups from the entries'
+    JSON, made once (a load of those keys), which a REST lookup then shares."""
     url = redis_server.url  # type: ignore[attr-defined]
     with FeatureStore.connect(url, sample.registry()) as store:
         store.write(GROUP, sample.rows(N))
@@ -507,17 +512,29 @@ def test_feast_lookups_load_entries_without_answer_bytes(redis_server: object) -
             doc: dict[str, int] = httpx.get(server.rest_url + "/v1/admin/cache").json()
             return doc
 
-        feast = httpx.post(
-            server.rest_url + "/get-online-features",
-            content=orjson.dumps({"entities": {"consumer_id": ids}, "features": features}),
-            headers={"content-type": "application/json"},
-        )
-        assert feast.status_code == 200, feast.text
+        def feast() -> bytes:
+            r = httpx.post(
+                server.rest_url + "/get-online-features",
+                content=orjson.dumps({"entities": {"consumer_id": ids}, "features": features}),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 200, r.text
+            return r.content
+
+        first = feast()  # the handler's: it teaches the form
         bare = cache()
+        assert feast() == first  # the front's, once the entries have their JSON
+        grown = cache()
         rest = get(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]})
         assert rest.status_code == 200, rest.text
         values = re.findall(rb'"values":(.*?),"statuses":', rest.content)
-        grown = cache()
+        after = cache()
+        assert (after["entries"], after["bytes"]) == (grown["entries"], grown["bytes"])  # shared
         assert grown["entries"] == bare["entries"] == len(ids)
         assert grown["bytes"] - bare["bytes"] == sum(len(v) + BYTES_OBJECT for v in values)
         assert metric(server, "feature_serving_cache_misses_total") == len(ids)
+        loaded = 'feature_serving_front_lookups_total{api="feast",how="hit_loaded"}'
+        deadline = time.monotonic() + 5  # drained every 20 ms
+        while metric(server, loaded) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, loaded) == 1
