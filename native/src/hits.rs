@@ -33,8 +33,8 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    json_i64, json_str, read_varint, write_grpc_row, write_packed, write_packed_picks, write_row,
-    write_values, GrpcId, Shape,
+    json_i64, json_str, json_value, read_varint, write_grpc_row, write_packed, write_packed_picks,
+    write_row, write_values, GrpcId, Shape,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
@@ -584,7 +584,13 @@ impl Hits {
         let proto = plan.api == GRPC;
         let now = unix_now();
         let mut columns = FeastColumns::new(form.answered(Some(read)));
-        let mut out = Vec::with_capacity(form.head.len() + plan.ids.len() * 1300 + 2);
+        // (Feast's columns are written at the end, into room `finish` makes for them)
+        let rows = if plan.api == FEAST {
+            0
+        } else {
+            plan.ids.len() * 1300 + 2
+        };
+        let mut out = Vec::with_capacity(form.head.len() + rows);
         out.extend_from_slice(&form.head);
         let mut slots = Vec::with_capacity(read.shape.count);
         let mut order = Vec::with_capacity(read.shape.count);
@@ -598,42 +604,37 @@ impl Hits {
                 return None;
             }
             pos = next;
-            values.clear();
-            present.clear();
             let stored = &slots[..read.types.len()];
-            write_values(
-                &read.types,
-                stored.iter().copied(),
-                proto,
-                &mut values,
-                &mut present,
-                None,
-            )
-            .ok()?;
             let written_at = match slots[read.types.len()] {
                 Some(text) => Some(unix_seconds(text)?),
                 None => None,
             };
             let id = id.id();
-            if plan.api != FEAST {
-                form.row(
-                    &mut out,
-                    &mut row,
-                    plan.api,
-                    i == 0,
-                    &id,
-                    &values,
-                    &present,
-                    written_at,
-                    now,
-                );
-            } else if written_at.is_none() && present.iter().all(|&p| p == 0) {
-                // nothing of what was read: the entity has nothing of the group (see
-                // `FeastColumns`: a read of some fields cannot see the others)
-                columns.not_found(&id);
-            } else {
-                columns.row(&id, &values, &present, None, written_at, now, form.max_age)?;
+            if plan.api == FEAST {
+                if written_at.is_none() && stored.iter().all(Option::is_none) {
+                    // nothing of what was read: the entity has nothing of the group (see
+                    // `FeastColumns`: a read of some fields cannot see the others)
+                    columns.not_found(&id);
+                } else {
+                    columns.stored_row(&id, &read.types, stored, written_at, now, form.max_age)?;
+                }
+                continue;
             }
+            values.clear();
+            present.clear();
+            let stored = stored.iter().copied();
+            write_values(&read.types, stored, proto, &mut values, &mut present, None).ok()?;
+            form.row(
+                &mut out,
+                &mut row,
+                plan.api,
+                i == 0,
+                &id,
+                &values,
+                &present,
+                written_at,
+                now,
+            );
         }
         if pos != buf.len() {
             return None;
@@ -745,6 +746,31 @@ impl FeastColumns {
         }
     }
 
+    /// A row begun: its id, its status (by its write time against the group's max_age)
+    /// and its event time. None where the write time is past year 9999.
+    fn begin(
+        &mut self,
+        id: &Id<'_>,
+        written_at: Option<i64>,
+        now: i64,
+        max_age: Option<i64>,
+    ) -> Option<()> {
+        let stale = matches!((written_at, max_age), (Some(w), Some(m)) if now - w > m);
+        self.id(
+            id,
+            if stale {
+                b"\"OUTSIDE_MAX_AGE\""
+            } else {
+                b"\"PRESENT\""
+            },
+        );
+        match written_at {
+            None => self.stamps.extend_from_slice(EPOCH),
+            Some(t) => iso_stamp(&mut self.stamps, t)?,
+        }
+        Some(())
+    }
+
     /// The row of an entity from its values' JSON array and present pattern: those
     /// answered, or, with `picks`, the group's, of which `picks` are answered. None where
     /// they do not match (Python answers), or the write time is past year 9999.
@@ -766,25 +792,42 @@ impl FeastColumns {
         if picks.map_or(present.len(), <[usize]>::len) != self.width {
             return None;
         }
-        let stale = matches!((written_at, max_age), (Some(w), Some(m)) if now - w > m);
-        self.id(
-            id,
-            if stale {
-                b"\"OUTSIDE_MAX_AGE\""
-            } else {
-                b"\"PRESENT\""
-            },
-        );
-        match written_at {
-            None => self.stamps.extend_from_slice(EPOCH),
-            Some(t) => iso_stamp(&mut self.stamps, t)?,
-        }
+        self.begin(id, written_at, now, max_age)?;
         let base = self.values.len();
         self.values.extend_from_slice(values);
         for k in 0..self.width {
             let fi = picks.map_or(Some(k), |p| p.get(k).copied())?;
             let (&(start, end), &p) = (self.elements.get(fi)?, present.get(fi)?);
             self.cells.push((base + start, base + end, p == 0));
+        }
+        Some(())
+    }
+
+    /// The row of an entity from its stored values, one per feature answered (of these
+    /// `types`), each written as JSON straight into its cell: a planned read's reply,
+    /// without the JSON array `write_values` would make and `row` would split. None where
+    /// a value is one the native core does not take (Python answers), or as `row`.
+    #[allow(clippy::too_many_arguments)]
+    fn stored_row(
+        &mut self,
+        id: &Id<'_>,
+        types: &[(u8, u32)],
+        stored: &[Option<&[u8]>],
+        written_at: Option<i64>,
+        now: i64,
+        max_age: Option<i64>,
+    ) -> Option<()> {
+        if types.len() != self.width || stored.len() != self.width {
+            return None;
+        }
+        self.begin(id, written_at, now, max_age)?;
+        for (&(type_code, dim), value) in types.iter().zip(stored) {
+            let start = self.values.len();
+            match value {
+                None => self.values.extend_from_slice(b"null"),
+                Some(data) => json_value(&mut self.values, type_code, dim, data).ok()?,
+            }
+            self.cells.push((start, self.values.len(), value.is_none()));
         }
         Some(())
     }
@@ -810,6 +853,10 @@ impl FeastColumns {
                 out.extend_from_slice(item);
             }
         };
+        // room for it all at once (Feast's repeats each row's status and event time per
+        // feature)
+        let repeated = rows * b"\"OUTSIDE_MAX_AGE\",".len() + self.stamps.len() + 64;
+        out.reserve(self.ids.len() + self.values.len() + (self.width + 1) * repeated);
         out.extend_from_slice(b"{\"values\":[");
         out.extend_from_slice(&self.ids);
         out.extend_from_slice(b"],\"statuses\":[");
@@ -844,7 +891,6 @@ impl FeastColumns {
 /// `feast_api._timestamp` writes it (`time.strftime` of `time.gmtime`); None outside
 /// 1970 to 9999.
 fn iso_stamp(out: &mut Vec<u8>, t: i64) -> Option<()> {
-    use std::io::Write;
     if !(0..=LAST_STAMP).contains(&t) {
         return None;
     }
@@ -859,11 +905,23 @@ fn iso_stamp(out: &mut Vec<u8>, t: i64) -> Option<()> {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     let (h, m, s) = (secs / 3_600, secs % 3_600 / 60, secs % 60);
-    write!(
-        out,
-        "\"{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z\""
-    )
-    .ok()
+    // each part as two digits (the year as two pairs), without `write!`'s formatter:
+    // one stamp per row answered
+    let mut text = *b"\"0000-00-00T00:00:00Z\"";
+    for (at, n) in [
+        (1, year / 100),
+        (3, year % 100),
+        (6, month),
+        (9, day),
+        (12, h),
+        (15, m),
+        (18, s),
+    ] {
+        text[at] = b'0' + (n / 10) as u8;
+        text[at + 1] = b'0' + (n % 10) as u8;
+    }
+    out.extend_from_slice(&text);
+    Some(())
 }
 
 /// Where each `FeatureRow.values` record of `wire` (tag 0x12, length, payload) starts and

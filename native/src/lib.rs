@@ -499,7 +499,7 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
+pub(crate) fn json_value(out: &mut Vec<u8>, type_code: u8, dim: u32, data: &[u8]) -> Native<()> {
     match type_code {
         FLOAT | DOUBLE => {
             if !json_float_text(out, data) {
