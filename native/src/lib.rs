@@ -1195,61 +1195,83 @@ fn float64_json<'py>(py: Python<'py>, x: f64) -> Bound<'py, PyBytes> {
 
 // --- RESP2 replies, straight from the socket's bytes ------------------------------------
 
+/// A reply that is not RESP: its message (`PyValueError` for Python).
+#[derive(Debug)]
+pub(crate) struct Protocol(&'static str);
+
+impl From<Protocol> for PyErr {
+    fn from(e: Protocol) -> PyErr {
+        PyValueError::new_err(format!("RESP protocol error: {}", e.0))
+    }
+}
+
+/// What the parsers below return: a plain error, not a `PyErr`, so that the hot loops
+/// carry two words, not a Python exception's state.
+type Resp<T> = Result<T, Protocol>;
+
 /// The line at `pos` (without its CRLF) and the position after it; None if incomplete.
 /// A CR inside a line is a protocol error, as hiredis has it (Redis never sends one).
-fn resp_line(buf: &[u8], pos: usize) -> PyResult<Option<(&[u8], usize)>> {
+fn resp_line(buf: &[u8], pos: usize) -> Resp<Option<(&[u8], usize)>> {
     let rest = match buf.get(pos..) {
         Some(rest) => rest,
         None => return Ok(None),
     };
-    let end = match rest.iter().position(|&c| c == b'\r') {
+    let end = match memchr::memchr(b'\r', rest) {
         Some(end) => end,
         None => return Ok(None),
     };
     match rest.get(end + 1) {
         Some(&b'\n') => Ok(Some((&rest[..end], pos + end + 2))),
-        Some(_) => Err(PyValueError::new_err(
-            "RESP protocol error: a CR inside a line",
-        )),
+        Some(_) => Err(Protocol("a CR inside a line")),
         None => Ok(None), // the CRLF is cut: the rest comes with the next read
     }
 }
 
-/// A length or count: `-?digits`, at most 18 of them (RESP's lengths are far shorter).
-fn resp_int(line: &[u8]) -> PyResult<i64> {
-    let (negative, digits) = match line.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, line),
-    };
-    if digits.is_empty() || digits.len() > 18 {
-        return Err(PyValueError::new_err("RESP protocol error: not a length"));
-    }
+/// The length line of a bulk string or an array whose type byte is at `pos - 1`
+/// (`-?digits`, at most 18 of them, then CRLF; RESP's lengths are far shorter), read in
+/// one pass, as there are two of them for every field and value of a reply: the length
+/// and the position after the CRLF; None if incomplete.
+#[inline(always)]
+fn resp_len(buf: &[u8], mut pos: usize) -> Resp<Option<(i64, usize)>> {
+    let negative = buf.get(pos) == Some(&b'-');
+    pos += usize::from(negative);
+    let start = pos;
     let mut value: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return Err(PyValueError::new_err("RESP protocol error: not a length"));
+    loop {
+        match buf.get(pos) {
+            None => return Ok(None),
+            Some(&d) if d.is_ascii_digit() => value = value * 10 + i64::from(d - b'0'),
+            Some(b'\r') => break,
+            Some(_) => return Err(Protocol("not a length")),
         }
-        value = value * 10 + i64::from(d - b'0');
+        pos += 1;
+        if pos - start > 18 {
+            return Err(Protocol("not a length"));
+        }
     }
-    Ok(if negative { -value } else { value })
+    if pos == start {
+        return Err(Protocol("not a length"));
+    }
+    match buf.get(pos + 1) {
+        Some(&b'\n') => Ok(Some((if negative { -value } else { value }, pos + 2))),
+        Some(_) => Err(Protocol("a CR inside a line")),
+        None => Ok(None),
+    }
 }
 
 /// The position after the reply at `pos`; None when `buf` ends first.
-pub(crate) fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
+pub(crate) fn resp_skip(buf: &[u8], pos: usize) -> Resp<Option<usize>> {
     let kind = match buf.get(pos) {
         Some(&k) => k,
         None => return Ok(None),
     };
-    let (line, mut next) = match resp_line(buf, pos + 1)? {
-        Some(found) => found,
-        None => return Ok(None),
-    };
     match kind {
-        // simple string, error, integer; RESP3's null, double, boolean, big number
-        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Ok(Some(next)),
-        // bulk string; RESP3's verbatim string and bulk error
+        // bulk string (every field and value); RESP3's verbatim string and bulk error
         b'$' | b'=' | b'!' => {
-            let len = resp_int(line)?;
+            let (len, next) = match resp_len(buf, pos + 1)? {
+                Some(found) => found,
+                None => return Ok(None),
+            };
             if len < 0 {
                 return Ok(Some(next));
             }
@@ -1258,7 +1280,11 @@ pub(crate) fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
         }
         // array; RESP3's set, push, and map (two elements per entry)
         b'*' | b'~' | b'>' | b'%' => {
-            let count = resp_int(line)?.max(0) * if kind == b'%' { 2 } else { 1 };
+            let (count, mut next) = match resp_len(buf, pos + 1)? {
+                Some(found) => found,
+                None => return Ok(None),
+            };
+            let count = count.max(0) * if kind == b'%' { 2 } else { 1 };
             for _ in 0..count {
                 next = match resp_skip(buf, next)? {
                     Some(n) => n,
@@ -1267,9 +1293,11 @@ pub(crate) fn resp_skip(buf: &[u8], pos: usize) -> PyResult<Option<usize>> {
             }
             Ok(Some(next))
         }
-        _ => Err(PyValueError::new_err(
-            "RESP protocol error: unknown reply type",
-        )),
+        // simple string, error, integer; RESP3's null, double, boolean, big number
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => {
+            Ok(resp_line(buf, pos + 1)?.map(|(_, next)| next))
+        }
+        _ => Err(Protocol("unknown reply type")),
     }
 }
 
@@ -1291,22 +1319,35 @@ fn resp_scan(buf: &[u8], mut pos: usize, count: usize) -> PyResult<(usize, usize
 }
 
 /// A bulk string at `pos`: its bytes (None for a null) and the position after it.
-fn resp_bulk(buf: &[u8], pos: usize) -> PyResult<(Option<&[u8]>, usize)> {
-    let protocol = || PyValueError::new_err("RESP protocol error: expected a bulk string");
-    let kind = buf.get(pos).copied();
-    let (line, next) = resp_line(buf, pos + 1)?.ok_or_else(protocol)?;
-    match kind {
+#[inline]
+fn resp_bulk(buf: &[u8], pos: usize) -> Resp<(Option<&[u8]>, usize)> {
+    const NOT_BULK: Protocol = Protocol("expected a bulk string");
+    match buf.get(pos) {
         Some(b'$') => {}
-        Some(b'_') => return Ok((None, next)), // RESP3's null
-        _ => return Err(protocol()),
+        Some(b'_') => {
+            // RESP3's null
+            let (_, next) = resp_line(buf, pos + 1)?.ok_or(NOT_BULK)?;
+            return Ok((None, next));
+        }
+        _ => return Err(NOT_BULK),
     }
-    let len = resp_int(line)?;
+    let (len, next) = resp_len(buf, pos + 1)?.ok_or(NOT_BULK)?;
     if len < 0 {
         return Ok((None, next));
     }
     let end = next + len as usize;
-    let value = buf.get(next..end).ok_or_else(protocol)?;
+    let value = buf.get(next..end).ok_or(NOT_BULK)?;
     Ok((Some(value), end + 2))
+}
+
+/// Whether two field names are the same: the project's are 4 bytes (xxh32), compared as
+/// one word rather than through `memcmp`.
+#[inline]
+fn same_field(a: &[u8], b: &[u8]) -> bool {
+    match (<&[u8; 4]>::try_from(a), <&[u8; 4]>::try_from(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 /// What a read's reply holds: an HGETALL's field/value pairs (looked up by field), or an
@@ -1350,21 +1391,20 @@ impl Shape {
         mut pos: usize,
         slots: &mut Vec<Option<&'a [u8]>>,
         order: &mut Vec<usize>,
-    ) -> PyResult<(Option<&'a [u8]>, usize)> {
-        let (line, next) = resp_line(buf, pos + 1)?
-            .ok_or_else(|| PyValueError::new_err("RESP protocol error: a reply is cut short"))?;
+    ) -> Resp<(Option<&'a [u8]>, usize)> {
+        const CUT: Protocol = Protocol("a reply is cut short");
         match buf.get(pos) {
-            Some(b'-') => return Ok((Some(line), next)),
-            Some(b'*') | Some(b'%') => {}
-            _ => {
-                return Err(PyValueError::new_err(
-                    "RESP protocol error: expected an array",
-                ))
+            Some(b'-') => {
+                let (line, next) = resp_line(buf, pos + 1)?.ok_or(CUT)?;
+                return Ok((Some(line), next));
             }
+            Some(b'*') | Some(b'%') => {}
+            _ => return Err(Protocol("expected an array")),
         }
         // RESP3 answers HGETALL with a map: its length counts pairs, not elements
         let pairs = buf[pos] == b'%';
-        let n = resp_int(line)?.max(0) as usize * if pairs { 2 } else { 1 };
+        let (n, next) = resp_len(buf, pos + 1)?.ok_or(CUT)?;
+        let n = n.max(0) as usize * if pairs { 2 } else { 1 };
         pos = next;
         slots.clear();
         slots.resize(self.count, None);
@@ -1379,7 +1419,11 @@ impl Shape {
                 };
                 // (another plan's order may be in `order`: compared, never trusted)
                 let seen = order.get(place).copied().unwrap_or(ELSEWHERE);
-                let i = if self.fields.get(seen).map_or(false, |f| f == field) {
+                let i = if self
+                    .fields
+                    .get(seen)
+                    .map_or(false, |f| same_field(f, field))
+                {
                     seen
                 } else {
                     let i = self.index.get(field).copied().unwrap_or(ELSEWHERE);
@@ -1395,9 +1439,7 @@ impl Shape {
             }
         } else {
             if n != self.count {
-                return Err(PyValueError::new_err(
-                    "RESP protocol error: HMGET reply length",
-                ));
+                return Err(Protocol("HMGET reply length"));
             }
             for slot in slots.iter_mut() {
                 let (value, after) = resp_bulk(buf, pos)?;
