@@ -130,18 +130,16 @@ class FrontLookups:
             if form in self.forms or len(self.forms) >= len(API_NAMES) * MAX_FORMS:
                 return
             self.forms.add(form)  # taught or not, asked once
-            group = proj.groups[0]
-            picks = None
             if len(proj.groups) != 1:
                 return
+            group, picks = proj.groups[0], None
+            read = self.index[group.name]
             if self.planning:  # a read of those features alone, unless they are all
-                read = self.index[group.name]
                 if not proj.whole_group:
                     read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
-            else:  # hits: the entries' values, picked (Feast's columns always pick)
-                read = self.index[group.name]
-                if api == FEAST or not proj.whole_group:
-                    picks = [fi for _, fi in proj.picks]
+            elif api == FEAST or not proj.whole_group:
+                # hits: the entries' values, picked (Feast's columns always pick)
+                picks = [fi for _, fi in proj.picks]
             self.native.learn(
                 api,
                 entity,
