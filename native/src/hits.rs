@@ -98,14 +98,19 @@ struct Form {
 }
 
 impl Form {
-    /// How many features an answer of this form gives: those picked, else those `read`
-    /// reads (0 where neither is known: a form whose answers are rows, not columns).
-    fn answered(&self, read: Option<&GroupRead>) -> usize {
-        match (&self.picks, read) {
+    /// The columns of an answer of `api`: Feast's (one per feature answered: those
+    /// picked, else those `read` reads); None for the rows of REST and gRPC answers.
+    fn columns(&self, api: u8, read: Option<&GroupRead>) -> Option<FeastColumns> {
+        if api != FEAST {
+            return None;
+        }
+        // (a Feast form always picks from the L1's entries, and is planned with its read)
+        let width = match (&self.picks, read) {
             (Some(picks), _) => picks.len(),
             (None, Some(read)) => read.types.len(),
-            (None, None) => 0,
-        }
+            (None, None) => return None,
+        };
+        Some(FeastColumns::new(width))
     }
 
     /// One entity's row of an answer of `api` from its values' answer bytes (REST: its JSON
@@ -400,11 +405,12 @@ struct HitWriter<'f> {
     scratch: Vec<u8>,
     row: Vec<u8>,
     picked: Picked,
-    columns: FeastColumns,
+    columns: Option<FeastColumns>,
 }
 
 impl<'f> HitWriter<'f> {
-    /// None where a pick is past the group's values (Python answers).
+    /// None where a pick is past the group's values, or a Feast form's width is not known
+    /// (Python answers).
     fn new(api: u8, form: &'f Form, read: Option<Arc<GroupRead>>, now: i64) -> Option<Self> {
         let pick_types = match (&read, &form.picks) {
             (Some(read), Some(picks)) => picks
@@ -413,10 +419,14 @@ impl<'f> HitWriter<'f> {
                 .collect::<Option<Vec<_>>>()?,
             _ => Vec::new(),
         };
+        let columns = form.columns(api, read.as_deref());
+        if api == FEAST && columns.is_none() {
+            return None;
+        }
         Some(HitWriter {
             api,
             form,
-            columns: FeastColumns::new(form.answered(read.as_deref())),
+            columns,
             read,
             pick_types,
             now,
@@ -431,8 +441,8 @@ impl<'f> HitWriter<'f> {
     /// not what they should be (Python answers).
     fn entity(&mut self, out: &mut Vec<u8>, i: usize, id: &Id<'_>, hit: &Hit) -> Option<()> {
         let (api, form, now) = (self.api, self.form, self.now);
-        if api == FEAST && hit.negative {
-            self.columns.not_found(id);
+        if let (Some(columns), true) = (&mut self.columns, hit.negative) {
+            columns.not_found(id);
             return Some(());
         }
         let (picked, written) = (&mut self.picked, &mut self.written);
@@ -458,7 +468,7 @@ impl<'f> HitWriter<'f> {
         if let Some(picks) = &form.picks {
             if self.read.is_some() {
                 present = &picked.present; // written picked
-            } else if api == FEAST {
+            } else if self.columns.is_some() {
                 row_picks = Some(picks.as_slice());
             } else {
                 picked.pick(api, values, present, picks)?;
@@ -466,11 +476,9 @@ impl<'f> HitWriter<'f> {
                 present = &picked.present;
             }
         }
-        if api == FEAST {
+        if let Some(columns) = &mut self.columns {
             let max_age = form.max_age;
-            return self
-                .columns
-                .row(id, values, present, row_picks, written_at, now, max_age);
+            return columns.row(id, values, present, row_picks, written_at, now, max_age);
         }
         let row = &mut self.row;
         form.row(out, row, api, i == 0, id, values, present, written_at, now);
@@ -478,7 +486,7 @@ impl<'f> HitWriter<'f> {
     }
 
     fn finish(&self, out: &mut Vec<u8>) {
-        self.columns.finish(self.api, out);
+        close_answer(self.api, self.columns.as_ref(), out);
     }
 }
 
@@ -583,9 +591,9 @@ impl Hits {
         let (form, read) = (&plan.form, &plan.read);
         let proto = plan.api == GRPC;
         let now = unix_now();
-        let mut columns = FeastColumns::new(form.answered(Some(read)));
-        // (Feast's columns are written at the end, into room `finish` makes for them)
-        let rows = if plan.api == FEAST {
+        let mut columns = form.columns(plan.api, Some(read));
+        // (Feast's columns are written at the end, into room `write` makes for them)
+        let rows = if columns.is_some() {
             0
         } else {
             plan.ids.len() * 1300 + 2
@@ -610,7 +618,7 @@ impl Hits {
                 None => None,
             };
             let id = id.id();
-            if plan.api == FEAST {
+            if let Some(columns) = &mut columns {
                 if written_at.is_none() && stored.iter().all(Option::is_none) {
                     // nothing of what was read: the entity has nothing of the group (see
                     // `FeastColumns`: a read of some fields cannot see the others)
@@ -639,7 +647,7 @@ impl Hits {
         if pos != buf.len() {
             return None;
         }
-        columns.finish(plan.api, &mut out);
+        close_answer(plan.api, columns.as_ref(), &mut out);
         let mut served = self.served(plan.api, plan.started, plan.ids.len());
         served.direct[plan.api as usize] += u64::from(direct);
         drop(served);
@@ -832,17 +840,6 @@ impl FeastColumns {
         Some(())
     }
 
-    /// End the answer of `api` begun with its form's head: Feast's columns, then the
-    /// closing brackets of a JSON answer.
-    fn finish(&self, api: u8, out: &mut Vec<u8>) {
-        if api == FEAST {
-            self.write(out);
-        }
-        if api != GRPC {
-            out.extend_from_slice(b"]}");
-        }
-    }
-
     fn write(&self, out: &mut Vec<u8>) {
         let rows = self.statuses.len();
         let each = |out: &mut Vec<u8>, item: &[u8]| {
@@ -884,6 +881,17 @@ impl FeastColumns {
             out.extend_from_slice(&self.stamps);
             out.extend_from_slice(b"]}");
         }
+    }
+}
+
+/// End the answer of `api` begun with its form's head: Feast's columns (`columns`), then
+/// the closing brackets of a JSON answer.
+fn close_answer(api: u8, columns: Option<&FeastColumns>, out: &mut Vec<u8>) {
+    if let Some(columns) = columns {
+        columns.write(out);
+    }
+    if api != GRPC {
+        out.extend_from_slice(b"]}");
     }
 }
 
