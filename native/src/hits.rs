@@ -815,7 +815,6 @@ impl FeastColumns {
     /// `types`), each written as JSON straight into its cell: a planned read's reply,
     /// without the JSON array `write_values` would make and `row` would split. None where
     /// a value is one the native core does not take (Python answers), or as `row`.
-    #[allow(clippy::too_many_arguments)]
     fn stored_row(
         &mut self,
         id: &Id<'_>,
