@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use once_cell::sync::OnceCell;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -60,7 +61,8 @@ impl Held {
     }
 }
 
-/// One mirrored entry: 64 bytes besides its key (the bytes are the Python entry's).
+/// One mirrored entry: 88 bytes besides its key (the bytes are the Python entry's), and
+/// the ends of its JSON's elements once a lookup has split it (`json_spans`).
 struct Hit {
     // the values as JSON (REST), once a load or a REST answer made them; with
     // `Hits::compact`, packed (empty for none), and each answer writes its JSON or gRPC
@@ -73,6 +75,46 @@ struct Hit {
     notice_at: u64, // `Hits::ticks`: from here on a hit is noted for Python (once per load)
     negative: bool,
     noticed: AtomicBool,
+    // where each element of the JSON `values` ends, found by the first hit that splits
+    // them (a lookup of some features, Feast's columns) and kept for the next ones: about
+    // 100 bytes for the standard shape. None inside: the JSON is past u16 offsets (split on
+    // each hit) or not an array.
+    ends: OnceCell<Option<Box<[u16]>>>,
+}
+
+impl Hit {
+    /// Where each element of the entry's JSON `values` starts and ends, into `out`: from
+    /// the ends a hit before this one found, or found now and kept. None where `values` is
+    /// not a JSON array (Python answers).
+    fn json_spans(&self, values: &[u8], out: &mut Vec<(usize, usize)>) -> Option<()> {
+        match self.ends.get_or_init(|| element_ends(values)) {
+            Some(ends) => {
+                spans_of_ends(ends, out);
+                Some(())
+            }
+            None => json_elements(values, out),
+        }
+    }
+}
+
+/// Where each element of the JSON array `json` ends (`json_elements`), kept in two bytes
+/// each; None past u16 offsets, or where `json` is not an array.
+fn element_ends(json: &[u8]) -> Option<Box<[u16]>> {
+    u16::try_from(json.len()).ok()?;
+    let mut spans = Vec::new();
+    json_elements(json, &mut spans)?;
+    Some(spans.iter().map(|&(_, end)| end as u16).collect())
+}
+
+/// The spans `json_elements` finds, from their ends (`element_ends`): the first element
+/// starts after the bracket, each other after the comma that ends the one before.
+fn spans_of_ends(ends: &[u16], out: &mut Vec<(usize, usize)>) {
+    out.clear();
+    let mut start = 1;
+    for &end in ends {
+        out.push((start, usize::from(end)));
+        start = usize::from(end) + 1;
+    }
 }
 
 /// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
@@ -404,6 +446,7 @@ struct HitWriter<'f> {
     written: Vec<u8>,
     scratch: Vec<u8>,
     row: Vec<u8>,
+    spans: Vec<(usize, usize)>, // where each of an entity's values starts and ends
     picked: Picked,
     columns: Option<FeastColumns>,
 }
@@ -433,6 +476,7 @@ impl<'f> HitWriter<'f> {
             written: Vec::new(),
             scratch: Vec::new(),
             row: Vec::new(),
+            spans: Vec::new(),
             picked: Picked::default(),
         })
     }
@@ -445,7 +489,7 @@ impl<'f> HitWriter<'f> {
             columns.not_found(id);
             return Some(());
         }
-        let (picked, written) = (&mut self.picked, &mut self.written);
+        let (picked, written, spans) = (&mut self.picked, &mut self.written, &mut self.spans);
         let mut values = match &self.read {
             Some(read) => {
                 written.clear();
@@ -463,7 +507,17 @@ impl<'f> HitWriter<'f> {
             None => hit.values.as_ref()?.bytes(),
         };
         let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
-        // Feast's columns pick from the entry's values as they split them
+        // where the values split, for Feast's columns and for picks from answer bytes: an
+        // entry's own JSON as the first hit to split it found (`Hit::json_spans`); values
+        // written for this answer, and gRPC records, split here
+        if self.columns.is_some() || (form.picks.is_some() && self.read.is_none()) {
+            match (&self.read, api) {
+                (Some(_), _) => json_elements(values, spans)?,
+                (None, GRPC) => value_records(values, spans)?,
+                (None, _) => hit.json_spans(values, spans)?,
+            }
+        }
+        // Feast's columns pick from the entry's values as they split
         let mut row_picks = None;
         if let Some(picks) = &form.picks {
             if self.read.is_some() {
@@ -471,14 +525,16 @@ impl<'f> HitWriter<'f> {
             } else if self.columns.is_some() {
                 row_picks = Some(picks.as_slice());
             } else {
-                picked.pick(api, values, present, picks)?;
+                picked.pick(api, values, spans, present, picks)?;
                 values = &picked.values;
                 present = &picked.present;
             }
         }
         if let Some(columns) = &mut self.columns {
             let max_age = form.max_age;
-            return columns.row(id, values, present, row_picks, written_at, now, max_age);
+            return columns.row(
+                id, values, spans, present, row_picks, written_at, now, max_age,
+            );
         }
         let row = &mut self.row;
         form.row(out, row, api, i == 0, id, values, present, written_at, now);
@@ -664,20 +720,22 @@ impl Hits {
 struct Picked {
     values: Vec<u8>,
     present: Vec<u8>,
-    elements: Vec<(usize, usize)>,
 }
 
 impl Picked {
-    /// None where `values` is not `present.len()` values of `api` (it always is:
-    /// `write_values` wrote them) or a pick is past them.
-    fn pick(&mut self, api: u8, values: &[u8], present: &[u8], picks: &[usize]) -> Option<()> {
+    /// `spans`: where each value of `values` starts and ends (REST: its JSON array's
+    /// elements; gRPC: its records). None where they are not `present.len()` values (they
+    /// always are: `write_values` wrote them) or a pick is past them.
+    fn pick(
+        &mut self,
+        api: u8,
+        values: &[u8],
+        spans: &[(usize, usize)],
+        present: &[u8],
+        picks: &[usize],
+    ) -> Option<()> {
         let rest = api != GRPC;
-        if rest {
-            json_elements(values, &mut self.elements)?;
-        } else {
-            value_records(values, &mut self.elements)?;
-        }
-        if self.elements.len() != present.len() {
+        if spans.len() != present.len() {
             return None;
         }
         self.values.clear();
@@ -686,7 +744,7 @@ impl Picked {
             self.values.push(b'[');
         }
         for (k, &fi) in picks.iter().enumerate() {
-            let &(start, end) = self.elements.get(fi)?;
+            let &(start, end) = spans.get(fi)?;
             if k > 0 && rest {
                 self.values.push(b',');
             }
@@ -716,7 +774,6 @@ struct FeastColumns {
     statuses: Vec<&'static [u8]>,     // each row's status
     values: Vec<u8>,                  // the rows' values' JSON, one row after the other
     cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON's span, NULL_VALUE
-    elements: Vec<(usize, usize)>,
 }
 
 const EPOCH: &[u8] = b"\"1970-01-01T00:00:00Z\"";
@@ -779,22 +836,23 @@ impl FeastColumns {
         Some(())
     }
 
-    /// The row of an entity from its values' JSON array and present pattern: those
-    /// answered, or, with `picks`, the group's, of which `picks` are answered. None where
-    /// they do not match (Python answers), or the write time is past year 9999.
+    /// The row of an entity from its values' JSON array (`spans`: where each element
+    /// starts and ends) and present pattern: those answered, or, with `picks`, the
+    /// group's, of which `picks` are answered. None where they do not match (Python
+    /// answers), or the write time is past year 9999.
     #[allow(clippy::too_many_arguments)]
     fn row(
         &mut self,
         id: &Id<'_>,
         values: &[u8],
+        spans: &[(usize, usize)],
         present: &[u8],
         picks: Option<&[usize]>,
         written_at: Option<i64>,
         now: i64,
         max_age: Option<i64>,
     ) -> Option<()> {
-        json_elements(values, &mut self.elements)?;
-        if self.elements.len() != present.len() {
+        if spans.len() != present.len() {
             return None;
         }
         if picks.map_or(present.len(), <[usize]>::len) != self.width {
@@ -805,7 +863,7 @@ impl FeastColumns {
         self.values.extend_from_slice(values);
         for k in 0..self.width {
             let fi = picks.map_or(Some(k), |p| p.get(k).copied())?;
-            let (&(start, end), &p) = (self.elements.get(fi)?, present.get(fi)?);
+            let (&(start, end), &p) = (spans.get(fi)?, present.get(fi)?);
             self.cells.push((base + start, base + end, p == 0));
         }
         Some(())
@@ -1220,6 +1278,7 @@ impl HitCache {
                         expires: after(ttl),
                         notice_at: after(notice_in.min(ttl)),
                         noticed: AtomicBool::new(false),
+                        ends: OnceCell::new(),
                     };
                     (Box::<[u8]>::from(key.as_bytes()), hit)
                 },
@@ -1743,6 +1802,31 @@ mod tests {
         );
         assert_eq!(split(br#"["a\]"#), None);
         assert_eq!(split(b"1,2"), None);
+    }
+
+    #[test]
+    fn element_ends_give_the_spans_json_elements_finds() {
+        let long = format!("[{}1]", "1,".repeat(40_000));
+        for json in [
+            r#"[]"#,
+            r#"[1]"#,
+            r#"[1.5,null,"a,]b",[1,2,3],{"k":[4]},true]"#,
+            r#"[[0.25,-1e-07],[],"",null]"#,
+            long.as_str(),
+        ] {
+            let (mut split, mut derived) = (Vec::new(), Vec::new());
+            json_elements(json.as_bytes(), &mut split).unwrap();
+            match element_ends(json.as_bytes()) {
+                Some(ends) => spans_of_ends(&ends, &mut derived),
+                None => {
+                    assert!(json.len() > usize::from(u16::MAX), "{json}");
+                    continue;
+                }
+            }
+            assert_eq!(derived, split, "{json}");
+        }
+        assert!(element_ends(long.as_bytes()).is_none());
+        assert!(element_ends(b"{1}").is_none());
     }
 
     #[test]
