@@ -34,8 +34,8 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    json_i64, json_str, json_value, read_varint, write_grpc_row, write_packed, write_packed_picks,
-    write_row, write_values, GrpcId, Shape,
+    json_i64, json_str, json_value, packed_values, read_varint, write_grpc_row, write_packed,
+    write_packed_picks, write_row, write_values, GrpcId, Shape,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
@@ -489,6 +489,25 @@ impl<'f> HitWriter<'f> {
             columns.not_found(id);
             return Some(());
         }
+        if let (Some(columns), Some(read)) = (&mut self.columns, &self.read) {
+            // a compact entry's values straight into Feast's columns, as a planned read's
+            // (`stored_row`): no JSON array written to be split again
+            let raw = hit.values.as_ref()?.bytes();
+            let count = read.types.len();
+            let slots = if raw.is_empty() {
+                vec![None; count]
+            } else {
+                packed_values(raw, count)?
+            };
+            let (types, stored) = match &form.picks {
+                Some(picks) => {
+                    let stored = picks.iter().map(|&fi| slots.get(fi).copied());
+                    (&self.pick_types[..], stored.collect::<Option<Vec<_>>>()?)
+                }
+                None => (&read.types[..], slots),
+            };
+            return columns.stored_row(id, types, &stored, hit.written_at, now, form.max_age);
+        }
         let (picked, written, spans) = (&mut self.picked, &mut self.written, &mut self.spans);
         let mut values = match &self.read {
             Some(read) => {
@@ -508,13 +527,13 @@ impl<'f> HitWriter<'f> {
         };
         let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
         // where the values split, for Feast's columns and for picks from answer bytes: an
-        // entry's own JSON as the first hit to split it found (`Hit::json_spans`); values
-        // written for this answer, and gRPC records, split here
-        if self.columns.is_some() || (form.picks.is_some() && self.read.is_none()) {
-            match (&self.read, api) {
-                (Some(_), _) => json_elements(values, spans)?,
-                (None, GRPC) => value_records(values, spans)?,
-                (None, _) => hit.json_spans(values, spans)?,
+        // entry's own JSON as the first hit to split it found (`Hit::json_spans`); gRPC
+        // records here (a compact entry's are written picked, or into the columns above)
+        if self.read.is_none() && (self.columns.is_some() || form.picks.is_some()) {
+            if api == GRPC {
+                value_records(values, spans)?;
+            } else {
+                hit.json_spans(values, spans)?;
             }
         }
         // Feast's columns pick from the entry's values as they split

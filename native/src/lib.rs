@@ -705,7 +705,7 @@ impl<'a> Iterator for Packed<'a> {
 }
 
 /// The values of a packed list of `count`; None when `raw` is not one.
-fn packed_values(raw: &[u8], count: usize) -> Option<Vec<Option<&[u8]>>> {
+pub(crate) fn packed_values(raw: &[u8], count: usize) -> Option<Vec<Option<&[u8]>>> {
     let values: Vec<Option<&[u8]>> = Packed { data: raw, pos: 0 }.collect();
     (values.len() == count).then_some(values)
 }
