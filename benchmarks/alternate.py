@@ -1,7 +1,7 @@
 """An older revision against this checkout, the same cells in alternation, round by round.
 
     python3 benchmarks/alternate.py --baseline REV [--rounds 3] [--entities 100000]
-                                    [--seconds 12] [--ttl 2] [--compact | --misses | --feast]
+                                    [--seconds 12] [--ttl 2] [--compact] [--misses | --feast]
                                     [--out FILE]
 
 These machines are shared, and their speed drifts within a run: in one dataplane.py run,
@@ -17,15 +17,16 @@ for REST, h2load on one batch for gRPC, 8 connections, the L1's TTL a fraction o
 window): REST and gRPC with the L1 off at batch 10, and with it on at batch 10, and, REST
 alone (gRPC's one batch is all hits), at 100 and 1,000, where some ids miss in every
 request. ``--compact``: the L1 cells alone, both sides with CACHE_FORM=compact (every hit
-writes its answer from the entry's packed values). ``--misses``: the miss path alone, REST
-with the L1 on at batches of 10, 100 and 1,000 and a TTL of 1 ms (unless ``--ttl`` says
-otherwise), so that nearly every lookup misses and is loaded through the L1's policy
-(single-flight, the cache and its mirror) before it is answered: the cost of a cold key, a
-refresh, a restart. Its figure is server CPU per entity read from Redis (HMGET and HGETALL
-calls, as Redis counts them), beside the share of the entities looked up that were read.
-``--feast``: lookups answered from the packed values, at batch 10: Feast's
-``/get-online-features`` (all 50 features) and ten picked features of ``/v1/features/get``
-(dataplane.PICKED), each with the L1 off and on.
+writes its answer from the entry's packed values); with ``--misses`` or ``--feast``, the
+L1 cells of those. ``--misses``: the miss path alone, REST with the L1 on at batches of
+10, 100 and 1,000 and a TTL of 1 ms (unless ``--ttl`` says otherwise), so that nearly
+every lookup misses and is loaded through the L1's policy (single-flight, the cache and
+its mirror) before it is answered: the cost of a cold key, a refresh, a restart. Its
+figure is server CPU per entity read from Redis (HMGET and HGETALL calls, as Redis counts
+them), beside the share of the entities looked up that were read. ``--feast``: lookups
+answered from the packed values, at batch 10: Feast's ``/get-online-features`` (all 50
+features) and ten picked features of ``/v1/features/get`` (dataplane.PICKED), each with
+the L1 off and on.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--ttl", type=float, help="the L1's TTL (seconds; default 2)")
+    parser.add_argument("--compact", action="store_true", help="L1 cells, CACHE_FORM=compact")
     form = parser.add_mutually_exclusive_group()
-    form.add_argument("--compact", action="store_true", help="L1 cells, CACHE_FORM=compact")
     form.add_argument("--misses", action="store_true", help="REST L1 cells that nearly all miss")
     form.add_argument("--feast", action="store_true", help="Feast's API and picked features")
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
