@@ -65,8 +65,11 @@ log = logging.getLogger(__name__)
 
 # RSS the mirror adds per cached entity (hash table slot, key, expiry, the held objects'
 # references), measured with benchmarks/l1_memory.py --python-hits: 2,770 against 2,606 B
-# (benchmarks/results/l1_memory_hits.md)
-MIRROR_ENTRY = 170
+# (benchmarks/results/l1_memory_hits.md), 170 B; and since then the slot for where its
+# JSON's elements end (24 B). Not counted: those ends themselves, once a picked or Feast
+# hit has split the entry (Feast's lookups: 169 B more RSS per entity than without the
+# slot, benchmarks/results/l1_memory_spans.md)
+MIRROR_ENTRY = 194
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
 MAX_FORMS = 1024  # request forms taught (the extension's bound, every API together)
 REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them
