@@ -677,8 +677,15 @@ impl Hits {
         out.extend_from_slice(&form.head);
         let mut slots = Vec::with_capacity(read.shape.count);
         let mut order = Vec::with_capacity(read.shape.count);
-        let mut values = Vec::with_capacity(1400);
-        let mut present = Vec::with_capacity(read.types.len());
+        // one entity's answer bytes and present pattern (REST and gRPC rows; Feast's columns
+        // take the stored values as they are)
+        let (mut values, mut present) = match columns {
+            None => (
+                Vec::with_capacity(1400),
+                Vec::with_capacity(read.types.len()),
+            ),
+            Some(_) => (Vec::new(), Vec::new()),
+        };
         let mut row = Vec::new();
         let mut pos = 0;
         for (i, id) in plan.ids.iter().enumerate() {
@@ -793,6 +800,7 @@ struct FeastColumns {
     statuses: Vec<&'static [u8]>,     // each row's status
     values: Vec<u8>,                  // the rows' values' JSON, one row after the other
     cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON's span, NULL_VALUE
+    cell_bytes: usize,                // the cells' JSON, a NOT_FOUND row's null each time
 }
 
 const EPOCH: &[u8] = b"\"1970-01-01T00:00:00Z\"";
@@ -826,7 +834,7 @@ impl FeastColumns {
         let start = self.values.len();
         self.values.extend_from_slice(b"null");
         for _ in 0..self.width {
-            self.cells.push((start, start + 4, false));
+            self.cell(start, start + 4, false);
         }
     }
 
@@ -883,7 +891,7 @@ impl FeastColumns {
         for k in 0..self.width {
             let fi = picks.map_or(Some(k), |p| p.get(k).copied())?;
             let (&(start, end), &p) = (spans.get(fi)?, present.get(fi)?);
-            self.cells.push((base + start, base + end, p == 0));
+            self.cell(base + start, base + end, p == 0);
         }
         Some(())
     }
@@ -911,9 +919,14 @@ impl FeastColumns {
                 None => self.values.extend_from_slice(b"null"),
                 Some(data) => json_value(&mut self.values, type_code, dim, data).ok()?,
             }
-            self.cells.push((start, self.values.len(), value.is_none()));
+            self.cell(start, self.values.len(), value.is_none());
         }
         Some(())
+    }
+
+    fn cell(&mut self, start: usize, end: usize, lacking: bool) {
+        self.cells.push((start, end, lacking));
+        self.cell_bytes += end - start;
     }
 
     fn write(&self, out: &mut Vec<u8>) {
@@ -929,7 +942,17 @@ impl FeastColumns {
         // room for it all at once (Feast's repeats each row's status and event time per
         // feature)
         let repeated = rows * b"\"OUTSIDE_MAX_AGE\",".len() + self.stamps.len() + 64;
-        out.reserve(self.ids.len() + self.values.len() + (self.width + 1) * repeated);
+        out.reserve(
+            self.ids.len() + self.cell_bytes + self.cells.len() + (self.width + 1) * repeated,
+        );
+        // the rows' statuses joined: a feature's own where no row lacks its value
+        let mut statuses = Vec::with_capacity(rows * b"\"OUTSIDE_MAX_AGE\",".len());
+        for (r, status) in self.statuses.iter().enumerate() {
+            if r > 0 {
+                statuses.push(b',');
+            }
+            statuses.extend_from_slice(status);
+        }
         out.extend_from_slice(b"{\"values\":[");
         out.extend_from_slice(&self.ids);
         out.extend_from_slice(b"],\"statuses\":[");
@@ -940,18 +963,24 @@ impl FeastColumns {
         for k in 0..self.width {
             let cells = self.cells.iter().skip(k).step_by(self.width);
             out.extend_from_slice(b",{\"values\":[");
-            for (r, &(start, end, _)) in cells.clone().enumerate() {
+            let mut any_lacking = false;
+            for (r, &(start, end, lacking)) in cells.clone().enumerate() {
                 if r > 0 {
                     out.push(b',');
                 }
                 out.extend_from_slice(&self.values[start..end]);
+                any_lacking |= lacking;
             }
             out.extend_from_slice(b"],\"statuses\":[");
-            for (r, (&(_, _, lacking), status)) in cells.zip(&self.statuses).enumerate() {
-                if r > 0 {
-                    out.push(b',');
+            if any_lacking {
+                for (r, (&(_, _, lacking), status)) in cells.zip(&self.statuses).enumerate() {
+                    if r > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(if lacking { b"\"NULL_VALUE\"" } else { status });
                 }
-                out.extend_from_slice(if lacking { b"\"NULL_VALUE\"" } else { status });
+            } else {
+                out.extend_from_slice(&statuses);
             }
             out.extend_from_slice(b"],\"event_timestamps\":[");
             out.extend_from_slice(&self.stamps);
