@@ -77,9 +77,9 @@ struct Hit {
     noticed: AtomicBool,
     // where each element of the JSON `values` ends, found by the first hit that splits
     // them (a lookup of some features, Feast's columns) and kept for the next ones: about
-    // 100 bytes for the standard shape. None inside: the JSON is past u16 offsets (split on
-    // each hit) or not an array.
-    ends: OnceCell<Option<Box<[u16]>>>,
+    // 100 bytes for the standard shape. Empty: the JSON is past u16 offsets or not an
+    // array (split on each hit). 24 bytes in the entry, where an Option inside took 32.
+    ends: OnceCell<Box<[u16]>>,
 }
 
 impl Hit {
@@ -87,13 +87,14 @@ impl Hit {
     /// the ends a hit before this one found, or found now and kept. None where `values` is
     /// not a JSON array (Python answers).
     fn json_spans(&self, values: &[u8], out: &mut Vec<(usize, usize)>) -> Option<()> {
-        match self.ends.get_or_init(|| element_ends(values)) {
-            Some(ends) => {
-                spans_of_ends(ends, out);
-                Some(())
-            }
-            None => json_elements(values, out),
+        let ends = self
+            .ends
+            .get_or_init(|| element_ends(values).unwrap_or_default());
+        if ends.is_empty() {
+            return json_elements(values, out); // (an entry's JSON always has elements)
         }
+        spans_of_ends(ends, out);
+        Some(())
     }
 }
 
