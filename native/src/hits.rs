@@ -34,7 +34,7 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    json_i64, json_str, json_value, packed_values, read_varint, write_grpc_row, write_packed,
+    json_i64, json_str, json_value, packed_picks, read_varint, write_grpc_row, write_packed,
     write_packed_picks, write_row, write_values, GrpcId, Shape,
 };
 
@@ -493,19 +493,12 @@ impl<'f> HitWriter<'f> {
         if let (Some(columns), Some(read)) = (&mut self.columns, &self.read) {
             // a compact entry's values straight into Feast's columns, as a planned read's
             // (`stored_row`): no JSON array written to be split again
-            let raw = hit.values.as_ref()?.bytes();
-            let count = read.types.len();
-            let slots = if raw.is_empty() {
-                vec![None; count]
+            let (raw, picks) = (hit.values.as_ref()?.bytes(), form.picks.as_deref());
+            let stored = packed_picks(raw, read.types.len(), picks)?;
+            let types = if picks.is_some() {
+                &self.pick_types
             } else {
-                packed_values(raw, count)?
-            };
-            let (types, stored) = match &form.picks {
-                Some(picks) => {
-                    let stored = picks.iter().map(|&fi| slots.get(fi).copied());
-                    (&self.pick_types[..], stored.collect::<Option<Vec<_>>>()?)
-                }
-                None => (&read.types[..], slots),
+                &read.types
             };
             return columns.stored_row(id, types, &stored, hit.written_at, now, form.max_age);
         }

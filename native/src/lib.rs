@@ -705,7 +705,7 @@ impl<'a> Iterator for Packed<'a> {
 }
 
 /// The values of a packed list of `count`; None when `raw` is not one.
-pub(crate) fn packed_values(raw: &[u8], count: usize) -> Option<Vec<Option<&[u8]>>> {
+fn packed_values(raw: &[u8], count: usize) -> Option<Vec<Option<&[u8]>>> {
     let values: Vec<Option<&[u8]>> = Packed { data: raw, pos: 0 }.collect();
     (values.len() == count).then_some(values)
 }
@@ -891,14 +891,27 @@ pub(crate) fn write_packed_picks(
     present: &mut Vec<u8>,
 ) -> Option<()> {
     present.clear();
+    let values = packed_picks(raw, count, Some(picks))?;
+    write_values(types, values, proto, answer, present, None).ok()
+}
+
+/// A compact entry's stored values (`raw`: `count` packed values, empty where the entity
+/// has none), those at `picks` alone where given, in that order. None where `raw` is not
+/// `count` packed values or a pick is past them.
+pub(crate) fn packed_picks<'a>(
+    raw: &'a [u8],
+    count: usize,
+    picks: Option<&[usize]>,
+) -> Option<Vec<Option<&'a [u8]>>> {
     let slots = if raw.is_empty() {
         vec![None; count]
     } else {
         packed_values(raw, count)?
     };
-    let values = picks.iter().map(|&fi| slots.get(fi).copied());
-    let values = values.collect::<Option<Vec<_>>>()?;
-    write_values(types, values, proto, answer, present, None).ok()
+    match picks {
+        None => Some(slots),
+        Some(picks) => picks.iter().map(|&fi| slots.get(fi).copied()).collect(),
+    }
 }
 
 #[pymethods]
