@@ -166,13 +166,12 @@ class HitCache:
         entity: str,
         features: list[str],
         groups: list[str],
-        group: int,
+        parts: list[tuple[int, int | None, list[int] | None]],
         head: bytes,
         label: bytes,
-        max_age: int | None,
         prefix: bytes,
         int_ids: bool,
-        picks: list[int] | None = None,
+        order: list[int] | None = None,
     ) -> bool: ...
     def put_many(
         self,

@@ -560,14 +560,17 @@ def feast_routes(
 
 
 def _teach(learn: Learn, body: Mapping[str, object], request: FeastRead, lookup: Lookup) -> None:
-    """Teach the native front a form answered from one group's values, one entity column
-    asked (the join key's), no entity's data broken: its answers are then written there."""
+    """Teach the native front a form answered from one entity type's groups' values, one
+    entity column asked (the join key's), no entity's data broken: its answers are then
+    written there, each group's columns from its entries, in the plan's order."""
     entities = cast(dict[str, object], body["entities"])
-    if lookup.errors or len(lookup.projection.groups) != 1 or len(entities) != 1:
+    if lookup.errors or len(entities) != 1:
         return
     features, flags = feast_form(body)
     join_key = request.shape.reads[0].entity.join_key
-    learn(join_key, features, flags, lookup.projection, request.shape.plan[0].head)
+    plan = request.shape.plan[0]
+    layout = ([(gi, fis) for _, gi, fis in plan.groups], plan.order)
+    learn(join_key, features, flags, lookup.projection, plan.head, layout)
 
 
 def pushed_groups(body: Mapping[str, object], registry: Registry) -> Sequence[FeatureGroup]:

@@ -44,8 +44,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import orjson
 
@@ -75,10 +75,27 @@ MAX_FORMS = 1024  # request forms taught (the extension's bound, every API toget
 REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them
 API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
 
-# (entity type, features, groups, the projection, the answer's head): a form a handler
-# answered with one group's values (all of them, or some). Feast's: the join key, the
-# feature references (or the feature service) and its flags (``feast_api.feast_form``)
-Learn: TypeAlias = Callable[[str, list[str], list[str], "Projection", bytes], None]
+# Feast's answer over several groups (``feast_api.AnswerPlan``): per group, its index in
+# the projection and the indices of the features it answers, in the answer's order; then
+# per column of the answer, its place among the groups' columns in turn
+Layout: TypeAlias = tuple[Sequence[tuple[int, Sequence[int]]], Sequence[int]]
+
+
+class Learn(Protocol):
+    """What a handler calls with a form it answered with one group's values (``layout``: or
+    Feast's, with several groups'): the entity type, the features, the groups, the
+    projection, and the answer's head. Feast's: the join key, the feature references (or
+    the feature service) and its flags (``feast_api.feast_form``)."""
+
+    def __call__(
+        self,
+        entity: str,
+        features: list[str],
+        groups: list[str],
+        proj: Projection,
+        head: bytes,
+        layout: Layout | None = None,
+    ) -> None: ...
 
 
 class FrontLookups:
@@ -127,34 +144,50 @@ class FrontLookups:
         from the L1's hits, their values picked from the entries'."""
 
         def learn(
-            entity: str, features: list[str], groups: list[str], proj: Projection, head: bytes
+            entity: str,
+            features: list[str],
+            groups: list[str],
+            proj: Projection,
+            head: bytes,
+            layout: Layout | None = None,
         ) -> None:
             form = (api, entity, tuple(features), tuple(groups))
             if form in self.forms or len(self.forms) >= len(API_NAMES) * MAX_FORMS:
                 return
             self.forms.add(form)  # taught or not, asked once
+            parts: list[tuple[int, int | None, list[int] | None]] = []
+            order = None
             if len(proj.groups) != 1:
-                return
-            group, picks = proj.groups[0], None
-            read = self.index[group.name]
-            if self.planning:  # a read of those features alone, unless they are all
-                if not proj.whole_group:
-                    read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
-            elif api == FEAST or not proj.whole_group:
-                # hits: the entries' values, picked (Feast's columns always pick)
-                picks = [fi for _, fi in proj.picks]
+                # several groups: Feast's hits, each group's features picked from its
+                # entries, written in the answer's order (not its reads: one group's each)
+                if api != FEAST or self.planning or layout is None:
+                    return
+                for gi, fis in layout[0]:
+                    group = proj.groups[gi]
+                    parts.append((self.index[group.name], group.max_age_seconds, list(fis)))
+                order = list(layout[1])
+            else:
+                group, picks = proj.groups[0], None
+                read = self.index[group.name]
+                if self.planning:  # a read of those features alone, unless they are all
+                    if not proj.whole_group:
+                        read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
+                elif api == FEAST or not proj.whole_group:
+                    # hits: the entries' values, picked (Feast's columns always pick)
+                    picks = [fi for _, fi in proj.picks]
+                parts.append((read, group.max_age_seconds, picks))
+            name = proj.groups[0].name
             self.native.learn(
                 api,
                 entity,
                 features,
                 groups,
-                read,
+                parts,
                 head,
-                orjson.dumps(group.name) if api == REST else group.name.encode(),
-                group.max_age_seconds,
+                orjson.dumps(name) if api == REST else name.encode(),
                 (proj.entity.prefix + KEY_SEPARATOR).encode(),
                 proj.entity.id_type is IdType.INT,
-                picks,
+                order,
             )
 
         return learn

@@ -127,28 +127,42 @@ const APIS: usize = 3;
 
 /// A request form Python answered: everything an answer needs besides the entries.
 struct Form {
-    group: u16,
+    // the groups whose entries answer it: one, but for Feast's lookups over several views
+    parts: Vec<Part>,
+    // Feast's: per column of the answer, the part that writes it and its column there
+    // (the parts' columns in turn where they are not in the request's order)
+    order: Vec<(usize, usize)>,
     // REST: `{"entity_type":..,"features":..,"types":..,"results":[`; gRPC: the response's
     // entity_type and features fields
     head: Vec<u8>,
-    label: Vec<u8>, // the group's name in "ages": as JSON (REST), as it is (gRPC)
-    max_age: Option<i64>,
+    label: Vec<u8>,  // the group's name in "ages": as JSON (REST), as it is (gRPC)
     prefix: Vec<u8>, // the entity's key prefix and separator: key = prefix + id
     int_ids: bool,
+}
+
+/// One group of a form: its entries' key tag, its max_age, and the features answered.
+struct Part {
+    group: u16,
+    max_age: Option<i64>,
     // hits of some of the group's features: their indices in the group, in the answer's
     // order (`Picked`); None: all of them, in the group's order
     picks: Option<Vec<usize>>,
 }
 
 impl Form {
-    /// The columns of an answer of `api`: Feast's (one per feature answered: those
-    /// picked, else those `read` reads); None for the rows of REST and gRPC answers.
-    fn columns(&self, api: u8, read: Option<&GroupRead>) -> Option<FeastColumns> {
+    /// The form's one group (REST, gRPC, and every planned read).
+    fn part(&self) -> &Part {
+        &self.parts[0]
+    }
+
+    /// The columns of an answer of `api`: Feast's, per part (one per feature answered:
+    /// those picked, else those `read` reads); None for the rows of REST and gRPC answers.
+    fn columns(&self, api: u8, part: &Part, read: Option<&GroupRead>) -> Option<FeastColumns> {
         if api != FEAST {
             return None;
         }
         // (a Feast form always picks from the L1's entries, and is planned with its read)
-        let width = match (&self.picks, read) {
+        let width = match (&part.picks, read) {
             (Some(picks), _) => picks.len(),
             (None, Some(read)) => read.types.len(),
             (None, None) => return None,
@@ -179,7 +193,7 @@ impl Form {
                 Id::Int(n) => json_i64(o, *n),
                 Id::Str(s) => json_str(o, s),
             };
-            let (max_age, label) = (self.max_age, &self.label);
+            let (max_age, label) = (self.part().max_age, &self.label);
             write_row(
                 out, id, values, present, written_at, false, now, max_age, label,
             );
@@ -188,7 +202,7 @@ impl Form {
                 Id::Int(n) => GrpcId::Int(*n),
                 Id::Str(s) => GrpcId::Str(s),
             };
-            let (max_age, label) = (self.max_age, &self.label);
+            let (max_age, label) = (self.part().max_age, &self.label);
             write_grpc_row(
                 out, scratch, id, values, present, written_at, false, now, max_age, label,
             );
@@ -349,14 +363,13 @@ impl Hits {
         let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
         out.extend_from_slice(&form.head);
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
-        let read = if self.compact {
+        let mut writer = if self.compact {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
-            Some(reads.get(&form.group)?.clone())
+            HitWriter::new(api, &form, Some(&reads), now)?
         } else {
-            None
+            HitWriter::new(api, &form, None, now)?
         };
-        let compact = read.is_some();
-        let mut writer = HitWriter::new(api, &form, read, now)?;
+        let compact = self.compact;
         let (mut hits, mut negative) = (0u64, 0u64);
         let mut missing: Vec<Vec<u8>> = Vec::new();
         let mut refresh = Vec::new();
@@ -364,8 +377,14 @@ impl Hits {
         {
             let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
             let mut noted: Vec<(&Hit, Vec<u8>)> = Vec::new();
-            for (i, id) in ids.iter().enumerate() {
-                cache_key(&mut key, form.group, &form.prefix, id);
+            // each entity's entry of each of the form's groups (one, but for Feast's lookups
+            // over several views)
+            let keyed = ids
+                .iter()
+                .enumerate()
+                .flat_map(|(i, id)| form.parts.iter().enumerate().map(move |p| (i, id, p)));
+            for (i, id, (p, part)) in keyed {
+                cache_key(&mut key, part.group, &form.prefix, id);
                 let hit = match entries.get(key.as_slice()) {
                     Some(hit)
                         if now_ticks < hit.expires
@@ -387,7 +406,7 @@ impl Hits {
                 if !missing.is_empty() {
                     continue; // no answer before the load: only what is missing matters
                 }
-                writer.entity(&mut out, i, id, hit)?;
+                writer.entity(&mut out, i, id, p, hit)?;
                 if let Some(loaded) = loaded {
                     if loaded.binary_search(&key).is_ok() {
                         continue; // counted by Python's load
@@ -439,40 +458,60 @@ impl Hits {
 struct HitWriter<'f> {
     api: u8,
     form: &'f Form,
-    // compact: each answer writes the values from the entry's packed ones (of a pick, the
-    // picked alone, of these types)
-    read: Option<Arc<GroupRead>>,
-    pick_types: Vec<(u8, u32)>,
+    parts: Vec<PartWriter>, // per part of the form
     now: i64,
     written: Vec<u8>,
     scratch: Vec<u8>,
     row: Vec<u8>,
     spans: Vec<(usize, usize)>, // where each of an entity's values starts and ends
     picked: Picked,
-    columns: Option<FeastColumns>,
+}
+
+/// What a `HitWriter` keeps per part of its form.
+struct PartWriter {
+    // compact: each answer writes the values from the entry's packed ones (of a pick, the
+    // picked alone, of these types)
+    read: Option<Arc<GroupRead>>,
+    pick_types: Vec<(u8, u32)>,
+    columns: Option<FeastColumns>, // Feast's
 }
 
 impl<'f> HitWriter<'f> {
-    /// None where a pick is past the group's values, or a Feast form's width is not known
-    /// (Python answers).
-    fn new(api: u8, form: &'f Form, read: Option<Arc<GroupRead>>, now: i64) -> Option<Self> {
-        let pick_types = match (&read, &form.picks) {
-            (Some(read), Some(picks)) => picks
-                .iter()
-                .map(|&fi| read.types.get(fi).copied())
-                .collect::<Option<Vec<_>>>()?,
-            _ => Vec::new(),
-        };
-        let columns = form.columns(api, read.as_deref());
-        if api == FEAST && columns.is_none() {
-            return None;
+    /// `reads`: in a compact cache, how each group's values are read. None where a pick is
+    /// past the group's values, or a Feast form's width is not known (Python answers).
+    fn new(
+        api: u8,
+        form: &'f Form,
+        reads: Option<&HashMap<u16, Arc<GroupRead>>>,
+        now: i64,
+    ) -> Option<Self> {
+        let mut parts = Vec::with_capacity(form.parts.len());
+        for part in &form.parts {
+            let read = match reads {
+                Some(reads) => Some(Arc::clone(reads.get(&part.group)?)),
+                None => None,
+            };
+            let pick_types = match (&read, &part.picks) {
+                (Some(read), Some(picks)) => picks
+                    .iter()
+                    .map(|&fi| read.types.get(fi).copied())
+                    .collect::<Option<Vec<_>>>()?,
+                _ => Vec::new(),
+            };
+            let columns = form.columns(api, part, read.as_deref());
+            if api == FEAST && columns.is_none() {
+                return None;
+            }
+            parts.push(PartWriter {
+                read,
+                pick_types,
+                columns,
+            });
         }
         Some(HitWriter {
             api,
             form,
-            columns,
-            read,
-            pick_types,
+            parts,
             now,
             written: Vec::new(),
             scratch: Vec::new(),
@@ -482,33 +521,42 @@ impl<'f> HitWriter<'f> {
         })
     }
 
-    /// Entity `i`'s part of the answer, from its entry. None where the entry's bytes are
-    /// not what they should be (Python answers).
-    fn entity(&mut self, out: &mut Vec<u8>, i: usize, id: &Id<'_>, hit: &Hit) -> Option<()> {
+    /// Entity `i`'s part of the answer, from its entry of the form's part `p`. None where
+    /// the entry's bytes are not what they should be (Python answers).
+    fn entity(
+        &mut self,
+        out: &mut Vec<u8>,
+        i: usize,
+        id: &Id<'_>,
+        p: usize,
+        hit: &Hit,
+    ) -> Option<()> {
         let (api, form, now) = (self.api, self.form, self.now);
-        if let (Some(columns), true) = (&mut self.columns, hit.negative) {
+        let part = form.parts.get(p)?;
+        let writer = self.parts.get_mut(p)?;
+        if let (Some(columns), true) = (&mut writer.columns, hit.negative) {
             columns.not_found(id);
             return Some(());
         }
-        if let (Some(columns), Some(read)) = (&mut self.columns, &self.read) {
+        if let (Some(columns), Some(read)) = (&mut writer.columns, &writer.read) {
             // a compact entry's values straight into Feast's columns, as a planned read's
             // (`stored_row`): no JSON array written to be split again
-            let (raw, picks) = (hit.values.as_ref()?.bytes(), form.picks.as_deref());
+            let (raw, picks) = (hit.values.as_ref()?.bytes(), part.picks.as_deref());
             let stored = packed_picks(raw, read.types.len(), picks)?;
             let types = if picks.is_some() {
-                &self.pick_types
+                &writer.pick_types
             } else {
                 &read.types
             };
-            return columns.stored_row(id, types, &stored, hit.written_at, now, form.max_age);
+            return columns.stored_row(id, types, &stored, hit.written_at, now, part.max_age);
         }
         let (picked, written, spans) = (&mut self.picked, &mut self.written, &mut self.spans);
-        let mut values = match &self.read {
+        let mut values = match &writer.read {
             Some(read) => {
                 written.clear();
                 let (raw, proto) = (hit.values.as_ref()?.bytes(), api == GRPC);
-                if let Some(picks) = &form.picks {
-                    let (types, count) = (&self.pick_types, read.types.len());
+                if let Some(picks) = &part.picks {
+                    let (types, count) = (&writer.pick_types, read.types.len());
                     let present = &mut picked.present;
                     write_packed_picks(types, count, raw, picks, proto, written, present)?;
                 } else {
@@ -523,7 +571,7 @@ impl<'f> HitWriter<'f> {
         // where the values split, for Feast's columns and for picks from answer bytes: an
         // entry's own JSON as the first hit to split it found (`Hit::json_spans`); gRPC
         // records here (a compact entry's are written picked, or into the columns above)
-        if self.read.is_none() && (self.columns.is_some() || form.picks.is_some()) {
+        if writer.read.is_none() && (writer.columns.is_some() || part.picks.is_some()) {
             if api == GRPC {
                 value_records(values, spans)?;
             } else {
@@ -532,10 +580,10 @@ impl<'f> HitWriter<'f> {
         }
         // Feast's columns pick from the entry's values as they split
         let mut row_picks = None;
-        if let Some(picks) = &form.picks {
-            if self.read.is_some() {
+        if let Some(picks) = &part.picks {
+            if writer.read.is_some() {
                 present = &picked.present; // written picked
-            } else if self.columns.is_some() {
+            } else if writer.columns.is_some() {
                 row_picks = Some(picks.as_slice());
             } else {
                 picked.pick(api, values, spans, present, picks)?;
@@ -543,8 +591,8 @@ impl<'f> HitWriter<'f> {
                 present = &picked.present;
             }
         }
-        if let Some(columns) = &mut self.columns {
-            let max_age = form.max_age;
+        if let Some(columns) = &mut writer.columns {
+            let max_age = part.max_age;
             return columns.row(
                 id, values, spans, present, row_picks, written_at, now, max_age,
             );
@@ -555,7 +603,12 @@ impl<'f> HitWriter<'f> {
     }
 
     fn finish(&self, out: &mut Vec<u8>) {
-        close_answer(self.api, self.columns.as_ref(), out);
+        let columns: Vec<&FeastColumns> = self
+            .parts
+            .iter()
+            .filter_map(|p| p.columns.as_ref())
+            .collect();
+        close_answer(self.api, &columns, &self.form.order, out);
     }
 }
 
@@ -605,10 +658,13 @@ impl Hits {
 
     fn planned(&self, asked: Asked<'_>) -> Option<Plan> {
         let form = self.form(&asked)?;
+        if form.parts.len() != 1 {
+            return None; // a read of one group's fields per id
+        }
         let ids = &asked.ids;
         let read = {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(reads.get(&form.group)?)
+            Arc::clone(reads.get(&form.part().group)?)
         };
         let mut command = Vec::with_capacity(ids.len() * (read.fields.len() + 64));
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
@@ -660,7 +716,8 @@ impl Hits {
         let (form, read) = (&plan.form, &plan.read);
         let proto = plan.api == GRPC;
         let now = unix_now();
-        let mut columns = form.columns(plan.api, Some(read));
+        let part = form.part();
+        let mut columns = form.columns(plan.api, part, Some(read));
         // (Feast's columns are written at the end, into room `write` makes for them)
         let rows = if columns.is_some() {
             0
@@ -700,7 +757,7 @@ impl Hits {
                     // `FeastColumns`: a read of some fields cannot see the others)
                     columns.not_found(&id);
                 } else {
-                    columns.stored_row(&id, &read.types, stored, written_at, now, form.max_age)?;
+                    columns.stored_row(&id, &read.types, stored, written_at, now, part.max_age)?;
                 }
                 continue;
             }
@@ -723,7 +780,8 @@ impl Hits {
         if pos != buf.len() {
             return None;
         }
-        close_answer(plan.api, columns.as_ref(), &mut out);
+        let columns: Vec<&FeastColumns> = columns.iter().collect();
+        close_answer(plan.api, &columns, &form.order, &mut out);
         let mut served = self.served(plan.api, plan.started, plan.ids.len());
         served.direct[plan.api as usize] += u64::from(direct);
         drop(served);
@@ -923,7 +981,16 @@ impl FeastColumns {
         self.cell_bytes += end - start;
     }
 
-    fn write(&self, out: &mut Vec<u8>) {
+    /// The room what `write_ids` and `write_column` write takes, about (Feast's answer
+    /// repeats each row's status and event time per feature).
+    fn room(&self) -> usize {
+        let rows = self.statuses.len();
+        let repeated = rows * b"\"OUTSIDE_MAX_AGE\",".len() + self.stamps.len() + 64;
+        self.ids.len() + self.cell_bytes + self.cells.len() + (self.width + 1) * repeated
+    }
+
+    /// The join key's column: the rows' ids, each "PRESENT" at the epoch.
+    fn write_ids(&self, out: &mut Vec<u8>) {
         let rows = self.statuses.len();
         let each = |out: &mut Vec<u8>, item: &[u8]| {
             for r in 0..rows {
@@ -933,20 +1000,6 @@ impl FeastColumns {
                 out.extend_from_slice(item);
             }
         };
-        // room for it all at once (Feast's repeats each row's status and event time per
-        // feature)
-        let repeated = rows * b"\"OUTSIDE_MAX_AGE\",".len() + self.stamps.len() + 64;
-        out.reserve(
-            self.ids.len() + self.cell_bytes + self.cells.len() + (self.width + 1) * repeated,
-        );
-        // the rows' statuses joined: a feature's own where no row lacks its value
-        let mut statuses = Vec::with_capacity(rows * b"\"OUTSIDE_MAX_AGE\",".len());
-        for (r, status) in self.statuses.iter().enumerate() {
-            if r > 0 {
-                statuses.push(b',');
-            }
-            statuses.extend_from_slice(status);
-        }
         out.extend_from_slice(b"{\"values\":[");
         out.extend_from_slice(&self.ids);
         out.extend_from_slice(b"],\"statuses\":[");
@@ -954,41 +1007,77 @@ impl FeastColumns {
         out.extend_from_slice(b"],\"event_timestamps\":[");
         each(out, EPOCH);
         out.extend_from_slice(b"]}");
-        for k in 0..self.width {
-            let cells = self.cells.iter().skip(k).step_by(self.width);
-            out.extend_from_slice(b",{\"values\":[");
-            let mut any_lacking = false;
-            for (r, &(start, end, lacking)) in cells.clone().enumerate() {
+    }
+
+    /// The rows' statuses joined: a feature's own where no row lacks its value.
+    fn joined_statuses(&self) -> Vec<u8> {
+        let mut statuses = Vec::with_capacity(self.statuses.len() * b"\"OUTSIDE_MAX_AGE\",".len());
+        for (r, status) in self.statuses.iter().enumerate() {
+            if r > 0 {
+                statuses.push(b',');
+            }
+            statuses.extend_from_slice(status);
+        }
+        statuses
+    }
+
+    /// Feature `k`'s column, after a comma (`statuses`: `joined_statuses`).
+    fn write_column(&self, k: usize, statuses: &[u8], out: &mut Vec<u8>) {
+        let cells = self.cells.iter().skip(k).step_by(self.width);
+        out.extend_from_slice(b",{\"values\":[");
+        let mut any_lacking = false;
+        for (r, &(start, end, lacking)) in cells.clone().enumerate() {
+            if r > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&self.values[start..end]);
+            any_lacking |= lacking;
+        }
+        out.extend_from_slice(b"],\"statuses\":[");
+        if any_lacking {
+            for (r, (&(_, _, lacking), status)) in cells.zip(&self.statuses).enumerate() {
                 if r > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(&self.values[start..end]);
-                any_lacking |= lacking;
+                out.extend_from_slice(if lacking { b"\"NULL_VALUE\"" } else { status });
             }
-            out.extend_from_slice(b"],\"statuses\":[");
-            if any_lacking {
-                for (r, (&(_, _, lacking), status)) in cells.zip(&self.statuses).enumerate() {
-                    if r > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(if lacking { b"\"NULL_VALUE\"" } else { status });
-                }
-            } else {
-                out.extend_from_slice(&statuses);
+        } else {
+            out.extend_from_slice(statuses);
+        }
+        out.extend_from_slice(b"],\"event_timestamps\":[");
+        out.extend_from_slice(&self.stamps);
+        out.extend_from_slice(b"]}");
+    }
+}
+
+/// Feast's columns of one lookup (`parts`: those of each group it reads, in the form's
+/// order, their rows the same ids): the join key's, then each feature's, in `order` (the
+/// part and its column, per column of the answer; empty: the parts' columns in turn).
+fn write_columns(parts: &[&FeastColumns], order: &[(usize, usize)], out: &mut Vec<u8>) {
+    let first = match parts.first() {
+        Some(first) => first,
+        None => return,
+    };
+    out.reserve(parts.iter().map(|c| c.room()).sum());
+    first.write_ids(out);
+    let joined: Vec<Vec<u8>> = parts.iter().map(|c| c.joined_statuses()).collect();
+    if order.is_empty() {
+        for (columns, statuses) in parts.iter().zip(&joined) {
+            for k in 0..columns.width {
+                columns.write_column(k, statuses, out);
             }
-            out.extend_from_slice(b"],\"event_timestamps\":[");
-            out.extend_from_slice(&self.stamps);
-            out.extend_from_slice(b"]}");
+        }
+    } else {
+        for &(p, k) in order {
+            parts[p].write_column(k, &joined[p], out);
         }
     }
 }
 
-/// End the answer of `api` begun with its form's head: Feast's columns (`columns`), then
-/// the closing brackets of a JSON answer.
-fn close_answer(api: u8, columns: Option<&FeastColumns>, out: &mut Vec<u8>) {
-    if let Some(columns) = columns {
-        columns.write(out);
-    }
+/// End the answer of `api` begun with its form's head: Feast's columns (`write_columns`),
+/// then the closing brackets of a JSON answer.
+fn close_answer(api: u8, columns: &[&FeastColumns], order: &[(usize, usize)], out: &mut Vec<u8>) {
+    write_columns(columns, order, out);
     if api != GRPC {
         out.extend_from_slice(b"]}");
     }
@@ -1149,6 +1238,40 @@ pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {
 }
 
 /// One entry `HitCache::put_many` stores (see there).
+/// A form's `order` as `HitWriter` takes it (see `Form`): empty where the answer's columns
+/// are the parts' in turn. None where it cannot be answered here: several parts of an API
+/// other than Feast's, or of all of a group's features, or an order that does not name
+/// each of their columns once.
+fn column_order(api: u8, parts: &[Part], order: Option<Vec<usize>>) -> Option<Vec<(usize, usize)>> {
+    if parts.len() > 1 && (api != FEAST || parts.iter().any(|p| p.picks.is_none())) {
+        return None;
+    }
+    let order = match order {
+        Some(order) => order,
+        None => return Some(Vec::new()),
+    };
+    // each column's part and its column there, the parts' columns in turn
+    let mut places = Vec::new();
+    for (p, part) in parts.iter().enumerate() {
+        places.extend((0..part.picks.as_ref()?.len()).map(|k| (p, k)));
+    }
+    let mut seen = vec![false; places.len()];
+    let mut out = Vec::with_capacity(order.len());
+    for &place in &order {
+        if std::mem::replace(seen.get_mut(place)?, true) {
+            return None;
+        }
+        out.push(places[place]);
+    }
+    if out.len() != places.len() {
+        return None;
+    }
+    if order.iter().enumerate().all(|(i, &place)| i == place) {
+        out.clear();
+    }
+    Some(out)
+}
+
 type PutItem<'py> = (
     Bound<'py, PyBytes>,
     Option<Bound<'py, PyBytes>>,
@@ -1213,10 +1336,14 @@ impl HitCache {
     }
 
     /// Learn a request form of `api` (0 REST, 1 gRPC, 2 Feast) from Python's answer to it
-    /// (see `Form`); `picks`: the indices of the features it asks for, in its order, when
-    /// not all of the group's (a Feast form's hits: always). A Feast form's entity is its
-    /// join key, and its groups its flags (see `Asked::feast`). False when full.
-    #[pyo3(signature = (api, entity, features, groups, group, head, label, max_age, prefix, int_ids, picks=None))]
+    /// (see `Form`). `parts`: the groups answering it (one, but for Feast's lookups over
+    /// several views), each as (its key tag, its max_age, the indices of the features it
+    /// answers, in the answer's order, when not all of the group's: a Feast form's hits
+    /// always). `order`: Feast's, where the answer's columns are not the parts' in turn:
+    /// per column, its place among them. A Feast form's entity is its join key, and its
+    /// groups its flags (see `Asked::feast`). False when full, or when the parts or the
+    /// order are not ones this answers.
+    #[pyo3(signature = (api, entity, features, groups, parts, head, label, prefix, int_ids, order=None))]
     #[allow(clippy::too_many_arguments)]
     fn learn(
         &self,
@@ -1224,17 +1351,28 @@ impl HitCache {
         entity: &str,
         features: Vec<String>,
         groups: Vec<String>,
-        group: u16,
+        parts: Vec<(u16, Option<i64>, Option<Vec<usize>>)>,
         head: Vec<u8>,
         label: Vec<u8>,
-        max_age: Option<i64>,
         prefix: Vec<u8>,
         int_ids: bool,
-        picks: Option<Vec<usize>>,
+        order: Option<Vec<usize>>,
     ) -> bool {
-        if usize::from(api) >= APIS {
+        if usize::from(api) >= APIS || parts.is_empty() {
             return false;
         }
+        let parts: Vec<Part> = parts
+            .into_iter()
+            .map(|(group, max_age, picks)| Part {
+                group,
+                max_age,
+                picks,
+            })
+            .collect();
+        let order = match column_order(api, &parts, order) {
+            Some(order) => order,
+            None => return false,
+        };
         let features: Vec<&str> = features.iter().map(String::as_str).collect();
         let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
         let key = form_key(api, entity, &features, &groups);
@@ -1245,13 +1383,12 @@ impl HitCache {
         forms.insert(
             key,
             Arc::new(Form {
-                group,
+                parts,
+                order,
                 head,
                 label,
-                max_age,
                 prefix,
                 int_ids,
-                picks,
             }),
         );
         true
@@ -1905,6 +2042,39 @@ mod tests {
         ] {
             assert!(parse(refused).is_none(), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_forms_column_order() {
+        let part = |group: u16, width: Option<usize>| Part {
+            group,
+            max_age: None,
+            picks: width.map(|w| (0..w).collect()),
+        };
+        let two = [part(0, Some(2)), part(1, Some(3))];
+        // per column of the answer: its part and its column there
+        assert_eq!(
+            column_order(FEAST, &two, Some(vec![2, 0, 4, 1, 3])),
+            Some(vec![(1, 0), (0, 0), (1, 2), (0, 1), (1, 1)])
+        );
+        // the parts' columns in turn: no order kept
+        assert_eq!(
+            column_order(FEAST, &two, Some(vec![0, 1, 2, 3, 4])),
+            Some(vec![])
+        );
+        assert_eq!(column_order(FEAST, &two, None), Some(vec![]));
+        // each column once, none past them, all of them
+        assert_eq!(column_order(FEAST, &two, Some(vec![0, 0, 2, 3, 4])), None);
+        assert_eq!(column_order(FEAST, &two, Some(vec![0, 1, 2, 3, 5])), None);
+        assert_eq!(column_order(FEAST, &two, Some(vec![0, 1, 2, 3])), None);
+        // several parts: Feast's alone, each of some features
+        assert_eq!(column_order(REST, &two, None), None);
+        assert_eq!(column_order(GRPC, &two, None), None);
+        assert_eq!(
+            column_order(FEAST, &[part(0, Some(2)), part(1, None)], None),
+            None
+        );
+        assert_eq!(column_order(REST, &[part(0, None)], None), Some(vec![]));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 with the L1 on, from the L1's entries (``NATIVE_HITS=off`` answers in Python); with it off,
 by a planned read (``NATIVE_READS=off``). The same answers, byte for byte: every status
 Feast has, int and string ids, picked and repeated features, a feature service, the flags;
+lookups over several views of one entity (from the L1's entries; a compact cache's too);
 what the front cannot answer (an entity whose data is broken, several entity columns, a
 float id) handed to the handler; the front's answers counted under api="feast".
 """
@@ -39,10 +40,15 @@ feature_groups:
   store_daily:
     entity: store
     features: {rating: float, city: string, score: double}
+  consumer_weekly:
+    entity: consumer
+    max_age: 1d
+    features: {visits: int, spend: double, emb: embedding(2)}
 feature_services:
   daily: [consumer_daily]
   two: [consumer_daily:tags, consumer_daily:score]
   both: [consumer_daily:orders, store_daily]
+  across: [consumer_weekly:spend, consumer_daily:tags, consumer_weekly:visits]
 """
 NOW = time.time()
 BROKEN = 4  # its key holds a string, not a hash: the handler answers INVALID
@@ -72,7 +78,9 @@ def front(server: ServingProcess, at_least: float = 0.0) -> float:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module", params=["on", "off"], ids=["L1 on", "L1 off"])
+@pytest.fixture(
+    scope="module", params=["on", "off", "compact"], ids=["L1 on", "L1 off", "L1 compact"]
+)
 def servers(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[tuple[ServingProcess, ServingProcess, str]]:
@@ -93,12 +101,23 @@ def servers(
             )  # fmt: skip
             store.write("consumer_daily", [(3, {"orders": 9})], event_time=NOW - 7200)  # stale
             store.write("store_daily", [("s1", {"rating": 4.5, "city": "Oslo", "score": 2.0})])
+            # 1 and 3 in both views (3 stale in the daily one alone), 2 and 6 in the daily
+            # one alone, 7 in the weekly one alone, 5 in neither
+            store.write(
+                "consumer_weekly",
+                [(1, {"visits": 10, "spend": 1.5, "emb": [0.5, -2.0]}), (3, {"visits": 2}),
+                 (7, {"spend": -0.25})],
+            )  # fmt: skip
         consumer = registry.entities["consumer"].id_type
         with redis.Redis.from_url(server.url) as r:
             r.set(entity_key("c", consumer, BROKEN), b"not a hash")
             orders = registry.groups["consumer_daily"].features[0].field
             r.hset(entity_key("c", consumer, UNTIMED), orders, b"5")
-        env = {"FEATURE_SERVING_CACHE": request.param, "FEATURE_SERVING_REST_FRONT": "native"}
+        env = {
+            "FEATURE_SERVING_CACHE": "off" if request.param == "off" else "on",
+            "FEATURE_SERVING_CACHE_FORM": "compact" if request.param == "compact" else "answers",
+            "FEATURE_SERVING_REST_FRONT": "native",
+        }
         off = {"FEATURE_SERVING_NATIVE_HITS": "off", "FEATURE_SERVING_NATIVE_READS": "off"}
         python_env = {**env, **off}
         with (
@@ -165,6 +184,54 @@ def test_the_front_answers_feast_lookups_as_the_handler_does(
         again = [post(server, body) for server in (native, python)]
         assert again[0] == again[1] == first[0] == first[1], body
     assert front(native, answered + 1) == answered  # the handler answered those
+
+
+WEEKLY = [f"consumer_weekly:{f}" for f in ("visits", "spend", "emb")]
+ACROSS = {"consumer_id": [1, 2, 3, 5, 6, 7, 1]}
+# lookups over several views of one entity: the front answers them from the L1's entries
+# (each view's rows with their own statuses and event times); without the L1, the handler
+SEVERAL_VIEWS: list[dict[str, object]] = [
+    {"features": [DAILY[0], WEEKLY[0], DAILY[1], WEEKLY[1]], "entities": ACROSS},  # interleaved
+    {"features": [*WEEKLY, *DAILY], "entities": ACROSS, "full_feature_names": True},
+    {
+        "feature_service": "across",
+        "entities": ACROSS,
+        "include_feature_view_version_metadata": True,
+    },
+    {"features": [WEEKLY[2], DAILY[4], WEEKLY[2]], "entities": {"consumer_id": [5, 7]}},
+]
+
+
+def test_lookups_over_several_views(
+    servers: tuple[ServingProcess, ServingProcess, str],
+) -> None:
+    native, python, cache = servers
+    answered = front(native)
+    for body in SEVERAL_VIEWS:
+        first = [post(server, body) for server in (native, python)]  # teaches the form
+        assert first[0] == first[1], body
+        assert first[0][0] == 200, first[0]
+        for _ in range(2):
+            again = [post(server, body) for server in (native, python)]
+            assert again[0] == again[1] == first[0], body
+        if cache != "off":
+            answered += 2
+        assert front(native, answered + 1) == answered, body
+    # each view's own statuses: 2 is NOT_FOUND in the weekly view alone, 3 stale in the
+    # daily one alone, 7 found in the weekly one alone
+    doc = orjson.loads(post(native, SEVERAL_VIEWS[0])[1])
+    names = doc["metadata"]["feature_names"]
+    assert names == ["consumer_id", "orders", "visits", "score", "spend"]
+    _, orders, visits, _, spend = doc["results"]
+    assert orders["statuses"][:6] == [
+        "PRESENT", "PRESENT", "OUTSIDE_MAX_AGE", "NOT_FOUND", "PRESENT", "NOT_FOUND"
+    ]  # fmt: skip
+    assert visits["statuses"][:6] == [
+        "PRESENT", "NOT_FOUND", "PRESENT", "NOT_FOUND", "NOT_FOUND", "NULL_VALUE"
+    ]  # fmt: skip
+    assert visits["values"] == [10, None, 2, None, None, None, 10]
+    assert spend["values"][5] == -0.25
+    assert orders["event_timestamps"][2] != visits["event_timestamps"][2]
 
 
 def test_every_status_is_written_by_the_front(
