@@ -1,0 +1,256 @@
+"""Feast's lookups over several feature views, on the native front against its handler.
+
+    python3 benchmarks/feast_views.py [--rounds 3] [--entities 100000] [--seconds 12]
+                                      [--ttl 2] [--out FILE]
+
+Feast's clients often ask for the features of several views of one entity in one call (a
+feature service across views). The registry here holds the standard shape twice, over the
+same data per entity: entity ``consumer`` with its one group of 50 features, and entity
+``member`` (prefix ``m``) with the same 50 features split into two views, ``member_scalars``
+(40 floats, 5 ints) and ``member_lists`` (3 int lists, 2 embeddings).
+
+Cells (one worker, wrk, 1,000 zipfian batches of 10 ids over ``--entities``, 8
+connections, the L1 on with its TTL a sixth of the window, so entries expire and reload
+inside it), each a Feast ``/get-online-features`` of all 50 features:
+
+- ``one view``: the consumer's group, on the native front (its hits: hits.rs);
+- ``two views``: the member's two views, on the native front;
+- ``two views, handler``: the same on a server with ``NATIVE_HITS=off``, whose handler
+  answers (as it answered lookups over several views before the front took them).
+
+Each round runs both servers, in alternating order; the figures are server CPU per entity
+(``/proc/<pid>/stat`` of the worker over the window) beside Redis's own, and the ratios
+within each round. Then the tail at 1,000 connections (two wrk threads, 2 s timeout): the
+two-view lookup on the front and in the handler, with the maximum and the count past 1 s.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save
+from cost import cpu_seconds, wrk, wrk_script
+from rest_front import SLOW, run_wrk
+from serving import id_batches
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.registry import load_registry
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+SCALARS = sample.FLOATS + sample.INTS
+LISTS = sample.INT_LISTS + sample.EMBEDDINGS
+VIEWS = {"member_scalars": SCALARS, "member_lists": LISTS}
+TAIL_CONNECTIONS = 1000
+ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
+
+
+def registry_text() -> str:
+    """The standard registry, and the member's two views of the same features."""
+    doc = yaml.safe_load(sample.registry_text())
+    types = doc["feature_groups"][sample.GROUP]["features"]
+    doc["entities"]["member"] = {
+        "prefix": "m",
+        "join_key": "member_id",
+        "id_type": "int",
+        "ttl": "7d",
+    }
+    for view, names in VIEWS.items():
+        features = {name: types[name] for name in names}
+        doc["feature_groups"][view] = {"entity": "member", "max_age": "36h", "features": features}
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def bodies(entities: int, two_views: bool) -> list[bytes]:
+    """1,000 zipfian batches of 10 ids: Feast lookups of all 50 features."""
+    if two_views:
+        refs = [f"{view}:{name}" for view, names in VIEWS.items() for name in names]
+        key = "member_id"
+    else:
+        refs = [f"{sample.GROUP}:{name}" for name in SCALARS + LISTS]
+        key = "consumer_id"
+    return [
+        orjson.dumps({"features": refs, "entities": {key: ids}})
+        for ids in id_batches(entities, 10, count=1000)
+    ]
+
+
+def split_rows(entities: int, view: str) -> Iterator[tuple[int, dict[str, object]]]:
+    names = VIEWS[view]
+    for entity_id, values in sample.rows(entities):
+        yield entity_id, {name: values[name] for name in names if name in values}
+
+
+@dataclass
+class Cell:
+    name: str
+    requests: int
+    seconds: float
+    p50: float
+    p99: float
+    errors: int
+    server_cpu: float
+    redis_cpu: float
+
+    @property
+    def server_us(self) -> float:
+        return self.server_cpu / max(1, self.requests * 10) * 1e6
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_cpu / max(1, self.requests * 10) * 1e6
+
+
+def measure(
+    name: str, server: ServingProcess, redis: EmbeddedRedis, load: list[bytes], args: Namespace
+) -> Cell:
+    assert server.process is not None
+    assert redis.process is not None
+    seconds, work = args.seconds, args.work
+    url = server.rest_url + "/get-online-features"
+    wrk(url, load, 2.0, work, 8)  # the L1 filled, the form taught
+    s0, r0, t0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid), time.monotonic()
+    requests, p50, p99, errors = wrk(url, load, seconds, work, 8)
+    elapsed = time.monotonic() - t0
+    cell = Cell(
+        name,
+        requests,
+        elapsed,
+        p50,
+        p99,
+        errors,
+        cpu_seconds(server.process.pid) - s0,
+        cpu_seconds(redis.process.pid) - r0,
+    )
+    print(
+        f"{name:20} {requests / elapsed:9,.0f} req/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+        f"server {cell.server_us:6.1f} us/entity  Redis {cell.redis_us:4.1f}  errors {errors}",
+        flush=True,
+    )
+    return cell
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
+    parser.add_argument("--out", type=Path, help="markdown results")
+    args = parser.parse_args()
+    rounds: list[dict[str, Cell]] = []
+    tails: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
+        args.work = Path(tmp)
+        path = Path(tmp) / "features.yaml"
+        path.write_text(registry_text())
+        registry = load_registry(path, check_lock=False)
+        print(f"loading {args.entities:,} entities, one view and two ...", flush=True)
+        with FeatureStore.connect(redis.url, registry) as store:
+            store.write(sample.GROUP, sample.rows(args.entities))
+            for view in VIEWS:
+                store.write(view, split_rows(args.entities, view))
+        one, two = bodies(args.entities, False), bodies(args.entities, True)
+        server_args = ["--cache-ttl", f"{args.ttl:g}"]
+        handler_env = {**ENV, "FEATURE_SERVING_NATIVE_HITS": "off"}
+        for r in range(args.rounds):
+            cells: dict[str, Cell] = {}
+            sides = ("front", "handler") if r % 2 == 0 else ("handler", "front")
+            for side in sides:
+                env = ENV if side == "front" else handler_env
+                with ServingProcess(
+                    redis.url, registry=path, args=server_args, env=env, grpc=False
+                ) as server:
+                    if side == "front":
+                        cells["one view"] = measure("one view", server, redis, one, args)
+                        cells["two views"] = measure("two views", server, redis, two, args)
+                    else:
+                        name = "two views, handler"
+                        cells[name] = measure(name, server, redis, two, args)
+            rounds.append(cells)
+        script = wrk_script(Path(tmp) / "tail.lua", two)
+        for side in ("front", "handler"):
+            env = ENV if side == "front" else handler_env
+            with ServingProcess(
+                redis.url, registry=path, args=server_args, env=env, grpc=False
+            ) as server:
+                assert server.process is not None
+                url = server.rest_url + "/get-online-features"
+                run_wrk(url, script, 2.0, 8)  # warm-up
+                s0 = cpu_seconds(server.process.pid)
+                got = run_wrk(url, script, args.seconds, TAIL_CONNECTIONS)
+                got["cpu"] = cpu_seconds(server.process.pid) - s0
+                tails[side] = got
+                print(
+                    f"tail {side:8} {got['requests'] / args.seconds:9,.0f} req/s  p99 "
+                    f"{got['p99']:7.1f} ms  max {got['max']:7.1f} ms  past {SLOW:g} s "
+                    f"{got['slow']:.0f}  errors {got['errors']:.0f}",
+                    flush=True,
+                )
+    lines = [
+        *header(
+            f"One worker; {args.rounds} rounds, the two servers in alternating order; "
+            f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s; {args.entities:,} entities "
+            "per entity type; Feast lookups of all 50 features, batches of 10, 8 connections."
+        ),
+        "",
+        "| round | cell | req/s | p50 ms | p99 ms | server µs/entity | Redis µs/entity | errors |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r, cells in enumerate(rounds):
+        for cell in cells.values():
+            lines.append(
+                f"| {r + 1} | {cell.name} | {cell.requests / cell.seconds:,.0f} | "
+                f"{cell.p50:.2f} | {cell.p99:.2f} | {cell.server_us:.2f} | "
+                f"{cell.redis_us:.2f} | {cell.errors} |"
+            )
+
+    def ratios(a: str, b: str) -> list[float]:
+        return [c[a].server_us / c[b].server_us for c in rounds]
+
+    lines += [
+        "",
+        "| ratio of server CPU per entity, per round | median | range |",
+        "|---|---:|---|",
+    ]
+    for label, a, b in (
+        ("two views on the front / in the handler", "two views", "two views, handler"),
+        ("two views / one view, both on the front", "two views", "one view"),
+    ):
+        ys = ratios(a, b)
+        lines.append(f"| {label} | {statistics.median(ys):.2f}x | {min(ys):.2f} to {max(ys):.2f} |")
+    lines += [
+        "",
+        f"The tail at {TAIL_CONNECTIONS:,} connections (two views, wrk -t2, {args.seconds:g} s, "
+        f"timeout {SLOW:g} s):",
+        "",
+        f"| answered by | req/s | p99 ms | max ms | past {SLOW:g} s | errors | server µs/entity |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side, got in tails.items():
+        per_entity = got["cpu"] / max(1.0, got["requests"] * 10) * 1e6
+        lines.append(
+            f"| {side} | {got['requests'] / args.seconds:,.0f} | {got['p99']:.1f} | "
+            f"{got['max']:.1f} | {got['slow']:.0f} | {got['errors']:.0f} | {per_entity:.2f} |"
+        )
+    save(args.out, "Feast's lookups over two views: the native front against the handler", lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
