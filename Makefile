@@ -1,10 +1,11 @@
 # make demo   set up, then run the main job end to end on an embedded Redis
 # make wheel  build the wheel (Rust extension compiled) into dist/
-# make test   set up, then lint (Python and Rust) + typecheck + alert rules + all tests (what CI runs)
+# make test   set up, then lint (Python and Rust) + typecheck + alert rules + the Rust unit
+#             tests + all tests (what CI runs)
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck rules pytest proto format wheel
+.PHONY: setup demo test lint typecheck rules rusttest pytest proto format wheel
 
 setup:
 	./scripts/setup.sh
@@ -12,7 +13,7 @@ setup:
 demo: setup
 	./scripts/demo.sh
 
-test: setup lint typecheck rules pytest
+test: setup lint typecheck rules rusttest pytest
 
 lint:
 	$(VENV)/ruff check .
@@ -25,6 +26,9 @@ typecheck:
 rules:
 	promtool check rules deploy/prometheus/rules.yml
 	promtool test rules deploy/prometheus/rules_test.yml
+
+rusttest:
+	./scripts/test_rust.sh
 
 pytest:
 	$(VENV)/pytest -q $(PYTEST_ARGS)

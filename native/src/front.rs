@@ -239,9 +239,7 @@ impl Front {
         // SAFETY: the caller passes a listening socket it has given up (socket.detach()).
         let listener = unsafe { StdListener::from_raw_fd(listen_fd) };
         listener.set_nonblocking(true)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = crate::front_runtime()?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(VecDeque::new()),
             wake_fd,

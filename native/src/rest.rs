@@ -338,9 +338,7 @@ impl RestFront {
         let client = Client::builder()
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = crate::front_runtime()?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(VecDeque::new()),
             wake_fd,
