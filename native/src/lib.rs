@@ -1824,7 +1824,8 @@ mod tests {
                     polls.load(Ordering::SeqCst)
                 }));
             }
-            tokio::task::yield_now().await; // every task has run once, and waits
+            // every task has run once, and waits
+            tokio::task::yield_now().await;
             // all woken at once from another thread, while this one waits for it
             std::thread::spawn(move || {
                 for tx in senders {
@@ -1842,7 +1843,9 @@ mod tests {
         });
         // the busy tasks' polls before the last woken task ran: tokio's default takes one
         // such task every 31 polls (1,413 here with it)
-        assert!(seen < WOKEN, "{seen} polls of the front's own tasks came first");
+        assert!(
+            seen < WOKEN,
+            "{seen} polls of the front's own tasks came first"
+        );
     }
 }
-
