@@ -2,22 +2,22 @@
 and Feast's ``/get-online-features`` (its columns written from the entries' JSON).
 
 A lookup whose every entity is a fresh L1 entry needs nothing of Python but bytes it made
-when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step with
-the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear: the
-cache's ``mirror``), and teaches it each request form that Python answered with one group's
-values (``learner(api)``). The fronts then answer such a request without taking the GIL
-(gRPC only for a caller whose key may read) from entries that hold the answer bytes of its
-API: an entry keeps those of the API whose lookup loaded it (JSON, or gRPC records), and
-the other API's are made on its first use there. In a compact cache
-(``CACHE_FORM=compact``) an entry holds its packed values alone, and the front writes each
-answer's JSON or gRPC records from them with the group's value types (taught by
-``define_read``). A lookup in such a form with entities missing, expired or without its
-API's answer bytes yet hands Python only those keys (``fill``): they load through the
-cache's own policy (single-flight, coalescing, the counters) and the front answers the
-whole lookup from the mirror, so a batch of 1,000 ids with 100 misses costs Python 100
-loads, not 1,000 lookups. Where they do not all load (Redis failing, an entity's data
-broken, an entry not kept) and for every other request (a form not seen yet, anything
-Python would refuse) the handler answers, as before.
+when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step
+with the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear:
+the cache's ``mirror``), and teaches it each request form that Python answered with one
+group's values, or, Feast's, with several views' of one entity (``learner(api)``). The
+fronts then answer such a request without taking the GIL (gRPC only for a caller whose key
+may read) from entries that hold the answer bytes of its API: an entry keeps those of the
+API whose lookup loaded it (JSON, or gRPC records), and the other API's are made on its
+first use there. In a compact cache (``CACHE_FORM=compact``) an entry holds its packed
+values alone, and the front writes each answer's JSON or gRPC records from them with the
+group's value types (taught by ``define_read``). A lookup in such a form with entities
+missing, expired or without its API's answer bytes yet hands Python only those keys
+(``fill``): they load through the cache's own policy (single-flight, coalescing, the
+counters) and the front answers the whole lookup from the mirror, so a batch of 1,000 ids
+with 100 misses costs Python 100 loads, not 1,000 lookups. Where they do not all load
+(Redis failing, an entity's data broken, an entry not kept) and for every other request (a
+form not seen yet, anything Python would refuse) the handler answers, as before.
 
 What a hit decides besides its answer stays here, decided by the code that decides it for
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
@@ -139,9 +139,11 @@ class FrontLookups:
 
     def learner(self, api: int) -> Learn:
         """What a handler of ``api`` (REST, GRPC, FEAST) calls with each form it answered
-        with one group's values: the front may answer it from then on. A form of some of the group's
-        features is answered there too: without the L1, by a read of those features alone;
-        from the L1's hits, their values picked from the entries'."""
+        with one group's values: the front may answer it from then on. A form of some of
+        the group's features is answered there too: without the L1, by a read of those
+        features alone; from the L1's hits, their values picked from the entries'. Feast's
+        forms over several views of one entity (``layout``), from the L1's hits alone:
+        each view's features picked from its entries, the columns in the answer's order."""
 
         def learn(
             entity: str,

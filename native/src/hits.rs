@@ -129,8 +129,8 @@ const APIS: usize = 3;
 struct Form {
     // the groups whose entries answer it: one, but for Feast's lookups over several views
     parts: Vec<Part>,
-    // Feast's: per column of the answer, the part that writes it and its column there
-    // (the parts' columns in turn where they are not in the request's order)
+    // Feast's: per column of the answer, the part that writes it and its column there;
+    // empty: the parts' columns in turn (`column_order`)
     order: Vec<(usize, usize)>,
     // REST: `{"entity_type":..,"features":..,"types":..,"results":[`; gRPC: the response's
     // entity_type and features fields
@@ -149,25 +149,27 @@ struct Part {
     picks: Option<Vec<usize>>,
 }
 
-impl Form {
-    /// The form's one group (REST, gRPC, and every planned read).
-    fn part(&self) -> &Part {
-        &self.parts[0]
-    }
-
-    /// The columns of an answer of `api`: Feast's, per part (one per feature answered:
-    /// those picked, else those `read` reads); None for the rows of REST and gRPC answers.
-    fn columns(&self, api: u8, part: &Part, read: Option<&GroupRead>) -> Option<FeastColumns> {
+impl Part {
+    /// This part's columns of an answer of `api`: Feast's (one per feature answered: those
+    /// picked, else those `read` reads); None for the rows of REST and gRPC answers.
+    fn columns(&self, api: u8, read: Option<&GroupRead>) -> Option<FeastColumns> {
         if api != FEAST {
             return None;
         }
         // (a Feast form always picks from the L1's entries, and is planned with its read)
-        let width = match (&part.picks, read) {
+        let width = match (&self.picks, read) {
             (Some(picks), _) => picks.len(),
             (None, Some(read)) => read.types.len(),
             (None, None) => return None,
         };
         Some(FeastColumns::new(width))
+    }
+}
+
+impl Form {
+    /// The form's one group (REST, gRPC, and every planned read).
+    fn part(&self) -> &Part {
+        &self.parts[0]
     }
 
     /// One entity's row of an answer of `api` from its values' answer bytes (REST: its JSON
@@ -498,7 +500,7 @@ impl<'f> HitWriter<'f> {
                     .collect::<Option<Vec<_>>>()?,
                 _ => Vec::new(),
             };
-            let columns = form.columns(api, part, read.as_deref());
+            let columns = part.columns(api, read.as_deref());
             if api == FEAST && columns.is_none() {
                 return None;
             }
@@ -717,7 +719,7 @@ impl Hits {
         let proto = plan.api == GRPC;
         let now = unix_now();
         let part = form.part();
-        let mut columns = form.columns(plan.api, part, Some(read));
+        let mut columns = part.columns(plan.api, Some(read));
         // (Feast's columns are written at the end, into room `write` makes for them)
         let rows = if columns.is_some() {
             0
