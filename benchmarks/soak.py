@@ -153,14 +153,23 @@ class Observations:
         default_factory=list
     )  # t, who, outcome, s
     seen: set[tuple[int, int]] = field(default_factory=set)  # (entity, int_0) pairs served
+    # what each failed request said (t, who, its error's message or answer), for the report
+    details: list[tuple[float, str, str]] = field(default_factory=list)
     wrong_entity: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(
-        self, who: str, outcome: str, start: float, values: list[tuple[int, object]]
+        self,
+        who: str,
+        outcome: str,
+        start: float,
+        values: list[tuple[int, object]],
+        detail: str = "",
     ) -> None:
         with self.lock:
             self.requests.append((start - self.t0, who, outcome, time.monotonic() - start))
+            if detail:
+                self.details.append((start - self.t0, who, f"{outcome}: {detail[:300]}"))
             for e, v in values:
                 if v is None:
                     continue
@@ -178,6 +187,7 @@ def rest_reader(
         ids = rng.sample(range(entities), 10)
         body = {"entity_type": sample.ENTITY, "ids": ids, "features": ["int_0", "float_00"]}
         start = time.monotonic()
+        detail = ""
         try:
             r = http.post("/v1/features/get", json=body)
             outcome = str(r.status_code)
@@ -186,11 +196,13 @@ def rest_reader(
                 if r.status_code == 200
                 else []
             )
+            if r.status_code != 200:
+                detail = r.text
         except httpx.HTTPError as error:
-            outcome, values = type(error).__name__, []
+            outcome, values, detail = type(error).__name__, [], str(error)
             http.close()
             http = httpx.Client(base_url=url, timeout=5)
-        obs.record(who, outcome, start, values)
+        obs.record(who, outcome, start, values, detail)
         time.sleep(max(0.0, 1 / READ_RATE - (time.monotonic() - start)))
     http.close()
 
@@ -207,6 +219,7 @@ def grpc_reader(
                 entity_type=sample.ENTITY, int_ids=ids, features=["int_0", "float_00"]
             )
             start = time.monotonic()
+            detail = ""
             try:
                 response = stub.GetFeatures(request, timeout=5)
                 outcome = "OK"
@@ -218,7 +231,8 @@ def grpc_reader(
                     )
             except grpc.RpcError as error:
                 outcome, values = error.code().name, []  # type: ignore[attr-defined]
-            obs.record(who, outcome, start, values)
+                detail = str(error.details())  # type: ignore[attr-defined]
+            obs.record(who, outcome, start, values, detail)
             time.sleep(max(0.0, 1 / READ_RATE - (time.monotonic() - start)))
 
 
@@ -492,6 +506,12 @@ def analyse(
                 ),
                 "kinds": dict(Counter(f"{who}: {outcome}" for _, who, outcome in burst)),
                 "later": [(round(t - fault.at, 2), f"{who}: {o}") for t, who, o in later],
+                # what the failures said, each message once (first five)
+                "said": list(
+                    dict.fromkeys(
+                        f"{who} {d}" for t, who, d in obs.details if bounds[i] <= t < bounds[i + 1]
+                    )
+                )[:5],
             }
         )
     before_faults = [x for x in failed if not faults or x[0] < faults[0].at]
