@@ -164,18 +164,24 @@ HANDLERS: list[object] = [
 ]
 
 
+def answered_alike(native: ServingProcess, python: ServingProcess, body: object) -> None:
+    """``body`` three times to each server: the same 200 answer from both every time. The
+    first teaches the native server's front the form, which answers the two after it."""
+    first = [post(server, body) for server in (native, python)]
+    assert first[0] == first[1], body
+    assert first[0][0] == 200, first[0]
+    for _ in range(2):  # the L1's entries get their JSON on the first, then hits
+        again = [post(server, body) for server in (native, python)]
+        assert again[0] == again[1] == first[0], body
+
+
 def test_the_front_answers_feast_lookups_as_the_handler_does(
     servers: tuple[ServingProcess, ServingProcess, str],
 ) -> None:
     native, python, _ = servers
     answered = front(native)
     for body in ANSWERED:
-        first = [post(server, body) for server in (native, python)]  # teaches the form
-        assert first[0] == first[1], body
-        assert first[0][0] == 200, first[0]
-        for _ in range(2):  # the L1's entries get their JSON on the first, then hits
-            again = [post(server, body) for server in (native, python)]
-            assert again[0] == again[1] == first[0], body
+        answered_alike(native, python, body)
         answered += 2
         assert front(native, answered) == answered, body
     assert front(python) == 0
@@ -208,12 +214,7 @@ def test_lookups_over_several_views(
     native, python, cache = servers
     answered = front(native)
     for body in SEVERAL_VIEWS:
-        first = [post(server, body) for server in (native, python)]  # teaches the form
-        assert first[0] == first[1], body
-        assert first[0][0] == 200, first[0]
-        for _ in range(2):
-            again = [post(server, body) for server in (native, python)]
-            assert again[0] == again[1] == first[0], body
+        answered_alike(native, python, body)
         if cache != "off":
             answered += 2
         assert front(native, answered + 1) == answered, body
