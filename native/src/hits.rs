@@ -6,9 +6,10 @@
 //! an entry loaded for one API makes the other's on first use), its present pattern, its
 //! write time and its expiry. A `POST /v1/features/get` in the common form (one group's
 //! features, ids of the entity's type, no bypass) whose every entity is a fresh entry is
-//! answered here from those bytes. With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
-//! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
-//! `GroupCodec` does. A request of a known form with entries missing or expired (or without
+//! answered here from those bytes, as are gRPC's and Feast's lookups of one group (Feast's
+//! of several views of one entity too: a form's `Part`s). With the L1 compact
+//! (`CACHE_FORM=compact`) an entry holds its packed values instead, and each answer writes
+//! the values' JSON or gRPC records from them, as Python's `GroupCodec` does. A request of a known form with entries missing or expired (or without
 //! its API's answer bytes yet) sends Python those keys alone (`Looked::Missing`): Python
 //! loads them into the L1, through its policy, and the front answers from the mirror
 //! (`Hits::replay`). Any other request (an id Python would refuse, a form not seen yet, a
@@ -720,7 +721,7 @@ impl Hits {
         let now = unix_now();
         let part = form.part();
         let mut columns = part.columns(plan.api, Some(read));
-        // (Feast's columns are written at the end, into room `write` makes for them)
+        // (Feast's columns are written at the end, into room `write_columns` makes for them)
         let rows = if columns.is_some() {
             0
         } else {
@@ -838,7 +839,8 @@ impl Picked {
     }
 }
 
-/// Feast's column-shaped answer to a lookup of one group (`feast_api.answer_json`),
+/// Feast's column-shaped answer (`feast_api.answer_json`) of one group's features in a
+/// lookup (of one view, or of each view of a lookup over several: `write_columns`),
 /// gathered an entity at a time and written a column at a time: first the join key's, its
 /// ids each "PRESENT" at the epoch; then per feature its value in each row, the row's
 /// status and the row's event time. A row's status is "NOT_FOUND" where the entity has
