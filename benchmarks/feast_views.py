@@ -1,17 +1,19 @@
-"""Feast's lookups over several feature views, on the native front against its handler.
+"""Lookups over several feature views (groups), on the native front against the handler.
 
-    python3 benchmarks/feast_views.py [--rounds 3] [--entities 100000] [--seconds 12]
-                                      [--ttl 2] [--out FILE]
+    python3 benchmarks/feast_views.py [--rest] [--rounds 3] [--entities 100000]
+                                      [--seconds 12] [--ttl 2] [--out FILE]
 
 Feast's clients often ask for the features of several views of one entity in one call (a
-feature service across views). The registry here holds the standard shape twice, over the
+feature service across views), and `/v1` clients for those of several groups (a nightly
+group and a streamed one, say). The registry here holds the standard shape twice, over the
 same data per entity: entity ``consumer`` with its one group of 50 features, and entity
 ``member`` (prefix ``m``) with the same 50 features split into two views, ``member_scalars``
 (40 floats, 5 ints) and ``member_lists`` (3 int lists, 2 embeddings).
 
 Cells (one worker, wrk, 1,000 zipfian batches of 10 ids over ``--entities``, 8
 connections, the L1 on with its TTL a sixth of the window, so entries expire and reload
-inside it), each a Feast ``/get-online-features`` of all 50 features:
+inside it), each a Feast ``/get-online-features`` of all 50 features (``--rest``: a
+``/v1/features/get`` of every feature of the entity type, the cells named "group"):
 
 - ``one view``: the consumer's group, on the native front (its hits: hits.rs);
 - ``two views``: the member's two views, on the native front;
@@ -76,8 +78,15 @@ def registry_text() -> str:
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
-def bodies(entities: int, two_views: bool) -> list[bytes]:
-    """1,000 zipfian batches of 10 ids: Feast lookups of all 50 features."""
+def bodies(entities: int, two_views: bool, rest: bool) -> list[bytes]:
+    """1,000 zipfian batches of 10 ids: Feast lookups of all 50 features (``rest``: /v1
+    lookups of every feature of the entity type)."""
+    if rest:
+        entity = "member" if two_views else sample.ENTITY
+        return [
+            orjson.dumps({"entity_type": entity, "ids": ids})
+            for ids in id_batches(entities, 10, count=1000)
+        ]
     if two_views:
         refs = [f"{view}:{name}" for view, names in VIEWS.items() for name in names]
         key = "member_id"
@@ -122,7 +131,7 @@ def measure(
     assert server.process is not None
     assert redis.process is not None
     seconds, work = args.seconds, args.work
-    url = server.rest_url + "/get-online-features"
+    url = server.rest_url + args.path
     wrk(url, load, 2.0, work, 8)  # the L1 filled, the form taught
     s0, r0, t0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid), time.monotonic()
     requests, p50, p99, errors = wrk(url, load, seconds, work, 8)
@@ -151,8 +160,13 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
+    parser.add_argument("--rest", action="store_true", help="/v1 lookups, not Feast's")
     parser.add_argument("--out", type=Path, help="markdown results")
     args = parser.parse_args()
+    args.path = "/v1/features/get" if args.rest else "/get-online-features"
+    noun = "group" if args.rest else "view"
+    one_name, two_name = f"one {noun}", f"two {noun}s"
+    handler_name = f"{two_name}, handler"
     rounds: list[dict[str, Cell]] = []
     tails: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
@@ -165,7 +179,7 @@ def main() -> int:
             store.write(sample.GROUP, sample.rows(args.entities))
             for view in VIEWS:
                 store.write(view, split_rows(args.entities, view))
-        one, two = bodies(args.entities, False), bodies(args.entities, True)
+        one, two = bodies(args.entities, False, args.rest), bodies(args.entities, True, args.rest)
         server_args = ["--cache-ttl", f"{args.ttl:g}"]
         handler_env = {**ENV, "FEATURE_SERVING_NATIVE_HITS": "off"}
         for r in range(args.rounds):
@@ -177,11 +191,10 @@ def main() -> int:
                     redis.url, registry=path, args=server_args, env=env, grpc=False
                 ) as server:
                     if side == "front":
-                        cells["one view"] = measure("one view", server, redis, one, args)
-                        cells["two views"] = measure("two views", server, redis, two, args)
+                        cells[one_name] = measure(one_name, server, redis, one, args)
+                        cells[two_name] = measure(two_name, server, redis, two, args)
                     else:
-                        name = "two views, handler"
-                        cells[name] = measure(name, server, redis, two, args)
+                        cells[handler_name] = measure(handler_name, server, redis, two, args)
             rounds.append(cells)
         script = wrk_script(Path(tmp) / "tail.lua", two)
         for side in ("front", "handler"):
@@ -190,7 +203,7 @@ def main() -> int:
                 redis.url, registry=path, args=server_args, env=env, grpc=False
             ) as server:
                 assert server.process is not None
-                url = server.rest_url + "/get-online-features"
+                url = server.rest_url + args.path
                 run_wrk(url, script, 2.0, 8)  # warm-up
                 s0 = cpu_seconds(server.process.pid)
                 got = run_wrk(url, script, args.seconds, TAIL_CONNECTIONS)
@@ -206,7 +219,9 @@ def main() -> int:
         *header(
             f"One worker; {args.rounds} rounds, the two servers in alternating order; "
             f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s; {args.entities:,} entities "
-            "per entity type; Feast lookups of all 50 features, batches of 10, 8 connections."
+            "per entity type; "
+            + ("/v1 lookups of every feature" if args.rest else "Feast lookups of all 50 features")
+            + ", batches of 10, 8 connections."
         ),
         "",
         "| round | cell | req/s | p50 ms | p99 ms | server µs/entity | Redis µs/entity | errors |",
@@ -229,14 +244,14 @@ def main() -> int:
         "|---|---:|---|",
     ]
     for label, a, b in (
-        ("two views on the front / in the handler", "two views", "two views, handler"),
-        ("two views / one view, both on the front", "two views", "one view"),
+        (f"{two_name} on the front / in the handler", two_name, handler_name),
+        (f"{two_name} / {one_name}, both on the front", two_name, one_name),
     ):
         ys = ratios(a, b)
         lines.append(f"| {label} | {statistics.median(ys):.2f}x | {min(ys):.2f} to {max(ys):.2f} |")
     lines += [
         "",
-        f"The tail at {TAIL_CONNECTIONS:,} connections (two views, wrk -t2, {args.seconds:g} s, "
+        f"The tail at {TAIL_CONNECTIONS:,} connections ({two_name}, wrk -t2, {args.seconds:g} s, "
         f"timeout {SLOW:g} s):",
         "",
         f"| answered by | req/s | p99 ms | max ms | past {SLOW:g} s | errors | server µs/entity |",
@@ -248,7 +263,8 @@ def main() -> int:
             f"| {side} | {got['requests'] / args.seconds:,.0f} | {got['p99']:.1f} | "
             f"{got['max']:.1f} | {got['slow']:.0f} | {got['errors']:.0f} | {per_entity:.2f} |"
         )
-    save(args.out, "Feast's lookups over two views: the native front against the handler", lines)
+    title = "/v1 lookups over two groups" if args.rest else "Feast's lookups over two views"
+    save(args.out, f"{title}: the native front against the handler", lines)
     return 0
 
 

@@ -5,7 +5,8 @@ A lookup whose every entity is a fresh L1 entry needs nothing of Python but byte
 when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step
 with the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear:
 the cache's ``mirror``), and teaches it each request form that Python answered with one
-group's values, or, Feast's, with several views' of one entity (``learner(api)``). The
+group's values, or, REST's and Feast's, with several groups' of one entity
+(``learner(api)``). The
 fronts then answer such a request without taking the GIL (gRPC only for a caller whose key
 may read) from entries that hold the answer bytes of its API: an entry keeps those of the
 API whose lookup loaded it (JSON, or gRPC records), and the other API's are made on its
@@ -81,11 +82,35 @@ API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
 Layout: TypeAlias = tuple[Sequence[tuple[int, Sequence[int]]], Sequence[int]]
 
 
+def picks_layout(picks: Sequence[tuple[int, int]], groups: int) -> Layout:
+    """The layout of a REST answer over several groups (``picks``: a projection's, per
+    value of a row its group and feature): each group's features in the row's order, the
+    groups in the projection's (its rows' "ages" are); then per value its place among the
+    groups' in turn."""
+    fis: list[list[int]] = [[] for _ in range(groups)]
+    for gi, fi in picks:
+        fis[gi].append(fi)
+    start, taken = [], 0
+    for group in fis:
+        start.append(taken)
+        taken += len(group)
+    order = []
+    for gi, _ in picks:
+        order.append(start[gi])
+        start[gi] += 1
+    return list(enumerate(fis)), order
+
+
+def label(api: int, group: str) -> bytes:
+    """A group's name in a row's "ages": as JSON for REST, as it is for gRPC."""
+    return orjson.dumps(group) if api == REST else group.encode()
+
+
 class Learn(Protocol):
-    """What a handler calls with a form it answered with one group's values (``layout``: or
-    Feast's, with several groups'): the entity type, the features, the groups, the
-    projection, and the answer's head. Feast's: the join key, the feature references (or
-    the feature service) and its flags (``feast_api.feast_form``)."""
+    """What a handler calls with a form it answered from its lookup's entries: the entity
+    type, the features, the groups, the projection, and the answer's head (and, Feast's
+    over several groups, their ``layout``). Feast's: the join key, the feature references
+    (or the feature service) and its flags (``feast_api.feast_form``)."""
 
     def __call__(
         self,
@@ -141,9 +166,10 @@ class FrontLookups:
         """What a handler of ``api`` (REST, GRPC, FEAST) calls with each form it answered
         with one group's values: the front may answer it from then on. A form of some of
         the group's features is answered there too: without the L1, by a read of those
-        features alone; from the L1's hits, their values picked from the entries'. Feast's
-        forms over several views of one entity (``layout``), from the L1's hits alone:
-        each view's features picked from its entries, the columns in the answer's order."""
+        features alone; from the L1's hits, their values picked from the entries'. REST's
+        and Feast's forms over several groups of one entity (Feast's ``layout``; REST's,
+        ``picks_layout``), from the L1's hits alone: each group's features picked from its
+        entries, the row's values or the columns in the answer's order."""
 
         def learn(
             entity: str,
@@ -157,16 +183,20 @@ class FrontLookups:
             if form in self.forms or len(self.forms) >= len(API_NAMES) * MAX_FORMS:
                 return
             self.forms.add(form)  # taught or not, asked once
-            parts: list[tuple[int, int | None, list[int] | None]] = []
+            parts: list[tuple[int, int | None, list[int] | None, bytes]] = []
             order = None
             if len(proj.groups) != 1:
-                # several groups: Feast's hits, each group's features picked from its
-                # entries, written in the answer's order (not its reads: one group's each)
-                if api != FEAST or self.planning or layout is None:
+                # several groups: REST's and Feast's hits, each group's features picked
+                # from its entries, written in the answer's order (not its reads: one
+                # group's each)
+                if api == REST and layout is None:
+                    layout = picks_layout(proj.picks, len(proj.groups))
+                if api == GRPC or self.planning or layout is None:
                     return
                 for gi, fis in layout[0]:
                     group = proj.groups[gi]
-                    parts.append((self.index[group.name], group.max_age_seconds, list(fis)))
+                    tag, max_age = self.index[group.name], group.max_age_seconds
+                    parts.append((tag, max_age, list(fis), label(api, group.name)))
                 order = list(layout[1])
             else:
                 group, picks = proj.groups[0], None
@@ -177,8 +207,7 @@ class FrontLookups:
                 elif api == FEAST or not proj.whole_group:
                     # hits: the entries' values, picked (Feast's columns always pick)
                     picks = [fi for _, fi in proj.picks]
-                parts.append((read, group.max_age_seconds, picks))
-            name = proj.groups[0].name
+                parts.append((read, group.max_age_seconds, picks, label(api, group.name)))
             self.native.learn(
                 api,
                 entity,
@@ -186,7 +215,6 @@ class FrontLookups:
                 groups,
                 parts,
                 head,
-                orjson.dumps(name) if api == REST else name.encode(),
                 (proj.entity.prefix + KEY_SEPARATOR).encode(),
                 proj.entity.id_type is IdType.INT,
                 order,

@@ -94,7 +94,7 @@ class RestHandlers:
         self.body_limit = runtime.settings.max_body_bytes
         self.observe = runtime.metrics.requests.labels
         self.entities_served = runtime.metrics.entities.labels(API)
-        # told of each form answered with one group's values (hits.NativeHits.learn)
+        # told of each form answered from its lookup's entries (hits.FrontLookups.learner)
         self.learn: Learn | None = None
 
     def fail(
@@ -136,7 +136,7 @@ class RestHandlers:
             rows = whole_group_rows(lookup, keeper(self.runtime.reader.cache))
         else:
             rows = picked_rows(lookup)
-        if self.learn is not None and len(proj.groups) == 1 and not lookup.errors and not bypass:
+        if self.learn is not None and not lookup.errors and not bypass:
             self.learn(entity, features, groups, proj, cast(bytes, head))
         if lookup.errors:
             content = b'%b%b],"errors":%b}' % (cast(bytes, head), rows, errors_json(lookup))

@@ -120,7 +120,7 @@ fn spans_of_ends(ends: &[u16], out: &mut Vec<(usize, usize)>) {
 }
 
 /// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
-/// `/get-online-features` (its column-shaped answer: `FeastColumns`).
+/// `/get-online-features` (its column-shaped answer: `Cells`).
 pub const REST: u8 = 0;
 pub const GRPC: u8 = 1;
 pub const FEAST: u8 = 2;
@@ -128,42 +128,48 @@ const APIS: usize = 3;
 
 /// A request form Python answered: everything an answer needs besides the entries.
 struct Form {
-    // the groups whose entries answer it: one, but for Feast's lookups over several views
+    // the groups whose entries answer it: one, but for lookups over several groups of one
+    // entity (REST's `/v1`, Feast's over several views) from the L1's entries
     parts: Vec<Part>,
-    // Feast's: per column of the answer, the part that writes it and its column there;
-    // empty: the parts' columns in turn (`column_order`)
+    // over several groups: per value of a row (REST) or column of the answer (Feast), the
+    // part that writes it and its place there; empty: the parts' in turn (`column_order`)
     order: Vec<(usize, usize)>,
     // REST: `{"entity_type":..,"features":..,"types":..,"results":[`; gRPC: the response's
     // entity_type and features fields
     head: Vec<u8>,
-    label: Vec<u8>,  // the group's name in "ages": as JSON (REST), as it is (gRPC)
     prefix: Vec<u8>, // the entity's key prefix and separator: key = prefix + id
     int_ids: bool,
 }
 
-/// One group of a form: its entries' key tag, its max_age, and the features answered.
+/// One group of a form: its entries' key tag, its max_age, the features answered, and
+/// its name in a row's "ages".
 struct Part {
     group: u16,
     max_age: Option<i64>,
     // hits of some of the group's features: their indices in the group, in the answer's
     // order (`Picked`); None: all of them, in the group's order
     picks: Option<Vec<usize>>,
+    label: Vec<u8>, // as JSON (REST), as it is (gRPC)
 }
 
 impl Part {
-    /// This part's columns of an answer of `api`: Feast's (one per feature answered: those
-    /// picked, else those `read` reads); None for the rows of REST and gRPC answers.
-    fn columns(&self, api: u8, read: Option<&GroupRead>) -> Option<FeastColumns> {
-        if api != FEAST {
+    /// This part's cells of an answer of `api` (`several`: of a form over several groups):
+    /// Feast's columns, one per feature answered (those picked, else those `read` reads),
+    /// and REST's rows over several groups; None for the rows of one group's.
+    fn columns(&self, api: u8, read: Option<&GroupRead>, several: bool) -> Option<Cells> {
+        let stamped = api == FEAST;
+        let rows = api == REST && several;
+        if !stamped && !rows {
             return None;
         }
-        // (a Feast form always picks from the L1's entries, and is planned with its read)
+        // (a form over several groups, and Feast's, always pick from the L1's entries; a
+        // Feast form is planned with its read)
         let width = match (&self.picks, read) {
             (Some(picks), _) => picks.len(),
             (None, Some(read)) => read.types.len(),
             (None, None) => return None,
         };
-        Some(FeastColumns::new(width))
+        Some(Cells::new(width, stamped))
     }
 }
 
@@ -196,7 +202,7 @@ impl Form {
                 Id::Int(n) => json_i64(o, *n),
                 Id::Str(s) => json_str(o, s),
             };
-            let (max_age, label) = (self.part().max_age, &self.label);
+            let (max_age, label) = (self.part().max_age, &self.part().label);
             write_row(
                 out, id, values, present, written_at, false, now, max_age, label,
             );
@@ -205,7 +211,7 @@ impl Form {
                 Id::Int(n) => GrpcId::Int(*n),
                 Id::Str(s) => GrpcId::Str(s),
             };
-            let (max_age, label) = (self.part().max_age, &self.label);
+            let (max_age, label) = (self.part().max_age, &self.part().label);
             write_grpc_row(
                 out, scratch, id, values, present, written_at, false, now, max_age, label,
             );
@@ -441,7 +447,7 @@ impl Hits {
                 }
             }
         }
-        writer.finish(&mut out);
+        writer.finish(&mut out, ids)?;
         let mut served = self.served(api, started, ids.len());
         served.loaded[api as usize] += u64::from(loaded.is_some());
         served.hits += hits;
@@ -476,7 +482,7 @@ struct PartWriter {
     // picked alone, of these types)
     read: Option<Arc<GroupRead>>,
     pick_types: Vec<(u8, u32)>,
-    columns: Option<FeastColumns>, // Feast's
+    columns: Option<Cells>, // Feast's, and REST's over several groups
 }
 
 impl<'f> HitWriter<'f> {
@@ -501,8 +507,9 @@ impl<'f> HitWriter<'f> {
                     .collect::<Option<Vec<_>>>()?,
                 _ => Vec::new(),
             };
-            let columns = part.columns(api, read.as_deref());
-            if api == FEAST && columns.is_none() {
+            let several = form.parts.len() > 1;
+            let columns = part.columns(api, read.as_deref(), several);
+            if (api == FEAST || several) && columns.is_none() {
                 return None;
             }
             parts.push(PartWriter {
@@ -605,13 +612,20 @@ impl<'f> HitWriter<'f> {
         Some(())
     }
 
-    fn finish(&self, out: &mut Vec<u8>) {
-        let columns: Vec<&FeastColumns> = self
+    /// The answer closed: Feast's columns, or REST's rows over several groups (`ids`,
+    /// the lookup's), written from the cells gathered.
+    fn finish(&self, out: &mut Vec<u8>, ids: &[Id<'_>]) -> Option<()> {
+        let columns: Vec<&Cells> = self
             .parts
             .iter()
             .filter_map(|p| p.columns.as_ref())
             .collect();
+        if self.api == REST && !columns.is_empty() {
+            let labels: Vec<&[u8]> = self.form.parts.iter().map(|p| &p.label[..]).collect();
+            write_rows(&columns, &labels, &self.form.order, ids, self.now, out)?;
+        }
         close_answer(self.api, &columns, &self.form.order, out);
+        Some(())
     }
 }
 
@@ -720,7 +734,7 @@ impl Hits {
         let proto = plan.api == GRPC;
         let now = unix_now();
         let part = form.part();
-        let mut columns = part.columns(plan.api, Some(read));
+        let mut columns = part.columns(plan.api, Some(read), false);
         // (Feast's columns are written at the end, into room `write_columns` makes for them)
         let rows = if columns.is_some() {
             0
@@ -757,7 +771,7 @@ impl Hits {
             if let Some(columns) = &mut columns {
                 if written_at.is_none() && stored.iter().all(Option::is_none) {
                     // nothing of what was read: the entity has nothing of the group (see
-                    // `FeastColumns`: a read of some fields cannot see the others)
+                    // `Cells`: a read of some fields cannot see the others)
                     columns.not_found(&id);
                 } else {
                     columns.stored_row(&id, &read.types, stored, written_at, now, part.max_age)?;
@@ -783,7 +797,7 @@ impl Hits {
         if pos != buf.len() {
             return None;
         }
-        let columns: Vec<&FeastColumns> = columns.iter().collect();
+        let columns: Vec<&Cells> = columns.iter().collect();
         close_answer(plan.api, &columns, &form.order, &mut out);
         let mut served = self.served(plan.api, plan.started, plan.ids.len());
         served.direct[plan.api as usize] += u64::from(direct);
@@ -839,20 +853,25 @@ impl Picked {
     }
 }
 
-/// Feast's column-shaped answer (`feast_api.answer_json`) of one group's features in a
-/// lookup (of one view, or of each view of a lookup over several: `write_columns`),
-/// gathered an entity at a time and written a column at a time: first the join key's, its
-/// ids each "PRESENT" at the epoch; then per feature its value in each row, the row's
-/// status and the row's event time. A row's status is "NOT_FOUND" where the entity has
-/// nothing of the group (a negative entry; in a planned read of some fields, neither those
-/// nor the write time: the others are not read, and this project's writers write the write
-/// time with every value), else "OUTSIDE_MAX_AGE" past the group's max_age, else
-/// "PRESENT"; a value the row lacks is null with status "NULL_VALUE".
+/// One group's values of a lookup gathered an entity at a time (its cells), to be written
+/// in another order: Feast's column-shaped answer (`feast_api.answer_json`) of one view's
+/// features, or of each view of a lookup over several (`write_columns`), written a column
+/// at a time; REST's rows over several groups (`write_rows`), each row's values taken from
+/// each group's cells in the answer's order. Feast's answer has first the join key's
+/// column, its ids each "PRESENT" at the epoch; then per feature its value in each row, the
+/// row's status and the row's event time. A row's status is "NOT_FOUND" where the entity
+/// has nothing of the group (a negative entry; in a planned read of some fields, neither
+/// those nor the write time: the others are not read, and this project's writers write the
+/// write time with every value), else "OUTSIDE_MAX_AGE" past the group's max_age, else
+/// "PRESENT"; a value the row lacks is null with status "NULL_VALUE". REST's statuses are
+/// "missing", "stale" and "present" for these, and a row's "ages" come from the write times.
 #[derive(Default)]
-struct FeastColumns {
+struct Cells {
     width: usize,                     // the features answered
+    stamped: bool,                    // Feast's: ids and event times kept (REST: write times)
     ids: Vec<u8>,                     // the join key's values, joined by commas
     stamps: Vec<u8>,                  // each row's event time, joined by commas
+    written: Vec<Option<i64>>,        // REST: each row's write time
     statuses: Vec<&'static [u8]>,     // each row's status
     values: Vec<u8>,                  // the rows' values' JSON, one row after the other
     cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON's span, NULL_VALUE
@@ -861,32 +880,41 @@ struct FeastColumns {
 
 const EPOCH: &[u8] = b"\"1970-01-01T00:00:00Z\"";
 const LAST_STAMP: i64 = 253_402_300_799; // 9999-12-31T23:59:59Z: the reference's strftime agrees up to here
+const NOT_FOUND: &[u8] = b"\"NOT_FOUND\"";
+const OUTSIDE_MAX_AGE: &[u8] = b"\"OUTSIDE_MAX_AGE\"";
 
-impl FeastColumns {
-    fn new(width: usize) -> Self {
-        FeastColumns {
+impl Cells {
+    fn new(width: usize, stamped: bool) -> Self {
+        Cells {
             width,
-            ..FeastColumns::default()
+            stamped,
+            ..Cells::default()
         }
     }
 
-    /// A row begun: its id in the join key's column, its status.
+    /// A row begun: its id in the join key's column (Feast's), its status.
     fn id(&mut self, id: &Id<'_>, status: &'static [u8]) {
-        if !self.statuses.is_empty() {
-            self.ids.push(b',');
-            self.stamps.push(b',');
-        }
-        match id {
-            Id::Int(n) => json_i64(&mut self.ids, *n),
-            Id::Str(s) => json_str(&mut self.ids, s),
+        if self.stamped {
+            if !self.statuses.is_empty() {
+                self.ids.push(b',');
+                self.stamps.push(b',');
+            }
+            match id {
+                Id::Int(n) => json_i64(&mut self.ids, *n),
+                Id::Str(s) => json_str(&mut self.ids, s),
+            }
         }
         self.statuses.push(status);
     }
 
     /// The row of an entity with nothing of the group.
     fn not_found(&mut self, id: &Id<'_>) {
-        self.id(id, b"\"NOT_FOUND\"");
-        self.stamps.extend_from_slice(EPOCH);
+        self.id(id, NOT_FOUND);
+        if self.stamped {
+            self.stamps.extend_from_slice(EPOCH);
+        } else {
+            self.written.push(None);
+        }
         let start = self.values.len();
         self.values.extend_from_slice(b"null");
         for _ in 0..self.width {
@@ -895,7 +923,8 @@ impl FeastColumns {
     }
 
     /// A row begun: its id, its status (by its write time against the group's max_age)
-    /// and its event time. None where the write time is past year 9999.
+    /// and its event time (REST: its write time). None where a Feast event time would be
+    /// past year 9999.
     fn begin(
         &mut self,
         id: &Id<'_>,
@@ -907,12 +936,13 @@ impl FeastColumns {
         self.id(
             id,
             if stale {
-                b"\"OUTSIDE_MAX_AGE\""
+                OUTSIDE_MAX_AGE
             } else {
                 b"\"PRESENT\""
             },
         );
         match written_at {
+            _ if !self.stamped => self.written.push(written_at),
             None => self.stamps.extend_from_slice(EPOCH),
             Some(t) => iso_stamp(&mut self.stamps, t)?,
         }
@@ -983,6 +1013,14 @@ impl FeastColumns {
     fn cell(&mut self, start: usize, end: usize, lacking: bool) {
         self.cells.push((start, end, lacking));
         self.cell_bytes += end - start;
+    }
+
+    /// Row `r`'s cell of feature `k`: its JSON's span, and whether the row lacks it.
+    fn cell_of(&self, r: usize, k: usize) -> Option<(usize, usize, bool)> {
+        if k >= self.width {
+            return None;
+        }
+        self.cells.get(r * self.width + k).copied()
     }
 
     /// The room what `write_ids` and `write_column` write takes, about (Feast's answer
@@ -1057,7 +1095,7 @@ impl FeastColumns {
 /// Feast's columns of one lookup (`parts`: those of each group it reads, in the form's
 /// order, their rows the same ids): the join key's, then each feature's, in `order` (the
 /// part and its column, per column of the answer; empty: the parts' columns in turn).
-fn write_columns(parts: &[&FeastColumns], order: &[(usize, usize)], out: &mut Vec<u8>) {
+fn write_columns(parts: &[&Cells], order: &[(usize, usize)], out: &mut Vec<u8>) {
     let first = match parts.first() {
         Some(first) => first,
         None => return,
@@ -1078,10 +1116,89 @@ fn write_columns(parts: &[&FeastColumns], order: &[(usize, usize)], out: &mut Ve
     }
 }
 
+/// REST's rows of a lookup over several groups (`parts`: each group's cells, their rows
+/// `ids`; `labels`: the groups' names as JSON), as `rest_api._picked_rows` writes them:
+/// per row its id, the values in `order` (the part and its value there, per value of the
+/// row; empty: the parts' in turn), their statuses, and each group's age. None where a
+/// part lacks a row or a cell (never: `HitWriter::entity` gives each part each row).
+fn write_rows(
+    parts: &[&Cells],
+    labels: &[&[u8]],
+    order: &[(usize, usize)],
+    ids: &[Id<'_>],
+    now: i64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let in_turn: Vec<(usize, usize)>;
+    let order = if order.is_empty() {
+        let widths = parts.iter().enumerate();
+        in_turn = widths
+            .flat_map(|(p, c)| (0..c.width).map(move |k| (p, k)))
+            .collect();
+        &in_turn
+    } else {
+        order
+    };
+    out.reserve(
+        parts
+            .iter()
+            .map(|c| c.cell_bytes + c.cells.len() * 12)
+            .sum(),
+    );
+    for (r, id) in ids.iter().enumerate() {
+        if r > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        match id {
+            Id::Int(n) => json_i64(out, *n),
+            Id::Str(s) => json_str(out, s),
+        }
+        out.extend_from_slice(b",\"values\":[");
+        for (j, &(p, k)) in order.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            let (start, end, _) = parts.get(p)?.cell_of(r, k)?;
+            out.extend_from_slice(parts[p].values.get(start..end)?);
+        }
+        out.extend_from_slice(b"],\"statuses\":[");
+        for (j, &(p, k)) in order.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            let ((_, _, lacking), status) = (parts[p].cell_of(r, k)?, *parts[p].statuses.get(r)?);
+            out.extend_from_slice(if lacking || status == NOT_FOUND {
+                b"\"missing\"".as_slice()
+            } else if status == OUTSIDE_MAX_AGE {
+                b"\"stale\""
+            } else {
+                b"\"present\""
+            });
+        }
+        out.extend_from_slice(b"],\"ages\":{");
+        for (p, (cells, label)) in parts.iter().zip(labels).enumerate() {
+            if p > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(label);
+            out.push(b':');
+            match *cells.written.get(r)? {
+                Some(w) => json_i64(out, (now - w).max(0)),
+                None => out.extend_from_slice(b"null"),
+            }
+        }
+        out.extend_from_slice(b"}}");
+    }
+    Some(())
+}
+
 /// End the answer of `api` begun with its form's head: Feast's columns (`write_columns`),
-/// then the closing brackets of a JSON answer.
-fn close_answer(api: u8, columns: &[&FeastColumns], order: &[(usize, usize)], out: &mut Vec<u8>) {
-    write_columns(columns, order, out);
+/// then the closing brackets of a JSON answer (REST's rows are written before).
+fn close_answer(api: u8, columns: &[&Cells], order: &[(usize, usize)], out: &mut Vec<u8>) {
+    if api == FEAST {
+        write_columns(columns, order, out);
+    }
     if api != GRPC {
         out.extend_from_slice(b"]}");
     }
@@ -1241,13 +1358,12 @@ pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {
     (value <= 1 << 40).then_some(value as i64)
 }
 
-/// One entry `HitCache::put_many` stores (see there).
-/// A form's `order` as `HitWriter` takes it (see `Form`): empty where the answer's columns
-/// are the parts' in turn. None where it cannot be answered here: several parts of an API
-/// other than Feast's, or of all of a group's features, or an order that does not name
-/// each of their columns once.
+/// A form's `order` as `HitWriter` takes it (see `Form`): empty where the answer's values
+/// are the parts' in turn. None where it cannot be answered here: several parts of gRPC's,
+/// or of all of a group's features, or an order that does not name each of their values
+/// once.
 fn column_order(api: u8, parts: &[Part], order: Option<Vec<usize>>) -> Option<Vec<(usize, usize)>> {
-    if parts.len() > 1 && (api != FEAST || parts.iter().any(|p| p.picks.is_none())) {
+    if parts.len() > 1 && (api == GRPC || parts.iter().any(|p| p.picks.is_none())) {
         return None;
     }
     let order = match order {
@@ -1276,6 +1392,10 @@ fn column_order(api: u8, parts: &[Part], order: Option<Vec<usize>>) -> Option<Ve
     Some(out)
 }
 
+/// One part of a form `HitCache::learn` learns (see there).
+type PartItem = (u16, Option<i64>, Option<Vec<usize>>, Vec<u8>);
+
+/// One entry `HitCache::put_many` stores (see there).
 type PutItem<'py> = (
     Bound<'py, PyBytes>,
     Option<Bound<'py, PyBytes>>,
@@ -1340,14 +1460,16 @@ impl HitCache {
     }
 
     /// Learn a request form of `api` (0 REST, 1 gRPC, 2 Feast) from Python's answer to it
-    /// (see `Form`). `parts`: the groups answering it (one, but for Feast's lookups over
-    /// several views), each as (its key tag, its max_age, the indices of the features it
-    /// answers, in the answer's order, when not all of the group's: a Feast form's hits
-    /// always). `order`: Feast's, where the answer's columns are not the parts' in turn:
-    /// per column, its place among them. A Feast form's entity is its join key, and its
-    /// groups its flags (see `Asked::feast`). False when full, or when the parts or the
-    /// order are not ones this answers.
-    #[pyo3(signature = (api, entity, features, groups, parts, head, label, prefix, int_ids, order=None))]
+    /// (see `Form`). `parts`: the groups answering it (one, but for lookups over several
+    /// groups of one entity), each as (its key tag, its max_age, the indices of the
+    /// features it answers, in the answer's order, when not all of the group's: a Feast
+    /// form's hits and a form over several groups always, and its name in a row's "ages":
+    /// as JSON for REST, as it is for gRPC). `order`: where the answer's values (REST) or
+    /// columns (Feast) are not the parts' in turn: per value or column, its place among
+    /// them. A Feast form's entity is its join key, and its groups its flags (see
+    /// `Asked::feast`). False when full, or when the parts or the order are not ones this
+    /// answers.
+    #[pyo3(signature = (api, entity, features, groups, parts, head, prefix, int_ids, order=None))]
     #[allow(clippy::too_many_arguments)]
     fn learn(
         &self,
@@ -1355,9 +1477,8 @@ impl HitCache {
         entity: &str,
         features: Vec<String>,
         groups: Vec<String>,
-        parts: Vec<(u16, Option<i64>, Option<Vec<usize>>)>,
+        parts: Vec<PartItem>,
         head: Vec<u8>,
-        label: Vec<u8>,
         prefix: Vec<u8>,
         int_ids: bool,
         order: Option<Vec<usize>>,
@@ -1367,10 +1488,11 @@ impl HitCache {
         }
         let parts: Vec<Part> = parts
             .into_iter()
-            .map(|(group, max_age, picks)| Part {
+            .map(|(group, max_age, picks, label)| Part {
                 group,
                 max_age,
                 picks,
+                label,
             })
             .collect();
         let order = match column_order(api, &parts, order) {
@@ -1390,7 +1512,6 @@ impl HitCache {
                 parts,
                 order,
                 head,
-                label,
                 prefix,
                 int_ids,
             }),
@@ -2054,6 +2175,7 @@ mod tests {
             group,
             max_age: None,
             picks: width.map(|w| (0..w).collect()),
+            label: Vec::new(),
         };
         let two = [part(0, Some(2)), part(1, Some(3))];
         // per column of the answer: its part and its column there
@@ -2071,13 +2193,17 @@ mod tests {
         assert_eq!(column_order(FEAST, &two, Some(vec![0, 0, 2, 3, 4])), None);
         assert_eq!(column_order(FEAST, &two, Some(vec![0, 1, 2, 3, 5])), None);
         assert_eq!(column_order(FEAST, &two, Some(vec![0, 1, 2, 3])), None);
-        // several parts: Feast's alone, each of some features
-        assert_eq!(column_order(REST, &two, None), None);
-        assert_eq!(column_order(GRPC, &two, None), None);
+        // several parts: Feast's and REST's, each of some features
         assert_eq!(
-            column_order(FEAST, &[part(0, Some(2)), part(1, None)], None),
-            None
+            column_order(REST, &two, Some(vec![4, 0, 1, 2, 3])),
+            Some(vec![(1, 2), (0, 0), (0, 1), (1, 0), (1, 1)])
         );
+        assert_eq!(column_order(REST, &two, None), Some(vec![]));
+        assert_eq!(column_order(GRPC, &two, None), None);
+        for api in [FEAST, REST] {
+            let whole = [part(0, Some(2)), part(1, None)];
+            assert_eq!(column_order(api, &whole, None), None);
+        }
         assert_eq!(column_order(REST, &[part(0, None)], None), Some(vec![]));
     }
 

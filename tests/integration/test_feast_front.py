@@ -1,15 +1,18 @@
 """Feast's ``/get-online-features`` answered on the native REST front (native/src/hits.rs:
-``Asked::feast``, ``FeastColumns``) against the same server answering it in its handler:
+``Asked::feast``, ``Cells``) against the same server answering it in its handler:
 with the L1 on, from the L1's entries (``NATIVE_HITS=off`` answers in Python); with it off,
 by a planned read (``NATIVE_READS=off``). The same answers, byte for byte: every status
 Feast has, int and string ids, picked and repeated features, a feature service, the flags;
 lookups over several views of one entity (from the L1's entries; a compact cache's too);
 what the front cannot answer (an entity whose data is broken, several entity columns, a
-float id) handed to the handler; the front's answers counted under api="feast".
+float id) handed to the handler; the front's answers counted under api="feast". And
+``/v1/features/get`` over several groups of one entity, answered on the front from the L1's
+entries as its handler answers it (``write_rows``).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -65,12 +68,12 @@ def metric(server: ServingProcess, name: str) -> float:
     return 0.0
 
 
-def front(server: ServingProcess, at_least: float = 0.0) -> float:
-    """Feast lookups the front answered, once drained (every 20 ms), within 5 s."""
+def front(server: ServingProcess, at_least: float = 0.0, api: str = "feast") -> float:
+    """Lookups of ``api`` the front answered, once drained (every 20 ms), within 5 s."""
     deadline = time.monotonic() + 5
     while True:
         value = sum(
-            metric(server, f'{LOOKUPS}{{api="feast",how="{how}"}}')
+            metric(server, f'{LOOKUPS}{{api="{api}",how="{how}"}}')
             for how in ("hit", "hit_loaded", "read", "read_direct")
         )
         if value >= at_least or time.monotonic() > deadline:
@@ -127,9 +130,11 @@ def servers(
             yield native, python, request.param
 
 
-def post(server: ServingProcess, body: object) -> tuple[int, bytes]:
+def post(
+    server: ServingProcess, body: object, path: str = "/get-online-features"
+) -> tuple[int, bytes]:
     r = httpx.post(
-        server.rest_url + "/get-online-features",
+        server.rest_url + path,
         content=body if isinstance(body, bytes) else orjson.dumps(body),
         headers={"content-type": "application/json"},
         timeout=10,
@@ -281,3 +286,58 @@ def test_an_entity_without_a_write_time(
         answers = [orjson.loads(post(server, whole)[1]) for server in (native, python)]
     assert answers[0] == answers[1]
     assert answers[0]["results"][1]["values"] == [5]
+
+
+GROUPS = {"entity_type": "consumer", "ids": [1, 2, 3, 5, 6, 7, UNTIMED, 1]}
+# /v1 lookups over several groups of one entity: the front answers them from the L1's
+# entries (each group's values with their own statuses and age); without the L1, the handler
+SEVERAL_GROUPS: list[dict[str, object]] = [
+    {**GROUPS, "features": ["consumer_daily:orders", "visits", "score", "consumer_weekly:spend"]},
+    {**GROUPS, "groups": ["consumer_weekly", "consumer_daily"]},
+    {**GROUPS},  # every feature of the entity type
+    {**GROUPS, "features": ["emb", "vec", "consumer_weekly:emb"], "groups": ["consumer_daily"]},
+    {"entity_type": "consumer", "ids": [5, 7], "features": ["tags", "visits"]},
+]
+
+
+AGES = re.compile(rb'"ages":\{[^}]*\}')
+
+
+def rows_alike(native: ServingProcess, python: ServingProcess, body: object) -> None:
+    """``answered_alike`` of a ``/v1`` lookup: the same answers but for the ages, whole
+    seconds of which one may turn between two answers."""
+    for _ in range(3):
+        answers = [post(server, body, "/v1/features/get") for server in (native, python)]
+        assert answers[0][0] == answers[1][0] == 200, answers[0]
+        assert AGES.sub(b"", answers[0][1]) == AGES.sub(b"", answers[1][1]), body
+        rows = [orjson.loads(content)["results"] for _, content in answers]
+        for ours, theirs in zip(*rows, strict=True):
+            assert ours["ages"].keys() == theirs["ages"].keys()
+            for group, age in ours["ages"].items():
+                assert (age is None) == (theirs["ages"][group] is None)
+                assert age is None or abs(age - theirs["ages"][group]) <= 1
+
+
+def test_rest_lookups_over_several_groups(
+    servers: tuple[ServingProcess, ServingProcess, str],
+) -> None:
+    native, python, cache = servers
+    answered = front(native, api="rest")
+    for body in SEVERAL_GROUPS:
+        rows_alike(native, python, body)
+        if cache != "off":
+            answered += 2
+        assert front(native, answered + 1, "rest") == answered, body
+    # each group's own statuses and age: 2 has nothing in the weekly group, 3 is stale in
+    # the daily one alone, 7 is found in the weekly one alone, UNTIMED has no write time
+    doc = orjson.loads(post(native, SEVERAL_GROUPS[0], "/v1/features/get")[1])
+    assert doc["features"] == ["orders", "visits", "score", "spend"]
+    rows = {row["id"]: row for row in doc["results"]}
+    assert rows[1]["values"] == [3, 10, 0.5, 1.5]
+    assert rows[2]["statuses"] == ["present", "missing", "present", "missing"]
+    assert rows[3]["statuses"] == ["stale", "present", "missing", "missing"]
+    assert rows[7]["values"] == [None, None, None, -0.25]
+    assert rows[7]["ages"]["consumer_daily"] is None
+    assert 7000 < rows[3]["ages"]["consumer_daily"] < 7400
+    assert rows[UNTIMED]["ages"] == {"consumer_daily": None, "consumer_weekly": None}
+    assert rows[UNTIMED]["values"][0] == 5

@@ -141,9 +141,8 @@ def planner(spec: GroupSpec, hgetall: bool, api: int, head: bytes) -> _native.Hi
         group.entity.name,
         [],
         [group.name],
-        [(0, group.max_age_seconds, None)],
+        [(0, group.max_age_seconds, None, label)],
         head,
-        label,
         prefix,
         int_ids,
     )
@@ -263,8 +262,8 @@ def test_a_planned_lookup_of_some_features_is_the_references(
     label = orjson.dumps(group.name) if api == REST else group.name.encode()
     prefix = (entity.prefix + KEY_SEPARATOR).encode()
     int_ids = entity.id_type is IdType.INT
-    parts = [(0, group.max_age_seconds, None)]
-    assert cache.learn(api, entity.name, names, [], parts, head, label, prefix, int_ids)
+    parts = [(0, group.max_age_seconds, None, label)]
+    assert cache.learn(api, entity.name, names, [], parts, head, prefix, int_ids)
     redis_replies = picked_replies(spec, stored, picks, hgetall)
     before = int(time.time())
     planned = cache.plan(body, redis_replies, api == GRPC)
@@ -331,8 +330,8 @@ def test_a_planned_feast_lookup_is_the_references(
     prefix = (entity.prefix + KEY_SEPARATOR).encode()
     int_ids = entity.id_type is IdType.INT
     flags = ["full_feature_names"] if full else []
-    parts = [(0, group.max_age_seconds, None)]
-    assert cache.learn(FEAST, entity.join_key, refs, flags, parts, head, b"", prefix, int_ids)
+    parts = [(0, group.max_age_seconds, None, b"")]
+    assert cache.learn(FEAST, entity.join_key, refs, flags, parts, head, prefix, int_ids)
     redis_replies = picked_replies(spec, stored, picks, hgetall)
     planned = cache.plan(orjson.dumps(body), redis_replies, feast=True)
     assert planned is not None
