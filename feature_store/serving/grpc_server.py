@@ -237,7 +237,7 @@ class FeatureServicer:
         if header is None:
             header = proj.memo[API] = wire.header(proj.entity.name, proj.names)
         body = cast(bytes, header) + answer_rows(lookup, keeper(self.cache))
-        learn = self.learn if len(proj.groups) == 1 and not lookup.errors else None
+        learn = self.learn if not lookup.errors else None
         if learn is not None and not request.bypass_cache:
             learn(request.entity_type, features, groups, proj, cast(bytes, header))
         if lookup.errors:

@@ -5,8 +5,7 @@ A lookup whose every entity is a fresh L1 entry needs nothing of Python but byte
 when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step
 with the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear:
 the cache's ``mirror``), and teaches it each request form that Python answered with one
-group's values, or, REST's and Feast's, with several groups' of one entity
-(``learner(api)``). The
+group's values, or with several groups' of one entity (``learner(api)``). The
 fronts then answer such a request without taking the GIL (gRPC only for a caller whose key
 may read) from entries that hold the answer bytes of its API: an entry keeps those of the
 API whose lookup loaded it (JSON, or gRPC records), and the other API's are made on its
@@ -83,7 +82,7 @@ Layout: TypeAlias = tuple[Sequence[tuple[int, Sequence[int]]], Sequence[int]]
 
 
 def picks_layout(picks: Sequence[tuple[int, int]], groups: int) -> Layout:
-    """The layout of a REST answer over several groups (``picks``: a projection's, per
+    """The layout of a REST or gRPC answer over several groups (``picks``: a projection's, per
     value of a row its group and feature): each group's features in the row's order, the
     groups in the projection's (its rows' "ages" are); then per value its place among the
     groups' in turn."""
@@ -166,8 +165,8 @@ class FrontLookups:
         """What a handler of ``api`` (REST, GRPC, FEAST) calls with each form it answered
         with one group's values: the front may answer it from then on. A form of some of
         the group's features is answered there too: without the L1, by a read of those
-        features alone; from the L1's hits, their values picked from the entries'. REST's
-        and Feast's forms over several groups of one entity (Feast's ``layout``; REST's,
+        features alone; from the L1's hits, their values picked from the entries'. Forms
+        over several groups of one entity (Feast's ``layout``; REST's and gRPC's,
         ``picks_layout``), from the L1's hits alone: each group's features picked from its
         entries, the row's values or the columns in the answer's order."""
 
@@ -186,12 +185,11 @@ class FrontLookups:
             parts: list[tuple[int, int | None, list[int] | None, bytes]] = []
             order = None
             if len(proj.groups) != 1:
-                # several groups: REST's and Feast's hits, each group's features picked
-                # from its entries, written in the answer's order (not its reads: one
-                # group's each)
-                if api == REST and layout is None:
+                # several groups: hits, each group's features picked from its entries,
+                # written in the answer's order (not its reads: one group's each)
+                if api != FEAST and layout is None:
                     layout = picks_layout(proj.picks, len(proj.groups))
-                if api == GRPC or self.planning or layout is None:
+                if self.planning or layout is None:
                     return
                 for gi, fis in layout[0]:
                     group = proj.groups[gi]

@@ -1627,14 +1627,7 @@ pub(crate) fn write_grpc_row(
     let age = written_at.map(|w| (now - w).max(0));
     let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
     row.clear();
-    // FeatureRow.id = 1, an EntityId: int_id = 1 (varint) or string_id = 2
-    match id {
-        GrpcId::Int(n) => {
-            row.extend_from_slice(&[0x0A, 1 + varint_len(n as u64) as u8, 0x08]);
-            put_varint(row, n as u64);
-        }
-        GrpcId::Str(text) => nested(row, 0x0A, 0x12, text.as_bytes()),
-    }
+    grpc_id(row, id);
     row.extend_from_slice(wire);
     // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
     row.push(0x1A);
@@ -1645,23 +1638,38 @@ pub(crate) fn write_grpc_row(
         (1, true) => 3,
         _ => 0,
     }));
-    // FeatureRow.ages = 4, one map entry: key = 1, value = 2
     if let Some(age) = age {
-        let (key, value) = (group.len() as u64, age as u64);
-        row.push(0x22);
-        put_varint(
-            row,
-            1 + varint_len(key) as u64 + key + 1 + varint_len(value) as u64,
-        );
-        row.push(0x0A);
-        put_varint(row, key);
-        row.extend_from_slice(group);
-        row.push(0x10);
-        put_varint(row, value);
+        grpc_age(row, group, age);
     }
     out.push(0x1A);
     put_varint(out, row.len() as u64);
     out.extend_from_slice(row);
+}
+
+/// `FeatureRow.id` = 1, an EntityId: int_id = 1 (varint) or string_id = 2.
+pub(crate) fn grpc_id(row: &mut Vec<u8>, id: GrpcId<'_>) {
+    match id {
+        GrpcId::Int(n) => {
+            row.extend_from_slice(&[0x0A, 1 + varint_len(n as u64) as u8, 0x08]);
+            put_varint(row, n as u64);
+        }
+        GrpcId::Str(text) => nested(row, 0x0A, 0x12, text.as_bytes()),
+    }
+}
+
+/// One `FeatureRow.ages` (= 4) map entry: the group's name (key = 1) and its age (value = 2).
+pub(crate) fn grpc_age(row: &mut Vec<u8>, group: &[u8], age: i64) {
+    let (key, value) = (group.len() as u64, age as u64);
+    row.push(0x22);
+    put_varint(
+        row,
+        1 + varint_len(key) as u64 + key + 1 + varint_len(value) as u64,
+    );
+    row.push(0x0A);
+    put_varint(row, key);
+    row.extend_from_slice(group);
+    row.push(0x10);
+    put_varint(row, value);
 }
 
 /// One row of a whole-group REST answer: `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`

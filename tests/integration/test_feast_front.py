@@ -6,8 +6,8 @@ Feast has, int and string ids, picked and repeated features, a feature service, 
 lookups over several views of one entity (from the L1's entries; a compact cache's too);
 what the front cannot answer (an entity whose data is broken, several entity columns, a
 float id) handed to the handler; the front's answers counted under api="feast". And
-``/v1/features/get`` over several groups of one entity, answered on the front from the L1's
-entries as its handler answers it (``write_rows``).
+``/v1/features/get`` and gRPC's GetFeatures over several groups of one entity, answered on
+the fronts from the L1's entries as their handlers answer them (``Rows``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import orjson
 import pytest
@@ -24,6 +25,7 @@ import redis
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import entity_key
 from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import load_registry
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
@@ -124,8 +126,8 @@ def servers(
         off = {"FEATURE_SERVING_NATIVE_HITS": "off", "FEATURE_SERVING_NATIVE_READS": "off"}
         python_env = {**env, **off}
         with (
-            ServingProcess(server.url, registry=path, grpc=False, env=env) as native,
-            ServingProcess(server.url, registry=path, grpc=False, env=python_env) as python,
+            ServingProcess(server.url, registry=path, env=env) as native,
+            ServingProcess(server.url, registry=path, env=python_env) as python,
         ):
             yield native, python, request.param
 
@@ -338,6 +340,48 @@ def test_rest_lookups_over_several_groups(
     assert rows[3]["statuses"] == ["stale", "present", "missing", "missing"]
     assert rows[7]["values"] == [None, None, None, -0.25]
     assert rows[7]["ages"]["consumer_daily"] is None
-    assert 7000 < rows[3]["ages"]["consumer_daily"] < 7400
+    assert abs(rows[3]["ages"]["consumer_daily"] - (time.time() - NOW + 7200)) <= 2
     assert rows[UNTIMED]["ages"] == {"consumer_daily": None, "consumer_weekly": None}
     assert rows[UNTIMED]["values"][0] == 5
+
+
+def get_features(server: ServingProcess, body: dict[str, object]) -> pb.GetFeaturesResponse:
+    features, groups = body.get("features", []), body.get("groups", [])
+    request = pb.GetFeaturesRequest(
+        entity_type=body["entity_type"], int_ids=body["ids"], features=features, groups=groups
+    )
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        call = channel.unary_unary(
+            "/feature_store.v1.FeatureService/GetFeatures",
+            request_serializer=pb.GetFeaturesRequest.SerializeToString,
+        )
+        answer = pb.GetFeaturesResponse()
+        answer.ParseFromString(call(request, timeout=10))
+    return answer
+
+
+def test_grpc_lookups_over_several_groups(
+    servers: tuple[ServingProcess, ServingProcess, str],
+) -> None:
+    """``test_rest_lookups_over_several_groups`` over gRPC: the same answers but for the ages
+    (whole seconds, which may turn between two answers), each row's within one second."""
+    native, python, cache = servers
+    answered = front(native, api="grpc")
+    for body in SEVERAL_GROUPS:
+        for _ in range(3):  # taught, then the front's
+            ours, theirs = (get_features(server, body) for server in (native, python))
+            for mine, other in zip(ours.rows, theirs.rows, strict=True):
+                assert mine.ages.keys() == other.ages.keys()
+                assert all(abs(mine.ages[g] - other.ages[g]) <= 1 for g in mine.ages)
+                mine.ages.clear()
+                other.ages.clear()
+            assert ours == theirs, body
+        if cache != "off":
+            answered += 2
+        assert front(native, answered + 1, "grpc") == answered, body
+    rows = {r.id.int_id: r for r in get_features(native, SEVERAL_GROUPS[0]).rows}
+    missing, stale, present = pb.MISSING, pb.STALE, pb.PRESENT
+    assert list(rows[3].statuses) == [stale, present, missing, missing]
+    assert rows[7].values[3].float_value == -0.25
+    assert set(rows[7].ages) == {"consumer_weekly"}
+    assert set(rows[UNTIMED].ages) == set()
