@@ -1,11 +1,11 @@
 """Lookups over several feature views (groups), on the native front against the handler.
 
-    python3 benchmarks/feast_views.py [--rest] [--rounds 3] [--entities 100000]
+    python3 benchmarks/feast_views.py [--rest | --grpc] [--rounds 3] [--entities 100000]
                                       [--seconds 12] [--ttl 2] [--out FILE]
 
 Feast's clients often ask for the features of several views of one entity in one call (a
-feature service across views), and `/v1` clients for those of several groups (a nightly
-group and a streamed one, say). The registry here holds the standard shape twice, over the
+feature service across views), and `/v1` and gRPC clients for those of several groups (a
+nightly group and a streamed one, say). The registry here holds the standard shape twice, over the
 same data per entity: entity ``consumer`` with its one group of 50 features, and entity
 ``member`` (prefix ``m``) with the same 50 features split into two views, ``member_scalars``
 (40 floats, 5 ints) and ``member_lists`` (3 int lists, 2 embeddings).
@@ -13,7 +13,9 @@ same data per entity: entity ``consumer`` with its one group of 50 features, and
 Cells (one worker, wrk, 1,000 zipfian batches of 10 ids over ``--entities``, 8
 connections, the L1 on with its TTL a sixth of the window, so entries expire and reload
 inside it), each a Feast ``/get-online-features`` of all 50 features (``--rest``: a
-``/v1/features/get`` of every feature of the entity type, the cells named "group"):
+``/v1/features/get`` of every feature of the entity type, the cells named "group";
+``--grpc``: a GetFeatures of every feature, h2load sending one batch, as gRPC's cells in
+``cost.py``):
 
 - ``one view``: the consumer's group, on the native front (its hits: hits.rs);
 - ``two views``: the member's two views, on the native front;
@@ -22,8 +24,9 @@ inside it), each a Feast ``/get-online-features`` of all 50 features (``--rest``
 
 Each round runs both servers, in alternating order; the figures are server CPU per entity
 (``/proc/<pid>/stat`` of the worker over the window) beside Redis's own, and the ratios
-within each round. Then the tail at 1,000 connections (two wrk threads, 2 s timeout): the
-two-view lookup on the front and in the handler, with the maximum and the count past 1 s.
+within each round. Then the tail at 1,000 connections (two wrk threads, 1 s timeout; gRPC:
+500 connections x 10 streams): the two-view lookup on the front and in the handler, with
+the maximum and the count past 1 s.
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import cpu_seconds, wrk, wrk_script
+from cost import cpu_seconds, h2load, wrk, wrk_script
+from native_hits import run_h2load
 from rest_front import SLOW, run_wrk
 from serving import id_batches
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import load_registry
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
@@ -59,6 +64,7 @@ SCALARS = sample.FLOATS + sample.INTS
 LISTS = sample.INT_LISTS + sample.EMBEDDINGS
 VIEWS = {"member_scalars": SCALARS, "member_lists": LISTS}
 TAIL_CONNECTIONS = 1000
+GRPC_TAIL = (500, 10)  # connections, streams each
 ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
 
 
@@ -78,25 +84,25 @@ def registry_text() -> str:
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
-def bodies(entities: int, two_views: bool, rest: bool) -> list[bytes]:
+def bodies(entities: int, two_views: bool, api: str) -> list[bytes]:
     """1,000 zipfian batches of 10 ids: Feast lookups of all 50 features (``rest``: /v1
-    lookups of every feature of the entity type)."""
-    if rest:
-        entity = "member" if two_views else sample.ENTITY
+    lookups of every feature of the entity type; ``grpc``: GetFeatures requests)."""
+    entity = "member" if two_views else sample.ENTITY
+    batches = id_batches(entities, 10, count=1000)
+    if api == "grpc":
         return [
-            orjson.dumps({"entity_type": entity, "ids": ids})
-            for ids in id_batches(entities, 10, count=1000)
+            pb.GetFeaturesRequest(entity_type=entity, int_ids=ids).SerializeToString()
+            for ids in batches
         ]
+    if api == "rest":
+        return [orjson.dumps({"entity_type": entity, "ids": ids}) for ids in batches]
     if two_views:
         refs = [f"{view}:{name}" for view, names in VIEWS.items() for name in names]
         key = "member_id"
     else:
         refs = [f"{sample.GROUP}:{name}" for name in SCALARS + LISTS]
         key = "consumer_id"
-    return [
-        orjson.dumps({"features": refs, "entities": {key: ids}})
-        for ids in id_batches(entities, 10, count=1000)
-    ]
+    return [orjson.dumps({"features": refs, "entities": {key: ids}}) for ids in batches]
 
 
 def split_rows(entities: int, view: str) -> Iterator[tuple[int, dict[str, object]]]:
@@ -131,10 +137,15 @@ def measure(
     assert server.process is not None
     assert redis.process is not None
     seconds, work = args.seconds, args.work
-    url = server.rest_url + args.path
-    wrk(url, load, 2.0, work, 8)  # the L1 filled, the form taught
+
+    def run(seconds: float) -> tuple[int, float, float, int]:
+        if args.api == "grpc":  # one batch: h2load sends one body
+            return h2load(server.grpc_target, load[0], seconds, work, 8)
+        return wrk(server.rest_url + args.path, load, seconds, work, 8)
+
+    run(2.0)  # the L1 filled, the form taught
     s0, r0, t0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid), time.monotonic()
-    requests, p50, p99, errors = wrk(url, load, seconds, work, 8)
+    requests, p50, p99, errors = run(seconds)
     elapsed = time.monotonic() - t0
     cell = Cell(
         name,
@@ -154,17 +165,35 @@ def measure(
     return cell
 
 
+def tail(
+    server: ServingProcess,
+    script: Path | None,
+    body: bytes,
+    seconds: float,
+    load: tuple[int, int],
+    args: Namespace,
+) -> dict[str, float]:
+    """A run at ``load`` (connections, and streams each for gRPC): wrk with ``script``'s
+    bodies, or h2load sending ``body`` where there is no script (gRPC)."""
+    if script is None:
+        return run_h2load(server.grpc_target, body, seconds, args.work, *load)
+    return run_wrk(server.rest_url + args.path, script, seconds, load[0])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--ttl", type=float, default=2.0, help="the L1's TTL (seconds)")
-    parser.add_argument("--rest", action="store_true", help="/v1 lookups, not Feast's")
+    apis = parser.add_mutually_exclusive_group()
+    apis.add_argument("--rest", action="store_true", help="/v1 lookups, not Feast's")
+    apis.add_argument("--grpc", action="store_true", help="gRPC lookups, not Feast's")
     parser.add_argument("--out", type=Path, help="markdown results")
     args = parser.parse_args()
-    args.path = "/v1/features/get" if args.rest else "/get-online-features"
-    noun = "group" if args.rest else "view"
+    args.api = "rest" if args.rest else "grpc" if args.grpc else "feast"
+    args.path = "/get-online-features" if args.api == "feast" else "/v1/features/get"
+    noun = "view" if args.api == "feast" else "group"
     one_name, two_name = f"one {noun}", f"two {noun}s"
     handler_name = f"{two_name}, handler"
     rounds: list[dict[str, Cell]] = []
@@ -179,7 +208,7 @@ def main() -> int:
             store.write(sample.GROUP, sample.rows(args.entities))
             for view in VIEWS:
                 store.write(view, split_rows(args.entities, view))
-        one, two = bodies(args.entities, False, args.rest), bodies(args.entities, True, args.rest)
+        one, two = bodies(args.entities, False, args.api), bodies(args.entities, True, args.api)
         server_args = ["--cache-ttl", f"{args.ttl:g}"]
         handler_env = {**ENV, "FEATURE_SERVING_NATIVE_HITS": "off"}
         for r in range(args.rounds):
@@ -188,7 +217,7 @@ def main() -> int:
             for side in sides:
                 env = ENV if side == "front" else handler_env
                 with ServingProcess(
-                    redis.url, registry=path, args=server_args, env=env, grpc=False
+                    redis.url, registry=path, args=server_args, env=env, grpc=args.api == "grpc"
                 ) as server:
                     if side == "front":
                         cells[one_name] = measure(one_name, server, redis, one, args)
@@ -196,17 +225,17 @@ def main() -> int:
                     else:
                         cells[handler_name] = measure(handler_name, server, redis, two, args)
             rounds.append(cells)
-        script = wrk_script(Path(tmp) / "tail.lua", two)
+        script = wrk_script(Path(tmp) / "tail.lua", two) if args.api != "grpc" else None
         for side in ("front", "handler"):
             env = ENV if side == "front" else handler_env
             with ServingProcess(
-                redis.url, registry=path, args=server_args, env=env, grpc=False
+                redis.url, registry=path, args=server_args, env=env, grpc=args.api == "grpc"
             ) as server:
                 assert server.process is not None
-                url = server.rest_url + args.path
-                run_wrk(url, script, 2.0, 8)  # warm-up
+                tail(server, script, two[0], 2.0, (8, 1), args)  # warm-up
                 s0 = cpu_seconds(server.process.pid)
-                got = run_wrk(url, script, args.seconds, TAIL_CONNECTIONS)
+                at_scale = GRPC_TAIL if script is None else (TAIL_CONNECTIONS, 1)
+                got = tail(server, script, two[0], args.seconds, at_scale, args)
                 got["cpu"] = cpu_seconds(server.process.pid) - s0
                 tails[side] = got
                 print(
@@ -220,7 +249,11 @@ def main() -> int:
             f"One worker; {args.rounds} rounds, the two servers in alternating order; "
             f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s; {args.entities:,} entities "
             "per entity type; "
-            + ("/v1 lookups of every feature" if args.rest else "Feast lookups of all 50 features")
+            + {
+                "feast": "Feast lookups of all 50 features",
+                "rest": "/v1 lookups of every feature",
+                "grpc": "gRPC lookups of every feature (h2load, one batch)",
+            }[args.api]
             + ", batches of 10, 8 connections."
         ),
         "",
@@ -251,8 +284,13 @@ def main() -> int:
         lines.append(f"| {label} | {statistics.median(ys):.2f}x | {min(ys):.2f} to {max(ys):.2f} |")
     lines += [
         "",
-        f"The tail at {TAIL_CONNECTIONS:,} connections ({two_name}, wrk -t2, {args.seconds:g} s, "
-        f"timeout {SLOW:g} s):",
+        (
+            f"The tail at {GRPC_TAIL[0]} connections x {GRPC_TAIL[1]} streams ({two_name}, "
+            f"h2load -t2, {args.seconds:g} s):"
+            if args.api == "grpc"
+            else f"The tail at {TAIL_CONNECTIONS:,} connections ({two_name}, wrk -t2, "
+            f"{args.seconds:g} s, timeout {SLOW:g} s):"
+        ),
         "",
         f"| answered by | req/s | p99 ms | max ms | past {SLOW:g} s | errors | server µs/entity |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -263,7 +301,11 @@ def main() -> int:
             f"| {side} | {got['requests'] / args.seconds:,.0f} | {got['p99']:.1f} | "
             f"{got['max']:.1f} | {got['slow']:.0f} | {got['errors']:.0f} | {per_entity:.2f} |"
         )
-    title = "/v1 lookups over two groups" if args.rest else "Feast's lookups over two views"
+    title = {
+        "feast": "Feast's lookups over two views",
+        "rest": "/v1 lookups over two groups",
+        "grpc": "gRPC lookups over two groups",
+    }[args.api]
     save(args.out, f"{title}: the native front against the handler", lines)
     return 0
 

@@ -6,10 +6,12 @@
 //! an entry loaded for one API makes the other's on first use), its present pattern, its
 //! write time and its expiry. A `POST /v1/features/get` in the common form (one group's
 //! features, ids of the entity's type, no bypass) whose every entity is a fresh entry is
-//! answered here from those bytes, as are gRPC's and Feast's lookups of one group (Feast's
-//! of several views of one entity too: a form's `Part`s). With the L1 compact
-//! (`CACHE_FORM=compact`) an entry holds its packed values instead, and each answer writes
-//! the values' JSON or gRPC records from them, as Python's `GroupCodec` does. A request of a known form with entries missing or expired (or without
+//! answered here from those bytes, as are gRPC's and Feast's lookups of one group, and
+//! lookups over several groups of one entity (a form's `Part`s: each group's values
+//! picked from its entries, gathered in `Cells`, written as Feast's columns or as rows,
+//! `Rows`). With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
+//! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
+//! `GroupCodec` does. A request of a known form with entries missing or expired (or without
 //! its API's answer bytes yet) sends Python those keys alone (`Looked::Missing`): Python
 //! loads them into the L1, through its policy, and the front answers from the mirror
 //! (`Hits::replay`). Any other request (an id Python would refuse, a form not seen yet, a
@@ -130,10 +132,11 @@ const APIS: usize = 3;
 /// A request form Python answered: everything an answer needs besides the entries.
 struct Form {
     // the groups whose entries answer it: one, but for lookups over several groups of one
-    // entity (REST's `/v1`, Feast's over several views) from the L1's entries
+    // entity (REST's and gRPC's, Feast's over several views) from the L1's entries
     parts: Vec<Part>,
-    // over several groups: per value of a row (REST) or column of the answer (Feast), the
-    // part that writes it and its place there; empty: the parts' in turn (`column_order`)
+    // over several groups: per value of a row (REST, gRPC) or column of the answer (Feast),
+    // the part that writes it and its place there; empty: the parts' in turn
+    // (`column_order`)
     order: Vec<(usize, usize)>,
     // REST: `{"entity_type":..,"features":..,"types":..,"results":[`; gRPC: the response's
     // entity_type and features fields
