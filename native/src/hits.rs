@@ -877,7 +877,7 @@ struct Cells {
     ids: Vec<u8>,                     // the join key's values, joined by commas
     stamps: Vec<u8>,                  // each row's event time, joined by commas
     written: Vec<Option<i64>>,        // rows: each row's write time
-    statuses: Vec<&'static [u8]>,     // each row's status
+    statuses: Vec<RowStatus>,         // each row's status
     values: Vec<u8>,                  // the rows' values' JSON, one row after the other
     cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON's span, NULL_VALUE
     cell_bytes: usize,                // the cells' JSON, a NOT_FOUND row's null each time
@@ -885,8 +885,25 @@ struct Cells {
 
 const EPOCH: &[u8] = b"\"1970-01-01T00:00:00Z\"";
 const LAST_STAMP: i64 = 253_402_300_799; // 9999-12-31T23:59:59Z: the reference's strftime agrees up to here
-const NOT_FOUND: &[u8] = b"\"NOT_FOUND\"";
-const OUTSIDE_MAX_AGE: &[u8] = b"\"OUTSIDE_MAX_AGE\"";
+
+/// A row's status in a group (see `Cells`).
+#[derive(Clone, Copy, PartialEq)]
+enum RowStatus {
+    Present,
+    Stale,
+    NotFound,
+}
+
+impl RowStatus {
+    /// As Feast's JSON names it.
+    fn feast(self) -> &'static [u8] {
+        match self {
+            RowStatus::Present => b"\"PRESENT\"",
+            RowStatus::Stale => b"\"OUTSIDE_MAX_AGE\"",
+            RowStatus::NotFound => b"\"NOT_FOUND\"",
+        }
+    }
+}
 
 impl Cells {
     fn new(width: usize, stamped: bool, proto: bool) -> Self {
@@ -908,7 +925,7 @@ impl Cells {
     }
 
     /// A row begun: its id in the join key's column (Feast's), its status.
-    fn id(&mut self, id: &Id<'_>, status: &'static [u8]) {
+    fn id(&mut self, id: &Id<'_>, status: RowStatus) {
         if self.stamped {
             if !self.statuses.is_empty() {
                 self.ids.push(b',');
@@ -924,7 +941,7 @@ impl Cells {
 
     /// The row of an entity with nothing of the group.
     fn not_found(&mut self, id: &Id<'_>) {
-        self.id(id, NOT_FOUND);
+        self.id(id, RowStatus::NotFound);
         if self.stamped {
             self.stamps.extend_from_slice(EPOCH);
         } else {
@@ -951,9 +968,9 @@ impl Cells {
         self.id(
             id,
             if stale {
-                OUTSIDE_MAX_AGE
+                RowStatus::Stale
             } else {
-                b"\"PRESENT\""
+                RowStatus::Present
             },
         );
         match written_at {
@@ -1078,7 +1095,7 @@ impl Cells {
             if r > 0 {
                 statuses.push(b',');
             }
-            statuses.extend_from_slice(status);
+            statuses.extend_from_slice(status.feast());
         }
         statuses
     }
@@ -1101,7 +1118,11 @@ impl Cells {
                 if r > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(if lacking { b"\"NULL_VALUE\"" } else { status });
+                out.extend_from_slice(if lacking {
+                    b"\"NULL_VALUE\""
+                } else {
+                    status.feast()
+                });
             }
         } else {
             out.extend_from_slice(statuses);
@@ -1177,22 +1198,66 @@ impl<'c> Rows<'c> {
         }
     }
 
-    /// Row `r`'s values in the answer's order: each one's bytes and status. None where a
-    /// part lacks the row or the cell (never: `HitWriter::entity` gives each part each row).
-    fn values(&self, r: usize) -> impl Iterator<Item = Option<(&'c [u8], Status)>> + '_ {
+    /// Row `r`'s values in the answer's order: each one's part, its span in that part's
+    /// `values`, and its status. None where a part lacks the row or the cell (never:
+    /// `HitWriter::entity` gives each part each row).
+    fn values(&self, r: usize) -> impl Iterator<Item = Option<(usize, usize, usize, Status)>> + '_ {
         self.order.iter().map(move |&(p, k)| {
             let cells = *self.parts.get(p)?;
             let (start, end, lacking) = cells.cell_of(r, k)?;
-            let status = *cells.statuses.get(r)?;
-            let status = if lacking || status == NOT_FOUND {
-                Status::Missing
-            } else if status == OUTSIDE_MAX_AGE {
-                Status::Stale
-            } else {
-                Status::Present
+            let status = match (lacking, *cells.statuses.get(r)?) {
+                (true, _) | (_, RowStatus::NotFound) => Status::Missing,
+                (false, RowStatus::Stale) => Status::Stale,
+                (false, RowStatus::Present) => Status::Present,
             };
-            Some((cells.values.get(start..end)?, status))
+            Some((p, start, end, status))
         })
+    }
+
+    /// Row `r`'s values written one after the other (`comma`: joined by commas, as JSON),
+    /// each run of them that lies so in its part's `values` copied at once (a group's
+    /// features asked for in its order, from an entry's JSON or records), and their
+    /// statuses given to `status` in turn.
+    fn write_values(
+        &self,
+        r: usize,
+        comma: bool,
+        out: &mut Vec<u8>,
+        mut status: impl FnMut(Status),
+    ) -> Option<()> {
+        let gap = usize::from(comma);
+        let mut run: Option<(usize, usize, usize)> = None; // part, start, end
+        let mut first = true;
+        let mut flush = |run: (usize, usize, usize), out: &mut Vec<u8>| -> Option<()> {
+            if comma && !first {
+                out.push(b',');
+            }
+            first = false;
+            out.extend_from_slice(self.parts[run.0].values.get(run.1..run.2)?);
+            Some(())
+        };
+        for value in self.values(r) {
+            let (p, start, end, value_status) = value?;
+            status(value_status);
+            run = match run {
+                Some((q, from, to))
+                    if q == p
+                        && start == to + gap
+                        && (!comma || self.parts[p].values.get(to) == Some(&b',')) =>
+                {
+                    Some((q, from, end))
+                }
+                Some(done) => {
+                    flush(done, out)?;
+                    Some((p, start, end))
+                }
+                None => Some((p, start, end)),
+            };
+        }
+        if let Some(done) = run {
+            flush(done, out)?;
+        }
+        Some(())
     }
 
     /// Row `r`'s age of each group (None: not known), with the group's label.
@@ -1209,6 +1274,7 @@ impl<'c> Rows<'c> {
 
     /// REST's rows: `{"id":..,"values":[..],"statuses":[..],"ages":{..}}`, joined by commas.
     fn write_json(&self, ids: &[Id<'_>], out: &mut Vec<u8>) -> Option<()> {
+        let mut statuses = Vec::with_capacity(self.order.len() * 10);
         for (r, id) in ids.iter().enumerate() {
             if r > 0 {
                 out.push(b',');
@@ -1218,23 +1284,17 @@ impl<'c> Rows<'c> {
                 Id::Int(n) => json_i64(out, *n),
                 Id::Str(s) => json_str(out, s),
             }
-            let mut statuses = Vec::with_capacity(self.order.len() * 10);
+            statuses.clear();
             out.extend_from_slice(b",\"values\":[");
-            for (j, value) in self.values(r).enumerate() {
-                let (bytes, status) = value?;
-                if j > 0 {
-                    out.push(b',');
-                    statuses.push(b',');
-                }
-                out.extend_from_slice(bytes);
+            self.write_values(r, true, out, |status| {
                 statuses.extend_from_slice(match status {
-                    Status::Present => b"\"present\"".as_slice(),
-                    Status::Missing => b"\"missing\"",
-                    Status::Stale => b"\"stale\"",
-                });
-            }
+                    Status::Present => b",\"present\"".as_slice(),
+                    Status::Missing => b",\"missing\"",
+                    Status::Stale => b",\"stale\"",
+                })
+            })?;
             out.extend_from_slice(b"],\"statuses\":[");
-            out.extend_from_slice(&statuses);
+            out.extend_from_slice(statuses.get(1..).unwrap_or_default());
             out.extend_from_slice(b"],\"ages\":{");
             for (p, age) in self.ages(r).enumerate() {
                 let (label, age) = age?;
@@ -1263,15 +1323,13 @@ impl<'c> Rows<'c> {
             row.clear();
             codes.clear();
             grpc_id(&mut row, id.grpc());
-            for value in self.values(r) {
-                let (bytes, status) = value?;
-                row.extend_from_slice(bytes);
+            self.write_values(r, false, &mut row, |status| {
                 codes.push(match status {
                     Status::Present => 1,
                     Status::Missing => 2,
                     Status::Stale => 3,
-                });
-            }
+                })
+            })?;
             row.push(0x1A);
             put_varint(&mut row, codes.len() as u64);
             row.extend_from_slice(&codes);
