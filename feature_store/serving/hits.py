@@ -163,7 +163,7 @@ class FrontLookups:
 
     def learner(self, api: int) -> Learn:
         """What a handler of ``api`` (REST, GRPC, FEAST) calls with each form it answered
-        with one group's values: the front may answer it from then on. A form of some of
+        from its lookup's entries: the front may answer it from then on. A form of some of
         the group's features is answered there too: without the L1, by a read of those
         features alone; from the L1's hits, their values picked from the entries'. Forms
         over several groups of one entity (Feast's ``layout``; REST's and gRPC's,

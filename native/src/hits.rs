@@ -37,9 +37,9 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    grpc_age, grpc_id, json_i64, json_str, json_value, packed_picks, proto_value, put_varint,
-    read_varint, write_grpc_row, write_packed, write_packed_picks, write_row, write_values, GrpcId,
-    Shape, Writer, MISSING_VALUE,
+    grpc_age, grpc_id, json_age, json_i64, json_str, json_value, packed_picks, proto_value,
+    put_varint, read_varint, write_grpc_row, write_packed, write_packed_picks, write_row,
+    write_values, GrpcId, Shape, Writer, MISSING_VALUE,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
@@ -1301,12 +1301,7 @@ impl<'c> Rows<'c> {
                 if p > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(label);
-                out.push(b':');
-                match age {
-                    Some(age) => json_i64(out, age),
-                    None => out.extend_from_slice(b"null"),
-                }
+                json_age(out, label, age);
             }
             out.extend_from_slice(b"}}");
         }

@@ -1696,13 +1696,18 @@ pub(crate) fn write_row(
     out.extend_from_slice(b",\"statuses\":");
     statuses_json(out, present, stale);
     out.extend_from_slice(b",\"ages\":{");
+    json_age(out, group_json, age);
+    out.extend_from_slice(b"}}");
+}
+
+/// One group's entry in a row's "ages": its name (as JSON) and its age, null where unknown.
+pub(crate) fn json_age(out: &mut Vec<u8>, group_json: &[u8], age: Option<i64>) {
     out.extend_from_slice(group_json);
     out.push(b':');
     match age {
         Some(a) => json_i64(out, a),
         None => out.extend_from_slice(b"null"),
     }
-    out.extend_from_slice(b"}}");
 }
 
 /// An entity id as JSON: an int's digits (as `b"%d"`), a string quoted (as orjson).
