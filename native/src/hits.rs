@@ -859,8 +859,8 @@ impl Picked {
 /// One group's values of a lookup gathered an entity at a time (its cells), to be written
 /// in another order: Feast's column-shaped answer (`feast_api.answer_json`) of one view's
 /// features, or of each view of a lookup over several (`write_columns`), written a column
-/// at a time; REST's rows over several groups (`write_rows`), each row's values taken from
-/// each group's cells in the answer's order. Feast's answer has first the join key's
+/// at a time; the rows of REST's and gRPC's lookups over several groups (`Rows`), each
+/// row's values taken from each group's cells in the answer's order. Feast's answer has first the join key's
 /// column, its ids each "PRESENT" at the epoch; then per feature its value in each row, the
 /// row's status and the row's event time. A row's status is "NOT_FOUND" where the entity
 /// has nothing of the group (a negative entry; in a planned read of some fields, neither
@@ -955,7 +955,7 @@ impl Cells {
     }
 
     /// A row begun: its id, its status (by its write time against the group's max_age)
-    /// and its event time (REST: its write time). None where a Feast event time would be
+    /// and its event time (rows: its write time). None where a Feast event time would be
     /// past year 9999.
     fn begin(
         &mut self,
