@@ -26,7 +26,7 @@ from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import parse_registry
 from feature_store.serving.auth import Authenticator
-from feature_store.serving.cache import Entry
+from feature_store.serving.cache import Entry, LRUCache
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.feast_api import LOOKUP, FeastFront, feast_routes
 from feature_store.serving.grpc_server import FeatureServicer
@@ -159,8 +159,12 @@ def test_the_mirror_answers_exactly_the_fresh_lookups_as_python_does(data: st.Da
     asyncio.run(_check(data))
 
 
-async def _check(data: st.DataObject) -> None:
-    compact = data.draw(st.booleans(), "compact")  # entries hold their packed values only
+def _serving(
+    data: st.DataObject,
+) -> tuple[bool, ServingRuntime, LRUCache, NativeHits, RestHandlers, FeatureServicer]:
+    """A worker whose cache is compact or not (drawn: entries hold their packed values
+    only), its mirror, and its REST and gRPC handlers, which teach the mirror."""
+    compact = data.draw(st.booleans(), "compact")
     runtime = _runtime("compact" if compact else "answers")
     cache = runtime.reader.cache
     assert cache is not None
@@ -169,6 +173,11 @@ async def _check(data: st.DataObject) -> None:
     handlers.learn = hits.learner(REST)
     servicer = FeatureServicer(runtime)
     servicer.learn = hits.learner(GRPC)
+    return compact, runtime, cache, hits, handlers, servicer
+
+
+async def _check(data: st.DataObject) -> None:
+    compact, runtime, cache, hits, handlers, servicer = _serving(data)
     auth = Authenticator((), ())
     feast = feast_routes(runtime, auth, FeastFront(learn=hits.learner(FEAST)))[LOOKUP].handler
     ids = {"profile": INT_IDS, "shops": STR_IDS}
@@ -419,15 +428,7 @@ async def _check_several(data: st.DataObject) -> None:
     """A lookup over two groups is answered when every entity has a fresh entry of each
     (with its API's answer bytes, unless compact), with the bytes Python's handlers write:
     each group's statuses and age, a group the entity lacks, values in the request's order."""
-    compact = data.draw(st.booleans(), "compact")
-    runtime = _runtime("compact" if compact else "answers")
-    cache = runtime.reader.cache
-    assert cache is not None
-    hits = NativeHits(runtime)
-    handlers = RestHandlers(runtime, Authenticator((), ()))
-    handlers.learn = hits.learner(REST)
-    servicer = FeatureServicer(runtime)
-    servicer.learn = hits.learner(GRPC)
+    compact, _, cache, hits, handlers, servicer = _serving(data)
     groups = ("profile", "visits")
     for group in groups:  # Python teaches the form
         cache.put(_entry(group, 0, data))
