@@ -24,6 +24,7 @@
 //! Python would. A form is learned from Python's own answer to it: the head of the answer
 //! and how an id becomes a key are Python's bytes, not rebuilt here.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -201,10 +202,7 @@ impl Form {
             if !first {
                 out.push(b',');
             }
-            let id = |o: &mut Vec<u8>| match id {
-                Id::Int(n) => json_i64(o, *n),
-                Id::Str(s) => json_str(o, s),
-            };
+            let id = |o: &mut Vec<u8>| id.json(o);
             let (max_age, label) = (self.part().max_age, &self.part().label);
             write_row(
                 out, id, values, present, written_at, false, now, max_age, label,
@@ -494,6 +492,7 @@ impl<'f> HitWriter<'f> {
         now: i64,
     ) -> Option<Self> {
         let mut parts = Vec::with_capacity(form.parts.len());
+        let several = form.parts.len() > 1;
         for part in &form.parts {
             let read = match reads {
                 Some(reads) => Some(Arc::clone(reads.get(&part.group)?)),
@@ -506,7 +505,6 @@ impl<'f> HitWriter<'f> {
                     .collect::<Option<Vec<_>>>()?,
                 _ => Vec::new(),
             };
-            let several = form.parts.len() > 1;
             let columns = part.columns(api, read.as_deref(), several);
             if (api == FEAST || several) && columns.is_none() {
                 return None;
@@ -620,8 +618,7 @@ impl<'f> HitWriter<'f> {
             .filter_map(|p| p.columns.as_ref())
             .collect();
         if self.api != FEAST && !columns.is_empty() {
-            let labels: Vec<&[u8]> = self.form.parts.iter().map(|p| &p.label[..]).collect();
-            let rows = Rows::new(&columns, &labels, &self.form.order, self.now);
+            let rows = Rows::new(&columns, self.form, self.now);
             match self.api {
                 GRPC => rows.write_grpc(ids, out)?,
                 _ => rows.write_json(ids, out)?,
@@ -931,10 +928,7 @@ impl Cells {
                 self.ids.push(b',');
                 self.stamps.push(b',');
             }
-            match id {
-                Id::Int(n) => json_i64(&mut self.ids, *n),
-                Id::Str(s) => json_str(&mut self.ids, s),
-            }
+            id.json(&mut self.ids);
         }
         self.statuses.push(status);
     }
@@ -1158,14 +1152,15 @@ fn write_columns(parts: &[&Cells], order: &[(usize, usize)], out: &mut Vec<u8>) 
 }
 
 /// The rows of a lookup over several groups, from each group's cells (`parts`, in the
-/// form's order, their rows the same ids; `labels`: the groups' names in "ages"), as the
-/// handlers write them (`rest_api._picked_rows`, `grpc_server._answer_rows`): per row its
-/// id, the values in `order` (the part and its value there, per value of the row; empty:
-/// the parts' in turn), their statuses, and each group's age.
+/// form's order, their rows the same ids), as the handlers write them
+/// (`rest_api._picked_rows`, `grpc_server._answer_rows`): per row its id, the values in
+/// the form's `order` (the part and its value there, per value of the row; the form's
+/// empty order: the parts' in turn), their statuses, and each group's age under its
+/// part's label.
 struct Rows<'c> {
     parts: &'c [&'c Cells],
-    labels: &'c [&'c [u8]],
-    order: Vec<(usize, usize)>,
+    form: &'c Form,
+    order: Cow<'c, [(usize, usize)]>,
     now: i64,
 }
 
@@ -1177,22 +1172,17 @@ enum Status {
 }
 
 impl<'c> Rows<'c> {
-    fn new(
-        parts: &'c [&'c Cells],
-        labels: &'c [&'c [u8]],
-        order: &[(usize, usize)],
-        now: i64,
-    ) -> Self {
-        let order = if order.is_empty() {
+    fn new(parts: &'c [&'c Cells], form: &'c Form, now: i64) -> Self {
+        let order = if form.order.is_empty() {
             let widths = parts.iter().enumerate();
             let in_turn = widths.flat_map(|(p, c)| (0..c.width).map(move |k| (p, k)));
-            in_turn.collect()
+            Cow::Owned(in_turn.collect())
         } else {
-            order.to_vec()
+            Cow::Borrowed(&form.order[..])
         };
         Rows {
             parts,
-            labels,
+            form,
             order,
             now,
         }
@@ -1265,10 +1255,10 @@ impl<'c> Rows<'c> {
         let now = self.now;
         self.parts
             .iter()
-            .zip(self.labels)
-            .map(move |(cells, &label)| {
+            .zip(&self.form.parts)
+            .map(move |(cells, part)| {
                 let written = *cells.written.get(r)?;
-                Some((label, written.map(|w| (now - w).max(0))))
+                Some((&part.label[..], written.map(|w| (now - w).max(0))))
             })
     }
 
@@ -1280,10 +1270,7 @@ impl<'c> Rows<'c> {
                 out.push(b',');
             }
             out.extend_from_slice(b"{\"id\":");
-            match id {
-                Id::Int(n) => json_i64(out, *n),
-                Id::Str(s) => json_str(out, s),
-            }
+            id.json(out);
             statuses.clear();
             out.extend_from_slice(b",\"values\":[");
             self.write_values(r, true, out, |status| {
@@ -1611,8 +1598,8 @@ impl HitCache {
     /// groups of one entity), each as (its key tag, its max_age, the indices of the
     /// features it answers, in the answer's order, when not all of the group's: a Feast
     /// form's hits and a form over several groups always, and its name in a row's "ages":
-    /// as JSON for REST, as it is for gRPC). `order`: where the answer's values (REST) or
-    /// columns (Feast) are not the parts' in turn: per value or column, its place among
+    /// as JSON for REST, as it is for gRPC). `order`: where the answer's values (REST,
+    /// gRPC) or columns (Feast) are not the parts' in turn: per value or column, its place among
     /// them. A Feast form's entity is its join key, and its groups its flags (see
     /// `Asked::feast`). False when full, or when the parts or the order are not ones this
     /// answers.
@@ -1933,6 +1920,14 @@ enum Id<'a> {
 }
 
 impl Id<'_> {
+    /// As JSON: an int's digits, a string quoted (as orjson).
+    fn json(&self, out: &mut Vec<u8>) {
+        match self {
+            Id::Int(n) => json_i64(out, *n),
+            Id::Str(s) => json_str(out, s),
+        }
+    }
+
     fn grpc(&self) -> GrpcId<'_> {
         match self {
             Id::Int(n) => GrpcId::Int(*n),
