@@ -151,7 +151,12 @@ class HitCache:
         compact: bool = False,
     ) -> None: ...
     def define_read(
-        self, group: int, fields: list[bytes], whole: bool, types: list[tuple[int, int]]
+        self,
+        read: int,
+        fields: list[bytes],
+        whole: bool,
+        types: list[tuple[int, int]],
+        counts: list[int] | None = None,
     ) -> None: ...
     def plan(
         self,

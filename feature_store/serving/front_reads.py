@@ -7,9 +7,10 @@ one round trip. Here the front does that in the extension (``native/src/hits.rs`
 ``Hits::plan``, ``Hits::render``) for each request in a form Python has answered before
 (learned as ``hits.NativeHits`` learns them): it writes the lookup's commands, as
 ``roundtrip.pack`` writes them, and writes the answer from Redis's replies. A lookup of
-some of one group's features has a read of its own (``FrontLookups._picked_read``): those
-fields and the write time, where its handler reads the whole group. The round trip goes
-one of two ways:
+anything but one whole group has a read of its own (``FrontLookups._read``): of each group
+it asks for, the fields of the features asked and the group's write time, where its
+handler reads the whole groups; a lookup over several groups of one entity reads them with
+one command per id, as the handler does. The round trip goes one of two ways:
 
 - on the front's own Redis connections (``native/src/direct.rs``, NATIVE_READS_CONNECTIONS
   per front): this module opens them with redis-py (its handshake) and hands their sockets

@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from feature_store.serving.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
     from feature_store.serving.service import Projection
-    from feature_store.serving.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +74,8 @@ MAX_FORMS = 1024  # request forms taught (the extension's bound, every API toget
 REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them
 API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
 
+# a group's share of a planned read: its name and the indices of its features read
+Share: TypeAlias = tuple[str, tuple[int, ...]]
 # Feast's answer over several groups (``feast_api.AnswerPlan``): per group, its index in
 # the projection and the indices of the features it answers, in the answer's order; then
 # per column of the answer, its place among the groups' columns in turn
@@ -145,13 +146,14 @@ class FrontLookups:
         names = sorted(runtime.registry.groups)
         self.index = {name: i for i, name in enumerate(names)}
         self.planning = planning
+        self.specs = reader.reads.specs
         # each group's read and value types: a planned read's commands and answer, and a
         # compact entry's answer (an entry that keeps its answers needs neither)
-        for name, spec in reader.reads.specs.items() if planning or compact else ():
-            self._define_read(self.index[name], spec, range(len(spec.fmt.codecs)))
-        # planned reads of some of a group's features (group, their indices): read ids
-        # after the groups' own
-        self.picked_reads: dict[tuple[str, tuple[int, ...]], int] = {}
+        for name, spec in self.specs.items() if planning or compact else ():
+            self._define_read(self.index[name], [(name, tuple(range(len(spec.fmt.codecs))))])
+        # planned reads of anything but one whole group (per group, the indices of the
+        # features read): read ids after the groups' own
+        self.read_ids: dict[tuple[Share, ...], int] = {}
         self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
         self.names = {tag: name for name, tag in self.tags.items()}
         self.metrics = runtime.metrics
@@ -185,27 +187,29 @@ class FrontLookups:
             parts: list[tuple[int, int | None, list[int] | None, bytes]] = []
             order = None
             if len(proj.groups) != 1:
-                # several groups: hits, each group's features picked from its entries,
-                # written in the answer's order (not its reads: one group's each)
+                # several groups: each group's features in the answer's order
                 if api != FEAST and layout is None:
                     layout = picks_layout(proj.picks, len(proj.groups))
-                if self.planning or layout is None:
+                if layout is None:
                     return
-                for gi, fis in layout[0]:
-                    group = proj.groups[gi]
-                    tag, max_age = self.index[group.name], group.max_age_seconds
-                    parts.append((tag, max_age, list(fis), label(api, group.name)))
+                groups_read = [(proj.groups[gi], fis) for gi, fis in layout[0]]
                 order = list(layout[1])
             else:
-                group, picks = proj.groups[0], None
-                read = self.index[group.name]
-                if self.planning:  # a read of those features alone, unless they are all
-                    if not proj.whole_group:
-                        read = self._picked_read(group.name, tuple(fi for _, fi in proj.picks))
-                elif api == FEAST or not proj.whole_group:
-                    # hits: the entries' values, picked (Feast's columns always pick)
-                    picks = [fi for _, fi in proj.picks]
-                parts.append((read, group.max_age_seconds, picks, label(api, group.name)))
+                groups_read = [(proj.groups[0], [fi for _, fi in proj.picks])]
+            if self.planning:
+                # one read per id of each group's features (and its write time), unless
+                # they are one whole group: its own read
+                read = self._read(tuple((g.name, tuple(fis)) for g, fis in groups_read))
+                for group, _ in groups_read:
+                    parts.append((read, group.max_age_seconds, None, label(api, group.name)))
+            else:
+                # hits: each group's entries' values, picked where they are not all of them
+                # in its order (Feast's columns and several groups' rows always pick)
+                whole = len(groups_read) == 1 and api != FEAST and proj.whole_group
+                for group, fis in groups_read:
+                    picks = None if whole else list(fis)
+                    tag, max_age = self.index[group.name], group.max_age_seconds
+                    parts.append((tag, max_age, picks, label(api, group.name)))
             self.native.learn(
                 api,
                 entity,
@@ -220,28 +224,39 @@ class FrontLookups:
 
         return learn
 
-    def _define_read(self, read: int, spec: GroupSpec, picks: Sequence[int]) -> None:
-        """Teach read ``read``: features ``picks`` of ``spec``'s group (indices, in the
-        answer's order), then its freshness field, with their value types; an HGETALL
-        when they are most of the hash, as ``roundtrip.whole`` decides for a group."""
-        fields = [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
-        codecs = [spec.fmt.codecs[fi] for fi in picks]
+    def _define_read(self, read: int, shares: Sequence[Share]) -> None:
+        """Teach read ``read``: of each group in ``shares``, its features there (indices,
+        in the answer's order), then its freshness field, with their value types; an
+        HGETALL when they are most of the hash, as ``roundtrip.whole`` decides for a
+        read, unless a field repeats (an HGETALL's reply holds it once)."""
+        fields: list[bytes] = []
+        types: list[tuple[int, int]] = []
+        for name, picks in shares:
+            spec = self.specs[name]
+            fields += [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
+            types += [(TYPE_CODES[spec.fmt.codecs[fi].type], spec.fmt.codecs[fi].dim or 0)
+                      for fi in picks]  # fmt: skip
+        spec = self.specs[shares[0][0]]
+        whole = reads_whole_hash(len(fields), spec.hash_fields)
+        counts = [len(picks) for _, picks in shares]
         self.native.define_read(
-            read,
-            fields,
-            reads_whole_hash(len(fields), spec.hash_fields),
-            [(TYPE_CODES[c.type], c.dim or 0) for c in codecs],
+            read, fields, whole and len(set(fields)) == len(fields), types, counts
         )
 
-    def _picked_read(self, group: str, picks: tuple[int, ...]) -> int:
-        """The read of features ``picks`` of ``group`` alone, taught on first use: a planned
-        lookup of ten of fifty features asks Redis for those ten (an HMGET), not the
-        whole hash as the handler does."""
-        read = self.picked_reads.get((group, picks))
+    def _read(self, shares: tuple[Share, ...]) -> int:
+        """The planned read of ``shares`` (per group, the indices of its features read),
+        taught on first use: one command per id reads them all, and a lookup of ten of
+        fifty features asks Redis for those ten (an HMGET), not the whole hash as the
+        handler does. One whole group's is its own read."""
+        if len(shares) == 1:
+            name, picks = shares[0]
+            if picks == tuple(range(len(self.specs[name].fmt.codecs))):
+                return self.index[name]
+        read = self.read_ids.get(shares)
         if read is None:
-            read = len(self.index) + len(self.picked_reads)
-            self.picked_reads[(group, picks)] = read
-            self._define_read(read, self.reader.reads.specs[group], picks)
+            read = len(self.index) + len(self.read_ids)
+            self.read_ids[shares] = read
+            self._define_read(read, shares)
         return read
 
     # --- what the front served -------------------------------------------------------

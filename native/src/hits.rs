@@ -159,18 +159,19 @@ struct Part {
 
 impl Part {
     /// This part's cells of an answer of `api` (`several`: of a form over several groups):
-    /// Feast's columns, one per feature answered (those picked, else those `read` reads),
+    /// Feast's columns, one per feature answered (those picked, else the `read` values its
+    /// read reads of the group),
     /// and REST's and gRPC's rows over several groups; None for the rows of one group's.
-    fn columns(&self, api: u8, read: Option<&GroupRead>, several: bool) -> Option<Cells> {
+    fn columns(&self, api: u8, read: Option<usize>, several: bool) -> Option<Cells> {
         let stamped = api == FEAST;
         if !stamped && !several {
             return None;
         }
-        // (a form over several groups, and Feast's, always pick from the L1's entries; a
-        // Feast form is planned with its read)
+        // (hits of a form over several groups, and Feast's, always pick from the L1's
+        // entries; a planned form reads its features: `read`, how many)
         let width = match (&self.picks, read) {
             (Some(picks), _) => picks.len(),
-            (None, Some(read)) => read.types.len(),
+            (None, Some(read)) => read,
             (None, None) => return None,
         };
         Some(Cells::new(width, stamped, api == GRPC))
@@ -231,12 +232,90 @@ struct Served {
 const MAX_FORMS: usize = 1024;
 const MAX_NOTED: usize = 100_000; // per drain: Python drains every few tens of ms
 
-/// How one group is read for a planned read: its fields' RESP (the freshness field last),
-/// the reply's shape, and its values' types (as `GroupCodec`'s).
+/// How a planned read reads its groups, one command per id: its fields' RESP (each
+/// group's features, then its freshness field), the reply's shape, its values' types (as
+/// `GroupCodec`'s, every group's in turn), and where each group's lie (`Split`). A compact
+/// cache's entries are read with their group's whole read.
 struct GroupRead {
     fields: Vec<u8>,
     shape: Shape,
     types: Vec<(u8, u32)>,
+    splits: Vec<Split>,
+}
+
+/// One group's share of a reply to a read: its values' types, its stored values, its
+/// stored write time.
+type GroupReply<'s, 'a> = (&'s [(u8, u32)], &'s [Option<&'a [u8]>], Option<&'a [u8]>);
+
+/// One group's share of a read: its values' first slot in a reply and first type, and
+/// how many; its write time in the slot after them.
+#[derive(Clone, Copy)]
+struct Split {
+    slot: usize,
+    first_type: usize,
+    count: usize,
+}
+
+impl GroupRead {
+    /// The read of `fields` (their RESP made here), as many values of each group in turn as
+    /// `counts` says, each group's followed by its write time. None where the counts do
+    /// not add up to the fields and the types.
+    fn new(
+        fields: Vec<Vec<u8>>,
+        whole: bool,
+        types: Vec<(u8, u32)>,
+        counts: &[usize],
+    ) -> Option<Self> {
+        let values: usize = counts.iter().sum();
+        if values != types.len() || values + counts.len() != fields.len() || counts.is_empty() {
+            return None;
+        }
+        let (mut slot, mut first_type) = (0, 0);
+        let splits = counts
+            .iter()
+            .map(|&count| {
+                let split = Split {
+                    slot,
+                    first_type,
+                    count,
+                };
+                slot += count + 1;
+                first_type += count;
+                split
+            })
+            .collect();
+        let mut resp = Vec::new();
+        for field in &fields {
+            resp.push(b'$');
+            json_i64(&mut resp, field.len() as i64);
+            resp.extend_from_slice(b"\r\n");
+            resp.extend_from_slice(field);
+            resp.extend_from_slice(b"\r\n");
+        }
+        Some(GroupRead {
+            fields: resp,
+            shape: Shape::new(fields, whole),
+            types,
+            splits,
+        })
+    }
+
+    /// Group `k`'s values' types, its stored values in a reply's `slots`, and its write
+    /// time's slot there.
+    fn group<'s, 'a>(
+        &'s self,
+        k: usize,
+        slots: &'s [Option<&'a [u8]>],
+    ) -> Option<GroupReply<'s, 'a>> {
+        let Split {
+            slot,
+            first_type,
+            count,
+        } = *self.splits.get(k)?;
+        let types = self.types.get(first_type..first_type + count)?;
+        let stored = slots.get(slot..slot + count)?;
+        Some((types, stored, *slots.get(slot + count)?))
+    }
 }
 
 /// An id of a planned read, kept until its answer is written.
@@ -505,7 +584,7 @@ impl<'f> HitWriter<'f> {
                     .collect::<Option<Vec<_>>>()?,
                 _ => Vec::new(),
             };
-            let columns = part.columns(api, read.as_deref(), several);
+            let columns = part.columns(api, read.as_ref().map(|r| r.types.len()), several);
             if (api == FEAST || several) && columns.is_none() {
                 return None;
             }
@@ -609,23 +688,14 @@ impl<'f> HitWriter<'f> {
         Some(())
     }
 
-    /// The answer closed: Feast's columns, or the rows over several groups (`ids`, the
-    /// lookup's), written from the cells gathered.
+    /// The answer closed (`close_answer`; `ids`, the lookup's).
     fn finish(&self, out: &mut Vec<u8>, ids: &[Id<'_>]) -> Option<()> {
-        let columns: Vec<&Cells> = self
+        let cells: Vec<&Cells> = self
             .parts
             .iter()
             .filter_map(|p| p.columns.as_ref())
             .collect();
-        if self.api != FEAST && !columns.is_empty() {
-            let rows = Rows::new(&columns, self.form, self.now);
-            match self.api {
-                GRPC => rows.write_grpc(ids, out)?,
-                _ => rows.write_json(ids, out)?,
-            }
-        }
-        close_answer(self.api, &columns, &self.form.order, out);
-        Some(())
+        close_answer(self.api, self.form, &cells, ids, self.now, out)
     }
 }
 
@@ -675,14 +745,15 @@ impl Hits {
 
     fn planned(&self, asked: Asked<'_>) -> Option<Plan> {
         let form = self.form(&asked)?;
-        if form.parts.len() != 1 {
-            return None; // a read of one group's fields per id
-        }
         let ids = &asked.ids;
+        // one read per id, of each part's share (`learn` saw that they share it)
         let read = {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
             Arc::clone(reads.get(&form.part().group)?)
         };
+        if read.splits.len() != form.parts.len() {
+            return None;
+        }
         let mut command = Vec::with_capacity(ids.len() * (read.fields.len() + 64));
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
         let mut owned = Vec::with_capacity(ids.len());
@@ -730,13 +801,18 @@ impl Hits {
     /// holding another type), a value or write time the native core does not read (Python
     /// names the fault, or reads the form only its reference reads).
     pub fn render(&self, plan: &Plan, buf: &[u8], direct: bool) -> Option<Vec<u8>> {
-        let (form, read) = (&plan.form, &plan.read);
-        let proto = plan.api == GRPC;
+        let (form, read, api) = (&plan.form, &plan.read, plan.api);
         let now = unix_now();
-        let part = form.part();
-        let mut columns = part.columns(plan.api, Some(read), false);
-        // (Feast's columns are written at the end, into room `write_columns` makes for them)
-        let rows = if columns.is_some() {
+        // Feast's columns and the rows over several groups: each part's cells, the answer
+        // written from them at the end (Feast's into room `write_columns` makes for them);
+        // none for the rows of one group's, written an entity at a time
+        let several = form.parts.len() > 1;
+        let widths = read.splits.iter().map(|split| Some(split.count));
+        let mut cells: Vec<Cells> = (form.parts.iter().zip(widths))
+            .map(|(part, width)| part.columns(api, width, several))
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        let rows = if api == FEAST {
             0
         } else {
             plan.ids.len() * 1300 + 2
@@ -745,14 +821,13 @@ impl Hits {
         out.extend_from_slice(&form.head);
         let mut slots = Vec::with_capacity(read.shape.count);
         let mut order = Vec::with_capacity(read.shape.count);
-        // one entity's answer bytes and present pattern (REST and gRPC rows; Feast's columns
+        // one entity's answer bytes and present pattern (the rows of one group's; cells
         // take the stored values as they are)
-        let (mut values, mut present) = match columns {
-            None => (
-                Vec::with_capacity(1400),
-                Vec::with_capacity(read.types.len()),
-            ),
-            Some(_) => (Vec::new(), Vec::new()),
+        let (mut values, mut present) = if cells.is_empty() {
+            let types = read.types.len();
+            (Vec::with_capacity(1400), Vec::with_capacity(types))
+        } else {
+            (Vec::new(), Vec::new())
         };
         let mut row = Vec::new();
         let mut pos = 0;
@@ -762,47 +837,59 @@ impl Hits {
                 return None;
             }
             pos = next;
-            let stored = &slots[..read.types.len()];
-            let written_at = match slots[read.types.len()] {
-                Some(text) => Some(unix_seconds(text)?),
-                None => None,
-            };
             let id = id.id();
-            if let Some(columns) = &mut columns {
+            if cells.is_empty() {
+                let (types, stored, written_at) = read.group(0, &slots)?;
+                let written_at = write_time(written_at)?;
+                values.clear();
+                present.clear();
+                let stored = stored.iter().copied();
+                write_values(types, stored, api == GRPC, &mut values, &mut present, None).ok()?;
+                let (out, row) = (&mut out, &mut row);
+                form.row(
+                    out,
+                    row,
+                    api,
+                    i == 0,
+                    &id,
+                    &values,
+                    &present,
+                    written_at,
+                    now,
+                );
+                continue;
+            }
+            for (k, (cells, part)) in cells.iter_mut().zip(&form.parts).enumerate() {
+                let (types, stored, written_at) = read.group(k, &slots)?;
+                let written_at = write_time(written_at)?;
                 if written_at.is_none() && stored.iter().all(Option::is_none) {
                     // nothing of what was read: the entity has nothing of the group (see
                     // `Cells`: a read of some fields cannot see the others)
-                    columns.not_found(&id);
+                    cells.not_found(&id);
                 } else {
-                    columns.stored_row(&id, &read.types, stored, written_at, now, part.max_age)?;
+                    cells.stored_row(&id, types, stored, written_at, now, part.max_age)?;
                 }
-                continue;
             }
-            values.clear();
-            present.clear();
-            let stored = stored.iter().copied();
-            write_values(&read.types, stored, proto, &mut values, &mut present, None).ok()?;
-            form.row(
-                &mut out,
-                &mut row,
-                plan.api,
-                i == 0,
-                &id,
-                &values,
-                &present,
-                written_at,
-                now,
-            );
         }
         if pos != buf.len() {
             return None;
         }
-        let columns: Vec<&Cells> = columns.iter().collect();
-        close_answer(plan.api, &columns, &form.order, &mut out);
-        let mut served = self.served(plan.api, plan.started, plan.ids.len());
-        served.direct[plan.api as usize] += u64::from(direct);
+        let cells: Vec<&Cells> = cells.iter().collect();
+        let ids: Vec<Id<'_>> = plan.ids.iter().map(OwnedId::id).collect();
+        close_answer(api, form, &cells, &ids, now, &mut out)?;
+        let mut served = self.served(api, plan.started, plan.ids.len());
+        served.direct[api as usize] += u64::from(direct);
         drop(served);
         Some(out)
+    }
+}
+
+/// A stored write time (None: none stored) as unix seconds; None where it is not one the
+/// native core reads (Python names the fault).
+fn write_time(stored: Option<&[u8]>) -> Option<Option<i64>> {
+    match stored {
+        Some(text) => Some(Some(unix_seconds(text)?)),
+        None => Some(None),
     }
 }
 
@@ -1328,15 +1415,31 @@ impl<'c> Rows<'c> {
     }
 }
 
-/// End the answer of `api` begun with its form's head: Feast's columns (`write_columns`),
-/// then the closing brackets of a JSON answer (REST's rows are written before).
-fn close_answer(api: u8, columns: &[&Cells], order: &[(usize, usize)], out: &mut Vec<u8>) {
+/// End the answer of `api` begun with its form's head, from the `cells` gathered of each
+/// part (none: the rows of one group's, written already): the rows over several groups
+/// (`ids`, the lookup's), or Feast's columns (`write_columns`); then the closing brackets
+/// of a JSON answer.
+fn close_answer(
+    api: u8,
+    form: &Form,
+    cells: &[&Cells],
+    ids: &[Id<'_>],
+    now: i64,
+    out: &mut Vec<u8>,
+) -> Option<()> {
     if api == FEAST {
-        write_columns(columns, order, out);
+        write_columns(cells, &form.order, out);
+    } else if !cells.is_empty() {
+        let rows = Rows::new(cells, form, now);
+        match api {
+            GRPC => rows.write_grpc(ids, out)?,
+            _ => rows.write_json(ids, out)?,
+        }
     }
     if api != GRPC {
         out.extend_from_slice(b"]}");
     }
+    Some(())
 }
 
 /// A write time as Feast's event timestamp, `"%Y-%m-%dT%H:%M:%SZ"` in UTC, as
@@ -1493,21 +1596,22 @@ pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {
     (value <= 1 << 40).then_some(value as i64)
 }
 
-/// A form's `order` as `HitWriter` takes it (see `Form`): empty where the answer's values
-/// are the parts' in turn. None where it cannot be answered here: several parts, one of
-/// all of a group's features, or an order that does not name each of their values once.
-fn column_order(parts: &[Part], order: Option<Vec<usize>>) -> Option<Vec<(usize, usize)>> {
-    if parts.len() > 1 && parts.iter().any(|p| p.picks.is_none()) {
-        return None;
-    }
+/// A form's `order` as its answers take it (see `Form`; `widths`: how many values each
+/// part answers, where known): empty where the answer's values are the parts' in turn.
+/// None where it cannot be answered here: an order over a part of a width not known, or
+/// one that does not name each of their values once.
+fn column_order(
+    widths: &[Option<usize>],
+    order: Option<Vec<usize>>,
+) -> Option<Vec<(usize, usize)>> {
     let order = match order {
         Some(order) => order,
         None => return Some(Vec::new()),
     };
     // each column's part and its column there, the parts' columns in turn
     let mut places = Vec::new();
-    for (p, part) in parts.iter().enumerate() {
-        places.extend((0..part.picks.as_ref()?.len()).map(|k| (p, k)));
+    for (p, width) in widths.iter().enumerate() {
+        places.extend((0..(*width)?).map(|k| (p, k)));
     }
     let mut seen = vec![false; places.len()];
     let mut out = Vec::with_capacity(order.len());
@@ -1524,6 +1628,25 @@ fn column_order(parts: &[Part], order: Option<Vec<usize>>) -> Option<Vec<(usize,
         out.clear();
     }
     Some(out)
+}
+
+/// How many values each of a form's parts answers, where known: its picks (hits: an entry
+/// holds its whole group), or, for a planned form (`reads`, those defined), its share of
+/// the read its parts share (`GroupRead::splits`, one per part).
+fn form_widths(parts: &[Part], reads: Option<&HashMap<u16, Arc<GroupRead>>>) -> Vec<Option<usize>> {
+    let shared = reads.and_then(|reads| {
+        let read = reads.get(&parts.first()?.group)?;
+        let one_read = parts
+            .iter()
+            .all(|p| p.group == parts[0].group && p.picks.is_none());
+        (one_read && read.splits.len() == parts.len()).then_some(read)
+    });
+    let width = |(k, part): (usize, &Part)| match (&part.picks, shared) {
+        (Some(picks), _) => Some(picks.len()),
+        (None, Some(read)) => Some(read.splits[k].count),
+        (None, None) => None,
+    };
+    parts.iter().enumerate().map(width).collect()
 }
 
 /// One part of a form `HitCache::learn` learns (see there).
@@ -1629,7 +1752,13 @@ impl HitCache {
                 label,
             })
             .collect();
-        let order = match column_order(&parts, order) {
+        let reads = self.hits.reads.read().unwrap_or_else(|e| e.into_inner());
+        let widths = form_widths(&parts, self.hits.planning.then_some(&*reads));
+        drop(reads);
+        if parts.len() > 1 && widths.iter().any(Option::is_none) {
+            return false;
+        }
+        let order = match column_order(&widths, order) {
             Some(order) => order,
             None => return false,
         };
@@ -1653,24 +1782,30 @@ impl HitCache {
         true
     }
 
-    /// How group `group` is read for planned lookups: its fields (the freshness field
-    /// last), whether it is read with HGETALL, and its values' types.
-    fn define_read(&self, group: u16, fields: Vec<Vec<u8>>, whole: bool, types: Vec<(u8, u32)>) {
-        let mut resp = Vec::new();
-        for field in &fields {
-            resp.push(b'$');
-            json_i64(&mut resp, field.len() as i64);
-            resp.extend_from_slice(b"\r\n");
-            resp.extend_from_slice(field);
-            resp.extend_from_slice(b"\r\n");
-        }
-        let read = GroupRead {
-            fields: resp,
-            shape: Shape::new(fields, whole),
-            types,
-        };
+    /// How read `read` reads for planned lookups (and a compact cache's entries of group
+    /// `read`): its fields (each group's features, then its freshness field), whether it is
+    /// read with HGETALL, its values' types, and `counts`, how many values of each group
+    /// it reads (None: one group's, all of `types`). A planned lookup over several groups
+    /// of one entity reads them all with one command per id. ValueError where the counts
+    /// do not add up to the fields and the types.
+    #[pyo3(signature = (read, fields, whole, types, counts=None))]
+    fn define_read(
+        &self,
+        read: u16,
+        fields: Vec<Vec<u8>>,
+        whole: bool,
+        types: Vec<(u8, u32)>,
+        counts: Option<Vec<usize>>,
+    ) -> PyResult<()> {
+        let counts = counts.unwrap_or_else(|| vec![types.len()]);
+        let defined = GroupRead::new(fields, whole, types, &counts).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "a read's fields are each group's values and its write time",
+            )
+        })?;
         let mut reads = self.hits.reads.write().unwrap_or_else(|e| e.into_inner());
-        reads.insert(group, Arc::new(read));
+        reads.insert(read, Arc::new(defined));
+        Ok(())
     }
 
     /// The commands (and their count) of a planned REST `body`, and the answer written
@@ -2322,13 +2457,7 @@ mod tests {
 
     #[test]
     fn a_forms_column_order() {
-        let part = |group: u16, width: Option<usize>| Part {
-            group,
-            max_age: None,
-            picks: width.map(|w| (0..w).collect()),
-            label: Vec::new(),
-        };
-        let two = [part(0, Some(2)), part(1, Some(3))];
+        let two = [Some(2), Some(3)];
         // per column of the answer: its part and its column there
         assert_eq!(
             column_order(&two, Some(vec![2, 0, 4, 1, 3])),
@@ -2341,9 +2470,38 @@ mod tests {
         assert_eq!(column_order(&two, Some(vec![0, 0, 2, 3, 4])), None);
         assert_eq!(column_order(&two, Some(vec![0, 1, 2, 3, 5])), None);
         assert_eq!(column_order(&two, Some(vec![0, 1, 2, 3])), None);
-        // several parts, each of some features; one part, of any
-        assert_eq!(column_order(&[part(0, Some(2)), part(1, None)], None), None);
-        assert_eq!(column_order(&[part(0, None)], None), Some(vec![]));
+        // a part of a width not known: no order over it
+        assert_eq!(column_order(&[Some(2), None], Some(vec![0, 1, 2])), None);
+        assert_eq!(column_order(&[None], None), Some(vec![]));
+    }
+
+    #[test]
+    fn a_forms_widths() {
+        let part = |group: u16, width: Option<usize>| Part {
+            group,
+            max_age: None,
+            picks: width.map(|w| (0..w).collect()),
+            label: Vec::new(),
+        };
+        let field = |name: &str| name.as_bytes().to_vec();
+        let fields = ["a", "t1", "b", "c", "t2"].map(field).to_vec();
+        let joined = GroupRead::new(fields, false, vec![(0, 0); 3], &[1, 2]).unwrap();
+        let one = GroupRead::new(["a", "t1"].map(field).to_vec(), false, vec![(0, 0)], &[1]);
+        let reads = HashMap::from([(7, Arc::new(joined)), (8, Arc::new(one.unwrap()))]);
+        // hits: each part's picks (an entry holds its whole group)
+        let hits = [part(0, Some(2)), part(1, None)];
+        assert_eq!(form_widths(&hits, None), vec![Some(2), None]);
+        // planned: each part's share of the one read they share
+        let planned = [part(7, None), part(7, None)];
+        assert_eq!(form_widths(&planned, Some(&reads)), vec![Some(1), Some(2)]);
+        assert_eq!(form_widths(&planned[..1], Some(&reads)), vec![None]);
+        assert_eq!(form_widths(&[part(8, None)], Some(&reads)), vec![Some(1)]);
+        let mixed = [part(7, None), part(8, None)];
+        assert_eq!(form_widths(&mixed, Some(&reads)), vec![None, None]);
+        // a read the counts do not add up for is not defined
+        assert!(
+            GroupRead::new(["a", "b"].map(field).to_vec(), false, vec![(0, 0)], &[2]).is_none()
+        );
     }
 
     #[test]

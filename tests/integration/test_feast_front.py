@@ -3,11 +3,13 @@
 with the L1 on, from the L1's entries (``NATIVE_HITS=off`` answers in Python); with it off,
 by a planned read (``NATIVE_READS=off``). The same answers, byte for byte: every status
 Feast has, int and string ids, picked and repeated features, a feature service, the flags;
-lookups over several views of one entity (from the L1's entries; a compact cache's too);
+lookups over several views of one entity (from the L1's entries, a compact cache's too, or
+a planned read of all their features);
 what the front cannot answer (an entity whose data is broken, several entity columns, a
 float id) handed to the handler; the front's answers counted under api="feast". And
 ``/v1/features/get`` and gRPC's GetFeatures over several groups of one entity, answered on
-the fronts from the L1's entries as their handlers answer them (``Rows``).
+the fronts from the L1's entries or a planned read as their handlers answer them
+(``Rows``).
 """
 
 from __future__ import annotations
@@ -202,7 +204,8 @@ def test_the_front_answers_feast_lookups_as_the_handler_does(
 WEEKLY = [f"consumer_weekly:{f}" for f in ("visits", "spend", "emb")]
 ACROSS = {"consumer_id": [1, 2, 3, 5, 6, 7, 1]}
 # lookups over several views of one entity: the front answers them from the L1's entries
-# (each view's rows with their own statuses and event times); without the L1, the handler
+# (each view's rows with their own statuses and event times); without the L1, by a planned
+# read of every view's features, one command per id
 SEVERAL_VIEWS: list[dict[str, object]] = [
     {"features": [DAILY[0], WEEKLY[0], DAILY[1], WEEKLY[1]], "entities": ACROSS},  # interleaved
     {"features": [*WEEKLY, *DAILY], "entities": ACROSS, "full_feature_names": True},
@@ -218,12 +221,11 @@ SEVERAL_VIEWS: list[dict[str, object]] = [
 def test_lookups_over_several_views(
     servers: tuple[ServingProcess, ServingProcess, str],
 ) -> None:
-    native, python, cache = servers
+    native, python, _ = servers
     answered = front(native)
     for body in SEVERAL_VIEWS:
         answered_alike(native, python, body)
-        if cache != "off":
-            answered += 2
+        answered += 2  # taught by the first, the front's since
         assert front(native, answered + 1) == answered, body
     # each view's own statuses: 2 is NOT_FOUND in the weekly view alone, 3 stale in the
     # daily one alone, 7 found in the weekly one alone
@@ -292,7 +294,8 @@ def test_an_entity_without_a_write_time(
 
 GROUPS = {"entity_type": "consumer", "ids": [1, 2, 3, 5, 6, 7, UNTIMED, 1]}
 # /v1 lookups over several groups of one entity: the front answers them from the L1's
-# entries (each group's values with their own statuses and age); without the L1, the handler
+# entries (each group's values with their own statuses and age); without the L1, by a
+# planned read
 SEVERAL_GROUPS: list[dict[str, object]] = [
     {**GROUPS, "features": ["consumer_daily:orders", "visits", "score", "consumer_weekly:spend"]},
     {**GROUPS, "groups": ["consumer_weekly", "consumer_daily"]},
@@ -323,12 +326,11 @@ def rows_alike(native: ServingProcess, python: ServingProcess, body: object) -> 
 def test_rest_lookups_over_several_groups(
     servers: tuple[ServingProcess, ServingProcess, str],
 ) -> None:
-    native, python, cache = servers
+    native, python, _ = servers
     answered = front(native, api="rest")
     for body in SEVERAL_GROUPS:
         rows_alike(native, python, body)
-        if cache != "off":
-            answered += 2
+        answered += 2  # taught by the first, the front's since
         assert front(native, answered + 1, "rest") == answered, body
     # each group's own statuses and age: 2 has nothing in the weekly group, 3 is stale in
     # the daily one alone, 7 is found in the weekly one alone, UNTIMED has no write time
@@ -365,7 +367,7 @@ def test_grpc_lookups_over_several_groups(
 ) -> None:
     """``test_rest_lookups_over_several_groups`` over gRPC: the same answers but for the ages
     (whole seconds, which may turn between two answers), each row's within one second."""
-    native, python, cache = servers
+    native, python, _ = servers
     answered = front(native, api="grpc")
     for body in SEVERAL_GROUPS:
         for _ in range(3):  # taught, then the front's
@@ -376,8 +378,7 @@ def test_grpc_lookups_over_several_groups(
                 mine.ages.clear()
                 other.ages.clear()
             assert ours == theirs, body
-        if cache != "off":
-            answered += 2
+        answered += 2  # taught by the first, the front's since
         assert front(native, answered + 1, "grpc") == answered, body
     rows = {r.id.int_id: r for r in get_features(native, SEVERAL_GROUPS[0]).rows}
     missing, stale, present = pb.MISSING, pb.STALE, pb.PRESENT

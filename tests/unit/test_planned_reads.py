@@ -1,7 +1,9 @@
 """Planned reads (``Hits::plan`` and ``Hits::render`` in native/src/hits.rs): the commands a
 front writes for a lookup without the L1 are what ``roundtrip.pack`` writes, and the answer it
 writes from Redis's replies is the Python reference's, byte for byte (REST) and record for
-record (gRPC); where the reference would name a fault, the front writes nothing.
+record (gRPC); where the reference would name a fault, the front writes nothing. Lookups of
+one group, of some of its features, Feast's, and lookups over several groups of one entity
+(one command per id reads them all).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from feature_store.serialization import FeatureType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import grpc_server, wire
 from feature_store.serving.feast_api import Shapes, answer_json, answer_plan, parse_read
+from feature_store.serving.hits import picks_layout
 from feature_store.serving.reads import Resolved
 from feature_store.serving.rest_api import _picked_rows, _whole_group_rows
 from feature_store.serving.roundtrip import pack, whole
@@ -45,6 +48,10 @@ feature_groups:
   forever:
     entity: user
     features: {rating: double, vector: embedding(3), scores: float_list}
+  weekly:
+    entity: shop
+    max_age: 2h
+    features: {score: double, orders: int, emb: embedding(3)}
 """
 )
 REST, GRPC, FEAST = 0, 1, 2
@@ -229,7 +236,7 @@ def test_a_planned_lookup_of_some_features_is_the_references(
     data: st.DataObject,
 ) -> None:
     """Some of a group's features, in any order: the front reads those fields and the write
-    time alone (hits.FrontLookups._picked_read), and answers as the reference does from
+    time alone (hits.FrontLookups._read), and answers as the reference does from
     them; a value it does not read cannot fail the lookup."""
     name, ids, stored, hgetall, _ = case
     group = REGISTRY.groups[name]
@@ -355,3 +362,124 @@ def test_a_planned_feast_lookup_is_the_references(
         expected = answer_json(request, [lookup])
     assert answer == expected
     orjson.loads(answer)
+
+
+@given(st.sampled_from([REST, GRPC, FEAST]), st.booleans(), st.data())
+@settings(max_examples=300, deadline=None)
+def test_a_planned_lookup_over_several_groups_is_the_references(
+    api: int, hgetall: bool, data: st.DataObject
+) -> None:
+    """Features of two groups of one entity, interleaved in any order: one command per id
+    reads each group's features asked and its write time (an HMGET, or the whole hash),
+    and the front writes the answer the reference writes from what it read: each group's
+    statuses and age (REST's and gRPC's rows), each view's columns (Feast's); an entity
+    with nothing of one group, or of either."""
+    groups = [REGISTRY.groups["daily"], REGISTRY.groups["weekly"]]
+    specs = {g.name: GroupSpec.of(g, REGISTRY) for g in groups}
+    entity = groups[0].entity
+    pairs = [(g.name, fi) for g in groups for fi in range(len(g.features))]
+    asked = data.draw(st.lists(st.sampled_from(pairs), min_size=2, unique=True), "asked")
+    assume(len({name for name, _ in asked}) == 2)
+    refs = [f"{name}:{REGISTRY.groups[name].features[fi].name}" for name, fi in asked]
+    ids = data.draw(st.lists(st.text("abxyz09", min_size=1, max_size=8), min_size=1, max_size=4))
+    now = int(time.time())
+    stored: dict[str, list[list[bytes | None]]] = {g.name: [] for g in groups}
+    for _ in ids:
+        for g in groups:
+            has = data.draw(st.booleans(), "has the group")
+            values = [
+                f.codec.encode(value_of(f.type, data.draw)) if has and data.draw(st.booleans())
+                else None
+                for f in g.features
+            ]  # fmt: skip
+            age = data.draw(st.none() | st.integers(0, 20_000), "age") if has else None
+            stored[g.name].append([*values, None if age is None else str(now - age).encode()])
+    # the projection the handler resolves: groups in the order the features name them
+    order = list(dict.fromkeys(name for name, _ in asked))
+    proj_groups = tuple(REGISTRY.groups[name] for name in order)
+    features = tuple(REGISTRY.groups[name].features[fi] for name, fi in asked)
+    picks = tuple((order.index(name), fi) for name, fi in asked)
+    names = tuple(f.name for f in features)
+    proj = Projection(entity, features, names, proj_groups, picks, False)
+    keys = [f"{entity.prefix}{KEY_SEPARATOR}{i}".encode() for i in ids]
+    if api == FEAST:
+        body: dict[str, object] = {"features": refs, "entities": {entity.join_key: ids}}
+        request = parse_read(body, Shapes(REGISTRY, 100))
+        plan = answer_plan(request.shape, [Lookup(proj, ids, [], 0, [])])  # type: ignore[arg-type]
+        head, layout = plan.head, ([(gi, fis) for _, gi, fis in plan.groups], plan.order)
+        sent, form = orjson.dumps(body), (entity.join_key, refs, [])
+    else:
+        layout = picks_layout(picks, len(proj_groups))
+        if api == REST:
+            head = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
+                orjson.dumps(entity.name),
+                orjson.dumps(names),
+                orjson.dumps([f.type.value for f in features]),
+            )
+            sent = orjson.dumps({"entity_type": entity.name, "ids": ids, "features": refs})
+        else:
+            head = wire.header(entity.name, list(names))
+            message = pb.GetFeaturesRequest(entity_type=entity.name, features=refs)
+            message.string_ids.extend(ids)
+            sent = message.SerializeToString()
+        form = (entity.name, refs, [])
+    # the read the front is taught: each group's features asked, then its write time
+    shares = [(proj_groups[gi], list(fis)) for gi, fis in layout[0]]
+    fields = [f for g, fis in shares for f in [*(specs[g.name].fields[fi] for fi in fis),
+                                              specs[g.name].fields[-1]]]  # fmt: skip
+    types = [
+        (TYPE_CODES[c.type], c.dim or 0)
+        for g, fis in shares
+        for c in (specs[g.name].fmt.codecs[fi] for fi in fis)
+    ]
+    cache = _native.HitCache(1000, MAX_STRING_ID_BYTES, 0.0, 0, True)
+    cache.define_read(0, fields, hgetall, types, [len(fis) for _, fis in shares])
+    parts = [
+        (0, g.max_age_seconds, None, orjson.dumps(g.name) if api == REST else g.name.encode())
+        for g, _ in shares
+    ]
+    prefix = (entity.prefix + KEY_SEPARATOR).encode()
+    assert cache.learn(api, *form, parts, head, prefix, False, list(layout[1]))
+    replies = b""
+    for r in range(len(ids)):
+        if hgetall:  # the whole hash, both groups', in an order of its own
+            hashed = [
+                (f, v)
+                for g in groups
+                for f, v in zip(specs[g.name].fields, stored[g.name][r], strict=True)
+                if v is not None
+            ]
+            hashed = [*reversed(hashed), (b"zzzz", b"1")]
+            replies += b"*%d\r\n" % (2 * len(hashed))
+            replies += b"".join(bulk(f) + bulk(v) for f, v in hashed)
+            continue
+        at = [(g.name, fi) for g, fis in shares for fi in [*fis, len(g.features)]]
+        replies += b"*%d\r\n" % len(at) + b"".join(bulk(stored[n][r][fi]) for n, fi in at)
+    before = int(time.time())
+    planned = cache.plan(sent, replies, api == GRPC, api == FEAST)
+    assume(int(time.time()) == before)  # the ages are of one second
+    assert planned is not None
+    command, count, answer = planned
+    assert count == len(ids)
+    if hgetall:
+        assert command == b"".join(b"*2\r\n$7\r\nHGETALL\r\n" + bulk(k) for k in keys)
+    else:
+        head_of = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
+        assert command == b"".join(head_of + bulk(k) + b"".join(map(bulk, fields)) for k in keys)
+    # the reference, from what the front read: the features asked and the write times
+    entries = []
+    for r, key in enumerate(keys):
+        row = []
+        for g in proj_groups:
+            read_of = {fi for name, fi in asked if name == g.name} | {len(g.features)}
+            vs = [v if fi in read_of else None for fi, v in enumerate(stored[g.name][r])]
+            entry = specs[g.name].entry((g.name, key), vs, proto=api == GRPC, bare=api == FEAST)
+            row.append(Resolved(entry, False))
+        entries.append(row)
+    lookup = Lookup(proj, ids, entries, before, [])  # type: ignore[arg-type]
+    if api == REST:
+        assert answer == head + b",".join(_picked_rows(lookup)) + b"]}"
+    elif api == GRPC:
+        assert answer == head + b"".join(grpc_server._answer_rows(lookup, None))
+    else:
+        assert answer == answer_json(request, [lookup])
