@@ -1,7 +1,7 @@
 """Lookups over several feature views (groups), on the native front against the handler.
 
-    python3 benchmarks/feast_views.py [--rest | --grpc] [--rounds 3] [--entities 100000]
-                                      [--seconds 12] [--ttl 2] [--out FILE]
+    python3 benchmarks/feast_views.py [--rest | --grpc] [--no-cache] [--rounds 3]
+                                      [--entities 100000] [--seconds 12] [--ttl 2] [--out FILE]
 
 Feast's clients often ask for the features of several views of one entity in one call (a
 feature service across views), and `/v1` and gRPC clients for those of several groups (a
@@ -21,6 +21,10 @@ inside it), each a Feast ``/get-online-features`` of all 50 features (``--rest``
 - ``two views``: the member's two views, on the native front;
 - ``two views, handler``: the same on a server with ``NATIVE_HITS=off``, whose handler
   answers (as it answered lookups over several views before the front took them).
+
+``--no-cache``: the same cells without the L1, every lookup read from Redis: the front's
+planned reads (one command per id for both views) against the handler's
+(``NATIVE_READS=off``).
 
 Each round runs both servers, in alternating order; the figures are server CPU per entity
 (``/proc/<pid>/stat`` of the worker over the window) beside Redis's own, and the ratios
@@ -189,6 +193,7 @@ def main() -> int:
     apis = parser.add_mutually_exclusive_group()
     apis.add_argument("--rest", action="store_true", help="/v1 lookups, not Feast's")
     apis.add_argument("--grpc", action="store_true", help="gRPC lookups, not Feast's")
+    parser.add_argument("--no-cache", action="store_true", help="the L1 off: planned reads")
     parser.add_argument("--out", type=Path, help="markdown results")
     args = parser.parse_args()
     args.api = "rest" if args.rest else "grpc" if args.grpc else "feast"
@@ -209,8 +214,9 @@ def main() -> int:
             for view in VIEWS:
                 store.write(view, split_rows(args.entities, view))
         one, two = bodies(args.entities, False, args.api), bodies(args.entities, True, args.api)
-        server_args = ["--cache-ttl", f"{args.ttl:g}"]
-        handler_env = {**ENV, "FEATURE_SERVING_NATIVE_HITS": "off"}
+        server_args = ["--no-cache"] if args.no_cache else ["--cache-ttl", f"{args.ttl:g}"]
+        native = "FEATURE_SERVING_NATIVE_READS" if args.no_cache else "FEATURE_SERVING_NATIVE_HITS"
+        handler_env = {**ENV, native: "off"}
         for r in range(args.rounds):
             cells: dict[str, Cell] = {}
             sides = ("front", "handler") if r % 2 == 0 else ("handler", "front")
@@ -247,7 +253,9 @@ def main() -> int:
     lines = [
         *header(
             f"One worker; {args.rounds} rounds, the two servers in alternating order; "
-            f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s; {args.entities:,} entities "
+            f"{args.seconds:g} s per cell, "
+            + ("the L1 off" if args.no_cache else f"L1 TTL {args.ttl:g} s")
+            + f"; {args.entities:,} entities "
             "per entity type; "
             + {
                 "feast": "Feast lookups of all 50 features",
@@ -306,6 +314,7 @@ def main() -> int:
         "rest": "/v1 lookups over two groups",
         "grpc": "gRPC lookups over two groups",
     }[args.api]
+    title += ", the L1 off" if args.no_cache else ""
     save(args.out, f"{title}: the native front against the handler", lines)
     return 0
 

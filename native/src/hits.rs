@@ -132,8 +132,8 @@ const APIS: usize = 3;
 
 /// A request form Python answered: everything an answer needs besides the entries.
 struct Form {
-    // the groups whose entries answer it: one, but for lookups over several groups of one
-    // entity (REST's and gRPC's, Feast's over several views) from the L1's entries
+    // the groups that answer it: one, but for lookups over several groups of one entity
+    // (REST's and gRPC's, Feast's over several views)
     parts: Vec<Part>,
     // over several groups: per value of a row (REST, gRPC) or column of the answer (Feast),
     // the part that writes it and its place there; empty: the parts' in turn
@@ -146,8 +146,9 @@ struct Form {
     int_ids: bool,
 }
 
-/// One group of a form: its entries' key tag, its max_age, the features answered, and
-/// its name in a row's "ages".
+/// One group of a form: its entries' key tag (a planned form's: the read of its lookups,
+/// `GroupRead`, which all its parts share), its max_age, the features answered, and its
+/// name in a row's "ages".
 struct Part {
     group: u16,
     max_age: Option<i64>,
@@ -179,7 +180,8 @@ impl Part {
 }
 
 impl Form {
-    /// The form's one group (REST, gRPC, and every planned read).
+    /// The form's first group: its one, but for a form over several groups (a planned
+    /// form's read is named by each of its parts).
     fn part(&self) -> &Part {
         &self.parts[0]
     }
