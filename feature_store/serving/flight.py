@@ -25,9 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 
 from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
 from feature_store.serving.cache import CacheKey, Entry, LRUCache
-from feature_store.serving.reads import CircuitOpenError, Resolved, StoreReads
-from feature_store.serving.roundtrip import Read, consume
-from feature_store.serving.spec import GroupSpec
+from feature_store.serving.reads import (
+    CircuitOpenError,
+    Resolved,
+    StoreReads,
+    by_entity,
+    commands,
+    replied,
+)
+from feature_store.serving.roundtrip import consume
 
 log = logging.getLogger(__name__)
 
@@ -135,28 +141,17 @@ class SingleFlight:
     async def _load_all(self, loads: list[Load]) -> None:
         # one read per key of the flush: loads of one key share it (a bypass request that
         # names an entity twice, a bypass beside a cached read), every one of them queued
-        # before it is sent; groups of one entity share one HMGET. One pass over the loads
-        # builds both (a flush of a large batch's misses has a thousand of them).
-        specs = self.reads.specs
+        # before it is sent; groups of one entity share one command (``by_entity``)
         shared: dict[CacheKey, list[Load]] = {}
-        entities: dict[bytes, tuple[list[CacheKey], list[GroupSpec]]] = {}
         for load in loads:
-            key = load.key
-            same = shared.get(key)
-            if same is not None:
-                same.append(load)
-                continue
-            shared[key] = [load]
-            group, entity_key = key
-            read = entities.get(entity_key)
-            if read is None:
-                entities[entity_key] = ([key], [specs[group]])
+            same = shared.get(load.key)
+            if same is None:
+                shared[load.key] = [load]
             else:
-                read[0].append(key)
-                read[1].append(specs[group])
-        reads: list[Read] = [(entity_key, read[1]) for entity_key, read in entities.items()]
+                same.append(load)
+        entities = by_entity(shared, self.reads.specs)
         try:
-            replies, cost = await self.reads.send(reads, len(shared))
+            replies, cost = await self.reads.send(commands(entities), len(shared))
         except StoreError as error:
             self.fail(loads, error)
             return
@@ -173,20 +168,17 @@ class SingleFlight:
         entry_of, inflight = self.reads.entry, self.inflight
         stored: list[Entry] = []
         settled: list[tuple[Load, Entry]] = []
-        for (group_keys, group_specs), reply in zip(entities.values(), replies, strict=True):
-            offset = 0
-            for key, spec in zip(group_keys, group_specs, strict=True):
-                for load in shared[key]:
-                    if inflight.get(key) is load:
-                        del inflight[key]
-                    entry = entry_of(spec, key, reply, offset, load.proto, load.bare)
-                    entry.cost = cost
-                    if load.store:
-                        stored.append(entry)
-                    else:
-                        entry.expires_at = entry.loaded_at = now
-                    settled.append((load, entry))
-                offset += len(spec.fields)
+        for key, spec, reply, offset in replied(entities, replies):
+            for load in shared[key]:
+                if inflight.get(key) is load:
+                    del inflight[key]
+                entry = entry_of(spec, key, reply, offset, load.proto, load.bare)
+                entry.cost = cost
+                if load.store:
+                    stored.append(entry)
+                else:
+                    entry.expires_at = entry.loaded_at = now
+                settled.append((load, entry))
         self.cache.put_many(stored, now)
         for load, entry in settled:
             load.future.set_result(entry)

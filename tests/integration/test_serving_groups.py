@@ -106,6 +106,33 @@ async def test_features_of_two_groups_one_read_per_entity_and_per_group_stalenes
     assert entity_reads(redis_url) == 3
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"cache": False}, {"cache": False, "single_flight": False}, {"single_flight": False}],
+    ids=["L1 off", "L1 off, no debouncer", "no debouncer"],
+)
+async def test_one_read_per_entity_covers_its_groups_on_every_path(
+    redis_url: str, registry: Registry, options: dict[str, bool]
+) -> None:
+    """Without the L1 (its flushes), or without the debouncer (each lookup's own round
+    trip), one command per entity reads both of its groups, as with both on; an entity
+    named twice is read once, and every row has its values."""
+    settings = ServingSettings(invalidation=False, warm_start_keys=0, **options)
+    rt = ServingRuntime(registry, RedisTarget.parse(redis_url), settings)
+    with FeatureStore.connect(redis_url, registry) as store:
+        store.write("daily", [("a", {"orders": 5, "rating": 4.5})])
+        store.write("realtime", [("a", {"queue": 3}), ("b", {"name": "bee"})])
+        store.client.config_resetstat()
+    try:
+        ids = ["a", "b", "a", "c"]
+        lookup = await rt.service.lookup("shop", ids, ["queue", "daily:orders", "name"])
+        assert entity_reads(redis_url) == 3  # a, b and c: each once, both groups
+        got = [values for values, _, _ in answer_rows(lookup)]
+        assert got == [[3, 5, None], [None, None, "bee"], [3, 5, None], [None, None, None]]
+    finally:
+        await rt.stop()
+
+
 def calls(url: str, command: str) -> int:
     with redis.Redis.from_url(url) as client:
         return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
