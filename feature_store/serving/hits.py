@@ -169,8 +169,9 @@ class FrontLookups:
         the group's features is answered there too: without the L1, by a read of those
         features alone; from the L1's hits, their values picked from the entries'. Forms
         over several groups of one entity (Feast's ``layout``; REST's and gRPC's,
-        ``picks_layout``), from the L1's hits alone: each group's features picked from its
-        entries, the row's values or the columns in the answer's order."""
+        ``picks_layout``) too: each group's features read (one command per id reads them
+        all) or picked from its entries, the row's values or the columns in the answer's
+        order."""
 
         def learn(
             entity: str,
@@ -233,9 +234,9 @@ class FrontLookups:
         types: list[tuple[int, int]] = []
         for name, picks in shares:
             spec = self.specs[name]
+            codecs = [spec.fmt.codecs[fi] for fi in picks]
             fields += [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
-            types += [(TYPE_CODES[spec.fmt.codecs[fi].type], spec.fmt.codecs[fi].dim or 0)
-                      for fi in picks]  # fmt: skip
+            types += [(TYPE_CODES[c.type], c.dim or 0) for c in codecs]
         spec = self.specs[shares[0][0]]
         whole = reads_whole_hash(len(fields), spec.hash_fields)
         counts = [len(picks) for _, picks in shares]
