@@ -9,6 +9,7 @@ one group, of some of its features, Feast's, and lookups over several groups of 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import orjson
 import pytest
@@ -20,7 +21,7 @@ from feature_store.errors import EncodingError
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.registry import parse_registry
+from feature_store.registry import EntityType, Feature, parse_registry
 from feature_store.serialization import FeatureType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving import grpc_server, wire
@@ -156,6 +157,27 @@ def planner(spec: GroupSpec, hgetall: bool, api: int, head: bytes) -> _native.Hi
     return cache
 
 
+def features_request(
+    api: int, entity: EntityType, features: Sequence[Feature], asked: list[str], ids: list[object]
+) -> tuple[bytes, bytes]:
+    """A REST or gRPC lookup of ``features`` (named as ``asked``) of ``ids``: its answer's
+    head, as the handler writes it, and its body."""
+    names = [f.name for f in features]
+    if api == REST:
+        head = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
+            orjson.dumps(entity.name),
+            orjson.dumps(names),
+            orjson.dumps([f.type.value for f in features]),
+        )
+        return head, orjson.dumps({"entity_type": entity.name, "ids": ids, "features": asked})
+    request = pb.GetFeaturesRequest(entity_type=entity.name, features=asked)
+    if entity.id_type is IdType.INT:
+        request.int_ids.extend(ids)  # type: ignore[arg-type]
+    else:
+        request.string_ids.extend(ids)  # type: ignore[arg-type]
+    return wire.header(entity.name, names), request.SerializeToString()
+
+
 def reference(
     spec: GroupSpec, ids: list[object], stored: list[list[bytes | None]], now: int, proto: bool
 ) -> Lookup:
@@ -247,21 +269,7 @@ def test_a_planned_lookup_of_some_features_is_the_references(
     features = [group.features[fi] for fi in picks]
     names = [f.name for f in features]
     entity = group.entity
-    if api == REST:
-        head = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
-            orjson.dumps(entity.name),
-            orjson.dumps(names),
-            orjson.dumps([f.type.value for f in features]),
-        )
-        body = orjson.dumps({"entity_type": entity.name, "ids": ids, "features": names})
-    else:
-        head = wire.header(entity.name, names)
-        request = pb.GetFeaturesRequest(entity_type=entity.name, features=names)
-        if entity.id_type is IdType.INT:
-            request.int_ids.extend(ids)  # type: ignore[arg-type]
-        else:
-            request.string_ids.extend(ids)  # type: ignore[arg-type]
-        body = request.SerializeToString()
+    head, body = features_request(api, entity, features, names, ids)
     cache = _native.HitCache(1000, MAX_STRING_ID_BYTES, 0.0, 0, True)
     fields = [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
     types = [(TYPE_CODES[c.type], c.dim or 0) for c in (spec.fmt.codecs[fi] for fi in picks)]
@@ -410,18 +418,7 @@ def test_a_planned_lookup_over_several_groups_is_the_references(
         sent, form = orjson.dumps(body), (entity.join_key, refs, [])
     else:
         layout = picks_layout(picks, len(proj_groups))
-        if api == REST:
-            head = b'{"entity_type":%b,"features":%b,"types":%b,"results":[' % (
-                orjson.dumps(entity.name),
-                orjson.dumps(names),
-                orjson.dumps([f.type.value for f in features]),
-            )
-            sent = orjson.dumps({"entity_type": entity.name, "ids": ids, "features": refs})
-        else:
-            head = wire.header(entity.name, list(names))
-            message = pb.GetFeaturesRequest(entity_type=entity.name, features=refs)
-            message.string_ids.extend(ids)
-            sent = message.SerializeToString()
+        head, sent = features_request(api, entity, features, refs, ids)
         form = (entity.name, refs, [])
     # the read the front is taught: each group's features asked, then its write time
     shares = [(proj_groups[gi], list(fis)) for gi, fis in layout[0]]
