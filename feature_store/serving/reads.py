@@ -211,17 +211,26 @@ class StoreReads:
     async def direct(
         self, keys: Sequence[CacheKey], proto: bool = False, bare: bool = False
     ) -> list[Resolved]:
-        """One round trip for ``keys``, no sharing; the entries are not cached (they expire
-        as they are read). ``proto``: the entries are for a gRPC answer; ``bare``: for one
+        """One round trip for ``keys`` (an entity's groups read with one command), no sharing
+        with other calls; the entries are not cached (they expire as they are read). ``proto``: the entries are for a gRPC answer; ``bare``: for one
         written from the packed values (``GroupSpec.entry``)."""
         if not self.breaker.allow():
             raise CircuitOpenError("Redis is unavailable (circuit open)")
-        unique = dict.fromkeys(keys)  # a key named twice is read once
-        entities = by_entity(unique, self.specs)
-        replies, cost = await self.send(commands(entities), len(unique))
+        read: Iterable[tuple[CacheKey, GroupSpec, Reply, int]]
+        if len({group for group, _ in keys}) == 1:
+            # one group (most lookups): a command per key, as they come
+            spec = self.specs[keys[0][0]]
+            replies, cost = await self.send([(key[1], [spec]) for key in keys], len(keys))
+            read = ((key, spec, reply, 0) for key, reply in zip(keys, replies, strict=True))
+        else:
+            # several: one command per entity reads its groups (a key named twice, once)
+            unique = dict.fromkeys(keys)
+            entities = by_entity(unique, self.specs)
+            replies, cost = await self.send(commands(entities), len(unique))
+            read = replied(entities, replies)
         now = self.clock()
         entries: dict[CacheKey, Entry] = {}
-        for key, spec, reply, offset in replied(entities, replies):
+        for key, spec, reply, offset in read:
             entry = self.entry(spec, key, reply, offset, proto=proto, bare=bare)
             entry.cost, entry.expires_at, entry.loaded_at = cost, now, now
             entries[key] = entry
