@@ -212,8 +212,9 @@ class StoreReads:
         self, keys: Sequence[CacheKey], proto: bool = False, bare: bool = False
     ) -> list[Resolved]:
         """One round trip for ``keys`` (an entity's groups read with one command), no sharing
-        with other calls; the entries are not cached (they expire as they are read). ``proto``: the entries are for a gRPC answer; ``bare``: for one
-        written from the packed values (``GroupSpec.entry``)."""
+        with other calls; the entries are not cached (they expire as they are read).
+        ``proto``: the entries are for a gRPC answer; ``bare``: for one written from the
+        packed values (``GroupSpec.entry``)."""
         if not self.breaker.allow():
             raise CircuitOpenError("Redis is unavailable (circuit open)")
         read: Iterable[tuple[CacheKey, GroupSpec, Reply, int]]
