@@ -92,11 +92,12 @@ def servers(
 ) -> Iterator[tuple[ServingProcess, ServingProcess, int]]:
     url = redis_server.url
     registry = sample.registry()
+    with redis.Redis.from_url(url) as r:
+        r.flushall()  # the session's Redis: other modules' keys (broken ones among them) go
     with FeatureStore.connect(url, registry) as store:
         store.write(GROUP, sample.rows(N))
     group = registry.groups[GROUP]
     with redis.Redis.from_url(url) as r:
-        r.delete(key(WRONG_TYPE))
         r.set(key(WRONG_TYPE), b"a string, not a hash")
         r.hset(key(BAD_VALUE), mapping=r.hgetall(key(1)))
         r.hset(key(BAD_VALUE), group.features[0].field, b"not a float")
