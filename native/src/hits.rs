@@ -161,8 +161,8 @@ struct Part {
 impl Part {
     /// This part's cells of an answer of `api` (`several`: of a form over several groups):
     /// Feast's columns, one per feature answered (those picked, else the `read` values its
-    /// read reads of the group),
-    /// and REST's and gRPC's rows over several groups; None for the rows of one group's.
+    /// read reads of the group), and REST's and gRPC's rows over several groups; None for
+    /// the rows of one group's.
     fn columns(&self, api: u8, read: Option<usize>, several: bool) -> Option<Cells> {
         let stamped = api == FEAST;
         if !stamped && !several {
@@ -847,10 +847,9 @@ impl Hits {
                 present.clear();
                 let stored = stored.iter().copied();
                 write_values(types, stored, api == GRPC, &mut values, &mut present, None).ok()?;
-                let (out, row) = (&mut out, &mut row);
                 form.row(
-                    out,
-                    row,
+                    &mut out,
+                    &mut row,
                     api,
                     i == 0,
                     &id,
