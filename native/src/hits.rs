@@ -552,6 +552,7 @@ struct HitWriter<'f> {
     row: Vec<u8>,
     spans: Vec<(usize, usize)>, // where each of an entity's values starts and ends
     picked: Picked,
+    joined: Option<JoinedRow>, // the rows over several groups in turn
 }
 
 /// What a `HitWriter` keeps per part of its form.
@@ -573,7 +574,9 @@ impl<'f> HitWriter<'f> {
         now: i64,
     ) -> Option<Self> {
         let mut parts = Vec::with_capacity(form.parts.len());
-        let several = form.parts.len() > 1;
+        let joined = JoinedRow::of(api, form);
+        // cells for Feast's columns and for rows over several groups in another order
+        let several = form.parts.len() > 1 && joined.is_none();
         for part in &form.parts {
             let read = match reads {
                 Some(reads) => Some(Arc::clone(reads.get(&part.group)?)),
@@ -606,6 +609,7 @@ impl<'f> HitWriter<'f> {
             row: Vec::new(),
             spans: Vec::new(),
             picked: Picked::default(),
+            joined,
         })
     }
 
@@ -683,6 +687,20 @@ impl<'f> HitWriter<'f> {
             let max_age = part.max_age;
             return columns.row(
                 id, values, spans, present, row_picks, written_at, now, max_age,
+            );
+        }
+        if let Some(joined) = &mut self.joined {
+            return joined.add(
+                out,
+                form,
+                api,
+                i == 0,
+                id,
+                p,
+                values,
+                present,
+                written_at,
+                now,
             );
         }
         let row = &mut self.row;
@@ -805,10 +823,12 @@ impl Hits {
     pub fn render(&self, plan: &Plan, buf: &[u8], direct: bool) -> Option<Vec<u8>> {
         let (form, read, api) = (&plan.form, &plan.read, plan.api);
         let now = unix_now();
-        // Feast's columns and the rows over several groups: each part's cells, the answer
-        // written from them at the end (Feast's into room `write_columns` makes for them);
-        // none for the rows of one group's, written an entity at a time
-        let several = form.parts.len() > 1;
+        // Feast's columns and the rows over several groups in another order than theirs:
+        // each part's cells, the answer written from them at the end (Feast's into room
+        // `write_columns` makes for them); none for the rows of one group's, or of several
+        // in turn (`JoinedRow`), written an entity at a time
+        let mut joined = JoinedRow::of(api, form);
+        let several = form.parts.len() > 1 && joined.is_none();
         let widths = read.splits.iter().map(|split| Some(split.count));
         let mut cells: Vec<Cells> = (form.parts.iter().zip(widths))
             .map(|(part, width)| part.columns(api, width, several))
@@ -841,23 +861,24 @@ impl Hits {
             pos = next;
             let id = id.id();
             if cells.is_empty() {
-                let (types, stored, written_at) = read.group(0, &slots)?;
-                let written_at = write_time(written_at)?;
-                values.clear();
-                present.clear();
-                let stored = stored.iter().copied();
-                write_values(types, stored, api == GRPC, &mut values, &mut present, None).ok()?;
-                form.row(
-                    &mut out,
-                    &mut row,
-                    api,
-                    i == 0,
-                    &id,
-                    &values,
-                    &present,
-                    written_at,
-                    now,
-                );
+                for k in 0..form.parts.len() {
+                    let (types, stored, written_at) = read.group(k, &slots)?;
+                    let written_at = write_time(written_at)?;
+                    values.clear();
+                    present.clear();
+                    let stored = stored.iter().copied();
+                    let proto = api == GRPC;
+                    write_values(types, stored, proto, &mut values, &mut present, None).ok()?;
+                    let (out, first) = (&mut out, i == 0);
+                    match &mut joined {
+                        Some(joined) => joined.add(
+                            out, form, api, first, &id, k, &values, &present, written_at, now,
+                        )?,
+                        None => form.row(
+                            out, &mut row, api, first, &id, &values, &present, written_at, now,
+                        ),
+                    }
+                }
                 continue;
             }
             for (k, (cells, part)) in cells.iter_mut().zip(&form.parts).enumerate() {
@@ -1236,6 +1257,117 @@ fn write_columns(parts: &[&Cells], order: &[(usize, usize)], out: &mut Vec<u8>) 
         for &(p, k) in order {
             parts[p].write_column(k, &joined[p], out);
         }
+    }
+}
+
+/// The rows of a lookup over several groups whose values are the groups' in turn (a form
+/// without an `order`: all of the entity's features, whole groups, a group's features
+/// then another's), written as each entity's groups come, in the form's order: a group's
+/// values copied whole after the one before (its JSON array's elements, its records), and
+/// their statuses and the group's age kept until the row closes after the last. The bytes
+/// are `Rows`', which writes the other orders from cells.
+#[derive(Default)]
+struct JoinedRow {
+    row: Vec<u8>,      // gRPC: the row's record so far
+    statuses: Vec<u8>, // REST: `,"present"` and the like; gRPC: the status codes
+    ages: Vec<u8>,     // REST: `"group":age` joined by commas; gRPC: the `ages` records
+    any: bool,         // REST: a value written in the row so far
+}
+
+impl JoinedRow {
+    /// One for the rows of `api`'s answers of `form`, where they are written joined.
+    fn of(api: u8, form: &Form) -> Option<Self> {
+        (api != FEAST && form.parts.len() > 1 && form.order.is_empty()).then(JoinedRow::default)
+    }
+
+    /// Part `p`'s values of entity `i` (`values`: its answer bytes, REST's a JSON array; as
+    /// `Form::row` takes them), after those of the parts before. None where REST's values
+    /// are not an array (never: an entry's are).
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        out: &mut Vec<u8>,
+        form: &Form,
+        api: u8,
+        first: bool,
+        id: &Id<'_>,
+        p: usize,
+        values: &[u8],
+        present: &[u8],
+        written_at: Option<i64>,
+        now: i64,
+    ) -> Option<()> {
+        let part = form.parts.get(p)?;
+        let last = p + 1 == form.parts.len();
+        let age = written_at.map(|w| (now - w).max(0));
+        let stale = matches!((age, part.max_age), (Some(a), Some(m)) if a > m);
+        if api == GRPC {
+            if p == 0 {
+                self.row.clear();
+                self.statuses.clear();
+                self.ages.clear();
+                grpc_id(&mut self.row, id.grpc());
+            }
+            self.row.extend_from_slice(values);
+            // PRESENT 1, MISSING 2, STALE 3
+            let code = |&flag: &u8| match (flag, stale) {
+                (0, _) => 2,
+                (_, false) => 1,
+                (_, true) => 3,
+            };
+            self.statuses.extend(present.iter().map(code));
+            if let Some(age) = age {
+                grpc_age(&mut self.ages, &part.label, age);
+            }
+            if last {
+                self.row.push(0x1A);
+                put_varint(&mut self.row, self.statuses.len() as u64);
+                self.row.extend_from_slice(&self.statuses);
+                self.row.extend_from_slice(&self.ages);
+                out.push(0x1A);
+                put_varint(out, self.row.len() as u64);
+                out.extend_from_slice(&self.row);
+            }
+            return Some(());
+        }
+        if p == 0 {
+            if !first {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"id\":");
+            id.json(out);
+            out.extend_from_slice(b",\"values\":[");
+            self.statuses.clear();
+            self.ages.clear();
+            self.any = false;
+        }
+        let elements = values.strip_prefix(b"[")?.strip_suffix(b"]")?;
+        if !elements.is_empty() {
+            if self.any {
+                out.push(b',');
+            }
+            out.extend_from_slice(elements);
+            self.any = true;
+        }
+        for &flag in present {
+            self.statuses.extend_from_slice(match (flag, stale) {
+                (0, _) => b",\"missing\"".as_slice(),
+                (_, false) => b",\"present\"",
+                (_, true) => b",\"stale\"",
+            });
+        }
+        if p > 0 {
+            self.ages.push(b',');
+        }
+        json_age(&mut self.ages, &part.label, age);
+        if last {
+            out.extend_from_slice(b"],\"statuses\":[");
+            out.extend_from_slice(self.statuses.get(1..).unwrap_or_default());
+            out.extend_from_slice(b"],\"ages\":{");
+            out.extend_from_slice(&self.ages);
+            out.extend_from_slice(b"}}");
+        }
+        Some(())
     }
 }
 

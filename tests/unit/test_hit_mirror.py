@@ -414,8 +414,15 @@ def test_a_lifetime_past_the_clocks_range_is_a_long_one(ttl: float) -> None:
     assert asyncio.run(run())
 
 
-# a form over both of the user's groups, their features interleaved
-SEVERAL = {"entity_type": "user", "features": ["n", "c", "profile:a", "visits:f", "b"]}
+# forms over both of the user's groups: their features interleaved (written from each
+# group's cells), and the groups' in turn (each row written as its entries come): all the
+# entity's features, both groups named, some of each group's
+SEVERAL = {
+    "interleaved": {"entity_type": "user", "features": ["n", "c", "profile:a", "visits:f", "b"]},
+    "all": {"entity_type": "user"},
+    "groups": {"entity_type": "user", "groups": ["visits", "profile"]},
+    "picked": {"entity_type": "user", "features": ["c", "a", "visits:f"]},
+}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -429,20 +436,21 @@ async def _check_several(data: st.DataObject) -> None:
     (with its API's answer bytes, unless compact), with the bytes Python's handlers write:
     each group's statuses and age, a group the entity lacks, values in the request's order."""
     compact, _, cache, hits, handlers, servicer = _serving(data)
+    form = SEVERAL[data.draw(st.sampled_from(sorted(SEVERAL)), "form")]
     groups = ("profile", "visits")
     for group in groups:  # Python teaches the form
         cache.put(_entry(group, 0, data))
-    body = orjson.dumps({**SEVERAL, "ids": [0]})
+    body = orjson.dumps({**form, "ids": [0]})
     assert (await handlers.get(None, body)).status == 200
-    message = _grpc_request("profile", [0], {"profile": SEVERAL})
+    message = _grpc_request("profile", [0], {"profile": form})
     await servicer.answer(pb.GetFeaturesRequest.FromString(message), None, 0.0)
     for _ in range(data.draw(st.integers(1, 12), "steps")):
         for group in groups:
             if data.draw(st.booleans(), f"put {group}"):
                 cache.put(_entry(group, data.draw(st.integers(0, 2), "id"), data))
         wanted = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=3), "lookup")
-        body = orjson.dumps({**SEVERAL, "ids": wanted})
-        message = _grpc_request("profile", wanted, {"profile": SEVERAL})
+        body = orjson.dumps({**form, "ids": wanted})
+        message = _grpc_request("profile", wanted, {"profile": form})
         now = time.monotonic()
         entries = [cache.peek(_key(g, i)) for g in groups for i in wanted]
         if not all(e is not None and now < e.expires_at for e in entries):
