@@ -1,7 +1,8 @@
 """Lookups over several feature views (groups), on the native front against the handler.
 
-    python3 benchmarks/feast_views.py [--rest | --grpc] [--no-cache] [--rounds 3]
-                                      [--entities 100000] [--seconds 12] [--ttl 2] [--out FILE]
+    python3 benchmarks/feast_views.py [--rest | --grpc] [--no-cache] [--baseline REV]
+                                      [--rounds 3] [--entities 100000] [--seconds 12]
+                                      [--ttl 2] [--out FILE]
 
 Feast's clients often ask for the features of several views of one entity in one call (a
 feature service across views), and `/v1` and gRPC clients for those of several groups (a
@@ -26,11 +27,16 @@ inside it), each a Feast ``/get-online-features`` of all 50 features (``--rest``
 planned reads (one command per id for both views) against the handler's
 (``NATIVE_READS=off``).
 
-Each round runs both servers, in alternating order; the figures are server CPU per entity
-(``/proc/<pid>/stat`` of the worker over the window) beside Redis's own, and the ratios
-within each round. Then the tail at 1,000 connections (two wrk threads, 1 s timeout; gRPC:
-500 connections x 10 streams): the two-view lookup on the front and in the handler, with
-the maximum and the count past 1 s.
+``--baseline REV``: a third server in each round, that revision's (a git worktree with
+its own extension, as ``alternate.py`` runs it), answering the one-group and two-group
+cells ("..., before"): the ratios now / before within each round, the one group's the
+witness of the machine's drift.
+
+Each round runs the servers in turn, the first a different one each round; the figures are
+server CPU per entity (``/proc/<pid>/stat`` of the worker over the window) beside Redis's
+own, and the ratios within each round. Then the tail at 1,000 connections (two wrk
+threads, 1 s timeout; gRPC: 500 connections x 10 streams): the two-view lookup on the front
+and in the handler, with the maximum and the count past 1 s.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -51,7 +58,7 @@ import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import header, save, worktree
 from cost import cpu_seconds, h2load, wrk, wrk_script
 from native_hits import run_h2load
 from rest_front import SLOW, run_wrk
@@ -194,6 +201,7 @@ def main() -> int:
     apis.add_argument("--rest", action="store_true", help="/v1 lookups, not Feast's")
     apis.add_argument("--grpc", action="store_true", help="gRPC lookups, not Feast's")
     parser.add_argument("--no-cache", action="store_true", help="the L1 off: planned reads")
+    parser.add_argument("--baseline", help="a git revision whose server runs the cells too")
     parser.add_argument("--out", type=Path, help="markdown results")
     args = parser.parse_args()
     args.api = "rest" if args.rest else "grpc" if args.grpc else "feast"
@@ -203,7 +211,13 @@ def main() -> int:
     handler_name = f"{two_name}, handler"
     rounds: list[dict[str, Cell]] = []
     tails: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
+    before = {one_name: f"{one_name}, before", two_name: f"{two_name}, before"}
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        redis = stack.enter_context(EmbeddedRedis(Path(tmp) / "redis"))
+        tree = None
+        if args.baseline:
+            tree = stack.enter_context(worktree(args.baseline, Path(tmp) / "baseline"))
         args.work = Path(tmp)
         path = Path(tmp) / "features.yaml"
         path.write_text(registry_text())
@@ -217,19 +231,27 @@ def main() -> int:
         server_args = ["--no-cache"] if args.no_cache else ["--cache-ttl", f"{args.ttl:g}"]
         native = "FEATURE_SERVING_NATIVE_READS" if args.no_cache else "FEATURE_SERVING_NATIVE_HITS"
         handler_env = {**ENV, native: "off"}
+        every = ["front", "handler", *(["baseline"] if tree else [])]
         for r in range(args.rounds):
             cells: dict[str, Cell] = {}
-            sides = ("front", "handler") if r % 2 == 0 else ("handler", "front")
+            sides = every[r % len(every) :] + every[: r % len(every)]
             for side in sides:
-                env = ENV if side == "front" else handler_env
+                env = handler_env if side == "handler" else ENV
+                cwd = tree if side == "baseline" else None
                 with ServingProcess(
-                    redis.url, registry=path, args=server_args, env=env, grpc=args.api == "grpc"
+                    redis.url,
+                    registry=path,
+                    args=server_args,
+                    env=env,
+                    grpc=args.api == "grpc",
+                    cwd=cwd,
                 ) as server:
-                    if side == "front":
-                        cells[one_name] = measure(one_name, server, redis, one, args)
-                        cells[two_name] = measure(two_name, server, redis, two, args)
-                    else:
+                    if side == "handler":
                         cells[handler_name] = measure(handler_name, server, redis, two, args)
+                        continue
+                    for name, load in ((one_name, one), (two_name, two)):
+                        name = name if side == "front" else before[name]
+                        cells[name] = measure(name, server, redis, load, args)
             rounds.append(cells)
         script = wrk_script(Path(tmp) / "tail.lua", two) if args.api != "grpc" else None
         for side in ("front", "handler"):
@@ -252,7 +274,8 @@ def main() -> int:
                 )
     lines = [
         *header(
-            f"One worker; {args.rounds} rounds, the two servers in alternating order; "
+            f"One worker; {args.rounds} rounds, the servers in turn, the first a different one "
+            "each round" + (f" (the baseline: {args.baseline})" if args.baseline else "") + "; "
             f"{args.seconds:g} s per cell, "
             + ("the L1 off" if args.no_cache else f"L1 TTL {args.ttl:g} s")
             + f"; {args.entities:,} entities "
@@ -287,6 +310,11 @@ def main() -> int:
     for label, a, b in (
         (f"{two_name} on the front / in the handler", two_name, handler_name),
         (f"{two_name} / {one_name}, both on the front", two_name, one_name),
+        *(
+            (f"{name}, now / before {args.baseline}", name, before[name])
+            for name in (two_name, one_name)
+            if args.baseline
+        ),
     ):
         ys = ratios(a, b)
         lines.append(f"| {label} | {statistics.median(ys):.2f}x | {min(ys):.2f} to {max(ys):.2f} |")
