@@ -205,10 +205,18 @@ class FrontLookups:
                     parts.append((read, group.max_age_seconds, None, label(api, group.name)))
             else:
                 # hits: each group's entries' values, picked where they are not all of them
-                # in its order (Feast's columns and several groups' rows always pick)
-                whole = len(groups_read) == 1 and api != FEAST and proj.whole_group
+                # in its order (Feast's columns always pick, and so do the rows over several
+                # groups but where each group's values follow the one before's: each
+                # group's then copied as its answer bytes are)
+                in_turn = api != FEAST and order == list(range(len(order or ())))
+                order = None if in_turn else order
                 for group, fis in groups_read:
-                    picks = None if whole else list(fis)
+                    whole = (
+                        proj.whole_group
+                        if len(groups_read) == 1
+                        else in_turn and list(fis) == list(range(len(group.features)))
+                    )
+                    picks = None if whole and api != FEAST else list(fis)
                     tag, max_age = self.index[group.name], group.max_age_seconds
                     parts.append((tag, max_age, picks, label(api, group.name)))
             self.native.learn(

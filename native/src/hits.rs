@@ -1888,7 +1888,9 @@ impl HitCache {
         let reads = self.hits.reads.read().unwrap_or_else(|e| e.into_inner());
         let widths = form_widths(&parts, self.hits.planning.then_some(&*reads));
         drop(reads);
-        if parts.len() > 1 && widths.iter().any(Option::is_none) {
+        // Feast's columns over several views need each view's width (the rows over several
+        // groups in turn do not: `JoinedRow`; in another order, `column_order` does)
+        if parts.len() > 1 && api == FEAST && widths.iter().any(Option::is_none) {
             return false;
         }
         let order = match column_order(&widths, order) {
