@@ -24,7 +24,6 @@
 //! Python would. A form is learned from Python's own answer to it: the head of the answer
 //! and how an id becomes a key are Python's bytes, not rebuilt here.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -159,10 +158,11 @@ struct Part {
 }
 
 impl Part {
-    /// This part's cells of an answer of `api` (`several`: of a form over several groups):
+    /// This part's cells of an answer of `api` (`several`: of a form over several groups
+    /// whose rows are written from cells, in another order than the groups' in turn):
     /// Feast's columns, one per feature answered (those picked, else the `read` values its
-    /// read reads of the group), and REST's and gRPC's rows over several groups; None for
-    /// the rows of one group's.
+    /// read reads of the group), and those REST and gRPC rows; None for the rows of one
+    /// group's, or of several in turn (`JoinedRow`).
     fn columns(&self, api: u8, read: Option<usize>, several: bool) -> Option<Cells> {
         let stamped = api == FEAST;
         if !stamped && !several {
@@ -1374,13 +1374,13 @@ impl JoinedRow {
 /// The rows of a lookup over several groups, from each group's cells (`parts`, in the
 /// form's order, their rows the same ids), as the handlers write them
 /// (`rest_api._picked_rows`, `grpc_server._answer_rows`): per row its id, the values in
-/// the form's `order` (the part and its value there, per value of the row; the form's
-/// empty order: the parts' in turn), their statuses, and each group's age under its
-/// part's label.
+/// the form's `order` (the part and its value there, per value of the row: never the
+/// parts' in turn, which `JoinedRow` writes), their statuses, and each group's age under
+/// its part's label.
 struct Rows<'c> {
     parts: &'c [&'c Cells],
     form: &'c Form,
-    order: Cow<'c, [(usize, usize)]>,
+    order: &'c [(usize, usize)],
     now: i64,
 }
 
@@ -1393,17 +1393,10 @@ enum Status {
 
 impl<'c> Rows<'c> {
     fn new(parts: &'c [&'c Cells], form: &'c Form, now: i64) -> Self {
-        let order = if form.order.is_empty() {
-            let widths = parts.iter().enumerate();
-            let in_turn = widths.flat_map(|(p, c)| (0..c.width).map(move |k| (p, k)));
-            Cow::Owned(in_turn.collect())
-        } else {
-            Cow::Borrowed(&form.order[..])
-        };
         Rows {
             parts,
             form,
-            order,
+            order: &form.order,
             now,
         }
     }
