@@ -1264,8 +1264,8 @@ fn write_columns(parts: &[&Cells], order: &[(usize, usize)], out: &mut Vec<u8>) 
 /// without an `order`: all of the entity's features, whole groups, a group's features
 /// then another's), written as each entity's groups come, in the form's order: a group's
 /// values copied whole after the one before (its JSON array's elements, its records), and
-/// their statuses and the group's age kept until the row closes after the last. The bytes
-/// are `Rows`', which writes the other orders from cells.
+/// their statuses and the group's age kept until the row closes after the last. Its bytes
+/// are those `Rows` writes from cells, for the other orders.
 #[derive(Default)]
 struct JoinedRow {
     row: Vec<u8>,      // gRPC: the row's record so far
@@ -1280,9 +1280,9 @@ impl JoinedRow {
         (api != FEAST && form.parts.len() > 1 && form.order.is_empty()).then(JoinedRow::default)
     }
 
-    /// Part `p`'s values of entity `i` (`values`: its answer bytes, REST's a JSON array; as
-    /// `Form::row` takes them), after those of the parts before. None where REST's values
-    /// are not an array (never: an entry's are).
+    /// Part `p`'s values of an entity (`first`: the lookup's first; `values`: their answer
+    /// bytes, REST's a JSON array, as `Form::row` takes them), after those of the parts
+    /// before. None where REST's values are not an array (never: an entry's are).
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
