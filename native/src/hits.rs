@@ -163,7 +163,7 @@ impl Part {
     /// Feast's columns, one per feature answered (those picked, else the `read` values its
     /// read reads of the group), and those REST and gRPC rows; None for the rows of one
     /// group's, or of several in turn (`JoinedRow`).
-    fn columns(&self, api: u8, read: Option<usize>, several: bool) -> Option<Cells> {
+    fn columns(&self, api: u8, read: Option<usize>, several: bool, rows: usize) -> Option<Cells> {
         let stamped = api == FEAST;
         if !stamped && !several {
             return None;
@@ -175,7 +175,7 @@ impl Part {
             (None, Some(read)) => read,
             (None, None) => return None,
         };
-        Some(Cells::new(width, stamped, api == GRPC))
+        Some(Cells::new(width, stamped, api == GRPC, rows))
     }
 }
 
@@ -452,9 +452,9 @@ impl Hits {
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
         let mut writer = if self.compact {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
-            HitWriter::new(api, &form, Some(&reads), now)?
+            HitWriter::new(api, &form, Some(&reads), now, ids.len())?
         } else {
-            HitWriter::new(api, &form, None, now)?
+            HitWriter::new(api, &form, None, now, ids.len())?
         };
         let compact = self.compact;
         let (mut hits, mut negative) = (0u64, 0u64);
@@ -572,6 +572,7 @@ impl<'f> HitWriter<'f> {
         form: &'f Form,
         reads: Option<&HashMap<u16, Arc<GroupRead>>>,
         now: i64,
+        rows: usize,
     ) -> Option<Self> {
         let mut parts = Vec::with_capacity(form.parts.len());
         let joined = JoinedRow::of(api, form);
@@ -589,7 +590,8 @@ impl<'f> HitWriter<'f> {
                     .collect::<Option<Vec<_>>>()?,
                 _ => Vec::new(),
             };
-            let columns = part.columns(api, read.as_ref().map(|r| r.types.len()), several);
+            let width = read.as_ref().map(|r| r.types.len());
+            let columns = part.columns(api, width, several, rows);
             if (api == FEAST || several) && columns.is_none() {
                 return None;
             }
@@ -831,7 +833,7 @@ impl Hits {
         let several = form.parts.len() > 1 && joined.is_none();
         let widths = read.splits.iter().map(|split| Some(split.count));
         let mut cells: Vec<Cells> = (form.parts.iter().zip(widths))
-            .map(|(part, width)| part.columns(api, width, several))
+            .map(|(part, width)| part.columns(api, width, several, plan.ids.len()))
             .collect::<Option<_>>()
             .unwrap_or_default();
         let rows = if api == FEAST {
@@ -987,6 +989,7 @@ struct Cells {
     values: Vec<u8>,                  // the rows' values' JSON, one row after the other
     cells: Vec<(usize, usize, bool)>, // per row and feature: its JSON's span, NULL_VALUE
     cell_bytes: usize,                // the cells' JSON, a NOT_FOUND row's null each time
+    rows: usize,                      // the rows to come: room made for them
 }
 
 const EPOCH: &[u8] = b"\"1970-01-01T00:00:00Z\"";
@@ -1012,11 +1015,24 @@ impl RowStatus {
 }
 
 impl Cells {
-    fn new(width: usize, stamped: bool, proto: bool) -> Self {
+    /// Cells for `rows` rows, room made for them (the values' once the first row's are
+    /// known: `id`), so that they are not copied again as they grow.
+    fn new(width: usize, stamped: bool, proto: bool, rows: usize) -> Self {
+        let (ids, stamps, written) = if stamped {
+            (8 * rows, (EPOCH.len() + 1) * rows, 0)
+        } else {
+            (0, 0, rows)
+        };
         Cells {
             width,
             stamped,
             proto,
+            ids: Vec::with_capacity(ids),
+            stamps: Vec::with_capacity(stamps),
+            written: Vec::with_capacity(written),
+            statuses: Vec::with_capacity(rows),
+            cells: Vec::with_capacity(rows * width),
+            rows,
             ..Cells::default()
         }
     }
@@ -1032,6 +1048,11 @@ impl Cells {
 
     /// A row begun: its id in the join key's column (Feast's), its status.
     fn id(&mut self, id: &Id<'_>, status: RowStatus) {
+        if self.statuses.len() == 1 {
+            // the second row: the first's values' size, room for the rest of them
+            let rest = self.rows.saturating_sub(1);
+            self.values.reserve(self.values.len() * rest);
+        }
         if self.stamped {
             if !self.statuses.is_empty() {
                 self.ids.push(b',');
