@@ -37,9 +37,9 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    grpc_age, grpc_id, json_age, json_i64, json_str, json_value, packed_picks, proto_value,
-    put_varint, read_varint, write_grpc_row, write_packed, write_packed_picks, write_row,
-    write_values, GrpcId, Shape, Writer, MISSING_VALUE,
+    age_of, grpc_age, grpc_id, json_age, json_i64, json_str, json_value, packed_picks, proto_value,
+    put_varint, read_varint, status_code, status_json, write_grpc_row, write_packed,
+    write_packed_picks, write_row, write_values, GrpcId, Shape, Writer, MISSING_VALUE,
 };
 
 /// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
@@ -1320,8 +1320,7 @@ impl JoinedRow {
     ) -> Option<()> {
         let part = form.parts.get(p)?;
         let last = p + 1 == form.parts.len();
-        let age = written_at.map(|w| (now - w).max(0));
-        let stale = matches!((age, part.max_age), (Some(a), Some(m)) if a > m);
+        let (age, stale) = age_of(written_at, false, now, part.max_age);
         if api == GRPC {
             if p == 0 {
                 self.row.clear();
@@ -1330,12 +1329,7 @@ impl JoinedRow {
                 grpc_id(&mut self.row, id.grpc());
             }
             self.row.extend_from_slice(values);
-            // PRESENT 1, MISSING 2, STALE 3
-            let code = |&flag: &u8| match (flag, stale) {
-                (0, _) => 2,
-                (_, false) => 1,
-                (_, true) => 3,
-            };
+            let code = |&flag: &u8| status_code(flag, stale);
             self.statuses.extend(present.iter().map(code));
             if let Some(age) = age {
                 grpc_age(&mut self.ages, &part.label, age);
@@ -1371,11 +1365,8 @@ impl JoinedRow {
             self.any = true;
         }
         for &flag in present {
-            self.statuses.extend_from_slice(match (flag, stale) {
-                (0, _) => b",\"missing\"".as_slice(),
-                (_, false) => b",\"present\"",
-                (_, true) => b",\"stale\"",
-            });
+            self.statuses.push(b',');
+            self.statuses.extend_from_slice(status_json(flag, stale));
         }
         if p > 0 {
             self.ages.push(b',');

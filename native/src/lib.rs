@@ -1058,8 +1058,7 @@ impl GroupCodec {
                 Ok(raw) => Some(unpack(raw.as_bytes(), count)?),
                 Err(_) => None, // nothing stored
             };
-            let age = written_at.map(|w| (now - w).max(0));
-            let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+            let (age, stale) = age_of(written_at, served_stale, now, max_age);
             out.extend_from_slice(b"{\"id\":");
             json_id(&mut out, &id)?;
             out.extend_from_slice(b",\"values\":[");
@@ -1080,11 +1079,8 @@ impl GroupCodec {
                 if k > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(match values.as_ref().and_then(|v| v[fi]) {
-                    None => b"\"missing\"".as_slice(),
-                    Some(_) if stale => b"\"stale\"".as_slice(),
-                    Some(_) => b"\"present\"".as_slice(),
-                });
+                let present = values.as_ref().and_then(|v| v[fi]).is_some();
+                out.extend_from_slice(status_json(u8::from(present), stale));
             }
             out.extend_from_slice(b"],\"ages\":{");
             out.extend_from_slice(group_json);
@@ -1530,17 +1526,47 @@ fn resp_split<'py>(
 
 // --- REST answers ----------------------------------------------------------------------
 
+/// A group's age in an answer (None: no write time) and whether its values are stale:
+/// served from an expired entry because Redis failed (`served_stale`), or written more
+/// than `max_age` ago.
+pub(crate) fn age_of(
+    written_at: Option<i64>,
+    served_stale: bool,
+    now: i64,
+    max_age: Option<i64>,
+) -> (Option<i64>, bool) {
+    let age = written_at.map(|w| (now - w).max(0));
+    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+    (age, stale)
+}
+
+/// A value's status in a REST answer, from its present flag and its group's staleness.
+pub(crate) fn status_json(present: u8, stale: bool) -> &'static [u8] {
+    match (present, stale) {
+        (0, _) => b"\"missing\"",
+        (_, false) => b"\"present\"",
+        (_, true) => b"\"stale\"",
+    }
+}
+
+/// A value's status in a gRPC answer (PRESENT 1, MISSING 2, STALE 3; 0 for a flag that is
+/// neither 0 nor 1).
+pub(crate) fn status_code(present: u8, stale: bool) -> u8 {
+    match (present, stale) {
+        (0, _) => 2,
+        (1, false) => 1,
+        (1, true) => 3,
+        _ => 0,
+    }
+}
+
 fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
     out.push(b'[');
     for (i, &p) in present.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(match (p, stale) {
-            (0, _) => b"\"missing\"".as_slice(),
-            (_, false) => b"\"present\"".as_slice(),
-            (_, true) => b"\"stale\"".as_slice(),
-        });
+        out.extend_from_slice(status_json(p, stale));
     }
     out.push(b']');
 }
@@ -1624,20 +1650,14 @@ pub(crate) fn write_grpc_row(
     max_age: Option<i64>,
     group: &[u8],
 ) {
-    let age = written_at.map(|w| (now - w).max(0));
-    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+    let (age, stale) = age_of(written_at, served_stale, now, max_age);
     row.clear();
     grpc_id(row, id);
     row.extend_from_slice(wire);
     // FeatureRow.statuses = 3, packed: PRESENT 1, MISSING 2, STALE 3
     row.push(0x1A);
     put_varint(row, present.len() as u64);
-    row.extend(present.iter().map(|&p| match (p, stale) {
-        (0, _) => 2,
-        (1, false) => 1,
-        (1, true) => 3,
-        _ => 0,
-    }));
+    row.extend(present.iter().map(|&p| status_code(p, stale)));
     if let Some(age) = age {
         grpc_age(row, group, age);
     }
@@ -1687,8 +1707,7 @@ pub(crate) fn write_row(
     max_age: Option<i64>,
     group_json: &[u8],
 ) {
-    let age = written_at.map(|w| (now - w).max(0));
-    let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
+    let (age, stale) = age_of(written_at, served_stale, now, max_age);
     out.extend_from_slice(b"{\"id\":");
     id(out);
     out.extend_from_slice(b",\"values\":");
