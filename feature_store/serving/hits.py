@@ -64,11 +64,13 @@ log = logging.getLogger(__name__)
 
 # RSS the mirror adds per cached entity (hash table slot, key, expiry, the held objects'
 # references), measured with benchmarks/l1_memory.py --python-hits: 2,770 against 2,606 B
-# (benchmarks/results/l1_memory_hits.md), 170 B; and since then the slot for where its
-# JSON's elements end (24 B). Not counted: those ends themselves, once a picked or Feast
-# hit has split the entry (Feast's lookups: 169 B more RSS per entity than without the
-# slot, benchmarks/results/l1_memory_spans.md)
-MIRROR_ENTRY = 194
+# (benchmarks/results/l1_memory_hits.md), 170 B; since then the slot for where its JSON's
+# elements end was added and the entry shrunk by as much (a pointer for the slot, a write
+# time without an Option: 88 bytes to 64; benchmarks/results/l1_memory_forms.md, 38 to 40
+# B less RSS per entity). Not counted: those ends themselves, once a picked or Feast hit
+# has split the entry (Feast's lookups: 169 B more RSS per entity than without the slot,
+# benchmarks/results/l1_memory_spans.md)
+MIRROR_ENTRY = 170
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
 MAX_FORMS = 1024  # request forms taught (the extension's bound, every API together)
 REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use once_cell::sync::OnceCell;
+use once_cell::race::OnceBox;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -74,26 +74,38 @@ struct Hit {
     values: Option<Held>,
     wire: Option<Held>, // as gRPC records, once a load or a gRPC answer made them
     present: Held,
-    written_at: Option<i64>,
-    expires: u64,   // `Hits::ticks`
+    written: i64, // the group's last write (unix seconds); NOT_WRITTEN for none (`written_at`)
+    expires: u64, // `Hits::ticks`
     notice_at: u64, // `Hits::ticks`: from here on a hit is noted for Python (once per load)
     negative: bool,
     noticed: AtomicBool,
     // where each element of the JSON `values` ends, found by the first hit that splits
     // them (a lookup of some features, Feast's columns) and kept for the next ones: about
     // 100 bytes for the standard shape. Empty: the JSON is past u16 offsets or not an
-    // array (split on each hit). 24 bytes in the entry, where an Option inside took 32.
-    ends: OnceCell<Box<[u16]>>,
+    // array (split on each hit). A pointer in the entry (8 bytes; a OnceCell took 24):
+    // every cached entity has the slot, few have the ends.
+    ends: OnceBox<Box<[u16]>>,
 }
 
+// Every cached entity has one, in a hash table that is up to half empty: its size is most
+// of what the mirror costs per entity (MIRROR_ENTRY in serving/hits.py).
+const _: () = assert!(std::mem::size_of::<Hit>() <= 64);
+
+/// `Hit::written` of a group never written (no write time stored): an Option took 16 bytes.
+const NOT_WRITTEN: i64 = i64::MIN;
+
 impl Hit {
+    fn written_at(&self) -> Option<i64> {
+        (self.written != NOT_WRITTEN).then_some(self.written)
+    }
+
     /// Where each element of the entry's JSON `values` starts and ends, into `out`: from
     /// the ends a hit before this one found, or found now and kept. None where `values` is
     /// not a JSON array (Python answers).
     fn json_spans(&self, values: &[u8], out: &mut Vec<(usize, usize)>) -> Option<()> {
         let ends = self
             .ends
-            .get_or_init(|| element_ends(values).unwrap_or_default());
+            .get_or_init(|| Box::new(element_ends(values).unwrap_or_default()));
         if ends.is_empty() {
             return json_elements(values, out); // (an entry's JSON always has elements)
         }
@@ -642,7 +654,7 @@ impl<'f> HitWriter<'f> {
             } else {
                 &read.types
             };
-            return columns.stored_row(id, types, &stored, hit.written_at, now, part.max_age);
+            return columns.stored_row(id, types, &stored, hit.written_at(), now, part.max_age);
         }
         let (picked, written, spans) = (&mut self.picked, &mut self.written, &mut self.spans);
         let mut values = match &writer.read {
@@ -661,7 +673,7 @@ impl<'f> HitWriter<'f> {
             None if api == GRPC => hit.wire.as_ref()?.bytes(),
             None => hit.values.as_ref()?.bytes(),
         };
-        let (mut present, written_at) = (hit.present.bytes(), hit.written_at);
+        let (mut present, written_at) = (hit.present.bytes(), hit.written_at());
         // where the values split, for Feast's columns and for picks from answer bytes: an
         // entry's own JSON as the first hit to split it found (`Hit::json_spans`); gRPC
         // records here (a compact entry's are written picked, or into the columns above)
@@ -1978,29 +1990,36 @@ impl HitCache {
         let now = Instant::now();
         let after = |s: f64| self.hits.ticks(now + crate::seconds(s));
         let mut old = Vec::with_capacity(items.len());
-        let hits: Vec<(Box<[u8]>, Hit)> = items
+        let hits: Vec<(Box<[u8]>, Option<Hit>)> = items
             .into_iter()
             .map(
                 |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
+                    let key = Box::<[u8]>::from(key.as_bytes());
+                    if written_at == Some(NOT_WRITTEN) {
+                        return (key, None); // not mirrored: Python answers it
+                    }
                     let hit = Hit {
                         values: values.as_ref().map(Held::new),
                         wire: wire.as_ref().map(Held::new),
                         present: Held::new(&present),
-                        written_at,
+                        written: written_at.unwrap_or(NOT_WRITTEN),
                         negative,
                         expires: after(ttl),
                         notice_at: after(notice_in.min(ttl)),
                         noticed: AtomicBool::new(false),
-                        ends: OnceCell::new(),
+                        ends: OnceBox::new(),
                     };
-                    (Box::<[u8]>::from(key.as_bytes()), hit)
+                    (key, Some(hit))
                 },
             )
             .collect();
         {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
             for (key, hit) in hits {
-                old.push(entries.insert(key, hit));
+                old.push(match hit {
+                    Some(hit) => entries.insert(key, hit),
+                    None => entries.remove(&key),
+                });
             }
         }
         drop(old); // their bytes objects are released here, with the GIL

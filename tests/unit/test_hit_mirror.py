@@ -123,8 +123,9 @@ def _entry(group: str, entity_id: object, data: st.DataObject) -> Entry:
     for f in spec.group.features:
         value = data.draw(st.none() | VALUES[f.type.value], f.name)
         stored.append(None if value is None else f.codec.encode(value))
-    ago = data.draw(st.sampled_from([0, 5, 3599, 3601, 10**6]), "written ago")
-    written = encode_timestamp(int(time.time()) - ago)
+    # None: no write time stored (values written before write times were kept)
+    ago = data.draw(st.sampled_from([None, 0, 5, 3599, 3601, 10**6]), "written ago")
+    written = None if ago is None else encode_timestamp(int(time.time()) - ago)
     return spec.entry(key, [*stored, written], proto=proto, bare=bare)
 
 
