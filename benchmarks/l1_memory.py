@@ -74,7 +74,8 @@ def rss(pid: int) -> int:
 def get(http: httpx.Client, ids: list[int]) -> None:
     body = {"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]}
     r = http.post("/v1/features/get", json=body)
-    r.raise_for_status()
+    if r.status_code != 200:
+        raise SystemExit(f"POST /v1/features/get answered {r.status_code}: {r.text[:500]}")
 
 
 def cache_summary(http: httpx.Client) -> dict[str, object]:

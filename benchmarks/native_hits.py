@@ -11,11 +11,12 @@ connections; gRPC: h2load on one batch of 10 at 1 and 8 connections, and 500 con
 10 streams. wrk's timeout is 1 s (its timeouts are the requests past 1 s); h2load's
 per-request log gives the maximum and the count past 1 s. Server CPU per entity is read
 from /proc/<pid>/stat of the worker (and its children) and of redis-server over each
-window. Last, REST at 8 connections with --workers 2 against one worker (NATIVE_HITS on).
+window. Last, REST at 8 connections with --workers 2 against one worker (NATIVE_HITS on),
+on the cores wrk runs on too (benchmarks/workers.py gives each server a CPU quota instead).
 
 Targets (issue: a lookup costs what Redis pays for it): with the L1 on <= 3 us of server CPU
 per entity at batch 10, p50 <= 0.1 ms at one connection, REST and gRPC; none past 1 s at
-1,000 REST connections; 2 workers on 2 cores >= 1.7x one.
+1,000 REST connections; 2 workers on 2 cores >= 1.7x one (see benchmarks/workers.py).
 """
 
 from __future__ import annotations
