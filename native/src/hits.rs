@@ -65,7 +65,7 @@ impl Held {
     }
 }
 
-/// One mirrored entry: 88 bytes besides its key (the bytes are the Python entry's), and
+/// One mirrored entry: 64 bytes besides its key (the bytes are the Python entry's), and
 /// the ends of its JSON's elements once a lookup has split it (`json_spans`).
 struct Hit {
     // the values as JSON (REST), once a load or a REST answer made them; with
@@ -87,11 +87,12 @@ struct Hit {
     ends: OnceBox<Box<[u16]>>,
 }
 
-// Every cached entity has one, in a hash table that is up to half empty: its size is most
+// Every cached entity has one, in a hash table that grows by doubling: its size is most
 // of what the mirror costs per entity (MIRROR_ENTRY in serving/hits.py).
 const _: () = assert!(std::mem::size_of::<Hit>() <= 64);
 
-/// `Hit::written` of a group never written (no write time stored): an Option took 16 bytes.
+/// `Hit::written` of a group without a stored write time: an Option took 16 bytes. Stored
+/// write times are never negative (`layout.decode_timestamp` reads digits only).
 const NOT_WRITTEN: i64 = i64::MIN;
 
 impl Hit {
@@ -1990,14 +1991,10 @@ impl HitCache {
         let now = Instant::now();
         let after = |s: f64| self.hits.ticks(now + crate::seconds(s));
         let mut old = Vec::with_capacity(items.len());
-        let hits: Vec<(Box<[u8]>, Option<Hit>)> = items
+        let hits: Vec<(Box<[u8]>, Hit)> = items
             .into_iter()
             .map(
                 |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
-                    let key = Box::<[u8]>::from(key.as_bytes());
-                    if written_at == Some(NOT_WRITTEN) {
-                        return (key, None); // not mirrored: Python answers it
-                    }
                     let hit = Hit {
                         values: values.as_ref().map(Held::new),
                         wire: wire.as_ref().map(Held::new),
@@ -2009,17 +2006,14 @@ impl HitCache {
                         noticed: AtomicBool::new(false),
                         ends: OnceBox::new(),
                     };
-                    (key, Some(hit))
+                    (Box::<[u8]>::from(key.as_bytes()), hit)
                 },
             )
             .collect();
         {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
             for (key, hit) in hits {
-                old.push(match hit {
-                    Some(hit) => entries.insert(key, hit),
-                    None => entries.remove(&key),
-                });
+                old.push(entries.insert(key, hit));
             }
         }
         drop(old); // their bytes objects are released here, with the GIL
