@@ -48,6 +48,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import native_hits
 from _results import header, save
 from cost import cpu_seconds, wrk_script
 from native_hits import run_h2load, tree_cpu
@@ -140,35 +141,15 @@ def quota(cores: float, period_us: int) -> Iterator[CpuQuota]:
 
 
 @dataclass
-class Cell:
-    round: int
-    api: str
-    l1: str
-    workers: int
-    cores: float  # the quota
-    requests: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
-    slow: int
-    errors: int
-    server_cpu: float
-    redis_cpu: float
-    throttled: int  # quota periods throttled in the window
-    periods: int  # quota periods in the window
+class Cell(native_hits.Cell):
+    """A cell of `native_hits.py`'s kind (hits="front" where the L1 is on), with its round,
+    the L1, and the quota the server had."""
 
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
+    round: int = 0
+    l1: str = "on"
+    cores: float = 0.0  # the quota
+    throttled: int = 0  # quota periods throttled in the window
+    periods: int = 0  # quota periods in the window
 
     @property
     def used(self) -> float:
@@ -225,11 +206,11 @@ def measure(
         got = load(args.seconds)
         elapsed = time.monotonic() - t0
         cell = Cell(
-            rnd,
             api,
-            l1,
+            "front" if l1 == "on" else "none",
             workers,
-            cores,
+            CONNECTIONS,
+            1,
             int(got["requests"]),
             elapsed,
             got["p50"],
@@ -239,8 +220,11 @@ def measure(
             int(got["errors"]),
             tree_cpu(server.process.pid) - s0,
             cpu_seconds(redis.process.pid) - r0,
-            group.throttled() - n0,
-            int(elapsed * 1000 / args.period_ms),
+            round=rnd,
+            l1=l1,
+            cores=cores,
+            throttled=group.throttled() - n0,
+            periods=int(elapsed * 1000 / args.period_ms),
         )
     print(
         f"round {rnd} {api:4} L1 {l1:3} workers {workers} ({cores:.2f} cores) "
