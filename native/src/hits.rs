@@ -37,8 +37,8 @@ use pyo3::types::PyBytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::{
-    age_of, grpc_age, grpc_id, json_age, json_i64, json_str, json_value, packed_picks, proto_value,
-    put_varint, read_varint, status_code, status_json, write_grpc_row, write_packed,
+    age_at, age_of, grpc_age, grpc_id, json_age, json_i64, json_str, json_value, packed_picks,
+    proto_value, put_varint, read_varint, status_code, status_json, write_grpc_row, write_packed,
     write_packed_picks, write_row, write_values, GrpcId, Shape, Writer, MISSING_VALUE,
 };
 
@@ -1496,7 +1496,7 @@ impl<'c> Rows<'c> {
             .zip(&self.form.parts)
             .map(move |(cells, part)| {
                 let written = *cells.written.get(r)?;
-                Some((&part.label[..], written.map(|w| (now - w).max(0))))
+                Some((&part.label[..], age_at(written, now)))
             })
     }
 

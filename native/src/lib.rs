@@ -1526,16 +1526,22 @@ fn resp_split<'py>(
 
 // --- REST answers ----------------------------------------------------------------------
 
-/// A group's age in an answer (None: no write time) and whether its values are stale:
-/// served from an expired entry because Redis failed (`served_stale`), or written more
-/// than `max_age` ago.
+/// A group's age in an answer at `now` (unix seconds): None without a write time, and
+/// never negative (a write time ahead of this clock is age 0).
+pub(crate) fn age_at(written_at: Option<i64>, now: i64) -> Option<i64> {
+    written_at.map(|w| (now - w).max(0))
+}
+
+/// A group's age in an answer (`age_at`) and whether its values are stale: served from an
+/// expired entry because Redis failed (`served_stale`), or written more than `max_age`
+/// ago.
 pub(crate) fn age_of(
     written_at: Option<i64>,
     served_stale: bool,
     now: i64,
     max_age: Option<i64>,
 ) -> (Option<i64>, bool) {
-    let age = written_at.map(|w| (now - w).max(0));
+    let age = age_at(written_at, now);
     let stale = served_stale || matches!((age, max_age), (Some(a), Some(m)) if a > m);
     (age, stale)
 }
