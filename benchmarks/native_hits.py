@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +106,38 @@ def run_h2load(
     }
 
 
+def lookups(entities: int, work: Path) -> tuple[Path, bytes]:
+    """The load's requests: wrk's script over 1,000 zipfian batches of ``BATCH`` ids (REST,
+    all of the standard group), and one such batch as a GetFeatures message (gRPC)."""
+    batches = id_batches(entities, BATCH, count=1000)
+    script = wrk_script(
+        work / "post.lua",
+        [
+            orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+            for ids in batches
+        ],
+    )
+    message = pb.GetFeaturesRequest(
+        entity_type=sample.ENTITY, int_ids=batches[0], groups=[sample.GROUP]
+    ).SerializeToString()
+    return script, message
+
+
+def loader(
+    server: ServingProcess, api: str, work: Path, entities: int
+) -> Callable[[float, int, int], dict[str, float]]:
+    """A load of ``server``'s ``api`` for (seconds, connections, streams per connection):
+    wrk over the REST batches, or h2load on the gRPC one."""
+    script, message = lookups(entities, work)
+
+    def load(seconds: float, conns: int, streams: int) -> dict[str, float]:
+        if api == "rest":
+            return run_wrk(f"{server.rest_url}/v1/features/get", script, seconds, conns)
+        return run_h2load(server.grpc_target, message, seconds, work, conns, streams)
+
+    return load
+
+
 def run_server(
     redis: EmbeddedRedis,
     api: str,
@@ -120,28 +153,11 @@ def run_server(
         "FEATURE_SERVING_NATIVE_HITS": "on" if hits == "front" else "off",
     }
     serve_args = ["--cache-ttl", f"{args.ttl:g}", "--workers", str(workers)]
-    batches = id_batches(args.entities, BATCH, count=1000)
-    script = wrk_script(
-        work / "post.lua",
-        [
-            orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
-            for ids in batches
-        ],
-    )
-    message = pb.GetFeaturesRequest(
-        entity_type=sample.ENTITY, int_ids=batches[0], groups=[sample.GROUP]
-    ).SerializeToString()
     assert redis.process is not None
     cells = []
     with ServingProcess(redis.url, args=serve_args, env=env, grpc=api == "grpc") as server:
         assert server.process is not None
-
-        def load(seconds: float, conns: int, streams: int) -> dict[str, float]:
-            if api == "rest":
-                url = f"{server.rest_url}/v1/features/get"
-                return run_wrk(url, script, seconds, conns)
-            return run_h2load(server.grpc_target, message, seconds, work, conns, streams)
-
+        load = loader(server, api, work, args.entities)
         load(2.0, 8, 1)  # warm-up: connections, the L1's first loads, the forms learned
         for conns, streams in connections:
             s0, r0 = tree_cpu(server.process.pid), cpu_seconds(redis.process.pid)

@@ -40,22 +40,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
-from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import native_hits
 from _results import header, save
-from cost import cpu_seconds, wrk_script
-from native_hits import run_h2load, tree_cpu
-from rest_front import SLOW, run_wrk
-from serving import add_data_dir, ensure_data, id_batches
+from cost import cpu_seconds
+from native_hits import tree_cpu
+from rest_front import SLOW
+from serving import add_data_dir, ensure_data
 
-BATCH = 10
 CONNECTIONS = 32
 CASES = (("rest", "on"), ("rest", "off"), ("grpc", "on"))  # (API, L1)
 TARGET = 1.7
@@ -172,17 +167,6 @@ def measure(
     }
     cache = ["--cache-ttl", f"{args.ttl:g}"] if l1 == "on" else ["--no-cache"]
     serve_args = [*cache, "--workers", str(workers)]
-    batches = id_batches(args.entities, BATCH, count=1000)
-    script = wrk_script(
-        work / "post.lua",
-        [
-            orjson.dumps({"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
-            for ids in batches
-        ],
-    )
-    message = pb.GetFeaturesRequest(
-        entity_type=sample.ENTITY, int_ids=batches[0], groups=[sample.GROUP]
-    ).SerializeToString()
     cores = args.share * workers
     assert redis.process is not None
     with (
@@ -194,16 +178,11 @@ def measure(
         assert server.process is not None
         group.add_tree(server.process.pid)
 
-        def load(seconds: float) -> dict[str, float]:
-            if api == "rest":
-                url = f"{server.rest_url}/v1/features/get"
-                return run_wrk(url, script, seconds, CONNECTIONS)
-            return run_h2load(server.grpc_target, message, seconds, work, CONNECTIONS, 1)
-
-        load(3.0)  # warm-up: connections, the L1's first loads, the forms learned
+        load = native_hits.loader(server, api, work, args.entities)
+        load(3.0, CONNECTIONS, 1)  # warm-up: connections, the L1's first loads, the forms learned
         s0, r0, n0 = tree_cpu(server.process.pid), cpu_seconds(redis.process.pid), group.throttled()
         t0 = time.monotonic()
-        got = load(args.seconds)
+        got = load(args.seconds, CONNECTIONS, 1)
         elapsed = time.monotonic() - t0
         cell = Cell(
             api,
@@ -317,7 +296,8 @@ def main() -> int:
         *header(
             f"Each server in a cgroup with a CPU quota of {args.share:g} cores per worker "
             f"(CFS period {args.period_ms} ms); wrk, h2load and Redis outside it. Batches of "
-            f"{BATCH}, all 50 features of the standard shape, {args.entities:,} entities "
+            f"{native_hits.BATCH}, all 50 features of the standard shape, "
+            f"{args.entities:,} entities "
             f"(REST: 1,000 zipfian batches; gRPC: one batch), {CONNECTIONS} connections, "
             f"{args.seconds:g} s per cell, L1 TTL {args.ttl:g} s where on; one worker then two "
             f"in each of {args.rounds} rounds."
