@@ -56,7 +56,7 @@ def grpc_rows(
 ) -> bytes: ...
 def encode_float32_many(values: list[float]) -> list[bytes | None]: ...
 
-class Call:
+class GrpcCall:
     """One call to the native gRPC front's hot method."""
 
     @property
@@ -76,8 +76,8 @@ class Call:
     def replies(self, buf: bytes, start: int, end: int) -> None: ...
     def loaded(self) -> None: ...
 
-class Front:
-    """HTTP/2 + gRPC on a thread of its own (native/src/front.rs)."""
+class GrpcFront:
+    """HTTP/2 + gRPC on a thread of its own (native/src/front/grpc.rs)."""
 
     def __init__(
         self,
@@ -86,11 +86,12 @@ class Front:
         method: str,
         backend: str,
         max_request: int,
+        keys: tuple[list[tuple[bytes, int]], int],
+        role: int,
         tls: tuple[bytes, bytes, bytes | None] | None = None,
-        keys: list[tuple[bytes, int]] = ...,
         hits: HitCache | None = None,
     ) -> None: ...
-    def take(self) -> list[Call]: ...
+    def take(self) -> list[GrpcCall]: ...
     @property
     def redis(self) -> FrontRedis: ...
     def stop(self, grace: float) -> None: ...
@@ -117,14 +118,14 @@ class RestCall:
     def loaded(self) -> None: ...
 
 class RestFront:
-    """HTTP/1.1 on a thread of its own (native/src/rest.rs)."""
+    """HTTP/1.1 on a thread of its own (native/src/front/rest.rs)."""
 
     def __init__(
         self,
         listen_fd: int,
         wake_fd: int,
         routes: list[tuple[str, int, list[tuple[int, bytes, list[tuple[str, str]]]]]],
-        keys: list[tuple[bytes, int]],
+        keys: tuple[list[tuple[bytes, int]], int],
         backend: str,
         max_body: int,
         body_timeout: float,
@@ -199,10 +200,14 @@ class HitCache:
     ) -> bytes | None: ...
 
 class FrontRedis:
-    """A front's own Redis connections for planned reads (native/src/direct.rs)."""
+    """A front's own Redis connections for planned reads (native/src/front/redis.rs)."""
 
     def add(self, fd: int) -> None: ...
-    def set(self, allowed: bool, timeouts: list[float]) -> None: ...
+    def set(
+        self, allowed: bool, timeouts: list[tuple[int | None, float]], flush_keys: int
+    ) -> None: ...
     def drain(self) -> tuple[int, list[tuple[float, int]], int]: ...
 
-def rest_role(keys: list[tuple[bytes, int]], authorization: str | None) -> int: ...
+def key_role(
+    keys: list[tuple[bytes, int]], open: int, authorization: str | None
+) -> int | None: ...

@@ -33,7 +33,7 @@ fi
 # Reinstall only when the dependencies or the Rust extension changed (the Python code is an
 # editable install; the extension is compiled into feature_store/ by maturin and cargo).
 stamp=.venv/.installed-sources
-sources=$(cat pyproject.toml native/Cargo.toml native/Cargo.lock native/src/*.rs | sha256sum)
+sources=$(find native/src -name "*.rs" | sort | xargs cat pyproject.toml native/Cargo.toml native/Cargo.lock | sha256sum)
 if [ "$sources" != "$(cat "$stamp" 2>/dev/null)" ] || ! ls feature_store/_native*.so >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --upgrade pip
   echo "building the package and its Rust extension (cargo, release profile)"

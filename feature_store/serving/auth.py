@@ -46,6 +46,11 @@ class Authenticator:
         """Every key with its role (an admin key listed once, as admin)."""
         return list(self._keys)
 
+    def native(self) -> tuple[list[tuple[bytes, int]], int]:
+        """The keys as the native fronts check them (``native/src/front/auth.rs``): each
+        with its role's value, and the role everyone has without keys."""
+        return [(key, int(role)) for key, role in self._keys], int(Role.ADMIN)
+
     def role(self, authorization: str | None) -> Role:
         """The role an Authorization header grants; ADMIN for everyone when auth is off."""
         if not self.enabled:

@@ -174,6 +174,12 @@ class AdaptiveTimeouts:
     def observe(self, seconds: float, keys: int) -> None:
         self.classes[self._index(keys)].observe(seconds)
 
+    def bounded(self) -> list[tuple[int | None, float]]:
+        """(most keys of the size class, None for the last; its current timeout), as the
+        native fronts' Redis connections take them."""
+        limits: list[int | None] = [*self.LIMITS, None]
+        return [(limit, t.current) for limit, t in zip(limits, self.classes, strict=True)]
+
     def labelled(self) -> list[tuple[str, float]]:
         """(size class label, current timeout), for metrics."""
         labels = [f"le{limit}" for limit in self.LIMITS] + [f"gt{self.LIMITS[-1]}"]

@@ -3,7 +3,7 @@
 Without the L1, a lookup cost the worker 3.2 times what Redis spends on it
 (benchmarks/results/rest_front.md): parsing the body, checking the ids, building keys and
 commands, splitting the replies into entries and writing the answer, all in Python around
-one round trip. Here the front does that in the extension (``native/src/hits.rs``:
+one round trip. Here the front does that in the extension (``native/src/hits/``:
 ``Hits::plan``, ``Hits::render``) for each request in a form Python has answered before
 (learned as ``hits.NativeHits`` learns them): it writes the lookup's commands, as
 ``roundtrip.pack`` writes them, and writes the answer from Redis's replies. A lookup of
@@ -12,7 +12,7 @@ it asks for, the fields of the features asked and the group's write time, where 
 handler reads the whole groups; a lookup over several groups of one entity reads them with
 one command per id, as the handler does. The round trip goes one of two ways:
 
-- on the front's own Redis connections (``native/src/direct.rs``, NATIVE_READS_CONNECTIONS
+- on the front's own Redis connections (``native/src/front/redis.rs``, NATIVE_READS_CONNECTIONS
   per front): this module opens them with redis-py (its handshake) and hands their sockets
   over; the front reads on them without Python. Every 20 ms (hits.DRAIN_EVERY) ``drain`` takes
   their round trips into the policy of every read (the adaptive timeout, the breaker, the
@@ -87,7 +87,7 @@ class FrontReads(FrontLookups):
     def __init__(self, runtime: ServingRuntime) -> None:
         super().__init__(runtime, planning=True)
         self.reads = runtime.reader.reads
-        # the fronts' own connections (FrontRedis), a redis:// URL's only (see direct.rs)
+        # the fronts' own connections (FrontRedis), a redis:// URL's only (see front/redis.rs)
         self.url = runtime.target.url
         self.connect_timeout = runtime.target.connect_timeout
         tcp = urlsplit(self.url).scheme == "redis"
@@ -130,9 +130,9 @@ class FrontReads(FrontLookups):
                 short.append((front, self.connections - live))
         self.connections_gauge.set(connections)
         closed = breaker.state is CircuitState.CLOSED
-        timeouts = [seconds for _, seconds in timeout.labelled()]
+        timeouts = timeout.bounded()
         for front in self.fronts:
-            front.set(closed, timeouts)
+            front.set(closed, timeouts, FLUSH_KEYS)
         now = time.monotonic()
         opening = self._opening is None and not self._closing
         if short and closed and opening and now >= self._next_open:

@@ -1,7 +1,7 @@
 """The gRPC API (serving.proto): the same service as REST, answered in the same loop.
 
 By default the port belongs to the extension's HTTP/2 front (``NativeFront``,
-native/src/front.rs): it serves GetFeatures itself, handing each call to this loop, and
+native/src/front/grpc.rs): it serves GetFeatures itself, handing each call to this loop, and
 passes every other method through to grpc.aio on a loopback port. With
 ``grpc_front="grpcio"`` (or the extension off) grpc.aio serves the port and every method.
 GetFeatures answers with wire bytes assembled from the cache (``feature_store.serving.wire``,
@@ -46,7 +46,7 @@ from feature_store.serving.runtime import ServingRuntime
 from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
 
 if TYPE_CHECKING:
-    from feature_store._native import Call
+    from feature_store._native import GrpcCall
 
 _grpc_rows = None
 if native_enabled():
@@ -316,7 +316,7 @@ class FeatureServicer:
 
 
 class NativeFront(QueuedCalls):
-    """GetFeatures on the extension's HTTP/2 front (``native/src/front.rs``), answered with
+    """GetFeatures on the extension's HTTP/2 front (``native/src/front/grpc.rs``), answered with
     ``FeatureServicer.answer`` (the same code as grpc.aio's method). Other methods reach
     grpc.aio through the front.
     """
@@ -339,14 +339,15 @@ class NativeFront(QueuedCalls):
         self.parse = _parser(pb.GetFeaturesRequest)
         settings = servicer.runtime.settings
         self.start(
-            lambda wake: _native.Front(
+            lambda wake: _native.GrpcFront(
                 sock.detach(),
                 wake,
                 f"/{SERVICE}/GetFeatures",
                 f"127.0.0.1:{backend}",
                 settings.max_body_bytes,
+                servicer.auth.native(),
+                int(Role.READ),
                 tls_pem(settings),
-                [(key, int(role)) for key, role in servicer.auth.keys],
                 hits.native if hits is not None else None,
             ),
             "gRPC port",
@@ -354,12 +355,12 @@ class NativeFront(QueuedCalls):
         if self.reads is not None:
             self.reads.attach(self.front.redis)
 
-    def fail_planned(self, call: Call, error: BaseException, t0: float) -> None:
+    def fail_planned(self, call: GrpcCall, error: BaseException, t0: float) -> None:
         """A planned lookup whose round trip failed: the method's own failure status."""
         code, details = self.servicer.failure(error, "get", t0)
         call.fail(code.value[0], details)
 
-    async def answer(self, call: Call) -> None:
+    async def answer(self, call: GrpcCall) -> None:
         t0 = time.perf_counter()
         try:
             request = self.parse(call.request)

@@ -1,4 +1,4 @@
-"""The REST port on the extension's HTTP/1.1 front (``native/src/rest.rs``).
+"""The REST port on the extension's HTTP/1.1 front (``native/src/front/rest.rs``).
 
 uvicorn on asyncio lets some of a thousand connections wait for seconds while it serves the
 others (benchmarks/results/dataplane.md): which socket is read next is up to the selector.
@@ -77,7 +77,6 @@ class NativeRestFront(QueuedCalls):
             )
             for path, route in fast.routes.items()
         ]
-        keys = [(key, int(role)) for key, role in fast.auth.keys]
         lookups = [(i, LOOKUPS[path]) for i, path in enumerate(fast.routes) if path in LOOKUPS]
         self.hits = hits if lookups else None
         self.reads = hits if isinstance(hits, FrontReads) else None
@@ -88,7 +87,7 @@ class NativeRestFront(QueuedCalls):
                 sock.detach(),
                 wake,
                 routes,
-                keys,
+                fast.auth.native(),
                 f"127.0.0.1:{backend}",
                 settings.max_body_bytes,
                 settings.request_body_timeout,

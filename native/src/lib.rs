@@ -8,10 +8,8 @@
 //! caller answers that value with the Python reference, which also owns every error
 //! message. So the native path can be faster, never different.
 
-mod direct;
 mod front;
 mod hits;
-mod rest;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -26,18 +24,6 @@ const STRING: u8 = 4;
 const EMBEDDING: u8 = 5;
 const FLOAT_LIST: u8 = 6;
 const INT_LIST: u8 = 7;
-
-/// A front's runtime: one thread (it never holds the GIL). Tasks woken from other threads
-/// (a lookup whose keys Python loaded, an answer or the replies Python sends back) are
-/// taken before the tasks the front's own connections woke: tokio's default takes one
-/// of them every 31 polls, so under load a burst of a few hundred answers from Python
-/// waited seconds behind the connections' work.
-pub(crate) fn front_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .global_queue_interval(1)
-        .build()
-}
 
 /// `s` seconds from Python as a Duration, saturating: NaN and negatives are zero, and
 /// anything past a year (the settings' bound) is a year, where `Duration::from_secs_f64`
@@ -1802,13 +1788,13 @@ fn rest_rows<'py>(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GroupCodec>()?;
     m.add_class::<ReadPlan>()?;
-    m.add_class::<front::Front>()?;
-    m.add_class::<front::Call>()?;
-    m.add_class::<rest::RestFront>()?;
-    m.add_class::<rest::RestCall>()?;
+    m.add_class::<front::grpc::GrpcFront>()?;
+    m.add_class::<front::grpc::GrpcCall>()?;
+    m.add_class::<front::rest::RestFront>()?;
+    m.add_class::<front::rest::RestCall>()?;
     m.add_class::<hits::HitCache>()?;
-    m.add_class::<direct::FrontRedis>()?;
-    m.add_function(wrap_pyfunction!(rest::rest_role, m)?)?;
+    m.add_class::<front::redis::FrontRedis>()?;
+    m.add_function(wrap_pyfunction!(front::auth::key_role, m)?)?;
     m.add_function(wrap_pyfunction!(resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp_split, m)?)?;
     m.add_function(wrap_pyfunction!(rest_rows, m)?)?;
@@ -1817,73 +1803,4 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(float32_json, m)?)?;
     m.add_function(wrap_pyfunction!(float64_json, m)?)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Context, Poll};
-
-    /// A task always ready to run, as a front's connections are under load: it counts its
-    /// polls and wakes itself.
-    struct Busy(Arc<AtomicUsize>);
-
-    impl Future for Busy {
-        type Output = ();
-
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
-
-    #[test]
-    fn a_front_runs_tasks_woken_elsewhere_before_its_own() {
-        const WOKEN: usize = 200;
-        let runtime = super::front_runtime().unwrap();
-        let polls = Arc::new(AtomicUsize::new(0));
-        let seen = runtime.block_on(async {
-            for _ in 0..8 {
-                tokio::spawn(Busy(Arc::clone(&polls)));
-            }
-            // tasks waiting for another thread, as lookups wait for Python's loads
-            let mut senders = Vec::new();
-            let mut woken = Vec::new();
-            for _ in 0..WOKEN {
-                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-                senders.push(tx);
-                let polls = Arc::clone(&polls);
-                woken.push(tokio::spawn(async move {
-                    let _ = rx.await;
-                    polls.load(Ordering::SeqCst)
-                }));
-            }
-            // every task has run once, and waits
-            tokio::task::yield_now().await;
-            // all woken at once from another thread, while this one waits for it
-            std::thread::spawn(move || {
-                for tx in senders {
-                    let _ = tx.send(());
-                }
-            })
-            .join()
-            .unwrap();
-            let before = polls.load(Ordering::SeqCst);
-            let mut latest = before;
-            for task in woken {
-                latest = latest.max(task.await.unwrap());
-            }
-            latest - before
-        });
-        // the busy tasks' polls before the last woken task ran: tokio's default takes one
-        // such task every 31 polls (1,413 here with it)
-        assert!(
-            seen < WOKEN,
-            "{seen} polls of the front's own tasks came first"
-        );
-    }
 }

@@ -24,13 +24,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::resp_skip;
 
-/// Keys per round trip at most, as Python's reads (`flight.FLUSH_KEYS`).
-const FLUSH_KEYS: usize = 1000;
 /// Bytes asked of the socket at a time.
 const READ_SIZE: usize = 64 * 1024;
-/// Size classes of the adaptive timeout (`breaker.AdaptiveTimeouts.LIMITS`): up to 10,
-/// 100, 1000 keys, more.
-const LIMITS: [usize; 3] = [10, 100, 1000];
 
 struct Job {
     command: Vec<u8>,
@@ -49,9 +44,15 @@ pub struct Direct {
     handle: Handle, // the front's runtime, where the connections' tasks run
     lines: Mutex<Vec<mpsc::UnboundedSender<Job>>>,
     next: AtomicU64,
-    allowed: AtomicBool,      // Python's circuit is closed
-    timeouts: [AtomicU64; 4], // microseconds, per size class
+    allowed: AtomicBool, // Python's circuit is closed
+    policy: Mutex<Policy>,
     drained: Mutex<Drained>,
+}
+
+/// Python's limits (`breaker.AdaptiveTimeouts`, `flight.FLUSH_KEYS`), set with `allowed`.
+struct Policy {
+    timeouts: Vec<(Option<usize>, Duration)>, // per size class: its most keys (None: more)
+    flush_keys: usize,                        // keys per round trip at most
 }
 
 impl Direct {
@@ -61,7 +62,10 @@ impl Direct {
             lines: Mutex::new(Vec::new()),
             next: AtomicU64::new(0),
             allowed: AtomicBool::new(false),
-            timeouts: std::array::from_fn(|_| AtomicU64::new(100_000)),
+            policy: Mutex::new(Policy {
+                timeouts: Vec::new(),
+                flush_keys: 1,
+            }),
             drained: Mutex::new(Drained::default()),
         }
     }
@@ -84,16 +88,17 @@ impl Direct {
         Ok(())
     }
 
-    /// Python's decisions: whether the front may read, and each size class's timeout.
-    pub fn set(&self, allowed: bool, timeouts: [f64; 4]) {
-        for (slot, seconds) in self.timeouts.iter().zip(timeouts) {
-            let micros = if seconds.is_finite() {
-                (seconds.max(0.0) * 1e6) as u64
-            } else {
-                0
-            };
-            slot.store(micros, Ordering::Relaxed);
-        }
+    /// Python's decisions: whether the front may read, each size class's most keys (None:
+    /// the rest) and timeout in seconds, and the most keys per round trip.
+    pub fn set(&self, allowed: bool, timeouts: Vec<(Option<usize>, f64)>, flush_keys: usize) {
+        let timeouts = timeouts
+            .into_iter()
+            .map(|(keys, seconds)| (keys, crate::seconds(seconds)))
+            .collect();
+        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = Policy {
+            timeouts,
+            flush_keys: flush_keys.max(1),
+        };
         self.allowed.store(allowed, Ordering::Relaxed);
     }
 
@@ -145,12 +150,16 @@ impl Direct {
         rx.await.ok().flatten()
     }
 
-    fn timeout(&self, keys: usize) -> Duration {
-        let class = LIMITS
+    /// A round trip's time limit (its size class's) and the most keys one may carry.
+    fn limits(&self, keys: usize) -> (Duration, usize) {
+        let policy = self.policy.lock().unwrap_or_else(|e| e.into_inner());
+        let class = policy
+            .timeouts
             .iter()
-            .position(|&l| keys <= l)
-            .unwrap_or(LIMITS.len());
-        Duration::from_micros(self.timeouts[class].load(Ordering::Relaxed))
+            .find(|(most, _)| most.map_or(true, |most| keys <= most))
+            .or_else(|| policy.timeouts.last());
+        let timeout = class.map_or(Duration::from_millis(100), |&(_, t)| t);
+        (timeout, policy.flush_keys)
     }
 
     /// One connection's task: batches of the lookups queued on it, until a round trip fails.
@@ -160,7 +169,8 @@ impl Direct {
         while let Some(first) = jobs.recv().await {
             let mut keys = first.count;
             let mut batch = vec![first];
-            while keys < FLUSH_KEYS {
+            let flush_keys = self.limits(0).1;
+            while keys < flush_keys {
                 match jobs.try_recv() {
                     Ok(job) => {
                         keys += job.count;
@@ -175,7 +185,7 @@ impl Direct {
             }
             let started = Instant::now();
             let exchange = exchange(&mut stream, &command, &batch, &mut buf);
-            let ends = match tokio::time::timeout(self.timeout(keys), exchange).await {
+            let ends = match tokio::time::timeout(self.limits(keys).0, exchange).await {
                 Ok(Some(ends)) => ends,
                 failed => {
                     // Redis did not answer in time: a failure for the breaker. A connection
@@ -245,20 +255,18 @@ async fn exchange(
     Some(ends)
 }
 
-/// `buf[start..end]`: the replies Python hands back for a planned read (`RestCall.replies`,
-/// `Call.replies`).
-pub(crate) fn replies_of(buf: &[u8], start: usize, end: usize) -> PyResult<Bytes> {
-    buf.get(start..end)
-        .map(Bytes::copy_from_slice)
-        .ok_or_else(|| {
-            pyo3::exceptions::PyValueError::new_err("the replies are not inside the buffer")
-        })
-}
-
 /// A front's Redis connections, for Python: it opens them and sets and drains their policy.
 #[pyclass(frozen, module = "feature_store._native")]
 pub struct FrontRedis {
-    pub(crate) direct: Arc<Direct>,
+    direct: Arc<Direct>,
+}
+
+impl FrontRedis {
+    pub(crate) fn of(direct: &Arc<Direct>) -> Self {
+        FrontRedis {
+            direct: Arc::clone(direct),
+        }
+    }
 }
 
 #[pymethods]
@@ -271,10 +279,11 @@ impl FrontRedis {
         Ok(self.direct.add(socket)?)
     }
 
-    /// Whether the front may read (the circuit is closed), and the timeout (seconds) of a
-    /// round trip of up to 10, 100, 1000 and more keys.
-    fn set(&self, allowed: bool, timeouts: [f64; 4]) {
-        self.direct.set(allowed, timeouts);
+    /// Whether the front may read (the circuit is closed), each size class of round trips
+    /// as (its most keys, None for the rest; its timeout in seconds), and the most keys
+    /// one round trip carries.
+    fn set(&self, allowed: bool, timeouts: Vec<(Option<usize>, f64)>, flush_keys: usize) {
+        self.direct.set(allowed, timeouts, flush_keys);
     }
 
     /// `(live connections, [(seconds, keys)] of the round trips, round trips timed out)`

@@ -1,6 +1,7 @@
-"""The native REST front's key check (``rest_role``, native/src/rest.rs) grants what the
+"""The native fronts' key check (``key_role``, native/src/front/auth.rs) grants what the
 Python reference (``auth.Authenticator.role``) grants, for any header an HTTP client can
-send (visible ASCII, spaces and tabs) and any configured keys."""
+send (visible ASCII, spaces and tabs) and any configured keys: no key or an unknown one is
+no role (Role.NONE), and without keys everyone has the role Python hands over."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from feature_store import _native
-from feature_store.serving.auth import Authenticator
+from feature_store.serving.auth import Authenticator, Role
 
 KEY = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12)
 HEADER_CHARS = st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.just("\t")
@@ -33,9 +34,10 @@ def test_the_native_key_check_grants_what_the_reference_grants(
     read: list[str], admin: list[str], data: st.DataObject | None
 ) -> None:
     auth = Authenticator(tuple(read), tuple(admin))
-    keys = [(key, int(role)) for key, role in auth.keys]
+    keys, everyone = auth.native()
     samples = [None, "Bearer reader-key", "Bearer admin-key", "Bearer  admin-key "]
     if data is not None:
         samples += [data.draw(headers(read + admin)) for _ in range(5)]
     for header in samples:
-        assert _native.rest_role(keys, header) == int(auth.role(header)), header
+        native = _native.key_role(keys, everyone, header)
+        assert Role(native if native is not None else Role.NONE) is auth.role(header), header
