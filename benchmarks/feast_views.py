@@ -18,7 +18,7 @@ inside it), each a Feast ``/get-online-features`` of all 50 features (``--rest``
 ``--grpc``: a GetFeatures of every feature, h2load sending one batch, as gRPC's cells in
 ``cost.py``):
 
-- ``one view``: the consumer's group, on the native front (its hits: hits.rs);
+- ``one view``: the consumer's group, on the native front (its hits: native/src/hits/);
 - ``two views``: the member's two views, on the native front;
 - ``two views, handler``: the same on a server with ``NATIVE_HITS=off``, whose handler
   answers (as it answered lookups over several views before the front took them).

@@ -287,7 +287,7 @@ def l1_off_tables(cells: list[Cell]) -> list[str]:
         "",
         "The front writes the lookup's Redis commands and its answer, and reads the replies "
         "on Redis connections of its own (NATIVE_READS, serving/front_reads.py, "
-        "native/src/direct.rs); Python: the route's handler (NATIVE_READS=off). Server CPU "
+        "native/src/front/redis.rs); Python: the route's handler (NATIVE_READS=off). Server CPU "
         "per entity against Redis's own in the same cell:",
         "",
         "| conns | server / Redis CPU (front) | server / Redis CPU (Python) |",

@@ -139,7 +139,7 @@ class RestFront:
     def stop(self, grace: float) -> None: ...
 
 class HitCache:
-    """Lookups on the fronts' threads (native/src/hits.rs): the L1's entries mirrored, or
+    """Lookups on the fronts' threads (native/src/hits/): the L1's entries mirrored, or
     (``planning``) the Redis commands and answers of lookups without the L1."""
 
     def __init__(

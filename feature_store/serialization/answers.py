@@ -3,7 +3,7 @@
 The serving path keeps each cached entity group as its stored bytes, packed into one
 ``bytes`` (``pack``), and writes answers from them: a JSON array of the values (REST) and
 the ``FeatureRow.values`` records of serving.proto (gRPC). This module is the definition
-of those bytes, in Python. ``feature_store._native`` (Rust, native/src/lib.rs) does the
+of those bytes, in Python. ``feature_store._native`` (Rust, native/src/) does the
 same without a Python object per value; tests/unit/test_native.py asserts byte-identical
 output, and ``FEATURE_STORE_NATIVE=off`` serves with this module alone.
 
@@ -30,7 +30,7 @@ from feature_store.proto.v1.values_pb2 import FloatList, IntList
 from feature_store.serialization.codecs import Codec, FeatureType, encode_float32, varint
 from feature_store.serialization.json_floats import float_text
 
-# Type codes shared with native/src/lib.rs
+# Type codes shared with native/src/codecs.rs
 TYPE_CODES: dict[FeatureType, int] = {
     FeatureType.FLOAT: 0,
     FeatureType.DOUBLE: 1,

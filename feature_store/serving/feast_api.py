@@ -449,7 +449,7 @@ class FeastFront:
 
 
 def feast_form(body: Mapping[str, object]) -> tuple[list[str], list[str]]:
-    """A lookup's form as the native front keys it (``Asked::feast`` in native/src/hits.rs):
+    """A lookup's form as the native front keys it (``Asked::feast`` in native/src/hits/asked.rs):
     its feature references as sent, or its feature service; and its flags, as ``groups``."""
     service = body.get("feature_service")
     flags = ["feature_service"] if service is not None else []

@@ -1,4 +1,4 @@
-"""Cache hits answered on the native fronts' threads (``native/src/hits.rs``): REST, gRPC,
+"""Cache hits answered on the native fronts' threads (``native/src/hits/``): REST, gRPC,
 and Feast's ``/get-online-features`` (its columns written from the entries' JSON).
 
 A lookup whose every entity is a fresh L1 entry needs nothing of Python but bytes it made

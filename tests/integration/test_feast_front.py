@@ -1,4 +1,4 @@
-"""Feast's ``/get-online-features`` answered on the native REST front (native/src/hits.rs:
+"""Feast's ``/get-online-features`` answered on the native REST front (native/src/hits/:
 ``Asked::feast``, ``Cells``) against the same server answering it in its handler:
 with the L1 on, from the L1's entries (``NATIVE_HITS=off`` answers in Python); with it off,
 by a planned read (``NATIVE_READS=off``). The same answers, byte for byte: every status

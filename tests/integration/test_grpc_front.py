@@ -1,4 +1,4 @@
-"""The native gRPC front (native/src/front.rs) against real peers: grpcio clients for every
+"""The native gRPC front (native/src/front/grpc.rs) against real peers: grpcio clients for every
 method (GetFeatures answered by the front, the others passed through to grpc.aio), nghttp
 for what grpcio never sends, several workers on one port, and a stop with calls in flight.
 """

@@ -1,4 +1,4 @@
-"""Cache hits answered on the native fronts' threads (serving/hits.py, native/src/hits.rs),
+"""Cache hits answered on the native fronts' threads (serving/hits.py, native/src/hits/),
 REST and gRPC, against a server that answers every lookup in Python (``NATIVE_HITS=off``):
 the same answers, hits counted, push writes and expiry seen at once, keys checked, and the
 cache's policy (refresh ahead, shadow checks) still run for the hits the fronts answer.

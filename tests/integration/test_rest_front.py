@@ -1,4 +1,4 @@
-"""The native REST front (native/src/rest.rs) against real clients: the same answers as
+"""The native REST front (native/src/front/rest.rs) against real clients: the same answers as
 uvicorn alone for every kind of request (the fast routes' answers and refusals, the routes
 passed through to uvicorn, auth), HTTP/1.1 pipelining and chunked bodies, a thousand
 connections at once all answered, and several workers on one port.

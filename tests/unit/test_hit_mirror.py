@@ -1,4 +1,4 @@
-"""The native fronts' mirror of the L1 (serving/hits.py, native/src/hits.rs), held to
+"""The native fronts' mirror of the L1 (serving/hits.py, native/src/hits/), held to
 Python's answers: after any sequence of cache changes (puts, pushes that drop a key,
 evictions, expiry, clears) the mirror answers a lookup exactly when every entity is a fresh
 entry of the cache with its API's answer bytes made (unless the cache is compact: an entry

@@ -1,4 +1,4 @@
-"""Planned reads (``Hits::plan`` and ``Hits::render`` in native/src/hits.rs): the commands a
+"""Planned reads (``Hits::plan`` and ``Hits::render`` in native/src/hits/plan.rs): the commands a
 front writes for a lookup without the L1 are what ``roundtrip.pack`` writes, and the answer it
 writes from Redis's replies is the Python reference's, byte for byte (REST) and record for
 record (gRPC); where the reference would name a fault, the front writes nothing. Lookups of

@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::resp_skip;
+use crate::resp::resp_skip;
 
 /// Bytes asked of the socket at a time.
 const READ_SIZE: usize = 64 * 1024;
@@ -93,7 +93,7 @@ impl Direct {
     pub fn set(&self, allowed: bool, timeouts: Vec<(Option<usize>, f64)>, flush_keys: usize) {
         let timeouts = timeouts
             .into_iter()
-            .map(|(keys, seconds)| (keys, crate::seconds(seconds)))
+            .map(|(keys, seconds)| (keys, crate::time::seconds(seconds)))
             .collect();
         *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = Policy {
             timeouts,

@@ -197,7 +197,7 @@ impl RestFront {
     ) -> PyResult<Self> {
         let seconds = |what: &str, s: f64| {
             if s.is_finite() && s > 0.0 {
-                Ok(crate::seconds(s))
+                Ok(crate::time::seconds(s))
             } else {
                 Err(PyValueError::new_err(format!(
                     "{what} must be a positive number of seconds"

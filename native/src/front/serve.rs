@@ -77,7 +77,7 @@ impl Serving {
     /// Stop accepting, let calls in flight finish for up to `grace` seconds, then close;
     /// returns once the thread has ended (without the GIL meanwhile).
     pub(crate) fn stop(&self, py: Python<'_>, grace: f64) {
-        let _ = self.closing.send(Some(crate::seconds(grace)));
+        let _ = self.closing.send(Some(crate::time::seconds(grace)));
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(thread) = thread {
             py.allow_threads(move || {

@@ -1,0 +1,345 @@
+//! `HitCache`, the mirror as Python holds it: forms learned from Python's answers, reads
+//! defined, entries put and discarded as the L1 changes, and what was served drained.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use once_cell::race::OnceBox;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::entry::{Held, Hit, NOT_WRITTEN};
+use super::form::{column_order, form_widths, Form, GroupRead, Part};
+use super::{form_key, Hits, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST};
+
+/// One part of a form `HitCache::learn` learns (see there).
+type PartItem = (u16, Option<i64>, Option<Vec<usize>>, Vec<u8>);
+
+/// One entry `HitCache::put_many` stores (see there).
+type PutItem<'py> = (
+    Bound<'py, PyBytes>,
+    Option<Bound<'py, PyBytes>>,
+    Option<Bound<'py, PyBytes>>,
+    Bound<'py, PyBytes>,
+    Option<i64>,
+    bool,
+    f64,
+    f64,
+);
+
+/// What Python drains: per API (REST, gRPC, Feast) the answers' times, the entities answered and
+/// how many of the answers were read on the front's own connections; hit and negative-hit
+/// counts; the keys hit in their refresh window and sampled for shadow
+/// checks.
+pub(super) type Drained = (
+    [(Vec<f64>, u64, u64, u64); APIS],
+    u64,
+    u64,
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
+);
+
+/// The mirror of one worker's L1 (see the module's text), shared with its REST front.
+#[pyclass(frozen, module = "feature_store._native")]
+pub struct HitCache {
+    pub(crate) hits: Arc<Hits>,
+}
+
+#[pymethods]
+impl HitCache {
+    #[new]
+    #[pyo3(signature = (max_ids, max_string_id, shadow_fraction, seed=0, planning=false, compact=false))]
+    fn new(
+        max_ids: usize,
+        max_string_id: usize,
+        shadow_fraction: f64,
+        seed: u64,
+        planning: bool,
+        compact: bool,
+    ) -> Self {
+        let fraction = if shadow_fraction.is_finite() {
+            shadow_fraction.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        HitCache {
+            hits: Arc::new(Hits {
+                planning,
+                compact,
+                reads: RwLock::new(HashMap::new()),
+                entries: RwLock::new(HashMap::new()),
+                base: Instant::now(),
+                forms: RwLock::new(HashMap::new()),
+                served: Mutex::new(Served::default()),
+                shadow_below: (fraction * u64::MAX as f64) as u64,
+                rng: AtomicU64::new(seed),
+                max_ids,
+                max_string_id,
+            }),
+        }
+    }
+
+    /// Learn a request form of `api` (0 REST, 1 gRPC, 2 Feast) from Python's answer to it
+    /// (see `Form`). `parts`: the groups answering it (one, but for lookups over several
+    /// groups of one entity), each as (its key tag, its max_age, the indices of the
+    /// features it answers, in the answer's order, when not all of the group's: a Feast
+    /// form's hits and a form over several groups always, and its name in a row's "ages":
+    /// as JSON for REST, as it is for gRPC). `order`: where the answer's values (REST,
+    /// gRPC) or columns (Feast) are not the parts' in turn: per value or column, its place among
+    /// them. A Feast form's entity is its join key, and its groups its flags (see
+    /// `Asked::feast`). False when full, or when the parts or the order are not ones this
+    /// answers.
+    #[pyo3(signature = (api, entity, features, groups, parts, head, prefix, int_ids, order=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn learn(
+        &self,
+        api: u8,
+        entity: &str,
+        features: Vec<String>,
+        groups: Vec<String>,
+        parts: Vec<PartItem>,
+        head: Vec<u8>,
+        prefix: Vec<u8>,
+        int_ids: bool,
+        order: Option<Vec<usize>>,
+    ) -> bool {
+        if usize::from(api) >= APIS || parts.is_empty() {
+            return false;
+        }
+        let parts: Vec<Part> = parts
+            .into_iter()
+            .map(|(group, max_age, picks, label)| Part {
+                group,
+                max_age,
+                picks,
+                label,
+            })
+            .collect();
+        let reads = self.hits.reads.read().unwrap_or_else(|e| e.into_inner());
+        let widths = form_widths(&parts, self.hits.planning.then_some(&*reads));
+        drop(reads);
+        // Feast's columns over several views need each view's width (the rows over several
+        // groups in turn do not: `JoinedRow`; in another order, `column_order` does)
+        if parts.len() > 1 && api == FEAST && widths.iter().any(Option::is_none) {
+            return false;
+        }
+        let order = match column_order(&widths, order) {
+            Some(order) => order,
+            None => return false,
+        };
+        let features: Vec<&str> = features.iter().map(String::as_str).collect();
+        let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+        let key = form_key(api, entity, &features, &groups);
+        let mut forms = self.hits.forms.write().unwrap_or_else(|e| e.into_inner());
+        if forms.len() >= MAX_FORMS && !forms.contains_key(&key) {
+            return false;
+        }
+        forms.insert(
+            key,
+            Arc::new(Form {
+                parts,
+                order,
+                head,
+                prefix,
+                int_ids,
+            }),
+        );
+        true
+    }
+
+    /// How read `read` reads for planned lookups (and a compact cache's entries of group
+    /// `read`): its fields (each group's features, then its freshness field), whether it is
+    /// read with HGETALL, its values' types, and `counts`, how many values of each group
+    /// it reads (None: one group's, all of `types`). A planned lookup over several groups
+    /// of one entity reads them all with one command per id. ValueError where the counts
+    /// do not add up to the fields and the types.
+    #[pyo3(signature = (read, fields, whole, types, counts=None))]
+    fn define_read(
+        &self,
+        read: u16,
+        fields: Vec<Vec<u8>>,
+        whole: bool,
+        types: Vec<(u8, u32)>,
+        counts: Option<Vec<usize>>,
+    ) -> PyResult<()> {
+        let counts = counts.unwrap_or_else(|| vec![types.len()]);
+        let defined = GroupRead::new(fields, whole, types, &counts).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "a read's fields are each group's values and its write time",
+            )
+        })?;
+        let mut reads = self.hits.reads.write().unwrap_or_else(|e| e.into_inner());
+        reads.insert(read, Arc::new(defined));
+        Ok(())
+    }
+
+    /// The commands (and their count) of a planned REST `body`, and the answer written
+    /// from `replies` to them (for tests); with `grpc`, of a `GetFeaturesRequest`; with
+    /// `feast`, of a Feast `/get-online-features` body.
+    #[pyo3(signature = (body, replies=None, grpc=false, feast=false))]
+    fn plan<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        replies: Option<&[u8]>,
+        grpc: bool,
+        feast: bool,
+    ) -> Option<(Bound<'py, PyBytes>, usize, Option<Bound<'py, PyBytes>>)> {
+        let plan = self.hits.plan(api_of(grpc, feast), body)?;
+        let answer = replies.and_then(|r| self.hits.render(&plan, r, false));
+        Some((
+            PyBytes::new(py, &plan.command),
+            plan.count,
+            answer.map(|a| PyBytes::new(py, &a)),
+        ))
+    }
+
+    /// Store entries, under one lock (a round trip's): per item its key (group index, 2
+    /// bytes big-endian, then the Redis key), values (JSON, or packed in a compact cache;
+    /// None: not made yet), gRPC records (None: not made yet), present pattern and
+    /// write time, whether it is negative, and that it is fresh for `ttl` seconds from now,
+    /// noted for Python from `notice_in` seconds.
+    fn put_many(&self, items: Vec<PutItem<'_>>) {
+        let now = Instant::now();
+        let after = |s: f64| self.hits.ticks(now + crate::time::seconds(s));
+        let mut old = Vec::with_capacity(items.len());
+        let hits: Vec<(Box<[u8]>, Hit)> = items
+            .into_iter()
+            .map(
+                |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
+                    let hit = Hit {
+                        values: values.as_ref().map(Held::new),
+                        wire: wire.as_ref().map(Held::new),
+                        present: Held::new(&present),
+                        written: written_at.unwrap_or(NOT_WRITTEN),
+                        negative,
+                        expires: after(ttl),
+                        notice_at: after(notice_in.min(ttl)),
+                        noticed: AtomicBool::new(false),
+                        ends: OnceBox::new(),
+                    };
+                    (Box::<[u8]>::from(key.as_bytes()), hit)
+                },
+            )
+            .collect();
+        {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            for (key, hit) in hits {
+                old.push(entries.insert(key, hit));
+            }
+        }
+        drop(old); // their bytes objects are released here, with the GIL
+    }
+
+    fn discard(&self, key: &[u8]) {
+        let old = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            entries.remove(key)
+        };
+        drop(old);
+    }
+
+    fn clear(&self) {
+        let old = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            std::mem::take(&mut *entries)
+        };
+        drop(old);
+    }
+
+    /// Note every entry of `group` on its next hit (a batch write was announced).
+    fn notice_group(&self, group: u16) {
+        let now = self.hits.ticks(Instant::now());
+        let prefix = group.to_be_bytes();
+        let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+        for (key, hit) in entries.iter_mut() {
+            if key.starts_with(&prefix) {
+                hit.notice_at = now;
+                *hit.noticed.get_mut() = false;
+            }
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.hits
+            .entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Everything served since the last drain (see `Drained`).
+    fn drain(&self) -> Drained {
+        let mut served = self.hits.served.lock().unwrap_or_else(|e| e.into_inner());
+        let s = std::mem::take(&mut *served);
+        let [rest, grpc, feast] = s.seconds;
+        (
+            [
+                (rest, s.entities[0], s.direct[0], s.loaded[0]),
+                (grpc, s.entities[1], s.direct[1], s.loaded[1]),
+                (feast, s.entities[2], s.direct[2], s.loaded[2]),
+            ],
+            s.hits,
+            s.negative_hits,
+            s.refresh,
+            s.shadow,
+        )
+    }
+
+    /// The answer this mirror would give to a REST `body`, None where Python answers (for
+    /// tests); with `grpc`, to a `GetFeaturesRequest` message; with `feast`, to a Feast
+    /// `/get-online-features` body.
+    #[pyo3(signature = (body, grpc=false, feast=false))]
+    fn answer<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        grpc: bool,
+        feast: bool,
+    ) -> Option<Bound<'py, PyBytes>> {
+        match self.hits.answer(api_of(grpc, feast), body)? {
+            Looked::Answer(out) => Some(PyBytes::new(py, &out)),
+            Looked::Missing(_) => None,
+        }
+    }
+
+    /// The keys Python would be asked to load before the front answers `body` (for tests):
+    /// None where it answers at once or hands the request to Python.
+    #[pyo3(signature = (body, grpc=false, feast=false))]
+    fn missing(&self, body: &[u8], grpc: bool, feast: bool) -> Option<Vec<Vec<u8>>> {
+        match self.hits.answer(api_of(grpc, feast), body)? {
+            Looked::Answer(_) => None,
+            Looked::Missing(missing) => Some(missing.keys),
+        }
+    }
+
+    /// The answer to `body` once `keys` were loaded (for tests; see `Hits::replay`).
+    #[pyo3(signature = (body, keys, grpc=false, feast=false))]
+    fn replay<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        mut keys: Vec<Vec<u8>>,
+        grpc: bool,
+        feast: bool,
+    ) -> Option<Bound<'py, PyBytes>> {
+        keys.sort_unstable();
+        let missing = Missing {
+            keys,
+            started: Instant::now(),
+        };
+        let out = self.hits.replay(body, api_of(grpc, feast), &missing)?;
+        Some(PyBytes::new(py, &out))
+    }
+}
+
+/// The API the test helpers' flags name.
+fn api_of(grpc: bool, feast: bool) -> u8 {
+    match (grpc, feast) {
+        (true, _) => GRPC,
+        (false, true) => FEAST,
+        (false, false) => REST,
+    }
+}

@@ -1,0 +1,134 @@
+//! One mirrored L1 entry (`Hit`, 64 bytes besides its key): the Python entry's own bytes
+//! objects held without copies, its write time, expiry and refresh notice.
+
+use std::sync::atomic::AtomicBool;
+
+use once_cell::race::OnceBox;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::split::json_elements;
+
+/// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
+/// mirror drops entries only inside methods Python calls (with the GIL), and pyo3 defers a
+/// decref made without it to the next time it is held.
+pub(super) struct Held(Py<PyBytes>);
+
+impl Held {
+    pub(super) fn new(object: &Bound<'_, PyBytes>) -> Self {
+        Held(object.clone().unbind())
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        let object = self.0.as_ptr();
+        // SAFETY: the `Py` keeps the object alive while it is read, and neither its size nor its
+        // contents (`ob_sval`, inline in the object) ever change; no reference count or
+        // other interpreter state is touched, so the GIL is not needed
+        unsafe {
+            let len = usize::try_from(ffi::Py_SIZE(object)).unwrap_or(0);
+            let data = std::ptr::addr_of!((*object.cast::<ffi::PyBytesObject>()).ob_sval);
+            std::slice::from_raw_parts(data.cast::<u8>(), len)
+        }
+    }
+}
+
+/// One mirrored entry: 64 bytes besides its key (the bytes are the Python entry's), and
+/// the ends of its JSON's elements once a lookup has split it (`json_spans`).
+pub(super) struct Hit {
+    // the values as JSON (REST), once a load or a REST answer made them; with
+    // `Hits::compact`, packed (empty for none), and each answer writes its JSON or gRPC
+    // records from them
+    pub(super) values: Option<Held>,
+    pub(super) wire: Option<Held>, // as gRPC records, once a load or a gRPC answer made them
+    pub(super) present: Held,
+    pub(super) written: i64, // the group's last write (unix seconds); NOT_WRITTEN for none (`written_at`)
+    pub(super) expires: u64, // `Hits::ticks`
+    pub(super) notice_at: u64, // `Hits::ticks`: from here on a hit is noted for Python (once per load)
+    pub(super) negative: bool,
+    pub(super) noticed: AtomicBool,
+    // where each element of the JSON `values` ends, found by the first hit that splits
+    // them (a lookup of some features, Feast's columns) and kept for the next ones: about
+    // 100 bytes for the standard shape. Empty: the JSON is past u16 offsets or not an
+    // array (split on each hit). A pointer in the entry (8 bytes; a OnceCell took 24):
+    // every cached entity has the slot, few have the ends.
+    pub(super) ends: OnceBox<Box<[u16]>>,
+}
+
+// Every cached entity has one, in a hash table that grows by doubling: its size is most
+// of what the mirror costs per entity (MIRROR_ENTRY in serving/hits.py).
+const _: () = assert!(std::mem::size_of::<Hit>() <= 64);
+
+/// `Hit::written` of a group without a stored write time: an Option took 16 bytes. Stored
+/// write times are never negative (`layout.decode_timestamp` reads digits only).
+pub(super) const NOT_WRITTEN: i64 = i64::MIN;
+
+impl Hit {
+    pub(super) fn written_at(&self) -> Option<i64> {
+        (self.written != NOT_WRITTEN).then_some(self.written)
+    }
+
+    /// Where each element of the entry's JSON `values` starts and ends, into `out`: from
+    /// the ends a hit before this one found, or found now and kept. None where `values` is
+    /// not a JSON array (Python answers).
+    pub(super) fn json_spans(&self, values: &[u8], out: &mut Vec<(usize, usize)>) -> Option<()> {
+        let ends = self
+            .ends
+            .get_or_init(|| Box::new(element_ends(values).unwrap_or_default()));
+        if ends.is_empty() {
+            return json_elements(values, out); // (an entry's JSON always has elements)
+        }
+        spans_of_ends(ends, out);
+        Some(())
+    }
+}
+
+/// Where each element of the JSON array `json` ends (`json_elements`), kept in two bytes
+/// each; None past u16 offsets, or where `json` is not an array.
+fn element_ends(json: &[u8]) -> Option<Box<[u16]>> {
+    u16::try_from(json.len()).ok()?;
+    let mut spans = Vec::new();
+    json_elements(json, &mut spans)?;
+    Some(spans.iter().map(|&(_, end)| end as u16).collect())
+}
+
+/// The spans `json_elements` finds, from their ends (`element_ends`): the first element
+/// starts after the bracket, each other after the comma that ends the one before.
+fn spans_of_ends(ends: &[u16], out: &mut Vec<(usize, usize)>) {
+    out.clear();
+    let mut start = 1;
+    for &end in ends {
+        out.push((start, usize::from(end)));
+        start = usize::from(end) + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_ends_give_the_spans_json_elements_finds() {
+        let long = format!("[{}1]", "1,".repeat(40_000));
+        for json in [
+            r#"[]"#,
+            r#"[1]"#,
+            r#"[1.5,null,"a,]b",[1,2,3],{"k":[4]},true]"#,
+            r#"[[0.25,-1e-07],[],"",null]"#,
+            long.as_str(),
+        ] {
+            let (mut split, mut derived) = (Vec::new(), Vec::new());
+            json_elements(json.as_bytes(), &mut split).unwrap();
+            match element_ends(json.as_bytes()) {
+                Some(ends) => spans_of_ends(&ends, &mut derived),
+                None => {
+                    assert!(json.len() > usize::from(u16::MAX), "{json}");
+                    continue;
+                }
+            }
+            assert_eq!(derived, split, "{json}");
+        }
+        assert!(element_ends(long.as_bytes()).is_none());
+        assert!(element_ends(b"{1}").is_none());
+    }
+}

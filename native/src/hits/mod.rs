@@ -1,0 +1,300 @@
+//! Lookups answered on the fronts' threads, without the GIL: L1 hits from its mirror, and
+//! (without the L1) planned reads.
+//!
+//! `HitCache` mirrors the L1's entries (`feature_store.serving.hits.NativeHits` keeps it in
+//! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON and gRPC
+//! records, whichever it has made (the Python entry's own bytes objects, held, not copied:
+//! an entry loaded for one API makes the other's on first use), its present pattern, its
+//! write time and its expiry. A `POST /v1/features/get` in the common form (one group's
+//! features, ids of the entity's type, no bypass) whose every entity is a fresh entry is
+//! answered here from those bytes, as are gRPC's and Feast's lookups of one group, and
+//! lookups over several groups of one entity (a form's `Part`s: each group's values
+//! picked from its entries, gathered in `Cells`, written as Feast's columns or as rows,
+//! `Rows`). With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
+//! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
+//! `GroupCodec` does. A request of a known form with entries missing or expired (or without
+//! its API's answer bytes yet) sends Python those keys alone (`Looked::Missing`): Python
+//! loads them into the L1, through its policy, and the front answers from the mirror
+//! (`Hits::replay`). Any other request (an id Python would refuse, a form not seen yet, a
+//! malformed body, keys that did not load) goes to Python as before, which answers it and
+//! stays the one place where errors, misses and the cache's policy are decided.
+//!
+//! The policy stays Python's: a hit here on an entry inside its refresh window (refresh
+//! ahead, XFetch, an announced batch write) and a sample of hits (shadow checks) are noted
+//! for Python, which runs the same `Refresher.on_hit` and `ShadowChecker.sample` a hit in
+//! Python would. A form is learned from Python's own answer to it: the head of the answer
+//! and how an id becomes a key are Python's bytes, not rebuilt here.
+
+mod answer;
+mod asked;
+mod cache;
+mod cells;
+mod entry;
+mod form;
+mod plan;
+mod split;
+mod writer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use self::asked::{Asked, Id};
+use self::entry::Hit;
+use self::form::{Form, GroupRead};
+use self::writer::HitWriter;
+use crate::codecs::json_i64;
+use crate::time::unix_now;
+pub(crate) use cache::HitCache;
+
+/// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
+/// `/get-online-features` (its column-shaped answer: `Cells`).
+pub const REST: u8 = 0;
+pub const GRPC: u8 = 1;
+pub const FEAST: u8 = 2;
+const APIS: usize = 3;
+
+#[derive(Default)]
+struct Served {
+    seconds: [Vec<f64>; APIS], // each answer's time, for the request histogram, per API
+    entities: [u64; APIS],
+    direct: [u64; APIS], // of the answers, planned reads read on the front's own connections
+    loaded: [u64; APIS], // of the answers, hits once Python loaded the lookup's missing keys
+    hits: u64,
+    negative_hits: u64,
+    refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
+    shadow: Vec<Vec<u8>>,  // keys sampled for a shadow check
+}
+
+const MAX_FORMS: usize = 1024;
+const MAX_NOTED: usize = 100_000; // per drain: Python drains every few tens of ms
+
+/// What a lookup found in the mirror.
+pub enum Looked {
+    /// every entity a fresh entry: the answer
+    Answer(Vec<u8>),
+    /// some missing, expired or (gRPC) without records: Python loads them, then `replay`
+    Missing(Missing),
+}
+
+/// The keys (group index and Redis key, sorted, each once) a lookup found missing.
+pub struct Missing {
+    pub keys: Vec<Vec<u8>>,
+    started: Instant,
+}
+
+pub struct Hits {
+    /// without the L1: lookups are planned (`plan`), never looked up in `entries`
+    pub planning: bool,
+    /// entries hold their packed values only (`CACHE_FORM=compact`)
+    compact: bool,
+    reads: RwLock<HashMap<u16, Arc<GroupRead>>>,
+    entries: RwLock<HashMap<Box<[u8]>, Hit>>,
+    base: Instant, // `ticks` count from here
+    forms: RwLock<HashMap<Vec<u8>, Arc<Form>>>,
+    served: Mutex<Served>,
+    shadow_below: u64, // a hit is sampled when a random u64 is below this
+    rng: AtomicU64,
+    max_ids: usize,
+    max_string_id: usize,
+}
+
+/// The key of a form: the API, and the request's entity type, features and groups as sent.
+fn form_key(api: u8, entity: &str, features: &[&str], groups: &[&str]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(64);
+    key.push(api);
+    key.extend_from_slice(entity.as_bytes());
+    for (mark, names) in [(1u8, features), (2u8, groups)] {
+        for name in names {
+            key.push(mark);
+            key.extend_from_slice(name.as_bytes());
+        }
+    }
+    key
+}
+
+fn cache_key(out: &mut Vec<u8>, group: u16, prefix: &[u8], id: &Id<'_>) {
+    out.clear();
+    out.extend_from_slice(&group.to_be_bytes());
+    out.extend_from_slice(prefix);
+    match id {
+        Id::Int(n) => json_i64(out, *n), // the digits of Python's f"{prefix}:{n}"
+        Id::Str(s) => out.extend_from_slice(s.as_bytes()),
+    }
+}
+
+impl Hits {
+    /// A time as nanoseconds since `base`: 8 bytes in a `Hit` where an `Instant` is 16.
+    fn ticks(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn next_random(&self) -> u64 {
+        // splitmix64 over an atomic counter: one sample per hit, no lock
+        let mut z = self
+            .rng
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// The answer to a lookup of `api` (a `POST /v1/features/get` or Feast
+    /// `/get-online-features` body, a `GetFeaturesRequest` message) if every entity is a
+    /// fresh hit, or the keys Python must load first. A gRPC lookup's entries answer once
+    /// they hold their gRPC records (or, compact, can write them); the others', their JSON.
+    pub fn answer(&self, api: u8, request: &[u8]) -> Option<Looked> {
+        if self.planning {
+            return None;
+        }
+        self.lookup(&Asked::parse(api, request)?, None)
+    }
+
+    /// The answer to a lookup whose `missing` keys Python has loaded since `answer` found
+    /// them; None (Python answers) where an entry is still not here. The hits counted are
+    /// those of the other keys: Python counted the loaded ones.
+    pub fn replay(&self, request: &[u8], api: u8, missing: &Missing) -> Option<Vec<u8>> {
+        let mut asked = Asked::parse(api, request)?;
+        asked.started = missing.started; // the answer's time includes the load
+        match self.lookup(&asked, Some(&missing.keys))? {
+            Looked::Answer(answer) => Some(answer),
+            Looked::Missing(_) => None,
+        }
+    }
+
+    /// `loaded`: a replay, after Python loaded these keys (sorted).
+    fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Vec<u8>]>) -> Option<Looked> {
+        let (api, ids, started) = (asked.api, &asked.ids, asked.started);
+        let form = self.form(asked)?;
+        let now = unix_now();
+        let now_ticks = self.ticks(started);
+        let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
+        out.extend_from_slice(&form.head);
+        let mut key = Vec::with_capacity(form.prefix.len() + 24);
+        let mut writer = if self.compact {
+            let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
+            HitWriter::new(api, &form, Some(&reads), now, ids.len())?
+        } else {
+            HitWriter::new(api, &form, None, now, ids.len())?
+        };
+        let compact = self.compact;
+        let (mut hits, mut negative) = (0u64, 0u64);
+        let mut missing: Vec<Vec<u8>> = Vec::new();
+        let mut refresh = Vec::new();
+        let mut shadow = Vec::new();
+        {
+            let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+            let mut noted: Vec<(&Hit, Vec<u8>)> = Vec::new();
+            // each entity's entry of each of the form's groups (one, but for Feast's lookups
+            // over several views)
+            let keyed = ids
+                .iter()
+                .enumerate()
+                .flat_map(|(i, id)| form.parts.iter().enumerate().map(move |p| (i, id, p)));
+            for (i, id, (p, part)) in keyed {
+                cache_key(&mut key, part.group, &form.prefix, id);
+                let hit = match entries.get(key.as_slice()) {
+                    Some(hit)
+                        if now_ticks < hit.expires
+                            && (compact
+                                || if api == GRPC {
+                                    hit.wire.is_some()
+                                } else {
+                                    hit.values.is_some()
+                                }) =>
+                    {
+                        hit
+                    }
+                    _ if loaded.is_some() => return None, // gone again: Python answers
+                    _ => {
+                        missing.push(key.clone());
+                        continue;
+                    }
+                };
+                if !missing.is_empty() {
+                    continue; // no answer before the load: only what is missing matters
+                }
+                writer.entity(&mut out, i, id, p, hit)?;
+                if let Some(loaded) = loaded {
+                    if loaded.binary_search(&key).is_ok() {
+                        continue; // counted by Python's load
+                    }
+                }
+                if hit.negative {
+                    negative += 1;
+                    continue;
+                }
+                hits += 1;
+                if now_ticks >= hit.notice_at && !hit.noticed.load(Ordering::Relaxed) {
+                    noted.push((hit, key.clone()));
+                }
+                if self.shadow_below > 0 && self.next_random() < self.shadow_below {
+                    shadow.push(key.clone());
+                }
+            }
+            if !missing.is_empty() {
+                missing.sort_unstable();
+                missing.dedup();
+                return Some(Looked::Missing(Missing {
+                    keys: missing,
+                    started,
+                }));
+            }
+            for (hit, key) in noted {
+                if !hit.noticed.swap(true, Ordering::Relaxed) {
+                    refresh.push(key); // once per load, by whichever answer comes first
+                }
+            }
+        }
+        writer.finish(&mut out, ids)?;
+        let mut served = self.served(api, started, ids.len());
+        served.loaded[api as usize] += u64::from(loaded.is_some());
+        served.hits += hits;
+        served.negative_hits += negative;
+        if served.refresh.len() < MAX_NOTED {
+            served.refresh.append(&mut refresh);
+        }
+        if served.shadow.len() < MAX_NOTED {
+            served.shadow.append(&mut shadow);
+        }
+        Some(Looked::Answer(out))
+    }
+}
+
+impl Hits {
+    /// The form learned for this request, if its ids are ones Python would take.
+    fn form(&self, asked: &Asked<'_>) -> Option<Arc<Form>> {
+        let ids = &asked.ids;
+        if ids.is_empty() || ids.len() > self.max_ids {
+            return None;
+        }
+        let key = form_key(asked.api, asked.entity, &asked.features, &asked.groups);
+        let form = {
+            let forms = self.forms.read().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(forms.get(&key)?)
+        };
+        for id in ids {
+            match id {
+                Id::Int(_) if form.int_ids => {}
+                Id::Str(s) if !form.int_ids && !s.is_empty() && s.len() <= self.max_string_id => {}
+                _ => return None, // Python says why
+            }
+        }
+        Some(form)
+    }
+
+    /// Count an answer given here (for the request histogram and the entities served).
+    fn served(
+        &self,
+        api: u8,
+        started: Instant,
+        entities: usize,
+    ) -> std::sync::MutexGuard<'_, Served> {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.seconds[api as usize].push(started.elapsed().as_secs_f64());
+        served.entities[api as usize] += entities as u64;
+        served
+    }
+}
