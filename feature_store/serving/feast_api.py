@@ -515,8 +515,10 @@ def feast_routes(
         batches, ignored = frame_rows(groups, frame)
         total = WriteStats()
         skipped: list[EntityId] = []
-        for group, rows in batches:
-            written = await service.write(group.name, rows)
+        # every group's rows validated and encoded before the first is written
+        prepared = [service.prepare(group.name, rows) for group, rows in batches]
+        for write in prepared:
+            written = await service.send(write)
             total += written.stats
             skipped += written.skipped
         return orjson.dumps(

@@ -12,7 +12,14 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from feature_store.batch import EntityError, EntityId, WriteRow, WriteStats, plan_write
+from feature_store.batch import (
+    EntityError,
+    EntityId,
+    WritePlan,
+    WriteRow,
+    WriteStats,
+    plan_write,
+)
 from feature_store.connection import is_key_error, missing_script, translated_errors
 from feature_store.errors import (
     EncodingError,
@@ -321,6 +328,11 @@ class FeatureService:
         """Push-write rows of one group (see ``batch.plan_write``): each entity's values
         are written unless Redis holds a newer event time for that group; those rows are
         named in the answer. Caches here and elsewhere drop the keys."""
+        return await self.send(self.prepare(group, rows))
+
+    def prepare(self, group: str, rows: Sequence[WriteRow]) -> PreparedWrite:
+        """Validate and encode a push write of one group, before any I/O: a write that
+        feeds several groups prepares each first, so that a bad row writes nothing."""
         if group not in self.registry.groups:
             known = ", ".join(sorted(self.registry.groups))
             raise UnknownFeatureError(f"unknown feature group {group!r}; known: {known}")
@@ -333,7 +345,11 @@ class FeatureService:
             )
         ids = [r[0] for r in rows]
         keys = self.check_ids(g.entity, ids)
-        plan = plan_write(g, rows)  # validates and encodes everything before any I/O
+        return PreparedWrite(group, ids, keys, plan_write(g, rows))
+
+    async def send(self, prepared: PreparedWrite) -> Written:
+        """Write what ``prepare`` made; caches here and elsewhere drop its keys."""
+        group, ids, keys, plan = prepared.group, prepared.ids, prepared.keys, prepared.plan
         try:
             replies = await self.writer.run(plan.commands)
         except BaseException:
@@ -458,6 +474,16 @@ def _failed_rows(
         if isinstance(reply, Exception):
             failed.setdefault(key, (entity_id, f"{key.decode(errors='replace')}: {reply}"))
     return failed
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedWrite:
+    """A push write of one group, validated and encoded (``FeatureService.prepare``)."""
+
+    group: str
+    ids: list[EntityId]
+    keys: list[bytes]
+    plan: WritePlan
 
 
 @dataclass(frozen=True, slots=True)
