@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from feature_store.batch import EPOCH_UNITS_BOUND, MAX_FUTURE_SECONDS
+from feature_store.batch import MAX_FUTURE_SECONDS
 from feature_store.layout import INT64_MAX, INT64_MIN, MAX_STRING_ID_BYTES, IdType
 from feature_store.registry import EntityType, Feature, Registry
 from feature_store.serialization import FeatureType
@@ -258,27 +258,27 @@ def get_request_schema(registry: Registry, max_entities: int, max_features: int)
     return {"oneOf": variants} if len(variants) > 1 else variants[0]
 
 
-def event_time_schema(now: float) -> JsonSchema:
-    """A row's event time as ``batch.event_time_seconds`` takes it, the bound stated: a
-    number of seconds, milli-, micro- or nanoseconds since 1970 (told apart by size) up to
-    an hour after ``now`` (the document's time, less a minute: a bound that stays true as
-    the clock moves on), an RFC 3339 string, or null."""
-    latest = now + MAX_FUTURE_SECONDS - 60
-    numbers: list[JsonSchema] = [{"type": "number", "minimum": 0, "maximum": latest}]
-    for scale in (1e3, 1e6, 1e9):  # ms, µs, ns: from where a number stops being seconds
-        low = EPOCH_UNITS_BOUND * scale / 1e3
-        numbers.append({"type": "number", "minimum": low, "maximum": latest * scale})
+def event_time_schema() -> JsonSchema:
+    """A row's event time as ``batch.event_time_seconds`` takes it: a number of seconds,
+    milli-, micro- or nanoseconds since 1970 (told apart by size), an RFC 3339 string, or
+    null. Its upper bound moves with the server's clock, so it is stated in words: a
+    ``maximum`` fixed when the document is made would be wrong an instant later (values
+    just past it accepted, or the bound too far)."""
     return {
-        "anyOf": [*numbers, {"type": "string", "format": "date-time"}, {"type": "null"}],
+        "anyOf": [
+            {"type": "number", "minimum": 0},
+            {"type": "string", "format": "date-time"},
+            {"type": "null"},
+        ],
         "description": "when the values were true: unix seconds (or ms, µs, ns since 1970, "
-        "told apart by size) or RFC 3339 (null or left out: now). Not before 1970, and at "
-        f"most {MAX_FUTURE_SECONDS} s after the server's clock: 400 otherwise (a number's "
-        "bound is the document's). A row older than the entity's stored values of the group "
-        "is not written and is named in skipped_ids",
+        "told apart by size) or RFC 3339 (null or left out: now). Refused with a 400: a time "
+        f"before 1970, or more than {MAX_FUTURE_SECONDS} s after the server's clock (it would "
+        "hide every later write of the entity until then). A row older than the entity's "
+        "stored values of the group is not written and is named in skipped_ids",
     }
 
 
-def write_request_schema(registry: Registry, max_entities: int, now: float) -> JsonSchema:
+def write_request_schema(registry: Registry, max_entities: int) -> JsonSchema:
     variants = []
     for group in registry.groups.values():
         row = {
@@ -294,7 +294,7 @@ def write_request_schema(registry: Registry, max_entities: int, now: float) -> J
                     "description": "feature -> value; null removes it, a feature left out "
                     "is not touched",
                 },
-                "event_time": event_time_schema(now),
+                "event_time": event_time_schema(),
             },
         }
         variants.append(
