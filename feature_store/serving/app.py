@@ -1,6 +1,6 @@
 """The REST app of one worker: its routes (batch get, push write, registry, health,
-readiness, metrics, Feast's API), their OpenAPI document, its lifespan (the runtime, the
-gRPC server, the native REST front) and ``FastPath``, the ASGI path of the hot POSTs.
+readiness, metrics, Feast's API) and their OpenAPI document. ``worker`` assembles the
+worker around it (its lifespan, the fronts); ``fast.FastPath`` answers the hot POSTs first.
 
 The contract is in docs/serving.md; the handlers of the two JSON POSTs, and the bytes of
 their answers, are in ``rest_api``.
@@ -8,13 +8,10 @@ their answers, are in ``rest_api``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import FastAPI, Request
@@ -23,54 +20,38 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
 
 from feature_store.serving import schemas
-from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError, Role
-from feature_store.serving.feast_api import LOOKUP as FEAST_LOOKUP
+from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.feast_api import FeastFront, feast_routes
-from feature_store.serving.front_reads import FrontReads, planned_reads
-from feature_store.serving.hits import FEAST, REST, NativeHits
-from feature_store.serving.json_answer import (
-    JSON,
-    Answer,
-    Handler,
-    JSONBody,
-    Route,
-    error_answer,
-)
+from feature_store.serving.json_answer import JSON, Handler, JSONBody, Route, error_answer
 from feature_store.serving.rest_api import RestHandlers
-from feature_store.serving.runtime import ServingRuntime, tune_gc
-from feature_store.serving.service import (
-    Problem,
-    problem,
-)
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.service import Problem
 
-if TYPE_CHECKING:
-    from feature_store._native import RestCall
-
-log = logging.getLogger(__name__)
+# what FastAPI runs around the app's life (``worker.Fronts.lifespan``)
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
-def create_app(
-    runtime: ServingRuntime, *, grpc_port: int | None = None, rest_backend: int | None = None
-) -> FastPath:
-    """The app of one worker. With ``grpc_port``, its lifespan also runs the gRPC server;
-    with ``rest_backend`` (the loopback port uvicorn serves this app on), the native REST
-    front on the REST port (``rest_front``)."""
-    settings = runtime.settings
-    auth = Authenticator(settings.read_keys, settings.admin_keys)
-    handlers = RestHandlers(runtime, auth)
-    fronts = Fronts(runtime, handlers, grpc_port, rest_backend)
+def api_app(
+    runtime: ServingRuntime,
+    handlers: RestHandlers,
+    auth: Authenticator,
+    lifespan: Lifespan,
+    feast_front: FeastFront,
+) -> tuple[FastAPI, dict[str, Route]]:
+    """The FastAPI app of one worker (this API's routes, Feast's, their OpenAPI document;
+    ``lifespan`` runs what answers beside it) and the POST routes ``FastPath`` and the
+    native REST front answer first, with the same handlers."""
     app = FastAPI(
         title="Feature store serving API",
         version="1",
         description="Batch feature lookups behind an in-process cache, push writes, registry.",
-        lifespan=fronts.lifespan,
+        lifespan=lifespan,
         default_response_class=JSONBody,
     )
     _api_routes(app, runtime, handlers, auth)
-    feast = _feast_routes(app, runtime, auth, fronts.feast)
+    feast = _feast_routes(app, runtime, auth, feast_front)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
     routes = {
@@ -78,96 +59,7 @@ def create_app(
         "/v1/features/write": Route(handlers.write, Role.ADMIN),
         **feast,
     }
-    fronts.fast = FastPath(
-        app, routes, auth, settings.max_body_bytes, settings.request_body_timeout
-    )
-    return fronts.fast
-
-
-class Fronts:
-    """The worker's lifespan: the runtime, then what answers beside uvicorn (the gRPC
-    server, the native REST front, the cache hits answered on the fronts' threads); stopped
-    in the reverse order."""
-
-    def __init__(
-        self,
-        runtime: ServingRuntime,
-        handlers: RestHandlers,
-        grpc_port: int | None,
-        rest_backend: int | None,
-    ) -> None:
-        self.runtime = runtime
-        self.handlers = handlers
-        self.grpc_port = grpc_port
-        self.rest_backend = rest_backend
-        self.fast: FastPath | None = None  # the app the native REST front passes on to
-        self.feast = FeastFront()  # what the native REST front needs of Feast's lookups
-
-    @contextlib.asynccontextmanager
-    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        runtime, settings = self.runtime, self.runtime.settings
-        await runtime.start()
-        hits = self._hits()
-        grpc_server = None
-        if self.grpc_port is not None:
-            from feature_store.serving.grpc_server import start_grpc_server
-
-            grpc_server = await start_grpc_server(runtime, settings.host, self.grpc_port, hits)
-        rest = None
-        if self.rest_backend is not None:
-            from feature_store.serving.fronts import listen
-            from feature_store.serving.rest_front import NativeRestFront
-
-            assert self.fast is not None
-            if hits is not None:
-                self.handlers.learn = hits.learner(REST)
-                self.feast.learn = hits.learner(FEAST)
-            sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
-            rest = NativeRestFront(
-                self.fast, sock, self.rest_backend, settings, hits, self._fail_planned
-            )
-            log.info("REST on %s:%d (native front)", settings.host, settings.port)
-        if hits is not None:
-            hits.start()
-        tune_gc(settings)
-        if runtime.siblings is not None:
-            runtime.siblings.join()  # answers on every port: its sockets are bound
-        try:
-            yield
-        finally:
-            if runtime.siblings is not None:
-                runtime.siblings.leave()
-            if rest is not None:
-                await rest.stop(grace=1.0)
-            if grpc_server is not None:
-                await grpc_server.stop(grace=1.0)
-            if hits is not None:
-                await hits.close()
-            await runtime.stop()
-
-    def _hits(self) -> NativeHits | FrontReads | None:
-        """Lookups answered on the fronts' threads, with a native front (REST, or gRPC on
-        the native front) to answer them: cache hits with the L1 on (``NATIVE_HITS``),
-        planned reads with it off (``NATIVE_READS``)."""
-        settings = self.runtime.settings
-        native_grpc = False
-        if self.grpc_port is not None:
-            from feature_store.serving.grpc_server import front_kind
-
-            native_grpc = front_kind(settings) == "native"
-        if self.rest_backend is None and not native_grpc:
-            return None
-        if self.runtime.reader.cache is None:
-            return FrontReads(self.runtime) if planned_reads(self.runtime) else None
-        return NativeHits(self.runtime) if settings.native_hits else None
-
-    def _fail_planned(self, call: RestCall, error: BaseException, t0: float) -> None:
-        """A planned lookup whose round trip failed: its handler's error answer (this
-        API's, or Feast's)."""
-        assert self.fast is not None
-        feast = list(self.fast.routes)[call.route] == FEAST_LOOKUP and self.feast.fail
-        answer = (feast or self.handlers.fail)(error, "get", t0)
-        call.respond(answer.status, answer.body, list(answer.headers))
+    return app, routes
 
 
 def _api_routes(
@@ -304,115 +196,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return answer
 
 
-_JSON_HEADER = (b"content-type", JSON.encode())
-
-
-class FastPath:
-    """The ASGI app: the two hot POST routes directly, everything else through FastAPI.
-
-    FastAPI's routing, request and response objects cost more per request than a cached
-    lookup itself. The hot
-    routes read the body and answer over plain ASGI with the same handler functions that
-    the documented FastAPI routes call, so behaviour and OpenAPI stay one.
-    """
-
-    def __init__(
-        self,
-        app: FastAPI,
-        routes: dict[str, Route],
-        auth: Authenticator,
-        body_limit: int,
-        body_timeout: float,
-    ) -> None:
-        self.app = app
-        self.routes = routes
-        self.auth = auth
-        self.body_limit = body_limit
-        self.body_timeout = body_timeout
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            route = self.routes.get(scope["path"])
-            if route is not None:
-                await self._answer(route, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    async def _answer(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        authorization = None
-        content_type = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"content-type":
-                content_type = value
-        try:
-            # the key before the body: a caller without one does not get to send 8 MiB
-            self.auth.require(authorization, route.role)
-        except AuthError as e:
-            await self._send(send, route.errors(problem(e)))
-            return
-        if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
-            # also what keeps a web page from posting a text/plain "form" cross-site
-            await self._send(send, self.refusal(route, 415))
-            return
-        try:
-            async with asyncio.timeout(self.body_timeout):
-                body = await self._body(receive)
-        except TimeoutError:
-            await self._send(send, self.refusal(route, 408))
-            return
-        if body is None:
-            return  # the client went away
-        if len(body) > self.body_limit:
-            answer = self.refusal(route, 413)
-        else:
-            answer = await route.handler(authorization, body)
-        await self._send(send, answer)
-
-    def refusal(self, route: Route, status: int) -> Answer:
-        """The answer of a fast route to a request refused before its handler runs: these
-        statuses, here and on the native REST front (which gets them all, rendered once)."""
-        if status in (401, 403):
-            return route.errors(problem(AuthError(AUTH_MESSAGES[status], status)))
-        if status == 415:
-            # also what keeps a web page from posting a text/plain "form" cross-site
-            p = Problem(415, "unsupported_media_type", "send the body as application/json")
-        elif status == 408:
-            message = f"the request body did not arrive within {self.body_timeout:g} s"
-            p = Problem(408, "body_timeout", message)
-        elif status == 413:
-            p = Problem(413, "batch_too_large", f"the body is larger than {self.body_limit} bytes")
-        elif status == 400:
-            p = Problem(400, "malformed_body", "the request body could not be read")
-        else:
-            p = Problem(503, "shutting_down", "the server is stopping: retry")
-        return route.errors(p)
-
-    async def _body(self, receive: Receive) -> bytes | None:
-        """The request body (cut at the limit plus one byte), or None if the client left."""
-        chunks = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            if size <= self.body_limit:
-                chunks.append(chunk)
-            size += len(chunk)
-            more = message.get("more_body", False)
-        return b"".join(chunks)
-
-    @staticmethod
-    async def _send(send: Send, answer: Answer) -> None:
-        headers = [_JSON_HEADER, (b"content-length", str(len(answer.body)).encode())]
-        headers += [(k.lower().encode(), v.encode()) for k, v in answer.headers]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-        await send({"type": "http.response.body", "body": answer.body})
-
-
 def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
     reader = runtime.reader
     cache = reader.cache
@@ -476,7 +259,7 @@ def _openapi(app: FastAPI, runtime: ServingRuntime) -> Callable[[], dict[str, ob
                 runtime.registry, s.max_entities, s.max_features
             )
             found["WriteFeaturesRequest"] = schemas.write_request_schema(
-                runtime.registry, s.max_entities, time.time()
+                runtime.registry, s.max_entities
             )
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             doc["security"] = [{"bearer": []}, {}]

@@ -31,8 +31,8 @@ from feature_store.errors import ConfigError
 
 if TYPE_CHECKING:
     from feature_store.registry import Registry
-    from feature_store.serving.app import FastPath
     from feature_store.serving.config import ServingSettings
+    from feature_store.serving.fast import FastPath
     from feature_store.settings import Settings
 
 SAMPLE = "sample"
@@ -287,10 +287,10 @@ def _load(path: str) -> Registry:
 
 def _app_from_config(config: dict[str, object]) -> FastPath:
     from feature_store.connection import RedisTarget
-    from feature_store.serving.app import create_app
     from feature_store.serving.config import ServingSettings
     from feature_store.serving.http import HeaderDeadlineProtocol
     from feature_store.serving.runtime import ServingRuntime
+    from feature_store.serving.worker import create_app
 
     serving = ServingSettings.from_json(orjson.dumps(config["serving"]).decode())
     HeaderDeadlineProtocol.header_timeout = serving.request_header_timeout

@@ -33,7 +33,7 @@ from feature_store.serving.hits import FEAST, REST, NativeHits
 
 if TYPE_CHECKING:
     from feature_store._native import RestCall
-    from feature_store.serving.app import FastPath
+    from feature_store.serving.fast import FastPath
     from feature_store.serving.json_answer import Answer, Route
 
 # the lookup routes the front answers (hits.py, front_reads.py), with their APIs
