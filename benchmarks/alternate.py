@@ -14,10 +14,11 @@ ratio beside it as the witness of drift (about 1.0 when the two ran alike).
 
 The cells are those of dataplane.py (benchmarks/dataplane.py: wrk on 1,000 zipfian batches
 for REST, h2load on one batch for gRPC, 8 connections, the L1's TTL a fraction of each
-window): REST and gRPC with the L1 off at batch 10, and with it on at batch 10, and, REST
-alone (gRPC's one batch is all hits), at 100 and 1,000, where some ids miss in every
-request. ``--compact``: the L1 cells alone, both sides with CACHE_FORM=compact (every hit
-writes its answer from the entry's packed values); with ``--misses`` or ``--feast``, the
+window): REST and gRPC with the L1 off and on at batches of 10 and 100, and REST with the
+L1 on at 1,000 too, where some ids miss in every request. The last table gives each
+cell's median ratio and the medians of the figures themselves. ``--compact``: the L1
+cells alone, both sides with CACHE_FORM=compact (every hit writes its answer from the
+entry's packed values); with ``--misses`` or ``--feast``, the
 L1 cells of those. ``--misses``: the miss path alone, REST with the L1 on at batches of
 10, 100 and 1,000 and a TTL of 1 ms (unless ``--ttl`` says otherwise), so that nearly
 every lookup misses and is loaded through the L1's policy (single-flight, the cache and
@@ -49,10 +50,10 @@ from feature_store.embedded import EmbeddedRedis
 
 # (API, L1, the cells of one worker: (batch, connections))
 WORKERS: tuple[tuple[str, bool, list[tuple[int, int]]], ...] = (
-    ("rest", False, [(10, 8)]),
+    ("rest", False, [(10, 8), (100, 8)]),
     ("rest", True, [(10, 8), (100, 8), (1000, 8)]),
-    ("grpc", False, [(10, 8)]),
-    ("grpc", True, [(10, 8)]),
+    ("grpc", False, [(10, 8), (100, 8)]),
+    ("grpc", True, [(10, 8), (100, 8)]),
 )
 # --misses: gRPC's one batch (h2load) would be all hits between its reloads, or all
 # coalesced into one read
@@ -134,6 +135,8 @@ def main() -> int:
             rounds.append(one_round(redis, tree, first, args, Path(tmp)))
     names = [c.name for c in rounds[0]["now"]]
     server: dict[str, list[float]] = {name: [] for name in names}
+    # the figures themselves, now and before (per entity, or per entity read)
+    absolute: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
     redis_ratio: dict[str, list[float]] = {name: [] for name in names}
     # the server's CPU per entity over Redis's own in the same cell (not for --misses)
     over_redis: dict[str, list[float]] = {name: [] for name in names}
@@ -167,6 +170,8 @@ def main() -> int:
                 witness = now.redis_us / max(before.redis_us, 1e-9)
             ratio = ours / theirs
             server[now.name].append(ratio)
+            absolute[now.name][0].append(ours)
+            absolute[now.name][1].append(theirs)
             redis_ratio[now.name].append(witness)
             first = "before" if r % 2 == 0 else "now"
             if args.misses:
@@ -181,15 +186,19 @@ def main() -> int:
             )
     lines += [
         "",
-        "| cell | median now / before | range | Redis's median | now / Redis's own (range) |",
-        "|---|---:|---|---:|---|",
+        "| cell | median now / before | range | Redis's median | now / Redis's own (range) "
+        f"| median now µs/entity{' read' if args.misses else ''} "
+        f"| median before µs/entity{' read' if args.misses else ''} |",
+        "|---|---:|---|---:|---|---:|---:|",
     ]
     for name in names:
         ys, own = server[name], over_redis[name]
+        mine, old = (statistics.median(v) for v in absolute[name])
         lines.append(
             f"| {name} | {statistics.median(ys):.2f}x | {min(ys):.2f} to {max(ys):.2f} | "
             f"{statistics.median(redis_ratio[name]):.2f}x | "
             + (f"{min(own):.2f} to {max(own):.2f}x |" if own else "(per read) |")
+            + f" {mine:.2f} | {old:.2f} |"
         )
     save(args.out, "This checkout against an older revision, in alternation", lines)
     if args.out:
