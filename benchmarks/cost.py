@@ -38,9 +38,9 @@ from pathlib import Path
 import orjson
 
 from feature_store import sample
+from feature_store.client import TlsConfig
 from feature_store.embedded import EmbeddedRedis
 from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.serving.client import TlsConfig
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -36,8 +36,8 @@ import httpx
 import orjson
 
 from feature_store import sample
+from feature_store.client import GrpcFeatureClient
 from feature_store.embedded import EmbeddedRedis
-from feature_store.serving.client import GrpcFeatureClient
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,12 +1,13 @@
 """Serving: REST and gRPC batch lookups behind an in-process L1 cache.
 
-Entry points: ``feature-store serve`` (``feature_store.serving.cli``), the app factory
-``feature_store.serving.app.create_app`` and the clients in ``feature_store.serving.client``.
+Entry points: ``feature-store serve`` (``feature_store.serving.cli``), the worker's app
+factory ``feature_store.serving.worker.create_app``; the clients, re-exported here, are in
+``feature_store.client``.
 This module stays light (``feature-store --help`` imports the package): the web and gRPC
 stacks load only in the modules that use them.
 """
 
-from feature_store.serving.client import (
+from feature_store.client import (
     AsyncFeatureClient,
     AsyncGrpcFeatureClient,
     FeatureClient,

@@ -31,13 +31,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from feature_store.batch import EntityId, WriteRow
+from feature_store.client import proto_value
 from feature_store.errors import ConfigError, FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving import wire
 from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.cache import Entry, keeper
-from feature_store.serving.client import proto_value
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.front_reads import FrontReads
 from feature_store.serving.fronts import QueuedCalls, listen

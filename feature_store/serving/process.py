@@ -26,9 +26,9 @@ from typing import IO
 
 import httpx
 
+from feature_store.client import TlsConfig
 from feature_store.embedded import free_port
 from feature_store.errors import FeatureStoreError
-from feature_store.serving.client import TlsConfig
 
 START_TIMEOUT_S = 30.0
 OUTPUT_TAIL_BYTES = 64 * 1024  # of a server's output kept without a log_path

@@ -28,10 +28,10 @@ from feast.errors import FeastError, FeastPermissionError, FeatureViewNotFoundEx
 from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
 from feature_store import sample
+from feature_store.client import FeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import entity_key
 from feature_store.registry import Registry, load_registry
-from feature_store.serving.client import FeatureClient
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from feature_store import sample
 from feature_store.batch import plan_write
 from feature_store.cli import main
+from feature_store.client import FeatureClient
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port
 from feature_store.errors import FeatureStoreError, RequestError, StoreUnavailableError
 from feature_store.ingest.generate import ID_COLUMN, sample_frame, write_sample
@@ -32,7 +33,6 @@ from feature_store.ingest.job import IngestJob, run_ingest, spark_session
 from feature_store.ingest.report import Outcome, Thresholds
 from feature_store.ingest.spec import RetrySpec
 from feature_store.registry import Registry, load_registry
-from feature_store.serving.client import FeatureClient
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from feature_store import sample
+from feature_store.client import FeatureClient, GrpcFeatureClient, ServingAuthError
 from feature_store.embedded import EmbeddedRedis
-from feature_store.serving.client import FeatureClient, GrpcFeatureClient, ServingAuthError
 from feature_store.serving.process import ServingProcess
 
 READ, ADMIN = "read-key-0123456789", "admin-key-0123456789"

@@ -14,13 +14,13 @@ import pytest
 import redis
 
 from feature_store import sample
+from feature_store.client import AsyncGrpcFeatureClient, FeatureClient
 from feature_store.connection import RedisTarget
 from feature_store.errors import StoreTimeoutError
 from feature_store.layout import entity_key
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.auth import Authenticator
 from feature_store.serving.cache import BYTES_OBJECT, CacheKey, entry_size
-from feature_store.serving.client import AsyncGrpcFeatureClient, FeatureClient
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.grpc_server import FeatureServicer
 from feature_store.serving.loader import settled

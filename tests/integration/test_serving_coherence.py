@@ -14,7 +14,7 @@ import httpx
 import redis
 
 from feature_store import notices, sample
-from feature_store.serving.client import FeatureClient
+from feature_store.client import FeatureClient
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

@@ -96,7 +96,7 @@ def test_serve_without_a_redis_url_uses_an_embedded_redis(tmp_path: Path) -> Non
 
 
 def test_serve_with_two_workers_answers_rest_and_grpc(redis_url: str) -> None:
-    from feature_store.serving.client import FeatureClient, GrpcFeatureClient
+    from feature_store.client import FeatureClient, GrpcFeatureClient
 
     with ServingProcess(redis_url, args=["--workers", "2"]) as server:
         # started (the harness of tests and benchmarks) once both workers listen
@@ -185,7 +185,7 @@ def _listeners(port: int) -> int:
 
 def test_two_workers_share_connections_and_cpu_over_rest_and_grpc(redis_url: str) -> None:
     """Per-worker CPU from /proc: both workers serve REST, and both serve gRPC."""
-    from feature_store.serving.client import GrpcFeatureClient
+    from feature_store.client import GrpcFeatureClient
 
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(sample.GROUP, sample.rows(50))

@@ -16,13 +16,13 @@ import httpx
 import pytest
 
 from feature_store import sample
-from feature_store.connection import RedisTarget
-from feature_store.embedded import EmbeddedRedis
-from feature_store.serving.client import (
+from feature_store.client import (
     FeatureClient,
     GrpcFeatureClient,
     ServingUnavailableError,
 )
+from feature_store.connection import RedisTarget
+from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime

@@ -16,15 +16,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from feature_store import sample
-from feature_store.embedded import EmbeddedRedis
-from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
-from feature_store.serving.client import (
+from feature_store.client import (
     AsyncGrpcFeatureClient,
     FeatureClient,
     GrpcFeatureClient,
     ServingRequestError,
 )
+from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from feature_store import sample
+from feature_store.client import FeatureClient
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
 from feature_store.errors import (
@@ -36,7 +37,6 @@ from feature_store.layout import entity_key
 from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
-from feature_store.serving.client import FeatureClient
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime

@@ -20,15 +20,15 @@ import redis
 
 from feature_store import sample
 from feature_store.batch import ERROR, EntityError, FaultReason
-from feature_store.connection import RedisTarget
-from feature_store.layout import entity_key
-from feature_store.serving.client import (
+from feature_store.client import (
     AsyncFeatureClient,
     AsyncGrpcFeatureClient,
     FeatureClient,
     FeatureResult,
     GrpcFeatureClient,
 )
+from feature_store.connection import RedisTarget
+from feature_store.layout import entity_key
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
@@ -91,7 +91,7 @@ def library(url: str, features: list[str]) -> FeatureResult:
     """The library's read of IDS as a FeatureResult, for comparison with the servers'."""
     with FeatureStore.connect(url, REGISTRY) as store:
         result = store.read(ENTITY, IDS, features)
-    from feature_store.serving.client import FeatureRow
+    from feature_store.client import FeatureRow
 
     return FeatureResult(
         result.entity_type,

@@ -10,13 +10,13 @@ import orjson
 import pytest
 
 from feature_store import sample
-from feature_store.embedded import EmbeddedRedis
-from feature_store.serialization.codecs import encode_float32
-from feature_store.serving.client import (
+from feature_store.client import (
     AsyncFeatureClient,
     FeatureClient,
     ServingRequestError,
 )
+from feature_store.embedded import EmbeddedRedis
+from feature_store.serialization.codecs import encode_float32
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

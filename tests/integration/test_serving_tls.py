@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from feature_store import sample
+from feature_store.client import FeatureClient, GrpcFeatureClient, TlsConfig
 from feature_store.errors import StoreUnavailableError
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
-from feature_store.serving.client import FeatureClient, GrpcFeatureClient, TlsConfig
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

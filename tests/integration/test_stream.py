@@ -21,11 +21,11 @@ import redis
 from confluent_kafka import Producer
 
 from feature_store import sample
+from feature_store.client import FeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.kafka import EmbeddedKafka
 from feature_store.layout import entity_key
 from feature_store.registry import Registry
-from feature_store.serving.client import FeatureClient
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

@@ -28,7 +28,7 @@ GROUP, ENTITY = sample.GROUP, sample.ENTITY
 CLIENTS = """
 import json, sys
 import feature_store, feature_store._native
-from feature_store.serving.client import FeatureClient, GrpcFeatureClient
+from feature_store.client import FeatureClient, GrpcFeatureClient
 rest_url, grpc_target = sys.argv[1], sys.argv[2]
 with FeatureClient(rest_url, timeout=10) as rest, GrpcFeatureClient(grpc_target, timeout=10) as g:
     a = rest.get("consumer", [1, 2, 999], ["int_0", "float_00", "embedding_0"])
