@@ -264,10 +264,14 @@ impl GroupCodec {
         }
         .skip(first);
         let values: Vec<Option<&[u8]>> = items.by_ref().take(count).collect();
-        let (true, Some(freshness)) = (values.len() == count, items.next()) else {
-            return Err(PyValueError::new_err(
-                "the read has fewer values than the group",
-            ));
+        // (a match, not let-else: the crate builds with Rust 1.63)
+        let freshness = match (values.len() == count, items.next()) {
+            (true, Some(freshness)) => freshness,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "the read has fewer values than the group",
+                ))
+            }
         };
         let freshness = match freshness {
             None => None,

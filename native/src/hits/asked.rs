@@ -257,8 +257,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for Column<'a> {
                 f.write_str("an object of one join key's ids")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Column<'de>, A::Error> {
-                let Some(join_key) = map.next_key::<&'de str>()? else {
-                    return Err(de::Error::custom(Refused));
+                // (a match, not let-else: the crate builds with Rust 1.63)
+                let join_key = match map.next_key::<&'de str>()? {
+                    Some(join_key) => join_key,
+                    None => return Err(de::Error::custom(Refused)),
                 };
                 let ids = map.next_value::<Vec<Id<'de>>>()?;
                 if map.next_key::<&'de str>()?.is_some() {
