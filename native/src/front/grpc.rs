@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 
 use super::auth::Keys;
 use super::lookup::{lookup, Outcome};
-use super::queue::{wait, Pending, Queue, Reply, Waited, Work};
+use super::queue::{call_class, wait, Pending, Queue, Reply, Waited, Work};
 use super::redis::{Direct, FrontRedis};
 use super::serve::{self, Closing, Serving, Socket};
 use super::tls::{self, TlsPem};
@@ -65,52 +65,7 @@ struct Shared {
 #[pyclass(module = "feature_store._native")]
 pub struct GrpcCall(Pending<Answer>);
 
-#[pymethods]
-impl GrpcCall {
-    #[getter]
-    fn authorization(&self) -> Option<String> {
-        self.0.authorization.clone()
-    }
-
-    /// The request message's bytes (without gRPC's 5-byte prefix).
-    #[getter]
-    fn request<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        self.0.request(py)
-    }
-
-    /// A planned lookup's Redis commands (RESP), `count` of them.
-    #[getter]
-    fn command<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        self.0.command(py)
-    }
-
-    #[getter]
-    fn count(&self) -> usize {
-        self.0.count
-    }
-
-    /// Whether the call is a load: its missing keys (`keys`) for the L1.
-    #[getter]
-    fn loading(&self) -> bool {
-        self.0.loading()
-    }
-
-    /// A load's keys: each the group's index (2 bytes) and the entity's Redis key.
-    #[getter]
-    fn keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
-        self.0.keys(py)
-    }
-
-    /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
-    fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
-        self.0.replies(buf, start, end)
-    }
-
-    /// A load's keys are in the L1: the front answers from it.
-    fn loaded(&mut self) -> PyResult<()> {
-        self.0.loaded()
-    }
-
+call_class!(GrpcCall, request, {
     /// Answer with this message (serialized protobuf) and status OK.
     fn reply(&mut self, message: &[u8]) -> PyResult<()> {
         self.0.answer(Answer::Message(frame(message)))
@@ -125,7 +80,7 @@ impl GrpcCall {
         }
         self.0.answer(Answer::Status(code, message))
     }
-}
+});
 
 /// The front: a listening socket, served on its own thread until `stop`.
 #[pyclass(module = "feature_store._native")]

@@ -197,3 +197,62 @@ impl<A> Pending<A> {
         }
     }
 }
+
+/// The Python class of a front's calls: a newtype of `Pending<A>` with the methods every
+/// front's calls have (`authorization`, the request under the name `$request`, `command`,
+/// `count`, `loading`, `keys`, `replies`, `loaded`), then the front's own (`$($own)*`:
+/// how it answers). One `#[pymethods]` block per class, as pyo3 takes them.
+macro_rules! call_class {
+    ($call:ident, $request:ident, { $($own:tt)* }) => {
+        #[pymethods]
+        impl $call {
+            #[getter]
+            fn authorization(&self) -> Option<String> {
+                self.0.authorization.clone()
+            }
+
+            /// The request's bytes (a JSON body; a gRPC message without its prefix).
+            #[getter]
+            fn $request<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+                self.0.request(py)
+            }
+
+            /// A planned lookup's Redis commands (RESP), `count` of them.
+            #[getter]
+            fn command<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+                self.0.command(py)
+            }
+
+            #[getter]
+            fn count(&self) -> usize {
+                self.0.count
+            }
+
+            /// Whether the call is a load: its missing keys (`keys`) for the L1.
+            #[getter]
+            fn loading(&self) -> bool {
+                self.0.loading()
+            }
+
+            /// A load's keys: each the group's index (2 bytes) and the entity's Redis key.
+            #[getter]
+            fn keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+                self.0.keys(py)
+            }
+
+            /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply
+            /// whole.
+            fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
+                self.0.replies(buf, start, end)
+            }
+
+            /// A load's keys are in the L1: the front answers from it.
+            fn loaded(&mut self) -> PyResult<()> {
+                self.0.loaded()
+            }
+
+            $($own)*
+        }
+    };
+}
+pub(crate) use call_class;

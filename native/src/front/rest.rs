@@ -29,7 +29,7 @@ use pyo3::types::PyBytes;
 
 use super::auth::Keys;
 use super::lookup::{lookup, Outcome};
-use super::queue::{wait, Pending, Queue, Reply, Waited, Work};
+use super::queue::{call_class, wait, Pending, Queue, Reply, Waited, Work};
 use super::redis::{Direct, FrontRedis};
 use super::serve::{self, Closing, Serving, Socket};
 use super::tls::{self, TlsPem};
@@ -87,56 +87,11 @@ struct Shared {
 #[pyclass(module = "feature_store._native")]
 pub struct RestCall(Pending<Answer>);
 
-#[pymethods]
-impl RestCall {
+call_class!(RestCall, body, {
     /// The route's index.
     #[getter]
     fn route(&self) -> usize {
         self.0.route
-    }
-
-    #[getter]
-    fn authorization(&self) -> Option<String> {
-        self.0.authorization.clone()
-    }
-
-    /// The request body.
-    #[getter]
-    fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        self.0.request(py)
-    }
-
-    /// A planned lookup's Redis commands (RESP), `count` of them.
-    #[getter]
-    fn command<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        self.0.command(py)
-    }
-
-    #[getter]
-    fn count(&self) -> usize {
-        self.0.count
-    }
-
-    /// Whether the call is a load: its missing keys (`keys`) for the L1.
-    #[getter]
-    fn loading(&self) -> bool {
-        self.0.loading()
-    }
-
-    /// A load's keys: each the group's index (2 bytes) and the entity's Redis key.
-    #[getter]
-    fn keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
-        self.0.keys(py)
-    }
-
-    /// Hand back Redis's replies to the commands: `buf[start:end]`, every reply whole.
-    fn replies(&mut self, buf: &[u8], start: usize, end: usize) -> PyResult<()> {
-        self.0.replies(buf, start, end)
-    }
-
-    /// A load's keys are in the L1: the front answers from it.
-    fn loaded(&mut self) -> PyResult<()> {
-        self.0.loaded()
     }
 
     /// Answer with this status, these extra headers and this JSON body.
@@ -157,7 +112,7 @@ impl RestCall {
             body: Bytes::copy_from_slice(body),
         })
     }
-}
+});
 
 /// A route as Python describes it: path, role, and its refusals (status, body, headers).
 type RouteSpec = (String, u8, Vec<(u16, Vec<u8>, Vec<(String, String)>)>);
