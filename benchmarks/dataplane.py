@@ -101,7 +101,7 @@ TAILS = {"rest": (1000, 1), "grpc": (500, 10), "picked": (1000, 1), "feast": (10
 
 
 # the native fronts with every lookup without the L1 answered by its handler
-# (NATIVE_READS=off): how they answered before front_reads.py
+# (NATIVE_READS=off): how they answered before fronts/reads.py
 PYTHON_READS = "python-reads"
 # the L1 keeping each entry's packed values only (CACHE_FORM=compact): every hit writes its
 # JSON or gRPC records, for half the memory per entity (benchmarks/l1_memory.py)

@@ -58,11 +58,11 @@ FRONTS = ("uvicorn", "native")
 # L1-off path read before its reads were coalesced, measured beside it
 PER_REQUEST = "native, per-request reads"
 # the native front with every cache hit answered in Python (NATIVE_HITS=off): how the L1-on
-# path answered before hits were answered on the front's thread (serving/hits.py)
+# path answered before hits were answered on the front's thread (serving/fronts/hits.py)
 PYTHON_HITS = "native, hits in Python"
 # the native front with every lookup without the L1 answered by its handler in Python
 # (NATIVE_READS=off): how the L1-off path answered before the front wrote its reads and
-# answers (serving/front_reads.py)
+# answers (serving/fronts/reads.py)
 PYTHON_READS = "native, reads in Python"
 CONNECTIONS = (1, 8, 256, 1000)
 BATCH = 10
@@ -286,7 +286,7 @@ def l1_off_tables(cells: list[Cell]) -> list[str]:
         "## L1 off: reads and answers written on the front against the handler in Python",
         "",
         "The front writes the lookup's Redis commands and its answer, and reads the replies "
-        "on Redis connections of its own (NATIVE_READS, serving/front_reads.py, "
+        "on Redis connections of its own (NATIVE_READS, serving/fronts/reads.py, "
         "native/src/front/redis.rs); Python: the route's handler (NATIVE_READS=off). Server CPU "
         "per entity against Redis's own in the same cell:",
         "",

@@ -31,8 +31,8 @@ from feature_store.errors import ConfigError
 
 if TYPE_CHECKING:
     from feature_store.registry import Registry
+    from feature_store.serving.api.fast import FastPath
     from feature_store.serving.config import ServingSettings
-    from feature_store.serving.fast import FastPath
     from feature_store.settings import Settings
 
 SAMPLE = "sample"
@@ -126,9 +126,9 @@ def _serve(
 ) -> None:
     import uvicorn
 
+    from feature_store.serving.api.http import HeaderDeadlineProtocol
     from feature_store.serving.config import WORKER_ENV
-    from feature_store.serving.http import HeaderDeadlineProtocol
-    from feature_store.serving.rest_front import rest_front_kind
+    from feature_store.serving.fronts.rest import rest_front_kind
 
     if serving.grpc_port:
         check_port_free(serving.host, serving.grpc_port, "gRPC")
@@ -287,8 +287,8 @@ def _load(path: str) -> Registry:
 
 def _app_from_config(config: dict[str, object]) -> FastPath:
     from feature_store.connection import RedisTarget
+    from feature_store.serving.api.http import HeaderDeadlineProtocol
     from feature_store.serving.config import ServingSettings
-    from feature_store.serving.http import HeaderDeadlineProtocol
     from feature_store.serving.runtime import ServingRuntime
     from feature_store.serving.worker import create_app
 

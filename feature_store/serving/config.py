@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -38,10 +39,10 @@ class ServingSettings:
     # uvicorn serves the port (also when the extension is off or missing)
     rest_front: str = "native"
     # with a native front and the L1: lookups whose every entity is a fresh entry answered
-    # on the front's thread from the entries' bytes, REST and gRPC (serving/hits.py)
+    # on the front's thread from the entries' bytes, REST and gRPC (serving/fronts/hits.py)
     native_hits: bool = True
     # with a native front, the L1 off and one Redis node: the front writes a lookup's Redis
-    # commands and its answer, Python only sends the bytes (serving/front_reads.py)
+    # commands and its answer, Python only sends the bytes (serving/fronts/reads.py)
     native_reads: bool = True
     # of those, Redis connections each front reads on by itself, without Python (redis://
     # only: a TLS or unix-socket URL, or 0, leaves every planned read's sending to Python)
@@ -264,3 +265,11 @@ def _coerce(name: str, value: object) -> object:
     except ValueError:
         raise ConfigError(f"{var}={value!r} is not a valid {kind}") from None
     return value
+
+
+def tls_pem(settings: ServingSettings) -> tuple[bytes, bytes, bytes | None] | None:
+    """PEM bytes of the TLS certificate, its key and the client CA (None without TLS)."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+    return Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes(), ca

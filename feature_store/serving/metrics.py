@@ -24,9 +24,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from feature_store.batch import EntityError
-from feature_store.serving.breaker import CircuitState
-from feature_store.serving.cache import CacheStats
-from feature_store.serving.loader import CachedReader
+from feature_store.serving.l1.breaker import CircuitState
+from feature_store.serving.l1.cache import CacheStats
+from feature_store.serving.l1.loader import CachedReader
 
 PREFIX = "feature_serving"
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's own variable

@@ -17,21 +17,21 @@ import redis.asyncio
 from feature_store.connection import AsyncClient, RedisTarget
 from feature_store.errors import StoreError, StorePermissionError
 from feature_store.registry import Registry
-from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
-from feature_store.serving.cache import LRUCache
+from feature_store.serving.api.service import FeatureService, Writer
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.invalidation import (
+from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
+from feature_store.serving.l1.cache import LRUCache
+from feature_store.serving.l1.invalidation import (
     InvalidationListener,
     RedisPublisher,
     Subscriptions,
     pubsub_client,
 )
-from feature_store.serving.loader import CachedReader
+from feature_store.serving.l1.loader import CachedReader
+from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, round_trip_for
+from feature_store.serving.l1.warm import WarmStart
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
-from feature_store.serving.roundtrip import CONNECTION_WAIT, round_trip_for
-from feature_store.serving.service import FeatureService, Writer
 from feature_store.serving.siblings import Siblings
-from feature_store.serving.warm import WarmStart
 from feature_store.store import AsyncFeatureStore
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def _client(target: RedisTarget) -> AsyncClient:
 
 
 def tune_gc(settings: ServingSettings) -> None:
-    """Keep full collections off the request path (DESIGN.md, "Garbage collection").
+    """Keep full collections off the request path (docs/serving.md, "GC").
 
     Called once the worker has loaded everything it keeps for its lifetime: freezing moves
     those objects out of the collector's view, and the higher thresholds make collections

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from feature_store.serving.app import api_app
-from feature_store.serving.auth import Authenticator
-from feature_store.serving.fast import FastPath
-from feature_store.serving.feast_api import LOOKUP as FEAST_LOOKUP
-from feature_store.serving.feast_api import FeastFront
-from feature_store.serving.front_reads import FrontReads, planned_reads
-from feature_store.serving.hits import FEAST, REST, NativeHits
-from feature_store.serving.rest_api import RestHandlers
+from feature_store.serving.api.app import api_app
+from feature_store.serving.api.auth import Authenticator
+from feature_store.serving.api.fast import FastPath
+from feature_store.serving.api.feast_api import LOOKUP as FEAST_LOOKUP
+from feature_store.serving.api.feast_api import FeastFront
+from feature_store.serving.api.rest_api import RestHandlers
+from feature_store.serving.fronts.hits import FEAST, REST, NativeHits
+from feature_store.serving.fronts.reads import FrontReads, planned_reads
 from feature_store.serving.runtime import ServingRuntime, tune_gc
 
 if TYPE_CHECKING:
@@ -72,13 +72,13 @@ class Fronts:
         hits = self._hits()
         grpc_server = None
         if self.grpc_port is not None:
-            from feature_store.serving.grpc_server import start_grpc_server
+            from feature_store.serving.fronts.grpc import start_grpc_server
 
             grpc_server = await start_grpc_server(runtime, settings.host, self.grpc_port, hits)
         rest = None
         if self.rest_backend is not None:
-            from feature_store.serving.fronts import listen
-            from feature_store.serving.rest_front import NativeRestFront
+            from feature_store.serving.fronts.calls import listen
+            from feature_store.serving.fronts.rest import NativeRestFront
 
             assert self.fast is not None
             if hits is not None:
@@ -114,7 +114,7 @@ class Fronts:
         settings = self.runtime.settings
         native_grpc = False
         if self.grpc_port is not None:
-            from feature_store.serving.grpc_server import front_kind
+            from feature_store.serving.fronts.grpc import front_kind
 
             native_grpc = front_kind(settings) == "native"
         if self.rest_backend is None and not native_grpc:

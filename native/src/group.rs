@@ -318,7 +318,7 @@ impl GroupCodec {
     /// `{"id":..,"values":[..],"statuses":[..],"ages":{group:age}}`, the values written
     /// from each entry's packed values. `rows` holds each entity's one `(entry,
     /// served_stale)`, none of them a fault entry. The reference is
-    /// `feature_store.serving.rest_api._picked_rows`.
+    /// `feature_store.serving.api.rest_api._picked_rows`.
     #[pyo3(signature = (ids, rows, now, max_age, group_json, picks))]
     #[allow(clippy::too_many_arguments)]
     fn picked_rows<'py>(
@@ -389,7 +389,7 @@ impl GroupCodec {
     /// its packed values (None: the entity has nothing of the group), its status and its
     /// event time (JSON strings, `statuses` and `stamps`); a value the row lacks is `null`
     /// with status `"NULL_VALUE"`. One call per group and request: the answer's bulk,
-    /// written without a Python object per value (`serving/feast_api.py`).
+    /// written without a Python object per value (`serving/api/feast_api.py`).
     fn feast_columns<'py>(
         &self,
         py: Python<'py>,

@@ -61,7 +61,8 @@ fn statuses_json(out: &mut Vec<u8>, present: &[u8], stale: bool) {
 /// `GetFeaturesResponse.rows` record (field 3) of a `FeatureRow` holding the id, the
 /// entry's values records (`wire`, made before the call by `wire.entry_values`, or here
 /// when the entry does not keep them), the packed statuses and the group's age. `rows` is
-/// as for `rest_rows`. The reference is the per-row loop of `feature_store.serving.grpc_server.FeatureServicer.answer` (`serving/wire.py`).
+/// as for `rest_rows`. The reference is the per-row loop of
+/// `feature_store.serving.api.grpc_server.FeatureServicer.answer` (`serving/api/wire.py`).
 #[pyfunction]
 #[pyo3(signature = (ids, rows, now, max_age, group))]
 pub(crate) fn grpc_rows<'py>(
@@ -122,7 +123,7 @@ pub(crate) enum GrpcId<'a> {
 
 /// One `GetFeaturesResponse.rows` record (field 3) of a whole-group answer: a `FeatureRow`
 /// of the id, the entry's values records (`wire`), the packed statuses and the group's age
-/// (`feature_store.serving.grpc_server._answer_rows`). `row` is scratch space.
+/// (`feature_store.serving.api.grpc_server._answer_rows`). `row` is scratch space.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_grpc_row(
     out: &mut Vec<u8>,
@@ -179,7 +180,7 @@ pub(crate) fn grpc_age(row: &mut Vec<u8>, group: &[u8], age: i64) {
 }
 
 /// One row of a whole-group REST answer: `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`
-/// (`feature_store.serving.rest_api._whole_group_rows`). `served_stale`: answered from an
+/// (`feature_store.serving.api.rest_api._whole_group_rows`). `served_stale`: answered from an
 /// expired entry because Redis failed; values written more than `max_age` ago are stale too.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_row(
@@ -227,7 +228,7 @@ pub(crate) fn json_id(out: &mut Vec<u8>, id: &Bound<'_, PyAny>) -> PyResult<()> 
 /// The rows of a REST answer for all of one group's features, joined by commas: per
 /// entity `{"id":..,"values":..,"statuses":..,"ages":{group:age}}`. `rows` holds each
 /// entity's one `(entry, served_stale)`; the values are the entry's JSON, made at load.
-/// The reference is `feature_store.serving.app._whole_group_rows`.
+/// The reference is `feature_store.serving.api.rest_api._whole_group_rows`.
 #[pyfunction]
 #[pyo3(signature = (ids, rows, now, max_age, group_json))]
 pub(crate) fn rest_rows<'py>(

@@ -1,4 +1,4 @@
-"""Lookups without the L1 written on the native REST front (serving/front_reads.py; in
+"""Lookups without the L1 written on the native REST front (serving/fronts/reads.py; in
 native/src/hits/plan.rs ``Hits::plan`` and ``Hits::render``) against the same server answering
 them in its handler (``NATIVE_READS=off``): the same answers, byte for byte but the ages;
 entities the front cannot answer (a key of another type, a value only the reference reads, a

@@ -24,8 +24,9 @@ from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
+from feature_store.serving.api.grpc_server import FeatureServicer
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.grpc_server import FeatureServicer, start_grpc_server
+from feature_store.serving.fronts.grpc import start_grpc_server
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore

@@ -1,4 +1,4 @@
-"""Cache hits answered on the native fronts' threads (serving/hits.py, native/src/hits/),
+"""Cache hits answered on the native fronts' threads (serving/fronts/hits.py, native/src/hits/),
 REST and gRPC, against a server that answers every lookup in Python (``NATIVE_HITS=off``):
 the same answers, hits counted, push writes and expiry seen at once, keys checked, and the
 cache's policy (refresh ahead, shadow checks) still run for the hits the fronts answer.
@@ -23,7 +23,7 @@ from feature_store.layout import entity_key
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
-from feature_store.serving.cache import BYTES_OBJECT
+from feature_store.serving.l1.cache import BYTES_OBJECT
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 

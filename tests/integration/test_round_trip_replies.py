@@ -13,8 +13,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from feature_store.serving import roundtrip
-from feature_store.serving.roundtrip import NativeRoundTrip, resp_scan
+from feature_store.serving.l1 import roundtrip
+from feature_store.serving.l1.roundtrip import NativeRoundTrip, resp_scan
 
 
 def command(*args: bytes) -> bytes:

@@ -14,11 +14,11 @@ from feature_store import sample
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedCluster
 from feature_store.errors import StoreTimeoutError
-from feature_store.serving import roundtrip
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.roundtrip import PipelineRoundTrip, Read, Reply
+from feature_store.serving.l1 import roundtrip
+from feature_store.serving.l1.roundtrip import PipelineRoundTrip, Read, Reply
+from feature_store.serving.l1.spec import GroupSpec
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.spec import GroupSpec
 from feature_store.store import FeatureStore
 
 pytestmark = pytest.mark.cluster

@@ -38,9 +38,9 @@ from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.l1.spec import GroupSpec
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.spec import GroupSpec
 from feature_store.store import FeatureStore
 
 GROUP, ENTITY = sample.GROUP, sample.ENTITY

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from feature_store import sample
 from feature_store.native import GroupFormat
 from feature_store.serialization import FeatureType, codec_for
-from feature_store.serving.cache import CacheKey, Entry, LRUCache, should_refresh_early
+from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, should_refresh_early
 
 FLOAT = GroupFormat([codec_for(FeatureType.FLOAT)])
 EMBEDDINGS = GroupFormat([codec_for(FeatureType.EMBEDDING, 32)] * 4)

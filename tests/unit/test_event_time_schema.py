@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from feature_store.batch import MAX_FUTURE_SECONDS, event_time_seconds
 from feature_store.errors import RequestError
-from feature_store.serving.schemas import event_time_schema
+from feature_store.serving.api.schemas import event_time_schema
 
 
 def test_the_document_states_the_bounds_the_server_applies() -> None:

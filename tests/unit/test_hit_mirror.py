@@ -1,4 +1,4 @@
-"""The native fronts' mirror of the L1 (serving/hits.py, native/src/hits/), held to
+"""The native fronts' mirror of the L1 (serving/fronts/hits.py, native/src/hits/), held to
 Python's answers: after any sequence of cache changes (puts, pushes that drop a key,
 evictions, expiry, clears) the mirror answers a lookup exactly when every entity is a fresh
 entry of the cache with its API's answer bytes made (unless the cache is compact: an entry
@@ -25,13 +25,13 @@ from feature_store.layout import encode_timestamp
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import parse_registry
-from feature_store.serving.auth import Authenticator
-from feature_store.serving.cache import Entry, LRUCache
+from feature_store.serving.api.auth import Authenticator
+from feature_store.serving.api.feast_api import LOOKUP, FeastFront, feast_routes
+from feature_store.serving.api.grpc_server import FeatureServicer
+from feature_store.serving.api.rest_api import RestHandlers
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.feast_api import LOOKUP, FeastFront, feast_routes
-from feature_store.serving.grpc_server import FeatureServicer
-from feature_store.serving.hits import FEAST, GRPC, REST, NativeHits
-from feature_store.serving.rest_api import RestHandlers
+from feature_store.serving.fronts.hits import FEAST, GRPC, REST, NativeHits
+from feature_store.serving.l1.cache import Entry, LRUCache
 from feature_store.serving.runtime import ServingRuntime
 
 pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")

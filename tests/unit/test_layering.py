@@ -1,7 +1,9 @@
 """The package's imports form no circle, and its layers point one way: the core (registry,
-layout, serialization, the store client) imports neither serving nor ingest, and serving and
-ingest never import each other. Every import counts, at module level, under
-``TYPE_CHECKING`` or inside a function: a deferred import is still a dependency."""
+layout, serialization, the store client) imports neither serving nor ingest, serving and
+ingest never import each other, and inside serving the L1 (``l1``) is below the API
+(``api``), which is below the native fronts' glue (``fronts``). Every import counts, at
+module level, under ``TYPE_CHECKING`` or inside a function: a deferred import is still a
+dependency."""
 
 from __future__ import annotations
 
@@ -95,6 +97,9 @@ def test_a_circle_is_found() -> None:
         ("feature_store.batch", ("feature_store.serving", "feature_store.ingest")),
         ("feature_store.client", ("feature_store.serving", "feature_store.ingest")),
         ("feature_store.serving", ("feature_store.ingest",)),
+        # inside serving: the L1 below the API, the API below the fronts
+        ("feature_store.serving.l1", ("feature_store.serving.api", "feature_store.serving.fronts")),
+        ("feature_store.serving.api", ("feature_store.serving.fronts",)),
         ("feature_store.ingest", ("feature_store.serving",)),
     ],
 )

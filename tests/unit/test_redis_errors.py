@@ -10,7 +10,7 @@ import redis
 
 from feature_store.connection import translate
 from feature_store.errors import StoreTimeoutError, StoreUnavailableError
-from feature_store.serving.roundtrip import retried
+from feature_store.serving.l1.roundtrip import retried
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.serving.breaker import (
+from feature_store.serving.l1.breaker import (
     AdaptiveTimeout,
     AdaptiveTimeouts,
     CircuitBreaker,

@@ -12,8 +12,8 @@ from feature_store.native import GroupFormat
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serialization import FeatureType, codec_for
 from feature_store.serialization.answers import proto_value
-from feature_store.serving import wire
-from feature_store.serving.cache import Entry
+from feature_store.serving.api import wire
+from feature_store.serving.l1.cache import Entry
 
 
 def test_a_response_built_from_pieces_parses_with_the_generated_classes() -> None:

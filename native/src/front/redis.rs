@@ -8,7 +8,7 @@
 //! Python's: whether the front may use its connections at all (the circuit closed), the
 //! time a round trip may take (the adaptive timeout of its size class), and what the round
 //! trips tell (each one's time and keys, each failure) are set and drained by Python
-//! (`serving/front_reads.py`). A round trip that fails or times out drops its connection
+//! (`serving/fronts/reads.py`). A round trip that fails or times out drops its connection
 //! (unread replies would poison it) and its lookups take Python's path; Python opens another.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

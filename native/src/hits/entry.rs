@@ -56,7 +56,7 @@ pub(super) struct Hit {
 }
 
 // Every cached entity has one, in a hash table that grows by doubling: its size is most
-// of what the mirror costs per entity (MIRROR_ENTRY in serving/hits.py).
+// of what the mirror costs per entity (MIRROR_ENTRY in serving/fronts/hits.py).
 const _: () = assert!(std::mem::size_of::<Hit>() <= 64);
 
 /// `Hit::written` of a group without a stored write time: an Option took 16 bytes. Stored

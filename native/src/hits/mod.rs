@@ -1,7 +1,7 @@
 //! Lookups answered on the fronts' threads, without the GIL: L1 hits from its mirror, and
 //! (without the L1) planned reads.
 //!
-//! `HitCache` mirrors the L1's entries (`feature_store.serving.hits.NativeHits` keeps it in
+//! `HitCache` mirrors the L1's entries (`feature_store.serving.fronts.hits.NativeHits` keeps it in
 //! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON and gRPC
 //! records, whichever it has made (the Python entry's own bytes objects, held, not copied:
 //! an entry loaded for one API makes the other's on first use), its present pattern, its

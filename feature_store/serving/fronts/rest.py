@@ -25,16 +25,16 @@ import socket
 from typing import TYPE_CHECKING
 
 from feature_store.native import native_enabled
+from feature_store.serving.api.feast_api import LOOKUP as FEAST_LOOKUP
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.feast_api import LOOKUP as FEAST_LOOKUP
-from feature_store.serving.front_reads import Fail, FrontReads
-from feature_store.serving.fronts import QueuedCalls
-from feature_store.serving.hits import FEAST, REST, NativeHits
+from feature_store.serving.fronts.calls import QueuedCalls
+from feature_store.serving.fronts.hits import FEAST, REST, NativeHits
+from feature_store.serving.fronts.reads import Fail, FrontReads
 
 if TYPE_CHECKING:
     from feature_store._native import RestCall
-    from feature_store.serving.fast import FastPath
-    from feature_store.serving.json_answer import Answer, Route
+    from feature_store.serving.api.fast import FastPath
+    from feature_store.serving.api.json_answer import Answer, Route
 
 # the lookup routes the front answers (hits.py, front_reads.py), with their APIs
 LOOKUPS = {"/v1/features/get": REST, FEAST_LOOKUP: FEAST}
@@ -65,7 +65,7 @@ class NativeRestFront(QueuedCalls):
         fail: Fail | None = None,
     ) -> None:
         from feature_store import _native
-        from feature_store.serving.grpc_server import tls_pem
+        from feature_store.serving.config import tls_pem
 
         super().__init__()
         self.routes = list(fast.routes.values())

@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable
 
-from feature_store.serving.cache import CacheKey, Entry, LRUCache, should_refresh_early
+from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, should_refresh_early
 
 REFRESH_BATCH = 500  # keys per round trip of a background refresh after a batch write
 REFRESH_TICK = 0.05  # seconds: refreshes of entries near expiry are sent together this often

@@ -1,7 +1,7 @@
 """The REST API's OpenAPI schemas: pydantic models of the answers, request bodies from the
 served registry.
 
-Requests are parsed with orjson and checked by hand (``feature_store.serving.app``): the
+Requests are parsed with orjson and checked by hand (``feature_store.serving.api.app``): the
 checks give the messages the API promises, and they cost a fraction of model validation
 on the hot path. These models describe the same contract for /docs and client generators.
 """

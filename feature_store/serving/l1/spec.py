@@ -11,7 +11,7 @@ from feature_store.layout import decode_timestamp
 from feature_store.native import GroupFormat
 from feature_store.registry import FeatureGroup, Registry
 from feature_store.serialization.answers import unpack
-from feature_store.serving.cache import CacheKey, Entry
+from feature_store.serving.l1.cache import CacheKey, Entry
 
 
 def _resp(fields: Sequence[bytes]) -> bytes:

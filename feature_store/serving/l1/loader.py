@@ -45,14 +45,14 @@ from contextvars import ContextVar
 
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
-from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
-from feature_store.serving.cache import CacheKey, Entry, LRUCache
-from feature_store.serving.flight import Batches, SingleFlight
-from feature_store.serving.reads import CircuitOpenError, Resolved, StoreReads
-from feature_store.serving.refresh import Refresher
-from feature_store.serving.roundtrip import RoundTrip
-from feature_store.serving.shadow import ShadowChecker
-from feature_store.serving.spec import GroupSpec
+from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
+from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.l1.flight import Batches, SingleFlight
+from feature_store.serving.l1.reads import CircuitOpenError, Resolved, StoreReads
+from feature_store.serving.l1.refresh import Refresher
+from feature_store.serving.l1.roundtrip import RoundTrip
+from feature_store.serving.l1.shadow import ShadowChecker
+from feature_store.serving.l1.spec import GroupSpec
 
 __all__ = ["CachedReader", "CircuitOpenError", "Resolved", "settled"]
 

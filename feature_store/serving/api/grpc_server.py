@@ -1,10 +1,10 @@
 """The gRPC API (serving.proto): the same service as REST, answered in the same loop.
 
-By default the port belongs to the extension's HTTP/2 front (``NativeFront``,
-native/src/front/grpc.rs): it serves GetFeatures itself, handing each call to this loop, and
+By default the port belongs to the extension's HTTP/2 front (``fronts.grpc``, which also
+starts the server): it serves GetFeatures itself, handing each call to this loop, and
 passes every other method through to grpc.aio on a loopback port. With
 ``grpc_front="grpcio"`` (or the extension off) grpc.aio serves the port and every method.
-GetFeatures answers with wire bytes assembled from the cache (``feature_store.serving.wire``,
+GetFeatures answers with wire bytes assembled from the cache (``feature_store.serving.api.wire``,
 the rows by the native core) through an identity serializer on grpc.aio, the same bytes
 on the front; the other methods use the generated message classes.
 Standard health checking (grpc.health.v1, status follows Redis readiness) and server
@@ -16,37 +16,35 @@ get status ERROR and the answer's ``errors`` names it, with the rest of the batc
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from feature_store.batch import EntityId, WriteRow
 from feature_store.client import proto_value
-from feature_store.errors import ConfigError, FeatureStoreError
+from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.serving import wire
-from feature_store.serving.auth import Authenticator, AuthError, Role
-from feature_store.serving.cache import Entry, keeper
-from feature_store.serving.config import ServingSettings
-from feature_store.serving.front_reads import FrontReads
-from feature_store.serving.fronts import QueuedCalls, listen
-from feature_store.serving.hits import GRPC, FrontLookups, Learn, NativeHits
+from feature_store.serving.api import wire
+from feature_store.serving.api.auth import Authenticator, AuthError, Role
+from feature_store.serving.api.service import (
+    Learn,
+    Lookup,
+    MalformedRequestError,
+    group_states,
+    problem,
+)
+from feature_store.serving.config import ServingSettings, tls_pem
+from feature_store.serving.l1.cache import Entry, keeper
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.service import Lookup, MalformedRequestError, group_states, problem
 
 if TYPE_CHECKING:
-    from feature_store._native import GrpcCall
+    pass
 
 _grpc_rows = None
 if native_enabled():
@@ -75,7 +73,7 @@ class _Unparseable:
         self.error = error
 
 
-def _parser(message: type[Any]) -> Callable[[bytes], object]:
+def parser(message: type[Any]) -> Callable[[bytes], object]:
     """The method's deserializer; bad bytes give INVALID_ARGUMENT from the handler, where
     grpc would answer UNKNOWN for a deserializer that raises."""
 
@@ -298,114 +296,27 @@ class FeatureServicer:
             {
                 "GetFeatures": grpc.unary_unary_rpc_method_handler(
                     self.get_features,
-                    request_deserializer=_parser(pb.GetFeaturesRequest),
+                    request_deserializer=parser(pb.GetFeaturesRequest),
                     response_serializer=identity,
                 ),
                 "WriteFeatures": grpc.unary_unary_rpc_method_handler(
                     self.write_features,
-                    request_deserializer=_parser(pb.WriteFeaturesRequest),
+                    request_deserializer=parser(pb.WriteFeaturesRequest),
                     response_serializer=pb.WriteFeaturesResponse.SerializeToString,
                 ),
                 "GetRegistry": grpc.unary_unary_rpc_method_handler(
                     self.get_registry,
-                    request_deserializer=_parser(pb.GetRegistryRequest),
+                    request_deserializer=parser(pb.GetRegistryRequest),
                     response_serializer=pb.GetRegistryResponse.SerializeToString,
                 ),
             },
         )
 
 
-class NativeFront(QueuedCalls):
-    """GetFeatures on the extension's HTTP/2 front (``native/src/front/grpc.rs``), answered with
-    ``FeatureServicer.answer`` (the same code as grpc.aio's method). Other methods reach
-    grpc.aio through the front.
-    """
-
-    def __init__(
-        self,
-        servicer: FeatureServicer,
-        sock: socket.socket,
-        backend: int,
-        hits: FrontLookups | None = None,
-    ) -> None:
-        from feature_store import _native
-
-        super().__init__()
-        self.servicer = servicer
-        self.backend = backend  # grpc.aio's loopback port
-        self.reads = hits if isinstance(hits, FrontReads) else None
-        self.mirror = hits if isinstance(hits, NativeHits) else None
-        self.proto = True
-        self.parse = _parser(pb.GetFeaturesRequest)
-        settings = servicer.runtime.settings
-        self.start(
-            lambda wake: _native.GrpcFront(
-                sock.detach(),
-                wake,
-                f"/{SERVICE}/GetFeatures",
-                f"127.0.0.1:{backend}",
-                settings.max_body_bytes,
-                servicer.auth.native(),
-                int(Role.READ),
-                tls_pem(settings),
-                hits.native if hits is not None else None,
-            ),
-            "gRPC port",
-        )
-        if self.reads is not None:
-            self.reads.attach(self.front.redis)
-
-    def fail_planned(self, call: GrpcCall, error: BaseException, t0: float) -> None:
-        """A planned lookup whose round trip failed: the method's own failure status."""
-        code, details = self.servicer.failure(error, "get", t0)
-        call.fail(code.value[0], details)
-
-    async def answer(self, call: GrpcCall) -> None:
-        t0 = time.perf_counter()
-        try:
-            request = self.parse(call.request)
-            answer = await self.servicer.answer(request, call.authorization, t0)
-        except Exception as e:
-            code, details = self.servicer.failure(e, "get", t0)
-            call.fail(code.value[0], details)
-        else:
-            call.reply(answer)
-
-
-class GrpcServer:
-    """A started gRPC server (and its native front) plus the task that keeps its health
-    status current."""
-
-    def __init__(
-        self,
-        server: grpc.aio.Server,
-        port: int,
-        health_task: asyncio.Task[None],
-        stopping: asyncio.Event,
-        front: NativeFront | None = None,
-    ) -> None:
-        self.server = server
-        self.port = port
-        self.front = front
-        self._health_task = health_task
-        self._stopping = stopping
-
-    async def stop(self, grace: float | None = 1.0) -> None:
-        # a cancel can be lost while the tracker's ping waits for a pooled connection under
-        # load (the ping's timeout ends as TimeoutError, not CancelledError): the tracker
-        # also stops on the event, and its ping is bounded, so this wait is too
-        self._stopping.set()
-        self._health_task.cancel()
-        await asyncio.wait({self._health_task})
-        if self.front is not None:
-            await self.front.stop(grace or 0.0)
-        await self.server.stop(grace)
-
-
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
-def _reflection_v1(names: Sequence[str]) -> grpc.GenericRpcHandler:
+def reflection_v1(names: Sequence[str]) -> grpc.GenericRpcHandler:
     """Server reflection ``grpc.reflection.v1`` beside ``v1alpha`` (which grpcio-reflection
     serves alone): v1 renamed the package and kept every message field, so v1alpha's
     messages and servicer answer it, byte for byte what a v1 server sends."""
@@ -422,19 +333,6 @@ def _reflection_v1(names: Sequence[str]) -> grpc.GenericRpcHandler:
     )
 
 
-def front_kind(settings: ServingSettings) -> str:
-    """The front that serves GetFeatures: "native" where the extension is on, else grpcio."""
-    return "native" if settings.grpc_front == "native" and native_enabled() else "grpcio"
-
-
-def tls_pem(settings: ServingSettings) -> tuple[bytes, bytes, bytes | None] | None:
-    """PEM bytes of the TLS certificate, its key and the client CA (None without TLS)."""
-    if settings.tls_cert is None or settings.tls_key is None:
-        return None
-    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
-    return Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes(), ca
-
-
 def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
     """TLS of the gRPC port from the PEM files (mutual TLS with a client CA)."""
     pem = tls_pem(settings)
@@ -443,80 +341,3 @@ def server_credentials(settings: ServingSettings) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
-
-
-async def start_grpc_server(
-    runtime: ServingRuntime, host: str, port: int, hits: FrontLookups | None = None
-) -> GrpcServer:
-    """Serve on host:port (0: a free port).
-
-    SO_REUSEPORT only with several workers, so that they share the port; ``feature-store
-    serve`` first checks that no other process holds it (``cli.check_port_free``). A single
-    worker binds without it and fails on a port in use, as the REST port does. With the
-    native front, that is the front's port, and grpc.aio listens on a free loopback port
-    of its own behind it.
-    """
-    settings = runtime.settings
-    native = front_kind(settings) == "native"
-    reuse_port = settings.workers > 1
-    sock = listen(host, port, reuse_port, "gRPC") if native else None
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 1 if reuse_port and not native else 0),
-            # 1,000 entities x many features, embeddings included, can pass gRPC's 4 MiB
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.max_receive_message_length", settings.max_body_bytes),
-        ]
-    )
-    servicer = FeatureServicer(runtime)
-    if hits is not None and native:
-        servicer.learn = hits.learner(GRPC)
-    server.add_generic_rpc_handlers((servicer.handler(),))
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (
-        SERVICE,
-        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-        REFLECTION_V1,
-        reflection.SERVICE_NAME,
-    )
-    reflection.enable_server_reflection(names, server)
-    server.add_generic_rpc_handlers((_reflection_v1(names),))
-    address = "127.0.0.1:0" if native else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        if settings.tls_cert is not None and not native:
-            bound = server.add_secure_port(address, server_credentials(settings))
-        else:
-            bound = server.add_insecure_port(address)
-    except RuntimeError as e:  # grpc raises when the bind fails
-        if sock is not None:
-            sock.close()
-        raise ConfigError(f"cannot serve gRPC on {address}: {e}") from None
-    if bound == 0:
-        if sock is not None:
-            sock.close()
-        raise ConfigError(f"cannot serve gRPC on {address}: the port is in use")
-    await server.start()
-    front = None
-    if sock is not None:
-        port = sock.getsockname()[1]
-        front = NativeFront(servicer, sock, bound, hits)
-    else:
-        port = bound
-    stopping = asyncio.Event()
-    task = asyncio.get_running_loop().create_task(_track_health(runtime, health_servicer, stopping))
-    log.info("gRPC on %s:%d (%s front)", host, port, "native" if native else "grpcio")
-    return GrpcServer(server, port, task, stopping, front)
-
-
-async def _track_health(
-    runtime: ServingRuntime, servicer: health.aio.HealthServicer, stopping: asyncio.Event
-) -> None:
-    serving = health_pb2.HealthCheckResponse.SERVING
-    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-    while not stopping.is_set():
-        status = serving if await runtime.ready() else not_serving
-        for name in ("", SERVICE):
-            await servicer.set(name, status)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), 2.0)

@@ -45,20 +45,20 @@ import contextlib
 import logging
 import random
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
 
 from feature_store.batch import reads_whole_hash
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
-from feature_store.serving import wire
-from feature_store.serving.cache import CacheKey, Entry, LRUCache, entry_json, keeper
+from feature_store.serving.api import wire
+from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, entry_json, keeper
 
 if TYPE_CHECKING:
-    from feature_store.serving.loader import Settled
+    from feature_store.serving.api.service import Layout, Learn, Projection
+    from feature_store.serving.l1.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
-    from feature_store.serving.service import Projection
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,9 @@ MAX_FORMS = 1024  # request forms taught (the extension's bound, every API toget
 REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them
 API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
 
+
 # a group's share of a planned read: its name and the indices of its features read
 Share: TypeAlias = tuple[str, tuple[int, ...]]
-# Feast's answer over several groups (``feast_api.AnswerPlan``): per group, its index in
-# the projection and the indices of the features it answers, in the answer's order; then
-# per column of the answer, its place among the groups' columns in turn
-Layout: TypeAlias = tuple[Sequence[tuple[int, Sequence[int]]], Sequence[int]]
 
 
 def picks_layout(picks: Sequence[tuple[int, int]], groups: int) -> Layout:
@@ -106,23 +103,6 @@ def picks_layout(picks: Sequence[tuple[int, int]], groups: int) -> Layout:
 def label(api: int, group: str) -> bytes:
     """A group's name in a row's "ages": as JSON for REST, as it is for gRPC."""
     return orjson.dumps(group) if api == REST else group.encode()
-
-
-class Learn(Protocol):
-    """What a handler calls with a form it answered from its lookup's entries: the entity
-    type, the features, the groups, the projection, and the answer's head (and, Feast's
-    over several groups, their ``layout``). Feast's: the join key, the feature references
-    (or the feature service) and its flags (``feast_api.feast_form``)."""
-
-    def __call__(
-        self,
-        entity: str,
-        features: list[str],
-        groups: list[str],
-        proj: Projection,
-        head: bytes,
-        layout: Layout | None = None,
-    ) -> None: ...
 
 
 class FrontLookups:

@@ -20,17 +20,17 @@ from feature_store.batch import EntityId, WriteRow
 from feature_store.errors import FeatureStoreError
 from feature_store.native import native_enabled
 from feature_store.serialization.json_floats import from_json_value, json_int
-from feature_store.serving.auth import Authenticator, AuthError, Role
-from feature_store.serving.cache import Entry, entry_json, keeper
-from feature_store.serving.hits import Learn
-from feature_store.serving.json_answer import Answer, error_answer, parse_object
-from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.service import (
+from feature_store.serving.api.auth import Authenticator, AuthError, Role
+from feature_store.serving.api.json_answer import Answer, error_answer, parse_object
+from feature_store.serving.api.service import (
+    Learn,
     Lookup,
     MalformedRequestError,
     group_states,
     problem,
 )
+from feature_store.serving.l1.cache import Entry, entry_json, keeper
+from feature_store.serving.runtime import ServingRuntime
 
 _rest_rows = None
 if native_enabled():

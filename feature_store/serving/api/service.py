@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
 
 from feature_store.batch import (
     EntityError,
@@ -30,9 +31,10 @@ from feature_store.errors import (
 )
 from feature_store.layout import SKIPPED, entity_key, with_script
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
-from feature_store.serving.auth import AuthError
+from feature_store.serving.api.auth import AuthError
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.loader import CachedReader, Resolved
+from feature_store.serving.l1.invalidation import Publisher
+from feature_store.serving.l1.loader import CachedReader, Resolved
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +180,6 @@ def lookup_errors(
             if fault is not None:
                 errors.append(EntityError(entity_id, group.name, fault.reason, fault.message))
     return errors
-
-
-class Publisher:
-    """Tells other serving instances which entries a push write changed (a Protocol seam)."""
-
-    async def publish(self, group: str, keys: Sequence[bytes]) -> None:
-        return None
 
 
 class FeatureService:
@@ -526,3 +521,26 @@ def is_stale(written_at: int | None, served_stale: bool, max_age: int | None, no
     return served_stale or (
         written_at is not None and max_age is not None and now - written_at > max_age
     )
+
+
+# Feast's answer over several groups (``feast_api.AnswerPlan``): per group, its index in
+# the projection and the indices of the features it answers, in the answer's order; then
+# per column of the answer, its place among the groups' columns in turn
+Layout: TypeAlias = tuple[Sequence[tuple[int, Sequence[int]]], Sequence[int]]
+
+
+class Learn(Protocol):
+    """What a handler calls with a form it answered from its lookup's entries: the entity
+    type, the features, the groups, the projection, and the answer's head (and, Feast's
+    over several groups, their ``layout``). Feast's: the join key, the feature references
+    (or the feature service) and its flags (``feast_api.feast_form``)."""
+
+    def __call__(
+        self,
+        entity: str,
+        features: list[str],
+        groups: list[str],
+        proj: Projection,
+        head: bytes,
+        layout: Layout | None = None,
+    ) -> None: ...

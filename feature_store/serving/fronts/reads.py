@@ -53,10 +53,10 @@ from urllib.parse import urlsplit
 import redis
 
 from feature_store.errors import StoreUnavailableError
-from feature_store.serving.breaker import CircuitState
-from feature_store.serving.flight import FLUSH_KEYS
-from feature_store.serving.hits import FrontLookups
-from feature_store.serving.roundtrip import NativeRoundTrip
+from feature_store.serving.fronts.hits import FrontLookups
+from feature_store.serving.l1.breaker import CircuitState
+from feature_store.serving.l1.flight import FLUSH_KEYS
+from feature_store.serving.l1.roundtrip import NativeRoundTrip
 
 if TYPE_CHECKING:
     from feature_store._native import FrontRedis

@@ -33,7 +33,7 @@ from feature_store.batch import align_hash, reads_whole_hash
 from feature_store.connection import AsyncClient, is_key_error, translated_errors
 from feature_store.errors import EntityDataError, StoreTimeoutError
 from feature_store.native import native_enabled
-from feature_store.serving.spec import GroupSpec
+from feature_store.serving.l1.spec import GroupSpec
 
 if TYPE_CHECKING or native_enabled():
     from feature_store._native import ReadPlan, resp_scan, resp_split

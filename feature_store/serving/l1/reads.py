@@ -33,9 +33,9 @@ from feature_store.errors import (
     StoreTimeoutError,
     StoreUnavailableError,
 )
-from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker
-from feature_store.serving.cache import CacheKey, Entry
-from feature_store.serving.roundtrip import (
+from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
+from feature_store.serving.l1.cache import CacheKey, Entry
+from feature_store.serving.l1.roundtrip import (
     ConnectionWaitTimeout,
     KeyDataError,
     NativeRoundTrip,
@@ -43,7 +43,7 @@ from feature_store.serving.roundtrip import (
     Reply,
     RoundTrip,
 )
-from feature_store.serving.spec import GroupSpec
+from feature_store.serving.l1.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 

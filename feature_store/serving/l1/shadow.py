@@ -9,10 +9,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 
 from feature_store.errors import EncodingError, StoreError
-from feature_store.serving.breaker import AdaptiveTimeouts, CircuitBreaker, CircuitState
-from feature_store.serving.cache import CacheKey, CacheStats, Entry
-from feature_store.serving.roundtrip import KeyDataError, Read, RoundTrip
-from feature_store.serving.spec import GroupSpec
+from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker, CircuitState
+from feature_store.serving.l1.cache import CacheKey, CacheStats, Entry
+from feature_store.serving.l1.roundtrip import KeyDataError, Read, RoundTrip
+from feature_store.serving.l1.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""What the extension's two fronts share on the Python side (``grpc_server.NativeFront``,
-``rest_front.NativeRestFront``): their listening socket, and how their calls are taken.
+"""What the extension's two fronts share on the Python side (``grpc.NativeFront``,
+``rest.NativeRestFront``): their listening socket, TLS, and how their calls are taken.
 
 A front's thread queues each call and writes an eventfd; this loop reads it, takes every
 queued call at once, and answers each on a task of its own. The front's thread never
@@ -17,11 +17,11 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from feature_store.errors import ConfigError
-from feature_store.serving.loader import settled
+from feature_store.serving.l1.loader import settled
 
 if TYPE_CHECKING:
-    from feature_store.serving.front_reads import FrontReads
-    from feature_store.serving.hits import NativeHits
+    from feature_store.serving.fronts.hits import NativeHits
+    from feature_store.serving.fronts.reads import FrontReads
 
 
 def listen(host: str, port: int, reuse_port: bool, what: str) -> socket.socket:

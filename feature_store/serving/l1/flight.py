@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
-from feature_store.serving.cache import CacheKey, Entry, LRUCache
-from feature_store.serving.reads import (
+from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.l1.reads import (
     CircuitOpenError,
     Resolved,
     StoreReads,
@@ -33,7 +33,7 @@ from feature_store.serving.reads import (
     commands,
     replied,
 )
-from feature_store.serving.roundtrip import consume
+from feature_store.serving.l1.roundtrip import consume
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,17 @@ from redis.asyncio.client import PubSub
 
 from feature_store import notices
 from feature_store.connection import AsyncClient, RedisTarget, translated_errors
-from feature_store.serving.cache import CacheKey
-from feature_store.serving.service import Publisher
+from feature_store.serving.l1.cache import CacheKey
 
 log = logging.getLogger(__name__)
+
+
+class Publisher:
+    """Tells other serving instances which entries a push write changed (a Protocol seam)."""
+
+    async def publish(self, group: str, keys: Sequence[bytes]) -> None:
+        return None
+
 
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
 

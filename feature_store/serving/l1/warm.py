@@ -25,7 +25,7 @@ from feature_store import notices
 from feature_store.connection import AsyncClient, translated_errors
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
-from feature_store.serving.loader import CachedReader
+from feature_store.serving.l1.loader import CachedReader
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
 """GetFeaturesResponse (serving.proto) written as protobuf wire bytes, straight from the cache.
 
 Building a message object per value and serializing it cost more than the Redis round trip
-(DESIGN.md, "Proto-to-dict conversion"). Protobuf's wire format is a concatenation of
-(tag, length, bytes) records, so the response is assembled from pieces: each cached entry
-keeps its values' ``FeatureRow.values`` records, made from the stored bytes on first use by
-the native core (or its reference, ``serialization.answers``), and a response is a join of
-those with the ids, statuses and ages written here. tests/integration/test_serving_grpc.py
+(a peer feature server converts messages to dicts and JSON per value). Protobuf's wire
+format is a concatenation of (tag, length, bytes) records, so the response is assembled
+from pieces: each cached entry keeps its values' ``FeatureRow.values`` records, made from
+the stored bytes on first use by the native core (or its reference,
+``serialization.answers``), and a response is a join of those with the ids, statuses and
+ages written here. tests/integration/test_serving_grpc.py
 parses the result with the generated classes, which checks this encoder against the .proto.
 
 Field numbers below mirror proto/feature_store/proto/v1/serving.proto.
@@ -18,8 +19,8 @@ from collections.abc import Callable, Sequence
 from feature_store.batch import EntityError, EntityId
 from feature_store.serialization import varint
 from feature_store.serialization.answers import MISSING_VALUE
-from feature_store.serving.cache import Entry
-from feature_store.serving.loader import Resolved
+from feature_store.serving.l1.cache import Entry
+from feature_store.serving.l1.loader import Resolved
 
 PRESENT, MISSING, STALE, ERROR = 1, 2, 3, 4  # serving.proto Status
 _PRESENT_CODES = bytes([MISSING, PRESENT]) + bytes(254)

@@ -40,18 +40,24 @@ from feature_store.batch import EntityId, WriteRow, WriteStats
 from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.registry import EntityType, FeatureGroup, Registry
 from feature_store.serialization.json_floats import from_json_value, json_int
-from feature_store.serving.auth import Authenticator, Role
-from feature_store.serving.hits import Learn
-from feature_store.serving.json_answer import Answer, Handler, Route, error_headers, parse_object
-from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.service import (
+from feature_store.serving.api.auth import Authenticator, Role
+from feature_store.serving.api.json_answer import (
+    Answer,
+    Handler,
+    Route,
+    error_headers,
+    parse_object,
+)
+from feature_store.serving.api.service import (
     BatchTooLargeError,
+    Learn,
     Lookup,
     MalformedRequestError,
     Problem,
     is_stale,
     problem,
 )
+from feature_store.serving.runtime import ServingRuntime
 
 log = logging.getLogger(__name__)
 API = "feast"

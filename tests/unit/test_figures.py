@@ -1,0 +1,167 @@
+"""Every published figure has one source: the figures that README.md, docs/ and
+``feature-store plan`` quote are read back from the results files they cite, so a results
+file re-run without the docs (or a doc edited without a run) fails here.
+
+- ``feature_store.capacity.FIGURES``: each figure is the cell of its row and column in the
+  table of its results file.
+- README.md and docs/*.md: a table row, a list item or a paragraph that links a results
+  file (``benchmarks/results/NAME``) quotes only figures found in the files it links. A
+  figure is a number followed by a space and a unit of measure (µs, ms, s, B, KB, MB, GiB,
+  req/s, records/s, cores) or right after it by a ratio's or a share's sign (x, the
+  multiplication sign, %), or a number in a run of them that ends in one ("26.4 to 28.2
+  µs", "9.7 / 7.4 µs"). It is found where the file has the same number, or one with more
+  decimals that rounds to it, not as part of a longer one.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+
+from feature_store.capacity import FIGURES
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = "benchmarks/results/"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+# after a space; a ratio or a share right after its number
+UNIT = (
+    r"(?: (?:µs|us|ms|s|B|KB|MB|GB|GiB|MiB|bytes|req/s|records/s|rows/s|values/s|cores)|[\u00d7x%])"
+)
+# a run of numbers joined by "to", "/", an en dash, "and" or commas, ending in a unit
+RUN = re.compile(
+    rf"(?<![\w.,/#-])((?:{NUMBER})(?:\s*(?:to|/|\u2013|and|,|or)\s*(?:{NUMBER}))*){UNIT}(?![\w/])"
+)
+LINK = re.compile(r"benchmarks/results/([\w.-]+\.(?:md|json))")
+
+
+def cell(path: str, row: tuple[str, ...], column: str) -> str:
+    """The cell of ``column`` in the row of a markdown table of ``path`` whose first cells
+    are ``row``."""
+    heading: list[str] = []
+    for line in (ROOT / path).read_text().splitlines():
+        if not line.startswith("|"):
+            heading = []
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not heading:
+            heading = cells
+        elif tuple(cells[: len(row)]) == row and column in heading:
+            return cells[heading.index(column)]
+    raise AssertionError(f"{path} has no row {row} with a column {column!r}")
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_each_planning_figure_is_the_cell_it_names(name: str) -> None:
+    figure = FIGURES[name]
+    assert float(cell(figure.results, figure.row, figure.column)) == figure.value, figure
+
+
+def units(text: str) -> list[str]:
+    """A document's table rows, list items and paragraphs, code blocks left out."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.splitlines()
+        if lines and all(line.startswith("|") for line in lines):
+            out += lines
+            continue
+        item: list[str] = []
+        for line in lines:
+            if re.match(r"\s*(?:[-*]|\d+\.)\s", line) and item:
+                out.append(" ".join(item))
+                item = []
+            item.append(line)
+        out.append(" ".join(item))
+    return out
+
+
+def figures(unit: str) -> list[str]:
+    """The numbers of a unit's figures (see the module's text)."""
+    unit = re.sub(r"\[[^\]]*\]\([^)]*\)|`[^`]*`", " ", unit)  # links' and code's own digits
+    return [n for run in RUN.findall(unit) for n in re.findall(NUMBER, run)]
+
+
+def found(number: str, text: str) -> bool:
+    """Whether ``text`` has ``number``: the same, or one with more decimals that rounds to
+    it (a doc may quote 11.53 as 11.5), never as part of a longer number."""
+    quoted = Decimal(number.replace(",", ""))
+    places = Decimal(1).scaleb(quoted.as_tuple().exponent)  # type: ignore[arg-type]
+    for match in re.finditer(rf"(?<![\d.,])(?:{NUMBER})(?![\d]|[.,]\d)", text):
+        value = Decimal(match.group().replace(",", ""))
+        if value == quoted or (
+            value.as_tuple().exponent < quoted.as_tuple().exponent  # type: ignore[operator]
+            and value.quantize(places, ROUND_HALF_UP) == quoted
+        ):
+            return True
+    return False
+
+
+def quoted() -> list[tuple[str, str, list[str]]]:
+    """(document, unit, results files it links) for every unit that links one."""
+    out = []
+    for doc in DOCS:
+        for unit in units(doc.read_text()):
+            links = sorted(set(LINK.findall(unit)))
+            if links:
+                out.append((doc.name, unit, links))
+    return out
+
+
+def test_the_docs_cite_results_files_that_exist() -> None:
+    missing = {
+        (doc, name)
+        for doc, _, links in quoted()
+        for name in links
+        if not (ROOT / RESULTS / name).exists()
+    }
+    assert not missing, sorted(missing)
+
+
+def test_each_quoted_figure_is_in_the_results_it_cites() -> None:
+    wrong = []
+    for doc, unit, links in quoted():
+        # (a file that is not there is the test above's)
+        texts = [(ROOT / RESULTS / n).read_text() for n in links if (ROOT / RESULTS / n).exists()]
+        for number in figures(unit):
+            if not any(found(number, text) for text in texts):
+                wrong.append(f"{doc}: {number} not in {', '.join(links)}: {unit[:120]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_changed_figure_fails_the_check() -> None:
+    """The check can fail: a figure of the results, changed, is not found."""
+    assert found("8.8", "| native | rest | off | 10 | 8 | 8,149 | 8.8 |")
+    assert not found("8.8", "| native | rest | off | 10 | 8 | 8,149 | 8.9 |")
+    assert not found("8.8", "18.8 and 8.86 and 8.74")
+    assert found("8.8", "8.76")
+    assert not found("8.8", "8.74")
+    assert found("11.5", "11.53")
+    assert not found("46,000", "46,048")
+    assert figures("REST 9.7 / 7.4 µs, 26.4 to 28.2 µs and 1,471 B (batch 10)") == [
+        "9.7",
+        "7.4",
+        "26.4",
+        "28.2",
+        "1,471",
+    ]
+
+
+def test_the_capacity_guide_shows_what_plan_prints() -> None:
+    """docs/capacity.md's example is the command's output today, figures and sources."""
+    text = (ROOT / "docs" / "capacity.md").read_text()
+    example = re.search(r"```\n\$ feature-store (plan [^\n]*)\n(.*?)```", text, re.S)
+    assert example is not None, "docs/capacity.md shows no `$ feature-store plan` example"
+    done = subprocess.run(
+        [sys.executable, "-m", "feature_store.cli", *example.group(1).split()],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == example.group(2)
