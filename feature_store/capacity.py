@@ -2,18 +2,22 @@
 
 ``feature-store plan --entities N --features F --lookups-per-second L`` answers with the
 arithmetic below and names the recorded benchmark result behind every figure it uses
-(``FIGURES``; tests/unit/test_capacity.py checks each against its results file):
+(``FIGURES``: a results file, the row of its table and the column; tests/unit/
+test_capacity.py reads each from there):
 
 - memory: N x F x bytes per value; a Redis node is filled to ``fill`` of its memory, and
   each replica holds a full copy of its master's data;
-- Redis CPU: L x (1 - hit rate) x Redis CPU per entity; Redis runs commands on one core,
-  kept below ``redis_core_load`` of it;
+- Redis CPU: the lookups that reach Redis (with the L1: L x (1 - hit rate); without: L)
+  x Redis CPU per entity; Redis runs commands on one core, kept below
+  ``redis_core_load`` of it;
 - shards: enough for the memory and for the CPU, whichever needs more;
-- serving CPU: L x (hit rate x cost of a hit + (1 - hit rate) x cost of a miss), at
-  ``serving_core_load`` of each core.
+- serving CPU: with the L1, L x (hit rate x cost of a hit + (1 - hit rate) x cost of a
+  miss, which the L1 loads through Python's policy); without it, L x the cost of a
+  planned read on the native front; at ``serving_core_load`` of each core.
 
-The figures are from the standard benchmark shape (50 features, 40 of them floats); a
-registry of other shapes costs other amounts, which is why each figure names its source.
+The figures are from the standard benchmark shape (50 features, 40 of them floats) on the
+native fronts; a registry of other shapes costs other amounts, which is why each figure
+names its source.
 """
 
 from __future__ import annotations
@@ -26,20 +30,50 @@ from dataclasses import dataclass
 class Figure:
     value: float
     unit: str
-    source: str  # the results file and the row or line it comes from
+    results: str  # the results file, from the repository's root
+    row: tuple[str, ...]  # the first cells of its row in the file's table
+    column: str  # the heading of its column there
 
+    @property
+    def source(self) -> str:
+        return f"{self.results}: the row {' | '.join(self.row)}, column {self.column!r}"
+
+
+DATAPLANE = "benchmarks/results/dataplane.md"
+MISSES = "benchmarks/results/house_plan_misses.md"
 
 FIGURES = {
     "bytes_per_value": Figure(
-        22.4, "bytes", "benchmarks/results/memory.md: full layout, shipped config"
+        22.4,
+        "bytes",
+        "benchmarks/results/memory.md",
+        ("4 full layout, shipped config",),
+        "bytes/value",
     ),
     "redis_us_per_entity": Figure(
-        5.9, "µs CPU", "benchmarks/results/cost.md: rest, L1 off, batch 10 (Redis's own CPU)"
+        6.6, "µs CPU", DATAPLANE, ("native", "rest", "off", "10", "8"), "Redis µs/entity"
     ),
-    "rest_miss_us": Figure(21.9, "µs CPU", "benchmarks/results/cost.md: rest, L1 off, batch 10"),
-    "rest_hit_us": Figure(7.2, "µs CPU", "benchmarks/results/cost.md: rest, L1 on, batch 10"),
-    "grpc_miss_us": Figure(19.6, "µs CPU", "benchmarks/results/cost.md: grpc, L1 off, batch 10"),
-    "grpc_hit_us": Figure(4.2, "µs CPU", "benchmarks/results/cost.md: grpc, L1 on, batch 10"),
+    "rest_planned_us": Figure(
+        8.8, "µs CPU", DATAPLANE, ("native", "rest", "off", "10", "8"), "server µs/entity"
+    ),
+    "rest_hit_us": Figure(
+        1.7, "µs CPU", DATAPLANE, ("native", "rest", "on", "10", "8"), "server µs/entity"
+    ),
+    "grpc_planned_us": Figure(
+        5.7, "µs CPU", DATAPLANE, ("native", "grpc", "off", "10", "8"), "server µs/entity"
+    ),
+    "grpc_hit_us": Figure(
+        2.2, "µs CPU", DATAPLANE, ("native", "grpc", "on", "10", "8"), "server µs/entity"
+    ),
+    # a miss with the L1 on is loaded through Python's policy (single-flight, the cache),
+    # then answered on the front; measured over REST, whose load gRPC's misses share
+    "miss_us": Figure(
+        34.99,
+        "µs CPU per entity read",
+        MISSES,
+        ("rest L1 on b10 c8",),
+        "median now µs/entity read",
+    ),
 }
 
 GIB = 1024**3
@@ -54,6 +88,7 @@ class Plan:
     shards: int
     bytes_per_shard: float
     serving_cores: float
+    figures: tuple[str, ...]  # the names of the FIGURES it used
 
 
 def plan(
@@ -63,13 +98,15 @@ def plan(
     *,
     hit_rate: float = 0.8,
     api: str = "rest",
+    l1: bool = True,
     node_memory_gib: float = 25.0,
     fill: float = 0.75,
     redis_core_load: float = 0.6,
     serving_core_load: float = 0.6,
 ) -> Plan:
     """The plan for ``entities`` x ``features`` values and ``lookups_per_second`` entity
-    lookups (one entity of one request is one lookup)."""
+    lookups (one entity of one request is one lookup), with the L1 at ``hit_rate`` or
+    (``l1`` false) without it."""
     if entities < 1 or features < 1 or lookups_per_second < 0:
         raise ValueError("entities and features must be positive, lookups not negative")
     if not 0 <= hit_rate <= 1:
@@ -78,12 +115,19 @@ def plan(
         raise ValueError("api must be rest or grpc")
     data = entities * features * FIGURES["bytes_per_value"].value
     for_memory = max(1, math.ceil(data / (node_memory_gib * GIB * fill)))
-    misses = lookups_per_second * (1 - hit_rate)
-    redis_cores = misses * FIGURES["redis_us_per_entity"].value / 1e6
+    reads = lookups_per_second * (1 - hit_rate) if l1 else lookups_per_second
+    redis_cores = reads * FIGURES["redis_us_per_entity"].value / 1e6
     for_cpu = max(1, math.ceil(redis_cores / redis_core_load))
     shards = max(for_memory, for_cpu)
-    hit, miss = FIGURES[f"{api}_hit_us"].value, FIGURES[f"{api}_miss_us"].value
-    serving = lookups_per_second * (hit_rate * hit + (1 - hit_rate) * miss) / 1e6
+    serving_figures: tuple[str, ...]
+    if l1:
+        serving_figures = (f"{api}_hit_us", "miss_us")
+        hit, miss = (FIGURES[name].value for name in serving_figures)
+        per_lookup = hit_rate * hit + (1 - hit_rate) * miss
+    else:
+        serving_figures = (f"{api}_planned_us",)
+        per_lookup = FIGURES[f"{api}_planned_us"].value
+    serving = lookups_per_second * per_lookup / 1e6
     return Plan(
         data_bytes=data,
         shards_for_memory=for_memory,
@@ -92,6 +136,7 @@ def plan(
         shards=shards,
         bytes_per_shard=data / shards,
         serving_cores=serving / serving_core_load,
+        figures=("bytes_per_value", "redis_us_per_entity", *serving_figures),
     )
 
 
@@ -109,5 +154,8 @@ def describe(p: Plan, replicas: int, node_memory_gib: float) -> list[str]:
         "",
         "figures used (the standard benchmark shape; re-measure for yours):",
     ]
-    lines += [f"  {name} = {f.value} {f.unit}: {f.source}" for name, f in FIGURES.items()]
+    lines += [
+        f"  {name} = {FIGURES[name].value} {FIGURES[name].unit}: {FIGURES[name].source}"
+        for name in p.figures
+    ]
     return lines

@@ -62,6 +62,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plan_cmd.add_argument("--hit-rate", type=float, default=0.8, help="L1 hit rate (0.8)")
     plan_cmd.add_argument("--api", choices=("rest", "grpc"), default="rest")
+    plan_cmd.add_argument(
+        "--l1",
+        choices=("on", "off"),
+        default="on",
+        help="with the L1 at --hit-rate (on), or every lookup read from Redis (off)",
+    )
     plan_cmd.add_argument("--node-memory-gib", type=float, default=25.0, help="per Redis node")
     plan_cmd.add_argument("--replicas", type=int, default=1, help="replicas per master (1)")
     plan_cmd.set_defaults(func=run_plan)
@@ -183,6 +189,7 @@ def run_plan(args: argparse.Namespace) -> int:
             args.lookups_per_second,
             hit_rate=args.hit_rate,
             api=args.api,
+            l1=args.l1 == "on",
             node_memory_gib=args.node_memory_gib,
         )
     except ValueError as e:
