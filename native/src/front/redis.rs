@@ -150,16 +150,23 @@ impl Direct {
         rx.await.ok().flatten()
     }
 
-    /// A round trip's time limit (its size class's) and the most keys one may carry.
-    fn limits(&self, keys: usize) -> (Duration, usize) {
+    /// The most keys one round trip may carry.
+    fn flush_keys(&self) -> usize {
+        self.policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flush_keys
+    }
+
+    /// The time limit of a round trip of `keys` keys: its size class's.
+    fn timeout(&self, keys: usize) -> Duration {
         let policy = self.policy.lock().unwrap_or_else(|e| e.into_inner());
         let class = policy
             .timeouts
             .iter()
             .find(|(most, _)| most.map_or(true, |most| keys <= most))
             .or_else(|| policy.timeouts.last());
-        let timeout = class.map_or(Duration::from_millis(100), |&(_, t)| t);
-        (timeout, policy.flush_keys)
+        class.map_or(Duration::from_millis(100), |&(_, t)| t)
     }
 
     /// One connection's task: batches of the lookups queued on it, until a round trip fails.
@@ -169,7 +176,7 @@ impl Direct {
         while let Some(first) = jobs.recv().await {
             let mut keys = first.count;
             let mut batch = vec![first];
-            let flush_keys = self.limits(0).1;
+            let flush_keys = self.flush_keys();
             while keys < flush_keys {
                 match jobs.try_recv() {
                     Ok(job) => {
@@ -185,7 +192,7 @@ impl Direct {
             }
             let started = Instant::now();
             let exchange = exchange(&mut stream, &command, &batch, &mut buf);
-            let ends = match tokio::time::timeout(self.limits(keys).0, exchange).await {
+            let ends = match tokio::time::timeout(self.timeout(keys), exchange).await {
                 Ok(Some(ends)) => ends,
                 failed => {
                     // Redis did not answer in time: a failure for the breaker. A connection
