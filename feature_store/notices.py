@@ -3,8 +3,10 @@
 Every writer publishes on ``CHANNEL`` after it writes, so that the serving instances' L1
 caches do not hide the new values until their TTL:
 
-- ``{"origin": o, "group": g, "keys": [k, ...]}``: these entity keys changed (push writes
-  through the serving API, small library writes). Serving drops the entries.
+- ``{"origin": o, "group": g, "keys": [k, ...], "written": t}``: these entity keys changed
+  (push writes through the serving API, small library writes, the stream writer) at ``t``
+  (unix seconds; optional). Serving drops the entries, and reports ``t`` as the group's
+  last write.
 - ``{"origin": o, "group": g, "generation": t}``: the group was written in bulk (the Spark
   job, a large library write) that ended at ``t`` (unix seconds, wall clock). Serving
   refreshes, in the background and at a bounded rate, every entry of the group it read
@@ -40,8 +42,13 @@ def new_origin() -> str:
     return uuid.uuid4().hex
 
 
-def keys_message(origin: str, group: str, keys: Sequence[bytes]) -> bytes:
-    return orjson.dumps({"origin": origin, "group": group, "keys": [k.decode() for k in keys]})
+def keys_message(
+    origin: str, group: str, keys: Sequence[bytes], written: float | None = None
+) -> bytes:
+    doc: dict[str, object] = {"origin": origin, "group": group, "keys": [k.decode() for k in keys]}
+    if written is not None:
+        doc["written"] = round(written, 3)
+    return orjson.dumps(doc)
 
 
 def generation_message(origin: str, group: str, generation: float) -> bytes:
@@ -53,7 +60,7 @@ def generation_message(origin: str, group: str, generation: float) -> bytes:
 def write_message(origin: str, group: str, keys: Sequence[bytes], now: float) -> bytes:
     """The message for a write of ``keys``: the keys themselves, or a generation if many."""
     if len(keys) <= KEYS_MAX:
-        return keys_message(origin, group, keys)
+        return keys_message(origin, group, keys, now)
     return generation_message(origin, group, now)
 
 
@@ -67,6 +74,9 @@ def parse(data: bytes) -> Mapping[str, object] | None:
         return None
     keys, generation = doc.get("keys"), doc.get("generation")
     if isinstance(keys, list) and all(isinstance(k, str) for k in keys):
+        written = doc.get("written")
+        if written is not None and not (type(written) in (int, float) and 0 <= written < 2**40):
+            return None
         return doc
     if type(generation) in (int, float) and 0 <= generation < 2**40:  # type: ignore[operator]
         return doc

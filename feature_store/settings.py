@@ -37,6 +37,9 @@ class Settings:
     max_connections: int = 64
     redis_retries: int = 1  # quick retries of a failed Redis call, before it is an error
     native: str = "on"  # "off": answers by the Python reference (read by feature_store.native)
+    # where `feature-store stream` and the embedded Kafka broker find their jars (a directory
+    # with spark/ and broker/); None: the environment's kafka/ (feature_store.kafka)
+    kafka_jars: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -125,6 +128,8 @@ def _coerce(name: str, value: object, cls: type[Settings]) -> object:
             return int(value)
         if kind == "Path":
             return Path(value)
+        if kind == "Path | None":
+            return Path(value) if value else None
     except ValueError:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}={value!r} is not a valid {kind}") from None
     return value or None

@@ -41,20 +41,10 @@ if [ "$sources" != "$(cat "$stamp" 2>/dev/null)" ] || ! ls feature_store/_native
   echo "$sources" > "$stamp"
 fi
 
-# Apache Kafka's broker (KRaft, for the stream tests and benchmarks) and Spark's Kafka source
-# (for `feature-store stream`): release jars from Maven Central, into the environment.
-kafka_stamp=.venv/kafka/.sources
-kafka_sources=$(cat kafka/*.pom.xml | sha256sum)
-if [ "$kafka_sources" != "$(cat "$kafka_stamp" 2>/dev/null)" ]; then
-  echo "fetching Kafka's broker and Spark's Kafka connector jars (Maven)"
-  rm -rf .venv/kafka
-  mvn -q -B -f kafka/broker.pom.xml dependency:copy-dependencies \
-    -DoutputDirectory="$PWD/.venv/kafka/broker"
-  mvn -q -B -f kafka/spark.pom.xml dependency:copy-dependencies \
-    -DoutputDirectory="$PWD/.venv/kafka/spark" \
-    -DincludeArtifactIds=spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2
-  echo "$kafka_sources" > "$kafka_stamp"
-fi
+# Apache Kafka's broker (KRaft, for the stream tests and benchmarks), Spark's Kafka source and
+# Avro functions (for `feature-store stream`): release jars from Maven Central, into the
+# environment, by the command a wheel's user runs too (skipped when they are there).
+.venv/bin/feature-store fetch-jars --broker --dest .venv/kafka >/dev/null
 
 # grpcurl: the tests check reflection and TLS with it, as users do. Built from its Go
 # module into the project's environment (Debian has no package of it); Go from Debian's

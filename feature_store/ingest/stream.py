@@ -1,62 +1,75 @@
 """``feature-store stream``: a Kafka topic into Redis with Spark Structured Streaming.
 
-    Kafka (JSON records) -> micro-batch -> per partition (mapInArrow): parse, check, encode
+    Kafka (JSON, Avro or Protobuf records) -> micro-batch (bounded) -> per partition
+    (mapInArrow): decode, check, keep each entity's newest record, encode (ingest.records)
     -> guarded writes in chunked pipelines, retried (ingest.writer) -> invalidation notices
-    -> the driver: quarantine the bad records, a progress line, the checkpoint commit
+    -> the driver: quarantine the bad records, metrics, a progress line, the checkpoint
 
-A record is one JSON object: the entity id under the entity type's join key (or
-``--id-field``), its event time under ``event_time`` (unix seconds or RFC 3339), and any of
-the group's features; null removes a value, a feature left out is not touched (as push
-writes). Every write goes through the ordering guard (``layout.WRITE_SCRIPT``), so
-redelivered, duplicated or late records never put older values over newer ones.
+Every write goes through the ordering guard (``layout.WRITE_SCRIPT``), so redelivered,
+duplicated or late records never put older values over newer ones.
 
 Guarantees: at-least-once from Kafka (Spark's checkpoint holds the offsets; a micro-batch
-replayed after a crash is written again, which the guard makes harmless) and "newest event
-wins" per entity and group, across this job, the nightly job and push writes. A record that
-is not a JSON object, lacks an id or event time, or holds a value its feature cannot take
-is quarantined with its reason (parquet, with its Kafka partition and offset), never a
-failed stream. Not guaranteed: order among records of one entity with the same event time
-(the later arrival wins).
+replayed after a crash is written again, which the guard makes harmless, and its bad
+records overwrite the same quarantine files: each is quarantined once) and "newest event
+wins" per entity and group, across this job, the nightly job and push writes. A bad record
+is quarantined with its reason, partition and offset, never a failed stream. Not
+guaranteed: order among records of one entity with the same event time in different Kafka
+partitions (the later write wins; within a partition, the later offset).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import cast
 
-import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_store import notices
-from feature_store.batch import (
-    Command,
-    EntityId,
-    event_time_seconds,
-    plan_write,
-    write_outcome,
-)
+from feature_store.batch import write_outcome
 from feature_store.connection import RedisTarget
-from feature_store.errors import EncodingError, FeatureStoreError, RequestError
-from feature_store.ingest.spec import BadReason, RetrySpec
+from feature_store.errors import FeatureStoreError, RequestError
+from feature_store.ingest.records import (
+    DEFAULT_EVENT_TIME_FIELD,
+    Decoder,
+    Encoded,
+    Format,
+    KeyFormat,
+    RecordFormat,
+    encode_records,
+    proto_message_class,
+)
+from feature_store.ingest.spec import RetrySpec
+from feature_store.ingest.stream_metrics import StreamMetrics, lag_bucket, lag_bucket_names
 from feature_store.ingest.writer import ChunkWriter
-from feature_store.kafka import spark_connector_jars
 from feature_store.layout import SKIPPED
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
-from feature_store.serialization.json_floats import from_json_value, json_int
 
 log = logging.getLogger(__name__)
 
-DEFAULT_EVENT_TIME_FIELD = "event_time"
+# Kafka offsets per micro-batch unless --max-records-per-batch says otherwise: a backlog is
+# read in steps, each bounded in the driver's and the executors' memory
+MAX_RECORDS_PER_BATCH = 200_000
 KIND, REASON, DETAIL = "_stream_kind", "_stream_reason", "_stream_detail"
-STATS = ("records", "written", "skipped", "values", "lag_sum", "lag_max")
+STATS = (
+    "records",
+    "written",
+    "skipped",
+    "superseded",
+    "values",
+    "lag_sum",
+    "lag_max",
+    "kafka_time_max",
+    *lag_bucket_names(),
+)
 OUTPUT = T.StructType(
     [
         T.StructField(KIND, T.StringType()),
@@ -78,18 +91,41 @@ class StreamJob:
     bootstrap_servers: str
     redis_url: str
     checkpoint: str
+    format: Format = Format.JSON
+    avro_schema: str | None = None  # the writer's schema (Avro JSON), for Format.AVRO
+    proto_descriptor: bytes = b""  # a serialized FileDescriptorSet, for Format.PROTOBUF
+    proto_message: str = ""
     id_field: str | None = None  # default: the entity type's join key
+    id_from_key: bool = False
+    key_format: KeyFormat = KeyFormat.STRING
     event_time_field: str = DEFAULT_EVENT_TIME_FIELD
+    event_time_from_kafka: bool = False
+    renames: tuple[tuple[str, str], ...] = ()
     ignore_extra_fields: bool = False
     quarantine: str | None = None  # default: quarantine/<group>-stream
     starting_offsets: str = "earliest"  # where a new checkpoint starts: earliest or latest
     trigger_seconds: float = 0.5
-    max_records_per_batch: int | None = None
+    max_records_per_batch: int | None = MAX_RECORDS_PER_BATCH  # None: unbounded
     available_now: bool = False  # process what the topic holds, then stop
     chunk_size: int = 500
     retry: RetrySpec = field(default_factory=RetrySpec)
     kafka_options: dict[str, str] = field(default_factory=dict)
     progress_interval: float = 10.0
+    metrics: StreamMetrics | None = None  # the driver's Prometheus series
+
+    def record_format(self, group: FeatureGroup) -> RecordFormat:
+        return RecordFormat(
+            format=self.format,
+            id_field="" if self.id_from_key else (self.id_field or group.entity.join_key),
+            event_time_field="" if self.event_time_from_kafka else self.event_time_field,
+            id_from_key=self.id_from_key,
+            key_format=self.key_format,
+            event_time_from_kafka=self.event_time_from_kafka,
+            renames=self.renames,
+            ignore_extra_fields=self.ignore_extra_fields,
+            proto_descriptor=self.proto_descriptor,
+            proto_message=self.proto_message,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,116 +134,44 @@ class RecordSpec:
 
     registry_text: str
     group: str
-    id_field: str
-    event_time_field: str
-    ignore_extra_fields: bool
+    format: RecordFormat
     redis_url: str
     chunk_size: int
     retry: RetrySpec
     origin: str
 
 
-@dataclass(slots=True)
-class Encoded:
-    """A micro-batch partition's good records as guarded writes, and its bad ones."""
-
-    commands: list[Command] = field(default_factory=list)
-    keys: list[bytes] = field(default_factory=list)
-    event_times: list[float] = field(default_factory=list)
-    counts: list[tuple[int, int]] = field(default_factory=list)  # values written, removed
-    bad: list[tuple[int, BadReason, str]] = field(default_factory=list)  # index, why
-
-
-def encode_records(
-    group: FeatureGroup,
-    records: Sequence[bytes | None],
-    *,
-    id_field: str,
-    event_time_field: str = DEFAULT_EVENT_TIME_FIELD,
-    ignore_extra_fields: bool = False,
-    now: float | None = None,
-) -> Encoded:
-    """Each record as one guarded write (``batch.plan_write``), or a bad record and why."""
-    now = time.time() if now is None else now
-    features = {f.name: f for f in group.features}
-    reserved = {id_field, event_time_field}
-    out = Encoded()
-    rows: list[tuple[EntityId, dict[str, object], float]] = []
-    positions: list[int] = []  # each row's index in ``records``
-    for i, raw in enumerate(records):
-        try:
-            doc = orjson.loads(raw) if raw is not None else None
-        except orjson.JSONDecodeError as e:
-            out.bad.append((i, BadReason.MALFORMED_RECORD, f"not JSON: {e}"))
-            continue
-        if not isinstance(doc, dict):
-            out.bad.append((i, BadReason.MALFORMED_RECORD, "not a JSON object"))
-            continue
-        entity_id = doc.get(id_field)
-        if entity_id is None:
-            out.bad.append((i, BadReason.NULL_ID, f"no {id_field!r}"))
-            continue
-        event_time = doc.get(event_time_field)
-        if event_time is None:
-            out.bad.append((i, BadReason.NULL_EVENT_TIME, f"no {event_time_field!r}"))
-            continue
-        unknown = [k for k in doc if k not in features and k not in reserved]
-        if unknown and not ignore_extra_fields:
-            names = ", ".join(repr(k) for k in unknown)
-            out.bad.append((i, BadReason.UNKNOWN_FIELD, f"group {group.name!r} has no {names}"))
-            continue
-        values = {k: from_json_value(features[k].type, v) for k, v in doc.items() if k in features}
-        try:
-            seconds = event_time_seconds(event_time, now)
-        except RequestError as e:
-            out.bad.append((i, BadReason.INVALID_EVENT_TIME, str(e)))
-            continue
-        rows.append((cast(EntityId, json_int(entity_id)), values, seconds))
-        positions.append(i)
-    try:  # one plan for the lot: a bad value is rare
-        plans = [(rows, plan_write(group, rows, now=now))]
-    except (EncodingError, RequestError):  # find it, and keep the rest
-        plans = []
-        for i, row in zip(positions, rows, strict=True):
-            try:
-                plans.append(([row], plan_write(group, [row], now=now)))
-            except EncodingError as e:
-                out.bad.append((i, BadReason.INVALID_VALUE, str(e)))
-            except RequestError as e:
-                out.bad.append((i, BadReason.INVALID_ID, str(e)))
-        out.bad.sort(key=lambda b: b[0])
-    for planned, plan in plans:
-        out.commands += plan.commands
-        out.keys += plan.keys
-        out.counts += plan.counts
-        out.event_times += [row[2] for row in planned]
-    return out
-
-
 def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: Kafka rows (value, partition, offset) in; the bad
-    records and one statistics row out."""
+    """The ``mapInArrow`` function: Kafka rows (value, key, partition, offset, timestamp;
+    ``decoded`` for Avro) in; the bad records and one statistics row out."""
     group = parse_registry(spec.registry_text, source="stream").group(spec.group)
     target = RedisTarget.parse(spec.redis_url, max_connections=2)
     writer = ChunkWriter(
         target, ttl_seconds=group.entity.ttl_seconds, chunk_size=spec.chunk_size, retry=spec.retry
     )
+    decoder = Decoder(spec.format)
     stats = dict.fromkeys(STATS, 0.0)
     schema = _arrow_schema()
     try:
         for batch in batches:
-            values = batch.column("value").to_pylist()
+            column = "decoded" if spec.format.format is Format.AVRO else "value"
+            values = batch.column(column).to_pylist()
             stats["records"] += len(values)
+            times = batch.column("timestamp").to_pylist()
+            if times:
+                stats["kafka_time_max"] = max(stats["kafka_time_max"], *(t or 0.0 for t in times))
             encoded = encode_records(
                 group,
+                spec.format,
                 values,
-                id_field=spec.id_field,
-                event_time_field=spec.event_time_field,
-                ignore_extra_fields=spec.ignore_extra_fields,
+                keys=batch.column("key").to_pylist() if spec.format.id_from_key else None,
+                timestamps=times,
+                decoder=decoder,
             )
+            stats["superseded"] += encoded.superseded
             _write(writer, spec, encoded, stats)
             if encoded.bad:
-                yield _bad_rows(schema, batch, encoded)
+                yield _bad_rows(schema, batch, encoded, spec.format.format)
     finally:
         writer.close()
     yield pa.RecordBatch.from_pylist([{KIND: "stats", **stats}], schema=schema)
@@ -230,6 +194,8 @@ def _write(
         if lags:
             stats["lag_sum"] += sum(lags)
             stats["lag_max"] = max(stats["lag_max"], *lags)
+            for lag in lags:
+                stats[lag_bucket(lag)] += 1
         # serving caches drop these keys now instead of at their TTL
         writer.publish(notices.write_message(spec.origin, spec.group, keys, done))
 
@@ -240,14 +206,16 @@ def _arrow_schema() -> pa.Schema:
     return to_arrow_schema(OUTPUT)
 
 
-def _bad_rows(schema: pa.Schema, batch: pa.RecordBatch, encoded: Encoded) -> pa.RecordBatch:
+def _bad_rows(
+    schema: pa.Schema, batch: pa.RecordBatch, encoded: Encoded, fmt: Format
+) -> pa.RecordBatch:
     values = batch.column("value").to_pylist()
     partitions = batch.column("partition").to_pylist()
     offsets = batch.column("offset").to_pylist()
     rows = [
         {
             KIND: "bad",
-            "value": None if values[i] is None else values[i].decode("utf-8", "replace"),
+            "value": _shown(values[i], fmt),
             "partition": partitions[i],
             "offset": offsets[i],
             REASON: reason.value,
@@ -256,6 +224,16 @@ def _bad_rows(schema: pa.Schema, batch: pa.RecordBatch, encoded: Encoded) -> pa.
         for (i, reason, detail) in encoded.bad
     ]
     return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def _shown(value: bytes | None, fmt: Format) -> str | None:
+    """A bad record's value in the quarantine: JSON as its text, a binary format's bytes
+    as base64 (``base64.b64decode`` gives them back)."""
+    if value is None:
+        return None
+    if fmt is Format.JSON:
+        return value.decode("utf-8", "replace")
+    return base64.b64encode(value).decode()
 
 
 # --- the driver ------------------------------------------------------------------------
@@ -267,17 +245,31 @@ def check_job(job: StreamJob, registry: Registry) -> FeatureGroup:
         known = ", ".join(sorted(registry.groups))
         raise RequestError(f"unknown feature group {job.group!r}; known: {known}")
     group = registry.groups[job.group]
-    id_field = job.id_field or group.entity.join_key
-    clash = {id_field, job.event_time_field} & {f.name for f in group.features}
-    if clash or id_field == job.event_time_field:
+    fmt = job.record_format(group)
+    features = {f.name for f in group.features}
+    fields = [n for n in (fmt.id_field, fmt.event_time_field) if n]
+    if set(fields) & features or len(set(fields)) < len(fields):
         raise RequestError(
-            f"the id field {id_field!r} and the event time field {job.event_time_field!r} must "
-            f"differ from each other and from the features of {group.name!r}"
+            f"the id field {fmt.id_field!r} and the event time field {fmt.event_time_field!r} "
+            f"must differ from each other and from the features of {group.name!r}"
         )
+    for source, feature in job.renames:
+        if feature not in features:
+            raise RequestError(f"--map {source}={feature}: {group.name!r} has no {feature!r}")
+    if job.format is Format.AVRO and not job.avro_schema:
+        raise RequestError("--format avro needs --avro-schema FILE (the writer's schema)")
+    if job.format is Format.PROTOBUF:
+        if not job.proto_descriptor or not job.proto_message:
+            raise RequestError(
+                "--format protobuf needs --proto-descriptor FILE and --proto-message NAME"
+            )
+        proto_message_class(job.proto_descriptor, job.proto_message)  # names a missing one
     if job.starting_offsets not in ("earliest", "latest"):
         raise RequestError("--starting-offsets must be earliest or latest")
     if job.trigger_seconds < 0:
         raise RequestError("--trigger-seconds must be 0 (back to back) or more")
+    if job.max_records_per_batch is not None and job.max_records_per_batch < 1:
+        raise RequestError("--max-records-per-batch must be at least 1")
     return group
 
 
@@ -293,9 +285,7 @@ def run_stream(
     spec = RecordSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
         group=group.name,
-        id_field=job.id_field or group.entity.join_key,
-        event_time_field=job.event_time_field,
-        ignore_extra_fields=job.ignore_extra_fields,
+        format=job.record_format(group),
         redis_url=job.redis_url,
         chunk_size=job.chunk_size,
         retry=job.retry,
@@ -313,21 +303,44 @@ def run_stream(
         reader = reader.option("maxOffsetsPerTrigger", str(job.max_records_per_batch))
     for key, value in job.kafka_options.items():
         reader = reader.option(key, value)
-    source = reader.load().select("value", "partition", "offset")
-    each = partial(_micro_batch, spark, spec, quarantine, emit)
+    source = reader.load().select(*_columns(job))
+    each = partial(_micro_batch, spark, spec, quarantine, emit, job.metrics)
     writer = source.writeStream.foreachBatch(each).option("checkpointLocation", job.checkpoint)
     if job.available_now:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
     query = writer.start()
+    last_line = time.monotonic()
     while query.isActive:
-        query.awaitTermination(max(1, round(job.progress_interval)))
-        if job.progress_interval and query.isActive:
+        query.awaitTermination(1)
+        if job.metrics is not None:
+            job.metrics.add_progress(_offsets_behind(query.lastProgress))
+        due = job.progress_interval and time.monotonic() - last_line >= job.progress_interval
+        if due and query.isActive:
             emit(_behind(query.lastProgress))
+            last_line = time.monotonic()
     exception = query.exception()
     if exception is not None:
         raise FeatureStoreError(f"the stream stopped: {exception}")
+
+
+def _columns(job: StreamJob) -> list[Column]:
+    """What each task gets of a Kafka row; an Avro value also decoded by Spark's
+    ``from_avro`` (its fields as JSON text, null where the bytes do not fit the schema)."""
+    columns = [
+        F.col("value"),
+        F.col("key"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("timestamp").cast("double").alias("timestamp"),
+    ]
+    if job.format is Format.AVRO:
+        from pyspark.sql.avro.functions import from_avro
+
+        decoded = from_avro(F.col("value"), job.avro_schema or "", {"mode": "PERMISSIVE"})
+        columns.append(F.to_json(decoded).alias("decoded"))
+    return columns
 
 
 def _micro_batch(
@@ -335,6 +348,7 @@ def _micro_batch(
     spec: RecordSpec,
     quarantine: str,
     emit: Callable[[str], None],
+    metrics: StreamMetrics | None,
     frame: DataFrame,
     batch_id: int,
 ) -> None:
@@ -348,21 +362,44 @@ def _micro_batch(
             continue
         for name in STATS:
             value = float(row[name] or 0.0)
-            stats[name] = max(stats[name], value) if name == "lag_max" else stats[name] + value
+            maximum = name in ("lag_max", "kafka_time_max")
+            stats[name] = max(stats[name], value) if maximum else stats[name] + value
     if bad:
+        # one directory per micro-batch, overwritten: a replayed batch (the same id, the same
+        # offsets after a restart) quarantines its bad records once
         columns = ["value", "partition", "offset", REASON, DETAIL]
         schema = T.StructType([f for f in OUTPUT.fields if f.name in columns])
         data = [[r[c] for c in columns] for r in bad]
-        spark.createDataFrame(data, schema).write.mode("append").parquet(quarantine)
+        path = os.path.join(quarantine, f"batch={batch_id}")
+        spark.createDataFrame(data, schema).write.mode("overwrite").parquet(path)
+    seconds = time.monotonic() - t0
+    if metrics is not None:
+        reasons: dict[str, int] = {}
+        for r in bad:
+            reasons[r[REASON]] = reasons.get(r[REASON], 0) + 1
+        metrics.add_batch(stats, reasons, seconds)
     written = int(stats["written"])
     mean_lag = stats["lag_sum"] / written if written else 0.0
     emit(
         f"stream: batch {batch_id}: {int(stats['records']):,} records, {written:,} written, "
+        f"{int(stats['superseded']):,} superseded (a newer record in the batch), "
         f"{int(stats['skipped']):,} skipped (older than stored), {len(bad):,} bad"
         + (f" -> {quarantine}" if bad else "")
         + f"; event to written: mean {mean_lag:.3f} s, max {stats['lag_max']:.3f} s; "
-        f"{time.monotonic() - t0:.2f} s"
+        f"{seconds:.2f} s"
     )
+
+
+def _offsets_behind(progress: dict[str, object] | None) -> int | None:
+    """The most records any source partition is behind, from a query's last progress."""
+    if not progress:
+        return None
+    behind = None
+    for source in progress.get("sources", []):  # type: ignore[attr-defined]
+        value = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
+        if value is not None:
+            behind = max(behind or 0, int(value))
+    return behind
 
 
 def _behind(progress: dict[str, object] | None) -> str:
@@ -377,9 +414,4 @@ def _behind(progress: dict[str, object] | None) -> str:
     return f"stream: behind latest: {', '.join(map(str, behind))} records; {rate:,.0f} records/s"
 
 
-def connector_conf() -> dict[str, str]:
-    """Spark settings that put the Kafka source on the classpath."""
-    return {"spark.jars": ",".join(spark_connector_jars())}
-
-
-__all__ = ["StreamJob", "connector_conf", "encode_records", "run_stream"]
+__all__ = ["MAX_RECORDS_PER_BATCH", "StreamJob", "run_stream"]

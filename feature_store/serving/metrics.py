@@ -72,8 +72,8 @@ _HELP = {
 
 
 _WRITTEN = (
-    "unix time of the group's last batch write (the nightly job's, announced to serving); "
-    "absent until one is announced"
+    "unix time of the group's last write announced to serving: the nightly job's batch "
+    "write, or the stream writer's or a push write's; absent until one is announced"
 )
 _MAX_AGE = "the group's max_age from the registry (values older are served as stale)"
 
@@ -125,7 +125,7 @@ class ServingCollector(Collector):
         written = GaugeMetricFamily(
             f"{PREFIX}_group_batch_written_seconds", _WRITTEN, labels=["group"]
         )
-        for group, at in self.reader.generations.items():
+        for group, at in self.reader.last_writes.items():
             written.add_metric([group], at)
         yield written
         max_age = GaugeMetricFamily(f"{PREFIX}_group_max_age_seconds", _MAX_AGE, labels=["group"])
@@ -298,7 +298,7 @@ class _SharedStats:
             self.state.labels(s.value).set(1.0 if breaker.state is s else 0.0)
         for label, value in reader.timeout.labelled():
             self.timeouts.labels(label).set(value)
-        for group, at in reader.generations.items():
+        for group, at in reader.last_writes.items():
             self.written.labels(group).set(at)
         for group, seconds in max_ages(reader):
             self.max_age.labels(group).set(seconds)

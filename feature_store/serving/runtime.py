@@ -99,6 +99,7 @@ class ServingRuntime:
                     self.reader.invalidate,
                     self.reader.invalidate_all,
                     self.reader.new_generation,
+                    self.reader.new_write,
                 )
         self._publisher = publisher
         self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -79,7 +80,7 @@ class RedisPublisher(Publisher):
         self.origin = origin
 
     async def publish(self, group: str, keys: Sequence[bytes]) -> None:
-        message = notices.keys_message(self.origin, group, keys)
+        message = notices.keys_message(self.origin, group, keys, time.time())
         with translated_errors():
             await self.client.publish(self.channel, message)
 
@@ -94,6 +95,7 @@ class InvalidationListener:
         invalidate: Callable[[list[CacheKey]], object],
         invalidate_all: Callable[[], object],
         new_generation: Callable[[str, float], object],
+        new_write: Callable[[str, float], object] | None = None,
     ) -> None:
         self.subscriptions = subscriptions
         self.client: redis.asyncio.Redis | None = None
@@ -101,6 +103,7 @@ class InvalidationListener:
         self.invalidate = invalidate
         self.invalidate_all = invalidate_all
         self.new_generation = new_generation
+        self.new_write = new_write
         self.subscribed = asyncio.Event()
         self.received = 0
         self._task: asyncio.Task[None] | None = None
@@ -158,5 +161,8 @@ class InvalidationListener:
         keys = doc.get("keys")
         if isinstance(keys, list):
             self.invalidate([(group, k.encode()) for k in keys])
+            written = doc.get("written")
+            if written is not None and self.new_write is not None:
+                self.new_write(group, float(written))  # type: ignore[arg-type]
         else:
             self.new_generation(group, float(doc["generation"]))  # type: ignore[arg-type]

@@ -116,6 +116,7 @@ class CachedReader:
         self.refresher: Refresher | None = None
         self.shadow: ShadowChecker | None = None
         self._generations: dict[str, float] = {}  # announced batch writes, without a cache
+        self._writes: dict[str, float] = {}  # announced writes of keys (new_write)
         self.shadow_fraction = shadow_fraction if cache is not None else 0.0
         if cache is not None:
             flight = self.flight = SingleFlight(self.reads, cache, self._own)
@@ -182,6 +183,20 @@ class CachedReader:
     def generations(self) -> dict[str, float]:
         """Batch writes announced per group (unix seconds)."""
         return self.refresher.generations if self.refresher is not None else self._generations
+
+    @property
+    def last_writes(self) -> dict[str, float]:
+        """The last write announced per group (unix seconds): a batch write's generation,
+        or the time of a write that named its keys (the stream writer's, push writes)."""
+        out = dict(self._writes)
+        for group, at in self.generations.items():
+            out[group] = max(at, out.get(group, 0.0))
+        return out
+
+    def new_write(self, group: str, at: float) -> None:
+        """A write of some of ``group``'s keys at ``at`` was announced (the metrics)."""
+        if group in self.specs and at > self._writes.get(group, 0.0):
+            self._writes[group] = at
 
     @property
     def on_shadow_mismatch(self) -> Callable[[float], None] | None:
