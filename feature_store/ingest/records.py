@@ -101,9 +101,11 @@ class Decoder:
 
     def document(self, raw: bytes | str | None) -> dict[str, object] | str:
         """The record's fields, or why it cannot be read."""
+        if self.fmt.format is Format.AVRO and raw in (None, "{}"):
+            # from_avro (PERMISSIVE) gives a null or all-null record for bytes it cannot
+            # decode; a record with no field set carries nothing to write either
+            return "not an Avro record of the schema"
         if raw is None:
-            if self.fmt.format is Format.AVRO:
-                return "not an Avro record of the schema"
             return "no value"
         if self._message is not None:
             return proto_document(self._message, raw)

@@ -4,7 +4,8 @@ Debian's `prometheus` (installed by scripts/setup.sh) scrapes a `serve --workers
 REST and gRPC load every second and evaluates deploy/prometheus/rules.yml every second.
 The recorded series must hold data, every query of every panel of
 deploy/grafana/feature-store.json must return some, and with Redis SIGSTOPped the
-circuit alert must go pending.
+circuit alert must go pending. Then a `feature-store stream --metrics-port` after a known
+run: its counters equal what the run did, and the stream row's queries return data.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +46,7 @@ BROKEN = 13  # an entity whose key holds a string: answered with status error
 class Prometheus:
     """A prometheus process on a free loopback port, with its data in ``workdir``."""
 
-    def __init__(self, workdir: Path, target: str) -> None:
+    def __init__(self, workdir: Path, target: str, job: str = "feature-serving") -> None:
         self.port = free_port()
         config = workdir / "prometheus.yml"
         config.write_text(
@@ -53,7 +55,7 @@ class Prometheus:
                     "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                     "rule_files": [str(RULES)],
                     "scrape_configs": [
-                        {"job_name": "feature-serving", "static_configs": [{"targets": [target]}]}
+                        {"job_name": job, "static_configs": [{"targets": [target]}]}
                     ],
                 }
             )
@@ -222,3 +224,125 @@ def test_rules_and_dashboard_in_a_real_prometheus(own_redis: EmbeddedRedis, tmp_
             stop.set()
             worker.join(timeout=30)
             prometheus.stop()
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample_ in family.samples:
+            if sample_.name == name and all(sample_.labels.get(k) == v for k, v in labels.items()):
+                return float(sample_.value)
+    raise AssertionError(f"no {name} {labels}")
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(400)
+def test_stream_metrics_after_a_known_run_in_a_real_prometheus(
+    own_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """203 records: 100 entities twice (keyed, so each entity's two are in one partition
+    and one micro-batch), 10 of them older than what Redis holds, 3 bad records."""
+    import orjson
+    from confluent_kafka import Producer
+
+    from feature_store.kafka import EmbeddedKafka
+
+    registry_file = tmp_path / "features.yaml"
+    registry_file.write_text(sample.registry_text())
+    t0 = time.time() - 600
+    with FeatureStore.connect(own_redis.url, REGISTRY) as store:
+        store.write(GROUP, [(i, {"int_0": -1}, t0 + 100) for i in range(10)])
+    with EmbeddedKafka(tmp_path / "kafka") as kafka:
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 2})
+        for step in (1, 2):
+            for i in range(100):
+                value = {"consumer_id": i, "event_time": t0 + step, "int_0": step}
+                producer.produce("orders", orjson.dumps(value), key=str(i).encode())
+        for bad in (b"nope", b'{"event_time": 1}', b'{"consumer_id": 1, "event_time": 1, "x": 1}'):
+            producer.produce("orders", bad, key=b"1")
+        assert producer.flush(60) == 0
+        port = free_port()
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "feature_store.cli",
+                "stream",
+                "--registry",
+                str(registry_file),
+                "--group",
+                GROUP,
+                "--topic",
+                "orders",
+                "--bootstrap-servers",
+                kafka.bootstrap,
+                "--checkpoint",
+                str(tmp_path / "checkpoint"),
+                "--quarantine",
+                str(tmp_path / "quarantine"),
+                "--redis-url",
+                own_redis.url,
+                "--master",
+                "local[2]",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--metrics-port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        prometheus = None
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+
+            def scraped() -> str:
+                try:
+                    return httpx.get(url, timeout=2).text
+                except httpx.HTTPError:
+                    return ""
+
+            def read_all() -> bool:
+                text = scraped()
+                return (
+                    "feature_stream_records_read_total{" in text
+                    and _metric(text, "feature_stream_records_read_total") == 203
+                )
+
+            until(read_all, "the stream job to read 203 records", 180)
+            text = scraped()
+            assert _metric(text, "feature_stream_records_written_total") == 90
+            assert _metric(text, "feature_stream_records_skipped_total") == 10
+            assert _metric(text, "feature_stream_records_superseded_total") == 100
+            for reason in ("malformed_record", "null_id", "unknown_field"):
+                assert _metric(text, "feature_stream_records_quarantined_total", reason=reason) == 1
+            assert _metric(text, "feature_stream_event_to_written_seconds_count") == 90
+            assert _metric(text, "feature_stream_event_to_written_seconds_bucket", le="60.0") == 0
+            assert (
+                _metric(text, "feature_stream_event_to_written_seconds_bucket", le="3600.0") == 90
+            )
+
+            prometheus = Prometheus(tmp_path, f"127.0.0.1:{port}", job="feature-stream")
+            until(
+                lambda: (
+                    bool(prometheus.query("topic:feature_stream_bad_ratio:rate10m"))  # type: ignore[union-attr]
+                    or True
+                ),
+                "",
+                1,
+            )
+            for expr in dashboard_exprs("feature_stream"):
+                until(lambda e=expr: bool(prometheus.query(e)), f"data for {expr}", 60)  # type: ignore[union-attr]
+            lag = prometheus.query("feature_stream_lag_records")
+            assert [float(s["value"][1]) for s in lag] == [0.0]  # type: ignore[index]
+        finally:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+            if prometheus is not None:
+                prometheus.stop()
