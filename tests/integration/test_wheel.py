@@ -5,6 +5,8 @@ against the manylinux policy), then installed with its gRPC extra into a fresh v
 environment with a PATH that holds no cargo and no rustc, as on a model server. From that
 environment: `feature-store --help`, a `feature-store serve`, and the REST and gRPC
 clients against it, with the native extension loaded, answering what the library reads.
+Then, with its spark extra, `feature-store fetch-jars` (Maven) and a `feature-store stream`
+from a Kafka topic, with the documented FEATURE_STORE_KAFKA_JARS set.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
     env.pop("VIRTUAL_ENV", None)
     python = str(venv / "bin" / "python")
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--only-binary", ":all:", f"{wheel}[grpc]"],
+        [python, "-m", "pip", "install", "-q", "--only-binary", ":all:", f"{wheel}[grpc,spark]"],
         env=env,
         capture_output=True,
         text=True,
@@ -135,3 +137,61 @@ def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
     want = [[r.values, [s.value for s in r.statuses]] for r in expected.rows]
     for api in ("rest", "grpc"):
         assert rounded(got[api]) == rounded(want), api  # type: ignore[arg-type]
+
+    # the stream writer, from the wheel: its jars fetched by the documented command
+    fetched = subprocess.run(
+        [str(venv / "bin" / "feature-store"), "fetch-jars"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert fetched.returncode == 0, fetched.stderr[-4000:]
+    jars = sorted(p.name for p in (venv / "kafka" / "spark").glob("*.jar"))
+    assert any(j.startswith("spark-sql-kafka-0-10_2.13-") for j in jars), jars
+    assert any(j.startswith("spark-avro_2.13-") for j in jars), jars
+    registry_file = tmp_path / "features.yaml"
+    registry_file.write_text(sample.registry_text())
+    from confluent_kafka import Producer
+
+    from feature_store.kafka import EmbeddedKafka
+
+    with EmbeddedKafka(tmp_path / "kafka") as kafka:
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 2})
+        for i in range(50):
+            record = {"consumer_id": 1000 + i, "event_time": 1_760_000_000 + i, "int_0": i}
+            producer.produce("wheel-events", json.dumps(record).encode())
+        assert producer.flush(60) == 0
+        streamed = subprocess.run(
+            [
+                str(venv / "bin" / "feature-store"),
+                "stream",
+                "--registry",
+                str(registry_file),
+                "--group",
+                GROUP,
+                "--topic",
+                "wheel-events",
+                "--bootstrap-servers",
+                kafka.bootstrap,
+                "--checkpoint",
+                str(tmp_path / "checkpoint"),
+                "--redis-url",
+                redis_url,
+                "--available-now",
+                "--master",
+                "local[1]",
+                "--conf",
+                "spark.ui.enabled=false",
+            ],
+            env={**env, "FEATURE_STORE_KAFKA_JARS": str(venv / "kafka")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+    assert streamed.returncode == 0, streamed.stderr[-4000:]
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        rows = store.read(ENTITY, [1000 + i for i in range(50)], ["int_0"]).rows
+    assert [r.values[0] for r in rows] == list(range(50))
