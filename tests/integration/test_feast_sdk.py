@@ -308,14 +308,14 @@ def test_the_sdk_sends_an_api_key_as_a_static_bearer_token(
     read, admin = "read-key-0123456789", "admin-key-0123456789"
     env = {"FEATURE_SERVING_READ_KEYS": read, "FEATURE_SERVING_ADMIN_KEYS": admin}
     with ServingProcess(server.redis_url, registry=server.registry, env=env, grpc=False) as keyed:
-        auth = "auth:\n  type: oidc\n  token_env_var: FEATURE_STORE_API_KEY\n"
+        auth = "auth:\n  type: oidc\n  token_env_var: FEAST_API_KEY\n"
         fs = feast_store(tmp_path, keyed.rest_url, auth)
-        monkeypatch.setenv("FEATURE_STORE_API_KEY", read)
+        monkeypatch.setenv("FEAST_API_KEY", read)
         got = fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])
         assert got.to_dict()["int_0"] == [dict(sample.rows(2))[1]["int_0"]]
         with pytest.raises(FeastPermissionError, match="admin"):  # a read key cannot push
             fs.push(PUSH_SOURCE, frame(list(sample.rows(1, start=1))))
-        monkeypatch.setenv("FEATURE_STORE_API_KEY", "wrong-key-0123456789")
+        monkeypatch.setenv("FEAST_API_KEY", "wrong-key-0123456789")
         with pytest.raises(FeastPermissionError):
             fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])
 

@@ -80,3 +80,27 @@ def test_password_is_redacted_in_messages() -> None:
     with pytest.raises(ConfigError) as info:
         RedisTarget.parse("http://u:secret@h:1")
     assert "secret" not in str(info.value)
+
+
+def test_every_documented_setting_is_accepted_by_every_command() -> None:
+    """Each ``FEATURE_STORE_*`` and ``FEATURE_SERVING_*`` name the docs give is a known
+    setting, so setting it as documented never stops a command as unknown."""
+    import re
+    from dataclasses import fields
+
+    from feature_store.serving.config import ServingSettings
+
+    root = Path(__file__).resolve().parents[2]
+    docs = [root / "README.md", *(root / "docs").glob("*.md")]
+    pattern = r"FEATURE_(STORE|SERVING)_([A-Z0-9_]+)"
+    named = {m for d in docs for m in re.findall(pattern, d.read_text())}
+    assert ("STORE", "KAFKA_JARS") in named
+    known = {
+        "STORE": {f.name for f in fields(Settings)},
+        "SERVING": {f.name for f in fields(ServingSettings)},
+    }
+    unknown = sorted(f"FEATURE_{p}_{n}" for p, n in named if n.lower() not in known[p])
+    assert unknown == []
+    assert Settings.from_env({"FEATURE_STORE_KAFKA_JARS": "/opt/jars"}).kafka_jars == Path(
+        "/opt/jars"
+    )
