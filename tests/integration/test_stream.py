@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -203,6 +204,11 @@ def test_killed_job_resumes_from_its_checkpoint_and_serving_sees_values_at_once(
                 assert job.poll() is None, job.stdout.read() if job.stdout else ""
                 assert time.monotonic() < deadline, "serving never showed the streamed values"
                 time.sleep(0.2)
+            # the stream's notices carry their write time: the group's freshness gauge
+            text = httpx.get(f"{server.rest_url}/metrics", timeout=10).text
+            gauge = "feature_serving_group_batch_written_seconds{group=" + f'"{GROUP}"' + "}"
+            (line,) = [ln for ln in text.splitlines() if ln.startswith(gauge)]
+            assert time.time() - 120 < float(line.split()[-1]) <= time.time() + 1
 
             kafka.kill()  # the broker crashes and comes back on its port
             kafka.start()
