@@ -406,7 +406,7 @@ def plan_write(
     default = now if event_time is None else event_time_seconds(event_time, now)
     default_ts = encode_timestamp(default)
     entity = group.entity
-    by_name = {f.name: f for f in group.features}
+    by_name = {f.name: (f.field, f.codec.encode) for f in group.features}
     commands: list[Command] = []
     keys: list[bytes] = []
     counts: list[tuple[int, int]] = []
@@ -422,14 +422,14 @@ def plan_write(
         hset: list[bytes] = []
         remove: list[bytes] = []
         for name, value in values.items():
-            f = by_name.get(name)
-            if f is None:
+            field_encode = by_name.get(name)
+            if field_encode is None:
                 raise RequestError(f"feature group {group.name!r} has no feature {name!r}")
             if value is None:
-                remove.append(f.field)
+                remove.append(field_encode[0])
                 continue
             try:
-                hset += (f.field, f.codec.encode(value))
+                hset += (field_encode[0], field_encode[1](value))
             except EncodingError as e:
                 raise EncodingError(f"entity {entity_id!r} feature {name!r}: {e}") from None
         counts.append((len(hset) // 2, len(remove)))

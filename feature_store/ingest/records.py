@@ -25,7 +25,7 @@ and an entity that changes often costs one write per micro-batch instead of one 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
@@ -37,7 +37,7 @@ from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.spec import BadReason
 from feature_store.layout import IdType, entity_key
 from feature_store.registry import FeatureGroup
-from feature_store.serialization.json_floats import from_json_value, json_int
+from feature_store.serialization.json_floats import json_converter, json_int
 
 DEFAULT_EVENT_TIME_FIELD = "event_time"
 
@@ -205,7 +205,7 @@ def encode_records(
     the bad records with their reasons. ``keys`` and ``timestamps`` are Kafka's, by index."""
     now = time.time() if now is None else now
     decoder = decoder or Decoder(fmt)
-    features = {f.name: f for f in group.features}
+    features = {f.name: json_converter(f.type) for f in group.features}
     renames = dict(fmt.renames)
     reserved = {fmt.id_field, fmt.event_time_field} - {""}
     out = Encoded()
@@ -249,7 +249,7 @@ def _row(
     i: int,
     doc: dict[str, object],
     fmt: RecordFormat,
-    features: Mapping[str, Any],
+    features: Mapping[str, Callable[[object], object] | None],
     renames: Mapping[str, str],
     reserved: set[str],
     group: FeatureGroup,
@@ -279,9 +279,11 @@ def _row(
     values: dict[str, object] = {}
     unknown = []
     for name, value in doc.items():
-        name = renames.get(name, name)
+        if renames:
+            name = renames.get(name, name)
         if name in features:
-            values[name] = from_json_value(features[name].type, value)
+            convert = features[name]
+            values[name] = value if convert is None else convert(value)
         elif name not in reserved:
             unknown.append(name)
     if unknown and not fmt.ignore_extra_fields:

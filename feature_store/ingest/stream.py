@@ -142,8 +142,9 @@ class RecordSpec:
 
 
 def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: Kafka rows (value, key, partition, offset, timestamp;
-    ``decoded`` for Avro) in; the bad records and one statistics row out."""
+    """The ``mapInArrow`` function: one Kafka partition's rows of a micro-batch (value,
+    key, partition, offset, timestamp; ``decoded`` for Avro) in; the bad records and one
+    statistics row out."""
     group = parse_registry(spec.registry_text, source="stream").group(spec.group)
     target = RedisTarget.parse(spec.redis_url, max_connections=2)
     writer = ChunkWriter(
@@ -153,25 +154,29 @@ def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     stats = dict.fromkeys(STATS, 0.0)
     schema = _arrow_schema()
     try:
-        for batch in batches:
+        # the task's whole share of the micro-batch at once (bounded by
+        # --max-records-per-batch), so that each entity's newest record is the one written
+        received = list(batches)
+        if received and sum(b.num_rows for b in received):
+            rows = pa.Table.from_batches(received)
             column = "decoded" if spec.format.format is Format.AVRO else "value"
-            values = batch.column(column).to_pylist()
+            values = rows.column(column).to_pylist()
             stats["records"] += len(values)
-            times = batch.column("timestamp").to_pylist()
-            if times:
-                stats["kafka_time_max"] = max(stats["kafka_time_max"], *(t or 0.0 for t in times))
+            times = rows.column("timestamp").to_pylist()
+            stats["kafka_time_max"] = max(t or 0.0 for t in times)
             encoded = encode_records(
                 group,
                 spec.format,
                 values,
-                keys=batch.column("key").to_pylist() if spec.format.id_from_key else None,
+                keys=rows.column("key").to_pylist() if spec.format.id_from_key else None,
                 timestamps=times,
                 decoder=decoder,
             )
+            del received, values
             stats["superseded"] += encoded.superseded
             _write(writer, spec, encoded, stats)
             if encoded.bad:
-                yield _bad_rows(schema, batch, encoded, spec.format.format)
+                yield _bad_rows(schema, rows, encoded, spec.format.format)
     finally:
         writer.close()
     yield pa.RecordBatch.from_pylist([{KIND: "stats", **stats}], schema=schema)
@@ -206,12 +211,10 @@ def _arrow_schema() -> pa.Schema:
     return to_arrow_schema(OUTPUT)
 
 
-def _bad_rows(
-    schema: pa.Schema, batch: pa.RecordBatch, encoded: Encoded, fmt: Format
-) -> pa.RecordBatch:
-    values = batch.column("value").to_pylist()
-    partitions = batch.column("partition").to_pylist()
-    offsets = batch.column("offset").to_pylist()
+def _bad_rows(schema: pa.Schema, rows: pa.Table, encoded: Encoded, fmt: Format) -> pa.RecordBatch:
+    values = rows.column("value").to_pylist()
+    partitions = rows.column("partition").to_pylist()
+    offsets = rows.column("offset").to_pylist()
     rows = [
         {
             KIND: "bad",

@@ -9,6 +9,7 @@ or float list), and reads them back the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from feature_store.serialization.codecs import FeatureType
 
@@ -56,6 +57,21 @@ def json_int(value: object) -> object:
     if type(value) is float and value.is_integer() and abs(value) <= 2**53:
         return int(value)
     return value
+
+
+def _int_list(value: object) -> object:
+    return [json_int(v) for v in value] if isinstance(value, list) else value
+
+
+def json_converter(type_: FeatureType) -> Callable[[object], object] | None:
+    """``from_json_value`` for one type, looked up once: None where it changes nothing."""
+    if type_.value in FLOAT_TYPE_NAMES:
+        return from_json
+    if type_ is FeatureType.INT:
+        return json_int
+    if type_ is FeatureType.INT_LIST:
+        return _int_list
+    return None
 
 
 def from_json_value(type_: FeatureType, value: object) -> object:
