@@ -73,6 +73,13 @@ def _add_stream(
         "file, for protobuf",
     )
     p.add_argument("--proto-message", help="the message type's full name, for protobuf")
+    p.add_argument(
+        "--confluent-framing",
+        action="store_true",
+        help="avro/protobuf values as Confluent's Schema Registry serializers frame them "
+        "(magic byte, schema id, message indexes): checked and skipped; the schema is the "
+        "one given, not fetched",
+    )
     p.add_argument("--id-field", help="the record's entity id field (default: the join key)")
     p.add_argument(
         "--id-from-key",
@@ -204,6 +211,7 @@ def run_stream_command(args: argparse.Namespace) -> int:
             avro_schema=avro_schema,
             proto_descriptor=descriptor,
             proto_message=args.proto_message or "",
+            confluent_framing=args.confluent_framing,
             id_field=args.id_field,
             id_from_key=args.id_from_key,
             key_format=KeyFormat(args.key_format),

@@ -5,8 +5,9 @@ each Spark task). A record is decoded by its format into a document (field -> va
 
 - ``json``: the value is one JSON object;
 - ``avro``: Spark's ``from_avro`` decoded the value with the writer's schema and handed its
-  fields on as JSON (``to_json``), so this module sees JSON text, or None where the bytes
-  were not a record of the schema;
+  fields on as JSON (``to_json``, nulls kept: a null removes the value, as in JSON), so
+  this module sees JSON text, or a record of nulls where the bytes were not a record of
+  the schema;
 - ``protobuf``: the value is one message of a type named in a descriptor set, decoded here
   with the protobuf runtime.
 
@@ -67,6 +68,9 @@ class RecordFormat:
     ignore_extra_fields: bool = False
     proto_descriptor: bytes = b""  # a serialized FileDescriptorSet
     proto_message: str = ""  # the full name of the message type
+    # values framed by Confluent's Schema Registry serializers: a 5-byte header (magic 0,
+    # schema id) and, for Protobuf, the message indexes, before the encoded record
+    confluent_framing: bool = False
 
 
 @dataclass(slots=True)
@@ -101,19 +105,59 @@ class Decoder:
 
     def document(self, raw: bytes | str | None) -> dict[str, object] | str:
         """The record's fields, or why it cannot be read."""
-        if self.fmt.format is Format.AVRO and raw in (None, "{}"):
-            # from_avro (PERMISSIVE) gives a null or all-null record for bytes it cannot
-            # decode; a record with no field set carries nothing to write either
-            return "not an Avro record of the schema"
         if raw is None:
-            return "no value"
+            return (
+                "not an Avro record of the schema" if self.fmt.format is Format.AVRO else "no value"
+            )
         if self._message is not None:
+            if self.fmt.confluent_framing:
+                unframed = confluent_unframe(raw, protobuf=True)
+                if isinstance(unframed, str):
+                    return unframed
+                raw = unframed
             return proto_document(self._message, raw)
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             return f"not JSON: {e}"
-        return doc if isinstance(doc, dict) else "not a JSON object"
+        if not isinstance(doc, dict):
+            return "not a JSON object"
+        if self.fmt.format is Format.AVRO and all(v is None for v in doc.values()):
+            # from_avro (PERMISSIVE) gives a record of nulls for bytes it cannot decode; a
+            # record with every field null carries nothing to write either
+            return "not an Avro record of the schema"
+        return doc
+
+
+def confluent_unframe(raw: bytes | str, *, protobuf: bool) -> bytes | str:
+    """The encoded record inside a Confluent Schema Registry frame, or why there is none:
+    magic byte 0, a 4-byte schema id, and for Protobuf the message indexes (a zigzag
+    varint count, then that many varints; a single 0 byte for the first message)."""
+    data = raw if isinstance(raw, bytes) else raw.encode()
+    if len(data) < 5 or data[0] != 0:
+        return "not a Confluent Schema Registry frame (magic byte 0 and a schema id)"
+    pos = 5
+    if protobuf:
+        count, pos = _zigzag(data, pos)
+        for _ in range(max(0, count)):
+            _, pos = _zigzag(data, pos)
+        if pos > len(data):
+            return "a Confluent Protobuf frame whose message indexes are cut short"
+    return data[pos:]
+
+
+def _zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint at ``pos``: its value and the position after it (past the end if
+    the data stops inside it)."""
+    shift = value = 0
+    while pos < len(data):
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7
+    return 0, len(data) + 1
 
 
 def proto_message_class(descriptor_set: bytes, name: str) -> Any:
@@ -322,6 +366,7 @@ __all__ = [
     "Format",
     "KeyFormat",
     "RecordFormat",
+    "confluent_unframe",
     "encode_records",
     "key_id",
     "proto_message_class",

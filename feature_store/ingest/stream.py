@@ -95,6 +95,7 @@ class StreamJob:
     avro_schema: str | None = None  # the writer's schema (Avro JSON), for Format.AVRO
     proto_descriptor: bytes = b""  # a serialized FileDescriptorSet, for Format.PROTOBUF
     proto_message: str = ""
+    confluent_framing: bool = False  # values framed by Confluent's Schema Registry serializers
     id_field: str | None = None  # default: the entity type's join key
     id_from_key: bool = False
     key_format: KeyFormat = KeyFormat.STRING
@@ -125,6 +126,7 @@ class StreamJob:
             ignore_extra_fields=self.ignore_extra_fields,
             proto_descriptor=self.proto_descriptor,
             proto_message=self.proto_message,
+            confluent_framing=self.confluent_framing,
         )
 
 
@@ -259,6 +261,8 @@ def check_job(job: StreamJob, registry: Registry) -> FeatureGroup:
     for source, feature in job.renames:
         if feature not in features:
             raise RequestError(f"--map {source}={feature}: {group.name!r} has no {feature!r}")
+    if job.confluent_framing and job.format is Format.JSON:
+        raise RequestError("--confluent-framing is for --format avro or protobuf")
     if job.format is Format.AVRO and not job.avro_schema:
         raise RequestError("--format avro needs --avro-schema FILE (the writer's schema)")
     if job.format is Format.PROTOBUF:
@@ -341,8 +345,12 @@ def _columns(job: StreamJob) -> list[Column]:
     if job.format is Format.AVRO:
         from pyspark.sql.avro.functions import from_avro
 
-        decoded = from_avro(F.col("value"), job.avro_schema or "", {"mode": "PERMISSIVE"})
-        columns.append(F.to_json(decoded).alias("decoded"))
+        value = F.col("value")
+        if job.confluent_framing:  # magic byte 0 and a schema id, then the record
+            framed = F.expr("substring(value, 1, 1) = X'00' AND length(value) >= 5")
+            value = F.when(framed, F.expr("substring(value, 6)"))
+        decoded = from_avro(value, job.avro_schema or "", {"mode": "PERMISSIVE"})
+        columns.append(F.to_json(decoded, {"ignoreNullFields": "false"}).alias("decoded"))
     return columns
 
 

@@ -318,6 +318,45 @@ def test_avro_records_keyed_by_entity_with_kafka_s_timestamps(
     assert sorted(r["_stream_reason"] for r in quarantined) == ["invalid_id", "malformed_record"]
 
 
+def test_avro_in_confluent_frames(
+    kafka: EmbeddedKafka, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """Avro values as Confluent's Schema Registry serializer frames them (magic byte 0, a
+    4-byte schema id, the record): read with --confluent-framing; an Avro null removes
+    the value; an unframed value is quarantined."""
+    import io
+
+    import fastavro
+
+    schema = fastavro.parse_schema(AVRO_SCHEMA)
+
+    def framed(orders: int) -> bytes:
+        out = io.BytesIO(b"\x00" + (42).to_bytes(4, "big"))
+        out.seek(5)
+        fastavro.schemaless_writer(out, schema, {"orders": orders, "float_00": None})
+        return out.getvalue()
+
+    records = [framed(i) for i in range(20)] + [framed(5)[5:]]
+    keys = [str(3000 + i).encode() for i in range(21)]
+    with FeatureStore.connect(redis_url, sample.registry(), notify=False) as store:
+        store.write(GROUP, [(3000 + i, {"float_00": 1.5}, T0) for i in range(20)])
+    _produce(kafka.bootstrap, "avro-framed", records, keys=keys)
+    (tmp_path / "order.avsc").write_text(orjson.dumps(AVRO_SCHEMA).decode())
+    args = ["--format", "avro", "--avro-schema", str(tmp_path / "order.avsc")]
+    args += ["--confluent-framing", "--id-from-key", "--event-time-from", "kafka"]
+    args += ["--map", "orders=int_0"]
+    _drain(registry_file, redis_url, kafka.bootstrap, "avro-framed", tmp_path, *args)
+    ids = [3000 + i for i in range(20)]
+    assert _values(redis_url, sample.registry(), ids) == list(range(20))
+    with FeatureStore.connect(redis_url, sample.registry(), notify=False) as store:
+        floats = store.read(sample.ENTITY, ids, features=["float_00"]).rows
+    assert {r.values[0] for r in floats} == {None}  # an Avro null removes the value
+    quarantined = pq.read_table(tmp_path / "quarantine").to_pylist()
+    assert [(r["_stream_reason"], r["offset"] is not None) for r in quarantined] == [
+        ("malformed_record", True)
+    ]
+
+
 PROTO = """
 syntax = "proto3";
 package demo;

@@ -196,3 +196,55 @@ def test_protobuf_messages_read_as_their_fields() -> None:
     assert [(i, reason) for i, reason, _ in out.bad] == [(1, BadReason.MALFORMED_RECORD)]
     with pytest.raises(RequestError, match=r"demo\.Order"):
         proto_message_class(descriptor, "demo.Nope")
+
+
+def _varint(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = b""
+    while True:
+        byte, z = z & 0x7F, z >> 7
+        out += bytes([byte | (0x80 if z else 0)])
+        if not z:
+            return out
+
+
+@given(
+    st.binary(max_size=50),
+    st.integers(0, 2**31 - 1),
+    st.lists(st.integers(0, 300), max_size=3),
+)
+def test_a_confluent_frame_unframes_to_its_record(
+    record: bytes, schema_id: int, indexes: list[int]
+) -> None:
+    from feature_store.ingest.records import confluent_unframe
+
+    header = b"\x00" + schema_id.to_bytes(4, "big")
+    assert confluent_unframe(header + record, protobuf=False) == record
+    # Protobuf's message indexes: [0] as one 0 byte, others as a count and the indexes
+    refs = (
+        b"\x00" if indexes in ([], [0]) else _varint(len(indexes)) + b"".join(map(_varint, indexes))
+    )
+    assert confluent_unframe(header + refs + record, protobuf=True) == record
+    assert isinstance(confluent_unframe(b"\x01" + header[1:] + record, protobuf=False), str)
+    assert isinstance(confluent_unframe(header[:4], protobuf=True), str)
+
+
+def test_protobuf_in_confluent_frames() -> None:
+    from feature_store.ingest.records import proto_message_class
+
+    descriptor = _proto_set()
+    order = proto_message_class(descriptor, "demo.Order")
+    fmt = RecordFormat(
+        format=Format.PROTOBUF,
+        id_field="consumer_id",
+        proto_descriptor=descriptor,
+        proto_message="demo.Order",
+        confluent_framing=True,
+    )
+    m = order(consumer_id=4, int_0=9)
+    m.event_time.FromSeconds(1_700_000_000)
+    framed = b"\x00\x00\x00\x00\x07\x00" + m.SerializeToString()
+    out = _encode(framed, m.SerializeToString(), fmt=fmt)
+    row = (4, {"int_0": 9, "int_list_0": []}, 1_700_000_000.0)
+    assert out.commands == plan_write(GROUP, [row], now=NOW).commands
+    assert [(i, reason) for i, reason, _ in out.bad] == [(1, BadReason.MALFORMED_RECORD)]
