@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from feature_store.batch import event_time_seconds
 from feature_store.commands import add_redis_args, redis_url, settings_from
 from feature_store.errors import FeatureStoreError, RequestError
+from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -127,8 +128,8 @@ def _add_stream(
     p.add_argument(
         "--max-records-per-batch",
         type=int,
-        default=200_000,
-        help="Kafka records per micro-batch at most (200000; 0: no bound)",
+        default=MAX_RECORDS_PER_BATCH,
+        help=f"Kafka records per micro-batch at most ({MAX_RECORDS_PER_BATCH}; 0: no bound)",
     )
     p.add_argument(
         "--available-now",

@@ -17,6 +17,11 @@ class Source(StrEnum):
     TEXT = "text"  # a string column (CSV, or JSON text for lists) parsed per cell
 
 
+# Kafka offsets per stream micro-batch unless --max-records-per-batch says otherwise: a
+# backlog is read in steps, each bounded in the driver's and the executors' memory
+MAX_RECORDS_PER_BATCH = 200_000
+
+
 class BadReason(StrEnum):
     """Why a row was quarantined instead of written."""
 

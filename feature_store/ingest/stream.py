@@ -47,7 +47,7 @@ from feature_store.ingest.records import (
     encode_records,
     proto_message_class,
 )
-from feature_store.ingest.spec import RetrySpec
+from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH, RetrySpec
 from feature_store.ingest.stream_metrics import StreamMetrics, lag_bucket, lag_bucket_names
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import SKIPPED
@@ -55,9 +55,6 @@ from feature_store.registry import FeatureGroup, Registry, load_registry, parse_
 
 log = logging.getLogger(__name__)
 
-# Kafka offsets per micro-batch unless --max-records-per-batch says otherwise: a backlog is
-# read in steps, each bounded in the driver's and the executors' memory
-MAX_RECORDS_PER_BATCH = 200_000
 KIND, REASON, DETAIL = "_stream_kind", "_stream_reason", "_stream_detail"
 STATS = (
     "records",
@@ -425,4 +422,4 @@ def _behind(progress: dict[str, object] | None) -> str:
     return f"stream: behind latest: {', '.join(map(str, behind))} records; {rate:,.0f} records/s"
 
 
-__all__ = ["MAX_RECORDS_PER_BATCH", "StreamJob", "run_stream"]
+__all__ = ["StreamJob", "run_stream"]
