@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from feature_store.errors import RegistryError
+from feature_store.layout import PREFIX_PATTERN
 from feature_store.registry import (
     FEATURE_NAME_PATTERN,
     NAME_PATTERN,
@@ -58,6 +59,7 @@ SCALARS = {
 INT_IDS = {"INT32", "INT64"}
 STRING_IDS = {"STRING"}
 DEFAULT_ENTITY_TTL = "7d"
+PREFIX_TAG = "feature_store_prefix"  # an entity's tag that sets its key prefix
 
 
 @dataclass
@@ -95,10 +97,15 @@ def _why_not(dtype: object) -> str:
     )
 
 
-def short_prefixes(names: Sequence[str]) -> dict[str, str]:
-    """Each name's shortest start that no other name shares (``consumer`` -> ``c``)."""
-    out: dict[str, str] = {}
+def short_prefixes(names: Sequence[str], pinned: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each name's shortest start that no other name shares (``consumer`` -> ``c``).
+
+    ``pinned`` names keep the prefix given (one chosen earlier, or an entity's
+    ``feature_store_prefix`` tag): adding an entity never moves another's keys."""
+    out: dict[str, str] = {n: p for n, p in (pinned or {}).items() if n in names}
     for name in names:
+        if name in out:
+            continue
         for n in range(1, len(name) + 1):
             start = name[:n]
             if (
@@ -120,9 +127,11 @@ def to_registry(
     *,
     entity_ttl: str = DEFAULT_ENTITY_TTL,
     source: str = "<feast>",
+    prefixes: Mapping[str, str] | None = None,
 ) -> str:
     """The registry YAML of Feast's definitions; RegistryError listing every entry that
-    does not map."""
+    does not map. ``prefixes``: entity -> key prefix chosen before (kept); an entity's
+    tag ``feature_store_prefix`` comes first."""
     m = Imported()
     min_ttl = parse_duration(entity_ttl, "--entity-ttl")
     by_name = {e.name: e for e in entities}
@@ -134,7 +143,26 @@ def to_registry(
             f"on_demand_feature_views.{odfv.name}: computed at request time by Python "
             "transformations, which this store does not run; compute it in the writer"
         )
-    prefixes = short_prefixes(sorted(used))
+    pinned = dict(prefixes or {})
+    for name in used:
+        tag = (by_name[name].tags or {}).get(PREFIX_TAG)
+        if tag:
+            if not PREFIX_PATTERN.match(tag):
+                m.problems.append(
+                    f"entities.{name}: tag {PREFIX_TAG}={tag!r} is not a key prefix "
+                    "(at most 32 letters, digits, '_', '.' or '-')"
+                )
+            pinned[name] = tag
+    taken: dict[str, str] = {}
+    for name in sorted(used):
+        if name in pinned and pinned[name] in taken:
+            m.problems.append(
+                f"entities.{name}: key prefix {pinned[name]!r} is also entity "
+                f"{taken[pinned[name]]!r}'s"
+            )
+        if name in pinned:
+            taken[pinned[name]] = name
+    prefixes = short_prefixes(sorted(used), pinned)
     for name in sorted(used):
         entity = by_name[name]
         join_key = entity.join_key
@@ -266,6 +294,12 @@ def import_feast(repo_path: Path, entity_ttl: str = DEFAULT_ENTITY_TTL) -> str:
     if not (repo_path / "feature_store.yaml").is_file():
         raise RegistryError(f"{repo_path}: no feature_store.yaml; is this a Feast repository?")
     store = feast.FeatureStore(repo_path=str(repo_path))
+    if type(store.config.online_store).__name__ == "FeatureStoreRedisOnlineStoreConfig":
+        # the repository writes this project's layout (feature_store.feast_redis): its
+        # mapping, with the key prefixes pinned in its Redis, is the one to serve
+        from feature_store.feast_redis import FeatureStoreRedisOnlineStore
+
+        return FeatureStoreRedisOnlineStore().layout(store.config, store.registry).text
     views = [*store.list_feature_views(), *store.list_stream_feature_views()]
     return to_registry(
         store.list_entities(),
