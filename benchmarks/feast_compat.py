@@ -10,10 +10,14 @@ ids x all 50 features.
 
 1. Feast's Python SDK, one client calling back to back for ``--seconds``:
    ``get_online_features`` on Feast's Redis online store (its own read path, in process)
-   against the same SDK with ``online_store: type: remote`` pointed at this server
+   against this project's online store plugin (``feature_store.feast_redis``: Feast's SDK
+   on this project's layout, in process, loaded by ``feast materialize`` into a third
+   redis-server), the same SDK with ``online_store: type: remote`` pointed at this server
    (``POST /get-online-features``), and with this project's typed store for Feast
    (``feature_store.feast_online``: the same request, values made by declared type), L1
-   off and on.
+   off and on. ``feast materialize`` is timed into Feast's store and into the plugin's,
+   and each Redis's memory per value is read (``used_memory`` after the load, less before).
+   Then both in-process paths run under cProfile: where a call's time goes.
 2. Feast's HTTP API under a compiled load generator (wrk, a Lua script cycling through
    1,000 batches, the same bodies for both): ``feast serve`` (one worker, its defaults, no
    access log) against this server's ``/get-online-features`` (one worker, L1 off and on),
@@ -38,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +66,31 @@ NAMES = sample.FLOATS + sample.INTS + sample.INT_LISTS + sample.EMBEDDINGS
 REFS = [f"{sample.GROUP}:{n}" for n in NAMES]
 L1_TTL = "1"
 TYPED = "feature_store.feast_online.FeatureStoreOnlineStore"  # this project's Feast store
+PLUGIN = "feature_store.feast_redis.FeatureStoreRedisOnlineStore"  # in process, our layout
+PLUGIN_CELL = "Feast SDK on this project's plugin (in process, this layout)"
+PROFILE_CALLS = 400
+# (label, module file, function): the phases of a call, cumulative time under cProfile
+PHASES = {
+    "feast": [
+        ("whole get_online_features + to_dict", "benchmarks/feast_compat.py", "call"),
+        ("request resolution (registry, entity protos)", "feast/utils.py",
+         "_prepare_entities_to_read_from_online_store"),
+        ("Redis round trip (HMGET pipeline, replies)", "online_stores/redis.py",
+         "_read_hash_fields"),
+        ("values parsed (ParseFromString per value)", "online_stores/redis.py",
+         "_convert_redis_values_to_protobuf"),
+        ("response protos built", "feast/utils.py", "_populate_response_from_feature_data"),
+        ("to_dict (each Value to Python)", "feast/online_response.py", "to_dict"),
+    ],
+    "plugin": [
+        ("whole get_online_features + to_dict", "benchmarks/feast_compat.py", "call"),
+        ("request planned (cached per shape)", "feature_store/feast_redis.py", "_cached"),
+        ("Redis round trip (HGETALL pipeline, replies)", "redis/client.py", "execute"),
+        ("values decoded (native core)", "feature_store/batch.py", "decode_read"),
+        ("columns and statuses", "feature_store/feast_redis.py", "_answer"),
+        ("to_dict (columns as they are)", "feature_store/feast_redis.py", "to_dict"),
+    ],
+}  # fmt: skip
 BOUND_US = 1_000_000  # requests slower than 1 s are counted
 ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
 
@@ -186,17 +215,24 @@ class SdkCell:
         return float(np.percentile(self.latencies_ms, q))
 
 
-def sdk_cell(name: str, repo: Path, batches: list[list[int]], seconds: float) -> SdkCell:
+def sdk_call(repo: Path) -> Callable[[list[int]], dict[str, list[object]]]:
+    """One ``get_online_features(...).to_dict()`` of Feast's SDK on the repository."""
     import feast as feast_sdk
 
     store = feast_sdk.FeatureStore(repo_path=str(repo))
 
-    def call(ids: list[int]) -> None:
-        got = store.get_online_features(
+    def call(ids: list[int]) -> dict[str, list[object]]:
+        got: dict[str, list[object]] = store.get_online_features(
             features=REFS, entity_rows=[{"consumer_id": i} for i in ids]
         ).to_dict()
         assert len(got["float_00"]) == len(ids)
+        return got
 
+    return call
+
+
+def sdk_cell(name: str, repo: Path, batches: list[list[int]], seconds: float) -> SdkCell:
+    call = sdk_call(repo)
     for ids in batches[:50]:  # warm-up: registry, connections
         call(ids)
     latencies = []
@@ -209,6 +245,42 @@ def sdk_cell(name: str, repo: Path, batches: list[list[int]], seconds: float) ->
         call(ids)
         latencies.append((time.perf_counter() - s) * 1000)
     return SdkCell(name, len(latencies), time.perf_counter() - t0, latencies)
+
+
+def profile(
+    repo: Path, batches: list[list[int]], phases: list[tuple[str, str, str]]
+) -> list[tuple[str, float]]:
+    """ms per call of each phase under cProfile (which slows every call alike)."""
+    import cProfile
+    import pstats
+
+    call = sdk_call(repo)
+    for ids in batches[:50]:
+        call(ids)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for ids in batches[:PROFILE_CALLS]:
+        call(ids)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    out = []
+    for label, where, function in phases:
+        total = sum(
+            row[3]
+            for (path, _, name), row in stats.items()
+            if name == function
+            and path.endswith(where.split("/", 1)[-1])
+            and where.split("/", 1)[0] in path
+        )
+        out.append((label, total / PROFILE_CALLS * 1000))
+    return out
+
+
+def used_memory(url: str) -> int:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("memory")["used_memory"])
 
 
 # --- 2. HTTP under wrk -----------------------------------------------------------------------
@@ -330,6 +402,7 @@ def plot(path: Path, sdk: list[SdkCell], http: list[HttpCell]) -> None:
     ax.bar([x + 0.2 for x in xs], [c.p(99) for c in sdk], 0.4, label="p99")
     short = [
         "Feast's own\nRedis store",
+        "plugin,\nin process",
         "remote ->\nthis, L1 off",
         "remote ->\nthis, L1 on",
         "typed ->\nthis, L1 off",
@@ -395,8 +468,10 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
         EmbeddedRedis(Path(tmp) / "ours") as ours_redis,
         EmbeddedRedis(Path(tmp) / "feast") as feast_redis,
+        EmbeddedRedis(Path(tmp) / "plugin") as plugin_redis,
     ):
         work = Path(tmp)
+        empty = {"feast": used_memory(feast_redis.url), "plugin": used_memory(plugin_redis.url)}
         print(f"loading {args.entities:,} entities into both stores ...", flush=True)
         t0 = time.perf_counter()
         with FeatureStore.connect(ours_redis.url, sample.registry()) as store:
@@ -413,7 +488,34 @@ def main() -> int:
         t0 = time.perf_counter()
         feast("materialize", "2000-01-01T00:00:00", "2100-01-01T00:00:00", cwd=feast_repo)
         feast_load = time.perf_counter() - t0
-        print(f"loaded: this store {ours_load:.1f} s, Feast (materialize) {feast_load:.1f} s")
+        plugin_repo = sample.feast_repo(
+            work / "plugin_repo",
+            f"  type: {PLUGIN}\n  connection_string: {plugin_redis.url}",
+            args.entities,
+            event_time=time.time() - 3600,
+        )
+        feast("apply", cwd=plugin_repo)
+        t0 = time.perf_counter()
+        feast("materialize", "2000-01-01T00:00:00", "2100-01-01T00:00:00", cwd=plugin_repo)
+        plugin_load = time.perf_counter() - t0
+        values = args.entities * len(NAMES)
+        loads = Loads(
+            feast_load,
+            plugin_load,
+            (used_memory(feast_redis.url) - empty["feast"]) / values,
+            (used_memory(plugin_redis.url) - empty["plugin"]) / values,
+        )
+        print(
+            f"loaded: this store {ours_load:.1f} s; feast materialize into Feast's store "
+            f"{feast_load:.1f} s, into the plugin's {plugin_load:.1f} s; bytes per value "
+            f"{loads.feast_bytes:.1f} (Feast's), {loads.plugin_bytes:.1f} (plugin's)"
+        )
+        same_values = sdk_call(feast_repo)(batches[0]), sdk_call(plugin_repo)(batches[0])
+        if {k: [as_float32(v) for v in c] for k, c in same_values[0].items()} != {
+            k: [as_float32(v) for v in c] for k, c in same_values[1].items()
+        }:
+            raise SystemExit("Feast's store and the plugin answer different values")
+        print("one batch read through Feast's store and the plugin: the same values")
         assert ours_redis.process is not None
         assert feast_redis.process is not None
         with (
@@ -440,7 +542,10 @@ def main() -> int:
                 if answer_columns(target.url, bodies[0]) != theirs:
                     raise SystemExit(f"{target.url} and feast serve answer different values")
             print("one batch read through both servers: the same values", flush=True)
-            repos: dict[str, Path] = {"Feast SDK on Feast's Redis online store": feast_repo}
+            repos: dict[str, Path] = {
+                "Feast SDK on Feast's Redis online store": feast_repo,
+                PLUGIN_CELL: plugin_repo,
+            }
             stores = [
                 ("remote", "remote", off.rest_url, "L1 off"),
                 ("remote", "remote", on.rest_url, f"L1 on, {L1_TTL} s TTL"),
@@ -473,7 +578,11 @@ def main() -> int:
                     )
                     http.append(cell)
             codes = {"L1 off": non_200(off.rest_url), "L1 on": non_200(on.rest_url)}
-    lines = report(args, sdk, http)
+            profiles = {
+                "Feast's Redis store": profile(feast_repo, batches, PHASES["feast"]),
+                "this project's plugin": profile(plugin_repo, batches, PHASES["plugin"]),
+            }
+    lines = report(args, sdk, http, loads, profiles)
     lines += [
         "",
         "Answers other than 200 in this server's metrics (api method code: count): "
@@ -485,7 +594,21 @@ def main() -> int:
     return 0
 
 
-def report(args: argparse.Namespace, sdk: list[SdkCell], http: list[HttpCell]) -> list[str]:
+@dataclass(frozen=True)
+class Loads:
+    feast_seconds: float  # feast materialize into Feast's Redis store
+    plugin_seconds: float  # the same into the plugin's
+    feast_bytes: float  # Redis used_memory per value
+    plugin_bytes: float
+
+
+def report(
+    args: argparse.Namespace,
+    sdk: list[SdkCell],
+    http: list[HttpCell],
+    loads: Loads,
+    profiles: dict[str, list[tuple[str, float]]],
+) -> list[str]:
     base_sdk = sdk[0]
     lines = [
         *header(
@@ -504,8 +627,34 @@ def report(args: argparse.Namespace, sdk: list[SdkCell], http: list[HttpCell]) -
             f"| {c.name} | {c.requests:,} | {c.requests / c.seconds:,.0f} | {c.p(50):.2f} | "
             f"{c.p(99):.2f} | {max(c.latencies_ms):.1f} | {base_sdk.p(50) / c.p(50):.2f}x |"
         )
+    plugin = next(c for c in sdk if c.name == PLUGIN_CELL)
     lines += [
         "",
+        f"The plugin against Feast's own store: p50 {base_sdk.p(50) / plugin.p(50):.2f}x "
+        f"faster, p99 {base_sdk.p(99) / plugin.p(99):.2f}x.",
+        "",
+        "## Loading and memory (the same parquet, `feast materialize` of every row)",
+        "",
+        "| online store | feast materialize s | rows/s | Redis bytes per value |",
+        "|---|---:|---:|---:|",
+        f"| Feast's Redis store | {loads.feast_seconds:.1f} | "
+        f"{args.entities / loads.feast_seconds:,.0f} | {loads.feast_bytes:.1f} |",
+        f"| this project's plugin | {loads.plugin_seconds:.1f} | "
+        f"{args.entities / loads.plugin_seconds:,.0f} | {loads.plugin_bytes:.1f} |",
+        "",
+        f"Materialize: the plugin {loads.feast_seconds / loads.plugin_seconds:.2f}x Feast's "
+        f"speed (the time includes the `feast` command's start); memory: "
+        f"{loads.feast_bytes / loads.plugin_bytes:.2f}x less per value.",
+        "",
+        f"## Where a call's time goes ({PROFILE_CALLS} calls of 10 x 50 under cProfile, "
+        "which slows every call; cumulative ms per call)",
+        "",
+    ]
+    for name, phases in profiles.items():
+        lines += [f"| {name} | ms per call |", "|---|---:|"]
+        lines += [f"| {label} | {ms:.3f} |" for label, ms in phases]
+        lines.append("")
+    lines += [
         "## Feast's HTTP API under wrk (POST /get-online-features, the same bodies)",
         "",
         "| server | conn | req/s | p50 ms | p99 ms | max ms | past 1 s | timeouts | non-2xx "
