@@ -11,7 +11,7 @@ online store in ``feature_store.yaml``:
 The hashes it writes are the ones ``feature-store serve`` reads: one hash per entity,
 xxHash32 field names, this project's codecs, each view's freshness field, the entity's key
 TTL. The mapping from Feast's definitions is ``feature-store import-feast``'s
-(``feast_import.to_registry``), derived from Feast's registry at run time. Key prefixes
+(``feast_mapping.to_registry``), derived from Feast's registry at run time. Key prefixes
 are pinned in Redis (``PINS_KEY``) the first time an entity is seen, so an entity added
 later never moves another's keys; a tag ``feature_store_prefix`` on an entity sets one.
 
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
+import pyarrow as pa  # type: ignore[import-untyped]
 from feast import Entity, FeatureService, FeatureView, RepoConfig
 from feast import FeatureStore as FeastStore
 from feast.infra.online_stores.online_store import OnlineStore
@@ -68,6 +69,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import StrictStr
 from redis.cluster import RedisCluster
 
+from feature_store import notices
 from feature_store.batch import (
     MISSING,
     PRESENT,
@@ -75,16 +77,19 @@ from feature_store.batch import (
     BatchResult,
     EntityId,
     ReadPlan,
-    WriteRow,
+    WriteStats,
     decode_read,
     plan_read,
+    write_outcome,
 )
 from feature_store.connection import RedisTarget, SyncClient, read_replies, translated_errors
 from feature_store.errors import RegistryError, RequestError
-from feature_store.feast_import import DEFAULT_ENTITY_TTL, feature_type, to_registry
+from feature_store.feast_mapping import DEFAULT_ENTITY_TTL, feature_type, to_registry
+from feature_store.ingest.encode import BatchEncoder, EncodedBatch
+from feature_store.ingest.spec import ColumnSpec, RetrySpec
+from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import IdType, decode_timestamp, feature_field, freshness_field
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
-from feature_store.store import FeatureStore
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +101,8 @@ PINS_KEY = "{feature_store}:feast:prefixes"
 SCAN_COUNT = 1000
 DELETE_CHUNK = 500
 PLANS_MAX = 1024  # request shapes remembered per mapping
+WRITE_CHUNK = 500  # entities per write pipeline, as the nightly job's
+BAD_SHOWN = 5  # rows that do not encode, named in the error
 
 # this project's statuses in Feast's terms (MISSING: NULL_VALUE or NOT_FOUND, by the group)
 FEAST_PRESENT, FEAST_NOT_FOUND = int(FieldStatus.PRESENT), int(FieldStatus.NOT_FOUND)
@@ -488,9 +495,10 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
     def __init__(self) -> None:
         super().__init__()
         self._lock = threading.Lock()
-        self._clients: dict[str, SyncClient] = {}  # redis URL -> client
+        self._writers: dict[str, ChunkWriter] = {}  # redis URL -> writer
         self._layouts: dict[tuple[str, int], _Cached] = {}  # (project, registry id)
         self._feast_registries: dict[str, BaseRegistry] = {}
+        self._origin = notices.new_origin()  # serving instances skip nothing of ours
 
     async def close(self) -> None:
         """Feast's shutdown call (its feature server awaits it)."""
@@ -499,9 +507,10 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
     def disconnect(self) -> None:
         """Close the Redis connections (they are opened again when needed)."""
         with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            client.close()
+            writers, self._writers = list(self._writers.values()), {}
+        for writer in writers:
+            client = writer.client
+            writer.close()
             if isinstance(client, RedisCluster):  # nodes the client has since replaced, too
                 for node in client.nodes_manager.startup_nodes.values():
                     if node.redis_connection is not None:
@@ -516,15 +525,24 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
             raise TypeError(f"online_store is {type(cfg).__name__}, not this store's config")
         return cfg
 
-    def _client(self, config: RepoConfig) -> SyncClient:
+    def _writer(self, config: RepoConfig) -> ChunkWriter:
+        """One writer (and its client, for reads too) per Redis."""
         url = redis_url(self._config(config))
-        client = self._clients.get(url)
-        if client is None:
+        writer = self._writers.get(url)
+        if writer is None:
             with self._lock:
-                client = self._clients.get(url)
-                if client is None:
-                    client = self._clients[url] = RedisTarget.parse(url).sync_client()
-        return client
+                writer = self._writers.get(url)
+                if writer is None:
+                    writer = self._writers[url] = ChunkWriter(
+                        RedisTarget.parse(url),
+                        ttl_seconds=0,  # each entity's own, per call
+                        chunk_size=WRITE_CHUNK,
+                        retry=RetrySpec(),
+                    )
+        return writer
+
+    def _client(self, config: RepoConfig) -> SyncClient:
+        return self._writer(config).client
 
     def _pins(self, client: SyncClient) -> dict[str, str]:
         with translated_errors():
@@ -746,27 +764,42 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
         data: list[tuple[EntityKeyProto, dict[str, Value], datetime, datetime | None]],
         progress: Callable[[int], Any] | None,
     ) -> None:
-        """Rows of one view through the event-time guard; serving instances are told."""
+        """Rows of one view through the event-time guard, encoded a column at a time as
+        the nightly job encodes them; serving instances are told. Rows older than what
+        Redis holds are skipped and logged; a row that does not encode is named in the
+        error raised after the others are written."""
         layout = self.layout(config)
         mapped = self._view(layout, table)
-        entity = mapped.group.entity
-        rows: list[WriteRow] = []
-        for key, values, event_time, _created in data:
-            when = event_time if event_time.tzinfo else event_time.replace(tzinfo=UTC)
-            row = {name: _python(v) for name, v in values.items() if name in mapped.types}
-            rows.append((_entity_id(key, entity.join_key, entity.id_type), row, when))
-        store = FeatureStore(layout.registry, self._client(config))
-        stats = store.write(mapped.group.name, rows)
+        group = mapped.group
+        writer = self._writer(config)
+        encoded = encode_rows(group, mapped.types, data)
+        stats = WriteStats()
+        for start in range(0, len(encoded), WRITE_CHUNK):
+            stop = min(start + WRITE_CHUNK, len(encoded))
+            replies = writer.send(encoded.commands(group.entity.ttl_seconds, start, stop))
+            stats += write_outcome(encoded.counts(start, stop), replies)
+        if encoded.keys:
+            writer.publish(
+                notices.write_message(self._origin, group.name, encoded.keys, time.time())
+            )
         if stats.skipped:
             log.warning(
                 "%s: %d of %d row(s) skipped: Redis holds newer writes of those entities",
                 table.name,
                 stats.skipped,
-                len(rows),
+                len(data),
             )
-        log.info("%s: wrote %d row(s)", table.name, len(rows) - stats.skipped)
+        log.info("%s: wrote %d row(s)", table.name, stats.entities)
         if progress:
             progress(len(data))
+        if encoded.bad:
+            shown = "; ".join(
+                f"row {b.index} ({_entity_text(data[b.index][0])}): {b.detail}"
+                for b in encoded.bad[:BAD_SHOWN]
+            )
+            raise ValueError(
+                f"feature view {table.name!r}: {len(encoded.bad)} row(s) not written: {shown}"
+            )
 
     # -- definitions
 
@@ -875,3 +908,66 @@ def _python(value: Value) -> object:
         return None
     got = getattr(value, kind)
     return list(got.val) if kind.endswith("_list_val") else got
+
+
+# the Value field of each declared type, and the Arrow type its column is built as
+COLUMNS: dict[ValueType, tuple[str, pa.DataType]] = {
+    ValueType.FLOAT: ("float_val", pa.float32()),
+    ValueType.DOUBLE: ("double_val", pa.float64()),
+    ValueType.INT32: ("int32_val", pa.int64()),
+    ValueType.INT64: ("int64_val", pa.int64()),
+    ValueType.BOOL: ("bool_val", pa.bool_()),
+    ValueType.STRING: ("string_val", pa.string()),
+    ValueType.FLOAT_LIST: ("float_list_val", pa.list_(pa.float32())),
+    ValueType.INT32_LIST: ("int32_list_val", pa.list_(pa.int64())),
+    ValueType.INT64_LIST: ("int64_list_val", pa.list_(pa.int64())),
+}
+ID_COLUMN, TIME_COLUMN = "__id", "__event_time"
+
+
+def _column(values: Sequence[Value], kind: ValueType) -> pa.Array:
+    """One feature's Values as an Arrow column (a null Value: null, which removes it)."""
+    attr, arrow = COLUMNS[kind]
+    has: Callable[[Value, str], bool] = Value.HasField  # type: ignore[assignment]  # a null Value sets no field
+    if kind in (ValueType.FLOAT_LIST, ValueType.INT32_LIST, ValueType.INT64_LIST):
+        cells: list[Any] = [list(getattr(v, attr).val) if has(v, attr) else None for v in values]
+    else:
+        cells = [getattr(v, attr) if has(v, attr) else None for v in values]
+    return pa.array(cells, type=arrow)
+
+
+def encode_rows(
+    group: FeatureGroup,
+    types: Mapping[str, ValueType],
+    data: Sequence[tuple[EntityKeyProto, Mapping[str, Value], datetime, datetime | None]],
+) -> EncodedBatch:
+    """Feast's rows of one view as the guarded writes of this project's layout: columns
+    by declared type, encoded by the nightly job's encoder. A feature a row leaves out is
+    removed, as Feast's rows carry every feature of the view."""
+    entity = group.entity
+    names = [f.name for f in group.features if f.name in types]
+    columns = {
+        name: _column([row[1].get(name, Value()) for row in data], types[name]) for name in names
+    }
+    ids = [_entity_id(row[0], entity.join_key, entity.id_type) for row in data]
+    columns[ID_COLUMN] = pa.array(
+        ids, type=pa.int64() if entity.id_type is IdType.INT else pa.string()
+    )
+    columns[TIME_COLUMN] = pa.array(
+        [(t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() for _, _, t, _ in data],
+        type=pa.float64(),
+    )
+    encoder = BatchEncoder(
+        group,
+        ID_COLUMN,
+        [ColumnSpec(name, name) for name in names],
+        time.time(),
+        event_time_column=TIME_COLUMN,
+    )
+    return encoder.encode(pa.RecordBatch.from_pydict(columns))
+
+
+def _entity_text(key: EntityKeyProto) -> str:
+    return ", ".join(
+        f"{k}={_python(v)!r}" for k, v in zip(key.join_keys, key.entity_values, strict=False)
+    )
