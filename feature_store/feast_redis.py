@@ -923,6 +923,7 @@ COLUMNS: dict[ValueType, tuple[str, pa.DataType]] = {
     ValueType.INT64_LIST: ("int64_list_val", pa.list_(pa.int64())),
 }
 ID_COLUMN, TIME_COLUMN = "__id", "__event_time"
+NULL = Value()
 
 
 def _column(values: Sequence[Value], kind: ValueType) -> pa.Array:
@@ -946,9 +947,14 @@ def encode_rows(
     removed, as Feast's rows carry every feature of the view."""
     entity = group.entity
     names = [f.name for f in group.features if f.name in types]
-    columns = {
-        name: _column([row[1].get(name, Value()) for row in data], types[name]) for name in names
-    }
+    rows = [row[1] for row in data]
+    columns = {}
+    for name in names:
+        try:
+            values = [r[name] for r in rows]
+        except KeyError:  # a row without the feature: removed (Feast's rows have them all)
+            values = [r.get(name, NULL) for r in rows]
+        columns[name] = _column(values, types[name])
     ids = [_entity_id(row[0], entity.join_key, entity.id_type) for row in data]
     columns[ID_COLUMN] = pa.array(
         ids, type=pa.int64() if entity.id_type is IdType.INT else pa.string()
