@@ -89,7 +89,8 @@ PHASES = {
         ("request planned (cached per shape)", "feature_store/feast_redis.py", "_cached"),
         ("Redis round trip (HGETALL pipeline, replies)", "redis/client.py", "execute"),
         ("values decoded (native core)", "feature_store/batch.py", "decode_read"),
-        ("columns and statuses", "feature_store/feast_redis.py", "_answer"),
+        ("the read in all (round trip, decode, columns, statuses)", "feature_store/feast_redis.py",
+         "_answer"),
         ("to_dict (columns as they are)", "feature_store/feast_redis.py", "to_dict"),
     ],
 }  # fmt: skip
