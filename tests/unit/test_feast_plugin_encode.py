@@ -75,7 +75,7 @@ def key(i: int) -> EntityKey:
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.integers(0, 10**6), row_values, st.integers(0, 2_000_000_000)),
+        st.tuples(st.integers(0, 10**6), row_values, st.integers(0, 1_700_000_000)),
         min_size=1,
         max_size=12,
     )
@@ -83,13 +83,15 @@ def key(i: int) -> EntityKey:
 def test_the_commands_are_the_reference_paths(
     rows: list[tuple[int, dict[str, Value], int]],
 ) -> None:
+    """(The removed fields' order aside: the reference removes in the row's order, the
+    plugin in the group's; the rows here list the group's order.)"""
     data = [(key(i), values, datetime.fromtimestamp(t, UTC), None) for i, values, t in rows]
     encoded = encode_rows(GROUP, TYPES, data)
     assert encoded.bad == []
     reference = plan_write(
         GROUP,
         [
-            (i, {name: _python(v) for name, v in values.items()}, datetime.fromtimestamp(t, UTC))
+            (i, {name: _python(values[name]) for name in TYPES}, datetime.fromtimestamp(t, UTC))
             for i, values, t in rows
         ],
     )
