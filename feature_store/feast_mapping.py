@@ -279,3 +279,15 @@ def _id_type(m: Imported, entity: Entity, views: Sequence[FeatureView]) -> str:
         f"entities.{entity.name}: ids of type {kind} have no counterpart (int or string)"
     )
     return "int"
+
+
+def rows_to_columns(rows: Sequence[Mapping[str, object]]) -> dict[str, list[object]]:
+    """Feast's entity rows (a list of dicts) as its columnar form (name -> values)."""
+    columns: dict[str, list[object]] = {k: [] for k in rows[0]}
+    for row in rows:
+        for key, value in row.items():
+            try:
+                columns[key].append(value)
+            except KeyError:
+                raise ValueError("All entity_rows must have the same keys.") from None
+    return columns

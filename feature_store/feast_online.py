@@ -49,6 +49,8 @@ from feast.type_map import python_values_to_proto_values
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from feature_store.feast_mapping import rows_to_columns
+
 STATUSES = {
     "PRESENT": FieldStatus.PRESENT,
     "NOT_FOUND": FieldStatus.NOT_FOUND,
@@ -130,11 +132,7 @@ class FeatureStoreOnlineStore(RemoteOnlineStore):
         include_feature_view_version_metadata: bool = False,
     ) -> OnlineResponse:
         if isinstance(entity_rows, list):
-            columns: dict[str, list[Any]] = {k: [] for k in entity_rows[0]}
-            for row in entity_rows:
-                for key, value in row.items():
-                    columns[key].append(value)
-            entity_rows = columns
+            entity_rows = rows_to_columns(entity_rows)
         entities = {
             k: [_json_safe(v) for v in (vals.val if isinstance(vals, RepeatedValue) else vals)]
             for k, vals in entity_rows.items()

@@ -84,7 +84,12 @@ from feature_store.batch import (
 )
 from feature_store.connection import RedisTarget, SyncClient, read_replies, translated_errors
 from feature_store.errors import RegistryError, RequestError
-from feature_store.feast_mapping import DEFAULT_ENTITY_TTL, feature_type, to_registry
+from feature_store.feast_mapping import (
+    DEFAULT_ENTITY_TTL,
+    feature_type,
+    rows_to_columns,
+    to_registry,
+)
 from feature_store.ingest.encode import BatchEncoder, EncodedBatch
 from feature_store.ingest.spec import ColumnSpec, RetrySpec
 from feature_store.ingest.writer import ChunkWriter
@@ -612,14 +617,7 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
         include_feature_view_version_metadata: bool = False,
     ) -> OnlineResponse:
         if isinstance(entity_rows, list):
-            columnar: dict[str, list[Any]] = {k: [] for k in entity_rows[0]}
-            for row in entity_rows:
-                for k, v in row.items():
-                    try:
-                        columnar[k].append(v)
-                    except KeyError:
-                        raise ValueError("All entity_rows must have the same keys.") from None
-            entity_rows = columnar
+            entity_rows = rows_to_columns(entity_rows)
         cached = self._cached(config, registry) if project == config.project else None
         plan = None
         if cached is not None and not include_feature_view_version_metadata:
