@@ -118,3 +118,41 @@ def test_short_prefixes_are_unique_starts() -> None:
         "consumer": "con", "courier": "cou", "store": "s",
     }  # fmt: skip
     assert short_prefixes(["user", "user_session"]) == {"user": "user", "user_session": "user_"}
+
+
+def test_pinned_prefixes_stay_and_a_tag_sets_one() -> None:
+    """An entity added beside another never moves the other's keys: a prefix chosen before
+    is kept, a new entity takes a start no one has; ``feature_store_prefix`` sets one."""
+    rating = [Field(name="rating", dtype=Float32)]
+    alone = parse_registry(to_registry([CONSUMER], [view("a", rating)]))
+    assert alone.entities["consumer"].prefix == "c"
+    both = [view("a", rating), view("b", [Field(name="n", dtype=Int64)], [COURIER])]
+    unpinned = parse_registry(to_registry([CONSUMER, COURIER], both))
+    assert unpinned.entities["consumer"].prefix == "con"  # the key would move
+    pinned = parse_registry(to_registry([CONSUMER, COURIER], both, prefixes={"consumer": "c"}))
+    assert pinned.entities["consumer"].prefix == "c"
+    assert pinned.entities["courier"].prefix not in ("c", "")
+    tagged = Entity(
+        name="courier",
+        join_keys=["courier_id"],
+        value_type=ValueType.STRING,
+        tags={"feature_store_prefix": "cr"},
+    )
+    reg = parse_registry(to_registry([CONSUMER, tagged], both, prefixes={"consumer": "c"}))
+    assert (reg.entities["consumer"].prefix, reg.entities["courier"].prefix) == ("c", "cr")
+    clash = Entity(
+        name="courier",
+        join_keys=["courier_id"],
+        value_type=ValueType.STRING,
+        tags={"feature_store_prefix": "c"},
+    )
+    with pytest.raises(RegistryError, match="key prefix 'c' is also entity"):
+        to_registry([CONSUMER, clash], both, prefixes={"consumer": "c"})
+    bad = Entity(
+        name="courier",
+        join_keys=["courier_id"],
+        value_type=ValueType.STRING,
+        tags={"feature_store_prefix": "a:b"},
+    )
+    with pytest.raises(RegistryError, match="is not a key prefix"):
+        to_registry([CONSUMER, bad], both)
