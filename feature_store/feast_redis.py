@@ -593,7 +593,7 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
             registry.list_feature_services(project, allow_cache=True),
             self._pins(client),
             cfg,
-            f"Feast project {project}",
+            str(Path(config.repo_path).resolve()) if config.repo_path else f"project {project}",
         )
         self._pin(client, layout.registry)
         cached = self._layouts[key] = _Cached(layout, now, {})
