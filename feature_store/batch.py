@@ -86,6 +86,8 @@ class FeatureVector:
     values: list[Value | None]
     statuses: list[Status]
     ages: dict[str, int | None]  # group -> seconds since its last write (None: unknown)
+    # group -> unix seconds of its last write (None: unknown), the time ``ages`` counts from
+    written: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def found(self) -> bool:
@@ -227,12 +229,13 @@ def decode_read(
         except ValueError:  # EncodingError is one; fast decoders raise plain ValueError
             values = _decode_each(plan, key, raw, feature_group, faults)
         ages: dict[str, int | None] = {}
+        written: dict[str, int | None] = {}
         stale_groups = []
         for gi, (group, ts) in enumerate(zip(plan.groups, reply[nfeat:], strict=True)):
             try:
-                age = None if ts is None else max(0, now_s - decode_timestamp(ts))
+                at = None if ts is None else decode_timestamp(ts)
             except ValueError as e:
-                age = None
+                at = None
                 faults.setdefault(
                     gi,
                     Fault(
@@ -241,7 +244,10 @@ def decode_read(
                         f"{group.name!r} is corrupt ({e})",
                     ),
                 )
-            ages[group.name] = None if gi in faults else age
+            age = None if at is None else max(0, now_s - at)
+            faulted = gi in faults
+            ages[group.name] = None if faulted else age
+            written[group.name] = None if faulted else at
             if (
                 age is not None
                 and group.max_age_seconds is not None
@@ -261,7 +267,7 @@ def decode_read(
                 errors.append(
                     EntityError(entity_id, plan.groups[gi].name, fault.reason, fault.message)
                 )
-        rows.append(FeatureVector(entity_id, values, statuses, ages))
+        rows.append(FeatureVector(entity_id, values, statuses, ages, written))
     return BatchResult(plan.entity.name, plan.features, rows, errors)
 
 

@@ -74,15 +74,12 @@ from feature_store.batch import (
     MISSING,
     PRESENT,
     STALE,
-    BatchResult,
     EntityId,
-    ReadPlan,
     WriteStats,
-    decode_read,
     plan_read,
     write_outcome,
 )
-from feature_store.connection import RedisTarget, SyncClient, read_replies, translated_errors
+from feature_store.connection import RedisTarget, SyncClient, translated_errors
 from feature_store.errors import RegistryError, RequestError
 from feature_store.feast_mapping import (
     DEFAULT_ENTITY_TTL,
@@ -93,8 +90,9 @@ from feature_store.feast_mapping import (
 from feature_store.ingest.encode import BatchEncoder, EncodedBatch
 from feature_store.ingest.spec import ColumnSpec, RetrySpec
 from feature_store.ingest.writer import ChunkWriter
-from feature_store.layout import IdType, decode_timestamp, feature_field, freshness_field
+from feature_store.layout import IdType, feature_field, freshness_field
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
+from feature_store.store import read_plans
 
 log = logging.getLogger(__name__)
 
@@ -441,49 +439,6 @@ def _ids(values: Iterable[Any], id_type: IdType, join_key: str) -> list[EntityId
     return out
 
 
-@dataclass(slots=True)
-class _Read:
-    """One entity type's read: the decoded result, and each row's write time per group."""
-
-    plan: ReadPlan
-    result: BatchResult
-    written: list[list[int | None]]  # row -> group index -> unix seconds
-
-
-def _write_times(plan: ReadPlan, replies: Sequence[object]) -> list[list[int | None]]:
-    nfeat, ngroups = len(plan.features), len(plan.groups)
-    out: list[list[int | None]] = []
-    for reply in replies:
-        if not isinstance(reply, list):  # an EntityDataError: answered INVALID
-            out.append([None] * ngroups)
-            continue
-        times: list[int | None] = []
-        for raw in reply[nfeat:]:
-            try:
-                times.append(None if raw is None else decode_timestamp(raw))
-            except ValueError:
-                times.append(None)
-        out.append(times)
-    return out
-
-
-def read_plans(client: SyncClient, plans: Sequence[ReadPlan], now: float) -> list[_Read]:
-    """Every plan's commands in one pipelined round trip, decoded."""
-    with translated_errors():
-        pipe = client.pipeline(transaction=False)
-        for plan in plans:
-            for cmd in plan.commands():
-                pipe.execute_command(*cmd)
-        replies = pipe.execute(raise_on_error=False)
-    out, at = [], 0
-    for plan in plans:
-        mine = replies[at : at + len(plan.keys)]
-        at += len(plan.keys)
-        aligned = plan.align(read_replies(plan.keys, mine))
-        out.append(_Read(plan, decode_read(plan, aligned, now), _write_times(plan, aligned)))
-    return out
-
-
 # --- the store -------------------------------------------------------------------------------
 
 
@@ -677,24 +632,21 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
         for key, kind in plan.join_keys:
             read_index = next(i for i, r in enumerate(plan.reads) if r.join_key == key)
             names.append(key)
-            values.append(list(reads[read_index].plan.ids))
+            values.append(list(plans[read_index].ids))
             statuses.append([FEAST_PRESENT] * n)
             stamps.append([0] * n)
             types[key] = kind
-        group_index = [
-            {g.name: i for i, g in enumerate(r.plan.groups)} for r in reads
-        ]  # per read: group -> index
         for col in plan.columns:
-            read = reads[col.read]
-            gi = group_index[col.read][read.plan.features[col.feature].group]
-            column = [row.values[col.feature] for row in read.result.rows]
+            rows = reads[col.read].rows
+            group = plans[col.read].features[col.feature].group
+            column = [row.values[col.feature] for row in rows]
             if col.kind is ValueType.FLOAT:
                 column = _float32(column)
             col_statuses: list[int] = []
             col_stamps: list[int] = []
-            for row, written in zip(read.result.rows, read.written, strict=True):
+            for row in rows:
                 status = row.statuses[col.feature]
-                at = written[gi]
+                at = row.written[group]
                 if status is MISSING:
                     col_statuses.append(FEAST_NOT_FOUND if at is None else FEAST_NULL)
                 else:
@@ -727,8 +679,8 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
         )
         (read,) = read_plans(self._client(config), [plan], time.time())
         out: list[tuple[datetime | None, dict[str, Value] | None]] = []
-        for row, written in zip(read.result.rows, read.written, strict=True):
-            at = written[0]
+        for row in read.rows:
+            at = row.written[mapped.group.name]
             if at is None:
                 out.append((None, None))
                 continue

@@ -62,6 +62,24 @@ def listpack_value_needed(registry: Registry) -> int:
     return max([64, *(s for s in sizes if s is not None)])
 
 
+def read_plans(
+    client: SyncClient, plans: Sequence[ReadPlan], now: float | None = None
+) -> list[BatchResult]:
+    """Every plan's commands in one pipelined round trip, each plan's replies decoded."""
+    with translated_errors():
+        pipe = client.pipeline(transaction=False)
+        for plan in plans:
+            for cmd in plan.commands():
+                pipe.execute_command(*cmd)
+        replies = pipe.execute(raise_on_error=False)
+    out, at = [], 0
+    for plan in plans:
+        mine = replies[at : at + len(plan.keys)]
+        at += len(plan.keys)
+        out.append(decode_read(plan, plan.align(read_replies(plan.keys, mine)), now))
+    return out
+
+
 class _Write:
     """The logic of one write, for both clients (they only run the plans): one default
     event time for every chunk, the plans chunk by chunk, the totals from Redis's replies,
@@ -183,13 +201,7 @@ class FeatureStore(_Base[SyncClient]):
         features: Iterable[str] = (),
         groups: Iterable[str] = (),
     ) -> BatchResult:
-        plan = self.plan(entity, ids, features, groups)
-        with translated_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for cmd in plan.commands():
-                pipe.execute_command(*cmd)
-            replies = pipe.execute(raise_on_error=False)
-        return decode_read(plan, plan.align(read_replies(plan.keys, replies)))
+        return read_plans(self.client, [self.plan(entity, ids, features, groups)])[0]
 
     def write(
         self,
