@@ -504,26 +504,24 @@ def main() -> int:
             store.write(sample.GROUP, sample.rows(args.entities))
         ours_load = time.perf_counter() - t0
         feast_address = feast_redis.url.split("//")[1].split("/")[0]
-        feast_repo = sample.feast_repo(
-            work / "feast_repo",
-            f'  type: redis\n  connection_string: "{feast_address}"',
-            args.entities,
-            event_time=time.time() - 3600,
+        event_time = time.time() - 3600
+
+        def load(name: str, online_store: str) -> tuple[Path, float]:
+            """A repository of the standard shape, applied; seconds of `feast materialize`."""
+            repo = sample.feast_repo(
+                work / name, online_store, args.entities, event_time=event_time
+            )
+            feast("apply", cwd=repo)
+            t0 = time.perf_counter()
+            feast("materialize", "2000-01-01T00:00:00", "2100-01-01T00:00:00", cwd=repo)
+            return repo, time.perf_counter() - t0
+
+        feast_repo, feast_load = load(
+            "feast_repo", f'  type: redis\n  connection_string: "{feast_address}"'
         )
-        feast("apply", cwd=feast_repo)
-        t0 = time.perf_counter()
-        feast("materialize", "2000-01-01T00:00:00", "2100-01-01T00:00:00", cwd=feast_repo)
-        feast_load = time.perf_counter() - t0
-        plugin_repo = sample.feast_repo(
-            work / "plugin_repo",
-            f"  type: {PLUGIN}\n  connection_string: {plugin_redis.url}",
-            args.entities,
-            event_time=time.time() - 3600,
+        plugin_repo, plugin_load = load(
+            "plugin_repo", f"  type: {PLUGIN}\n  connection_string: {plugin_redis.url}"
         )
-        feast("apply", cwd=plugin_repo)
-        t0 = time.perf_counter()
-        feast("materialize", "2000-01-01T00:00:00", "2100-01-01T00:00:00", cwd=plugin_repo)
-        plugin_load = time.perf_counter() - t0
         values = args.entities * len(NAMES)
         feast_bytes = (used_memory(feast_redis.url) - empty["feast"]) / values
         plugin_bytes = (used_memory(plugin_redis.url) - empty["plugin"]) / values

@@ -121,19 +121,24 @@ consumer_small = FeatureService(
 
 
 def feast_repo(
-    path: Path, online_store: str, entities: int = 0, seed: int = 0, event_time: float = 0.0
+    path: Path,
+    online_store: str,
+    entities: int = 0,
+    seed: int = 0,
+    event_time: float = 0.0,
+    definitions: str = FEAST_DEFINITIONS,
 ) -> Path:
     """A Feast repository of the standard shape at ``path``: ``feature_store.yaml`` with
-    ``online_store`` (its YAML block, indented), the definitions, and, with ``entities``,
-    ``data/consumer.parquet`` of that many rows at unix time ``event_time`` (needs pandas).
-    Run ``feast apply`` in it to register them."""
+    ``online_store`` (its YAML block, indented), the definitions (``definitions``: other
+    ones), and, with ``entities``, ``data/consumer.parquet`` of that many rows at unix time
+    ``event_time`` (needs pandas). Run ``feast apply`` in it to register them."""
     (path / "data").mkdir(parents=True, exist_ok=True)
     (path / "feature_store.yaml").write_text(
         "project: standard_shape\nprovider: local\nregistry: data/registry.db\n"
         f"online_store:\n{online_store}\noffline_store:\n  type: file\n"
         "entity_key_serialization_version: 3\n"
     )
-    (path / "definitions.py").write_text(FEAST_DEFINITIONS)
+    (path / "definitions.py").write_text(definitions)
     if entities:
         import pandas as pd  # type: ignore[import-untyped]
 

@@ -29,6 +29,7 @@ from feast.infra.online_stores.online_store import OnlineStore
 from feast.online_response import OnlineResponse
 from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
+from feature_store import sample
 from feature_store.client import FeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.errors import RegistryError
@@ -144,15 +145,11 @@ def frames() -> dict[str, pd.DataFrame]:
     return {"consumer": consumer, "recent": recent, "store": stores}
 
 
-def write_repo(path: Path, url: str, extra: str = "", definitions: str = DEFINITIONS) -> Path:
-    (path / "data").mkdir(parents=True, exist_ok=True)
-    (path / "feature_store.yaml").write_text(
-        "project: plugin\nprovider: local\nregistry: data/registry.db\n"
-        f"online_store:\n  type: {NAME}\n  connection_string: {url}\n{extra}"
-        "offline_store:\n  type: file\nentity_key_serialization_version: 3\n"
+def write_repo(path: Path, url: str, definitions: str = DEFINITIONS) -> Path:
+    """A Feast repository of ``definitions`` on the plugin at ``url`` (data: the caller's)."""
+    return sample.feast_repo(
+        path, f"  type: {NAME}\n  connection_string: {url}", definitions=definitions
     )
-    (path / "definitions.py").write_text(definitions)
-    return path
 
 
 def cli(*args: str, cwd: Path) -> str:

@@ -132,27 +132,19 @@ def test_pinned_prefixes_stay_and_a_tag_sets_one() -> None:
     pinned = parse_registry(to_registry([CONSUMER, COURIER], both, prefixes={"consumer": "c"}))
     assert pinned.entities["consumer"].prefix == "c"
     assert pinned.entities["courier"].prefix not in ("c", "")
-    tagged = Entity(
-        name="courier",
-        join_keys=["courier_id"],
-        value_type=ValueType.STRING,
-        tags={"feature_store_prefix": "cr"},
-    )
-    reg = parse_registry(to_registry([CONSUMER, tagged], both, prefixes={"consumer": "c"}))
+    reg = parse_registry(to_registry([CONSUMER, courier("cr")], both, prefixes={"consumer": "c"}))
     assert (reg.entities["consumer"].prefix, reg.entities["courier"].prefix) == ("c", "cr")
-    clash = Entity(
-        name="courier",
-        join_keys=["courier_id"],
-        value_type=ValueType.STRING,
-        tags={"feature_store_prefix": "c"},
-    )
     with pytest.raises(RegistryError, match="key prefix 'c' is also entity"):
-        to_registry([CONSUMER, clash], both, prefixes={"consumer": "c"})
-    bad = Entity(
+        to_registry([CONSUMER, courier("c")], both, prefixes={"consumer": "c"})
+    with pytest.raises(RegistryError, match="is not a key prefix"):
+        to_registry([CONSUMER, courier("a:b")], both)
+
+
+def courier(prefix: str) -> Entity:
+    """COURIER with its key prefix set by the ``feature_store_prefix`` tag."""
+    return Entity(
         name="courier",
         join_keys=["courier_id"],
         value_type=ValueType.STRING,
-        tags={"feature_store_prefix": "a:b"},
+        tags={"feature_store_prefix": prefix},
     )
-    with pytest.raises(RegistryError, match="is not a key prefix"):
-        to_registry([CONSUMER, bad], both)
