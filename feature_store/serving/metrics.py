@@ -174,6 +174,12 @@ class ServingMetrics:
             registry=self.registry,
             multiprocess_mode="liveall",
         )
+        self.cluster_redirects = Counter(
+            f"{PREFIX}_cluster_redirects",
+            "on Redis Cluster, replies saying a slot moved (MOVED, ASK) that the native fronts "
+            "met; each handed its lookup to Python and the slot table was built again",
+            registry=self.registry,
+        )
         self.round_trip = Histogram(
             f"{PREFIX}_redis_round_trip_seconds",
             "latency of pipelined Redis round trips of the read path",

@@ -28,7 +28,7 @@ from feature_store.serving.l1.invalidation import (
     pubsub_client,
 )
 from feature_store.serving.l1.loader import CachedReader
-from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, round_trip_for
+from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, ClusterRoundTrip, round_trip_for
 from feature_store.serving.l1.warm import WarmStart
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
 from feature_store.serving.siblings import Siblings
@@ -44,7 +44,7 @@ class ServingRuntime:
         self.settings = settings
         self.store = AsyncFeatureStore(registry, _client(target))
         client = self.store.client
-        round_trip = round_trip_for(client)
+        round_trip = round_trip_for(client, target)
         cache = (
             LRUCache(
                 max_bytes=settings.cache_max_bytes,
@@ -194,6 +194,8 @@ class ServingRuntime:
             await self.listener.stop()
         if self._publisher is not None and self._publisher.client is not self.store.client:
             await self._publisher.client.aclose()
+        if isinstance(self.reader.reads.round_trip, ClusterRoundTrip):
+            await self.reader.reads.round_trip.aclose()
         await self.store.close()
 
 

@@ -38,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hits::HitCache>()?;
     m.add_class::<front::redis::FrontRedis>()?;
     m.add_function(wrap_pyfunction!(front::auth::key_role, m)?)?;
+    m.add_function(wrap_pyfunction!(front::slots::key_slot, m)?)?;
     m.add_function(wrap_pyfunction!(resp::resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp::resp_split, m)?)?;
     m.add_function(wrap_pyfunction!(rows::rest_rows, m)?)?;

@@ -16,7 +16,7 @@ from feature_store.embedded import EmbeddedCluster
 from feature_store.errors import StoreTimeoutError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.l1 import roundtrip
-from feature_store.serving.l1.roundtrip import PipelineRoundTrip, Read, Reply
+from feature_store.serving.l1.roundtrip import ClusterRoundTrip, PipelineRoundTrip, Read, Reply
 from feature_store.serving.l1.spec import GroupSpec
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
@@ -31,7 +31,7 @@ async def test_lookups_and_push_writes_on_a_cluster(cluster_url: str) -> None:
     rt = ServingRuntime(registry, RedisTarget.parse(cluster_url), ServingSettings())
     await rt.start()
     try:
-        assert isinstance(rt.reader.round_trip, PipelineRoundTrip)
+        assert isinstance(rt.reader.round_trip, ClusterRoundTrip)
         ids = list(range(0, 200, 7))  # keys spread over the three masters' slots
         lookup = await rt.service.lookup(sample.ENTITY, ids, ["int_1", "float_03"])
         got = [r[0].entry.values for r in lookup.entries]

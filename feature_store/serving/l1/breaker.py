@@ -158,6 +158,7 @@ class AdaptiveTimeouts:
         factor: float = 3.0,
     ) -> None:
         self.cap = cap
+        self.settings = (floor, cap, percentile, factor)  # for a copy with its own history
         self.classes = [
             AdaptiveTimeout(floor, cap, percentile, factor) for _ in range(len(self.LIMITS) + 1)
         ]

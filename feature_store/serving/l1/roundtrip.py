@@ -10,8 +10,12 @@ generic ``pack_command`` re-encodes all 51 arguments of every HMGET and cost mor
 everything else on the path (about 100 us per entity); the packed form is written on a
 pooled connection and the replies read in order.
 
-Against Redis Cluster the commands go through redis-py's cluster pipeline instead, which
-routes each key to its node.
+Against Redis Cluster (``ClusterRoundTrip``) the reads are grouped by the master that owns
+each key's slot, as redis-py's cluster client knows the slots, and each master's share goes
+in a packed round trip of its own, all at once, read by the native core as on one node. A
+slot that moved (MOVED, ASK) or a master gone sends the call through redis-py's cluster
+pipeline (``PipelineRoundTrip``), which follows redirects and learns the layout again; so
+does everything when the native core is off.
 
 An error reply to one command (WRONGTYPE: the key holds a string, say) is that entity's
 problem, not Redis failing: it comes back in that read's place as a ``KeyDataError`` and the
@@ -24,19 +28,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
 
 from feature_store.batch import align_hash, reads_whole_hash
-from feature_store.connection import AsyncClient, is_key_error, translated_errors
+from feature_store.connection import AsyncClient, RedisTarget, is_key_error, translated_errors
 from feature_store.errors import EntityDataError, StoreTimeoutError
 from feature_store.native import native_enabled
 from feature_store.serving.l1.spec import GroupSpec
 
 if TYPE_CHECKING or native_enabled():
-    from feature_store._native import ReadPlan, resp_scan, resp_split
+    from feature_store._native import ReadPlan, key_slot, resp_scan, resp_split
 
 T = TypeVar("T")
 Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read of it
@@ -379,8 +384,123 @@ def closed_under(error: object) -> TypeGuard[RuntimeError]:
     return isinstance(error, RuntimeError) and "the handler is closed" in str(error)
 
 
-def round_trip_for(client: AsyncClient) -> RoundTrip:
+class ClusterRoundTrip:
+    """Reads on Redis Cluster as on one node: grouped by the master that owns each key's
+    slot (redis-py's cluster client's slot map, learnt from ``CLUSTER SLOTS`` and kept up to
+    date by its redirects), one packed round trip per master (a ``NativeRoundTrip`` on a
+    pool of that master's own), all sent at once, the replies put back in the reads' order.
+
+    redis-py's cluster pipeline cost the worker about 90 us per entity, six times what the
+    masters spend (benchmarks/results/cluster_dataplane.md); this path costs what one node's
+    does. Whatever it does not cover goes through the pipeline (``PipelineRoundTrip``), in
+    the same time budget: a slot no known master owns, a reply that says the slot moved
+    (MOVED, or ASK during a migration), a master's connection failing (a failover). The
+    pipeline follows the redirect and learns the layout again; the next calls use it.
+    """
+
+    def __init__(self, client: redis.asyncio.cluster.RedisCluster, target: RedisTarget) -> None:
+        self.client = client
+        self.target = target
+        self.pipeline = PipelineRoundTrip(client)
+        self._masters: dict[str, NativeRoundTrip] = {}  # by node name, host:port
+        self.handed_over = 0  # calls the pipeline answered, for tests and metrics
+
+    async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + answer_within
+        waited = loop.time()
+        with translated_errors():
+            await self.pipeline.known_layout()
+        deadline += loop.time() - waited  # learning the layout is not the read's time
+        slots = self.client.nodes_manager.slots_cache
+        shares: dict[str, list[int]] = {}
+        for i, (key, _) in enumerate(reads):
+            owners = slots.get(key_slot(key))
+            if not owners:
+                return await self._handed_over(reads, deadline)
+            shares.setdefault(owners[0].name, []).append(i)
+        with translated_errors():
+            try:
+                answers = await asyncio.gather(
+                    *(
+                        self._share(name, [reads[i] for i in share], deadline)
+                        for name, share in shares.items()
+                    )
+                )
+            except TimeoutError:
+                raise
+            except (redis.exceptions.ConnectionError, OSError):
+                answers = None  # a master gone (a failover): the pipeline learns the layout
+        if answers is None or any(replies is None for replies in answers):
+            return await self._handed_over(reads, deadline)
+        out: list[bytes | Exception] = [b""] * len(reads)
+        for share, replies in zip(shares.values(), answers, strict=True):
+            assert replies is not None
+            for i, reply in zip(share, replies, strict=True):
+                out[i] = reply
+        return [
+            key_error(key, r) if isinstance(r, Exception) else r
+            for (key, _), r in zip(reads, out, strict=True)
+        ]
+
+    async def _share(
+        self, name: str, reads: Sequence[Read], deadline: float
+    ) -> list[bytes | Exception] | None:
+        """One master's share, read on its own pool; None when a reply says the slot
+        moved (MOVED, ASK)."""
+        master = self._master(name)
+        data = pack(reads)
+        plans = [master._plan(specs) for _, specs in reads]
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise TimeoutError
+        replies = await master._exchange(data, plans, left)
+        redirected = (redis.exceptions.MovedError, redis.exceptions.AskError)
+        if any(isinstance(r, redirected) for r in replies):
+            return None
+        return replies
+
+    def _master(self, name: str) -> NativeRoundTrip:
+        master = self._masters.get(name)
+        if master is None:
+            host, port = name.rsplit(":", 1)
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                node_url(self.target.url, host, int(port)),
+                max_connections=self.target.max_connections,
+                timeout=CONNECTION_WAIT,
+                socket_timeout=self.target.socket_timeout,
+                socket_connect_timeout=self.target.connect_timeout,
+            )
+            master = self._masters[name] = NativeRoundTrip(redis.asyncio.Redis.from_pool(pool))
+        return master
+
+    async def _handed_over(self, reads: Sequence[Read], deadline: float) -> list[Reply]:
+        self.handed_over += 1
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise TimeoutError
+        return await self.pipeline(reads, left)
+
+    async def aclose(self) -> None:
+        masters, self._masters = self._masters, {}
+        for master in masters.values():
+            await master.pool.disconnect()
+
+
+def node_url(url: str, host: str, port: int) -> str:
+    """``url`` (a cluster's, its options removed) pointed at one node: the same scheme,
+    credentials and options."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    netloc = f"{credentials}@{address}" if credentials else address
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def round_trip_for(client: AsyncClient, target: RedisTarget | None = None) -> RoundTrip:
     if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        if native_enabled() and target is not None:
+            return ClusterRoundTrip(client, target)
         return PipelineRoundTrip(client)
     if native_enabled():
         return NativeRoundTrip(client)

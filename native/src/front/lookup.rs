@@ -2,7 +2,7 @@
 //! answered at once; a lookup with keys missing is handed to Python to load them, then
 //! answered from the mirror (replayed); without the L1, a planned lookup is read on the
 //! front's own Redis connections, or (none usable) its commands are sent by Python, and
-//! the answer is written from the replies. Anything else, or anything that does not come
+//! the answer is written from the replies (on a cluster, none usable: the handler's). Anything else, or anything that does not come
 //! out as planned, is the route's handler's (Python), which stays the one place where
 //! errors, misses and the cache's policy are decided.
 
@@ -54,11 +54,15 @@ where
         Some(plan) => plan,
         None => return Outcome::Handler,
     };
-    if let Some(replies) = direct.read(plan.command.clone(), plan.count).await {
+    if let Some(replies) = direct.read(&plan).await {
         return match hits.render(&plan, &replies, true) {
             Some(answer) => Outcome::Here(answer),
             None => Outcome::Handler, // a reply the handler answers (it reads again)
         };
+    }
+    if direct.routed() {
+        // a cluster: Python's cluster client reads it (it follows MOVED and ASK)
+        return Outcome::Handler;
     }
     let command = Work::Read(std::mem::take(&mut plan.command), plan.count);
     match python(command).await {

@@ -8,7 +8,7 @@
 //! Python server (grpc.aio, uvicorn) on a loopback port. What the two protocols share lives
 //! here once: the queue and its calls, the thread's life and the accept loop (`serve.rs`),
 //! TLS (`tls.rs`), API keys (`auth.rs`), the lookup's decision chain and the front's Redis
-//! connections (`redis.rs`). The protocol files keep only their framing, routes and
+//! connections (`redis.rs`) and a cluster's hash slots (`slots.rs`). The protocol files keep only their framing, routes and
 //! statuses.
 
 pub(crate) mod auth;
@@ -18,4 +18,5 @@ pub(crate) mod queue;
 pub(crate) mod redis;
 pub(crate) mod rest;
 pub(crate) mod serve;
+pub(crate) mod slots;
 pub(crate) mod tls;

@@ -10,9 +10,18 @@
 //! trips tell (each one's time and keys, each failure) are set and drained by Python
 //! (`serving/fronts/reads.py`). A round trip that fails or times out drops its connection
 //! (unread replies would poison it) and its lookups take Python's path; Python opens another.
+//!
+//! On Redis Cluster the connections and the policy are per master (a `Node` each, numbered
+//! by Python) and Python hands over the slot table (`route`): a lookup's commands are
+//! grouped by the master that owns each key's slot, one round trip per master, all sent
+//! before any is awaited, and the replies put back in request order. A redirect (MOVED,
+//! ASK: the slot moved under the table) or a slot no known master owns hands the lookup to
+//! Python, whose cluster client follows it; the redirects are counted for Python, which
+//! then learns the layout again and sends the new table. One slow master opens its own
+//! circuit only: lookups whose keys it owns go to Python, the others stay here.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -22,6 +31,8 @@ use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
+use super::slots::{slot_of, SLOTS, UNOWNED};
+use crate::hits::Plan;
 use crate::resp::resp_skip;
 
 /// Bytes asked of the socket at a time.
@@ -39,26 +50,201 @@ struct Drained {
     failures: u64,            // round trips Redis did not answer in time
 }
 
-/// A front's connections to Redis and what Python decides for them.
-pub struct Direct {
-    handle: Handle, // the front's runtime, where the connections' tasks run
-    lines: Mutex<Vec<mpsc::UnboundedSender<Job>>>,
-    next: AtomicU64,
-    allowed: AtomicBool, // Python's circuit is closed
-    policy: Mutex<Policy>,
-    drained: Mutex<Drained>,
-}
-
 /// Python's limits (`breaker.AdaptiveTimeouts`, `flight.FLUSH_KEYS`), set with `allowed`.
 struct Policy {
     timeouts: Vec<(Option<usize>, Duration)>, // per size class: its most keys (None: more)
     flush_keys: usize,                        // keys per round trip at most
 }
 
+/// One Redis node's connections (the only node, or one master of a cluster) and what
+/// Python decides for them.
+struct Node {
+    lines: Mutex<Vec<mpsc::UnboundedSender<Job>>>,
+    next: AtomicU64,
+    allowed: AtomicBool, // Python's circuit for this node is closed
+    policy: Mutex<Policy>,
+    drained: Mutex<Drained>,
+}
+
+/// A front's connections to Redis, per node, and the cluster's slot table.
+pub struct Direct {
+    handle: Handle, // the front's runtime, where the connections' tasks run
+    nodes: RwLock<Vec<Arc<Node>>>,
+    route: RwLock<Option<Arc<Vec<u16>>>>, // each slot's node; None: one Redis, node 0
+    redirected: AtomicU64,                // replies that were MOVED or ASK, since taken
+}
+
 impl Direct {
     pub fn new(handle: Handle) -> Self {
         Direct {
             handle,
+            nodes: RwLock::new(Vec::new()),
+            route: RwLock::new(None),
+            redirected: AtomicU64::new(0),
+        }
+    }
+
+    /// Node `index`, made (with the nodes before it) when Python first names it.
+    fn node_made(&self, index: usize) -> Arc<Node> {
+        if let Some(node) = self.node(index) {
+            return node;
+        }
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        while nodes.len() <= index {
+            nodes.push(Arc::new(Node::new()));
+        }
+        Arc::clone(&nodes[index])
+    }
+
+    fn node(&self, index: usize) -> Option<Arc<Node>> {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        nodes.get(index).map(Arc::clone)
+    }
+
+    /// Serve lookups of node `index` on this connected socket (blocking or not), owned
+    /// from now on.
+    pub fn add(&self, socket: std::net::TcpStream, index: usize) -> std::io::Result<()> {
+        socket.set_nonblocking(true)?;
+        socket.set_nodelay(true)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let node = self.node_made(index);
+        let serving = Arc::clone(&node);
+        self.handle.spawn(async move {
+            if let Ok(stream) = TcpStream::from_std(socket) {
+                serving.serve(stream, rx).await;
+            }
+        });
+        node.lines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx);
+        Ok(())
+    }
+
+    /// The cluster's slot table (each slot's node, `UNOWNED` for none), or None for one
+    /// Redis.
+    pub fn route(&self, table: Option<Vec<u16>>) {
+        *self.route.write().unwrap_or_else(|e| e.into_inner()) = table.map(Arc::new);
+    }
+
+    /// Whether lookups are routed by slot (a cluster): Python's own path for a lookup
+    /// the front does not read is then its handler's, through the cluster client.
+    pub fn routed(&self) -> bool {
+        self.route
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// MOVED and ASK replies since the last call.
+    pub fn redirects(&self) -> u64 {
+        self.redirected.swap(0, Ordering::Relaxed)
+    }
+
+    /// Redis's replies to the commands of `plan`, in its order; None when a node it needs
+    /// has no connection or an open circuit, a round trip failed, or (a cluster) a slot
+    /// moved: the caller takes Python's path.
+    pub async fn read(&self, plan: &Plan) -> Option<Bytes> {
+        let route = self.route.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let route = match route {
+            None => return self.node(0)?.read(plan.command.clone(), plan.count).await,
+            Some(route) => route,
+        };
+        // the commands by owning master, in request order within each
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::with_capacity(4);
+        for (i, &(start, end)) in plan.keys.iter().enumerate() {
+            let owner = route[slot_of(&plan.command[start..end]) as usize];
+            if owner == UNOWNED {
+                return None;
+            }
+            match groups.iter_mut().find(|(n, _)| *n == owner) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((owner, vec![i])),
+            }
+        }
+        // one round trip per master, all sent before any is awaited
+        let mut waiting = Vec::with_capacity(groups.len());
+        for (owner, members) in &groups {
+            let command = if groups.len() == 1 {
+                plan.command.clone()
+            } else {
+                let mut command = Vec::new();
+                for &i in members {
+                    let end = plan
+                        .starts
+                        .get(i + 1)
+                        .copied()
+                        .unwrap_or(plan.command.len());
+                    command.extend_from_slice(&plan.command[plan.starts[i]..end]);
+                }
+                command
+            };
+            waiting.push(self.node(*owner as usize)?.send(command, members.len())?);
+        }
+        let mut replies = Vec::with_capacity(groups.len());
+        for rx in waiting {
+            replies.push(rx.await.ok().flatten()?);
+        }
+        // each reply's place; a redirect hands the lookup to Python
+        let mut spans = vec![(0usize, 0usize, 0usize); plan.count]; // (round trip, start, end)
+        for (g, ((_, members), buf)) in groups.iter().zip(&replies).enumerate() {
+            let mut pos = 0;
+            for &i in members {
+                let next = resp_skip(buf, pos).ok()??;
+                let reply = &buf[pos..next];
+                if reply.starts_with(b"-MOVED ") || reply.starts_with(b"-ASK ") {
+                    self.redirected.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                spans[i] = (g, pos, next);
+                pos = next;
+            }
+        }
+        if replies.len() == 1 {
+            return replies.pop();
+        }
+        let mut out = BytesMut::with_capacity(replies.iter().map(Bytes::len).sum());
+        for &(g, start, end) in &spans {
+            out.extend_from_slice(&replies[g][start..end]);
+        }
+        Some(out.freeze())
+    }
+
+    /// Python's decisions for node `index`: whether the front may read on it, each size
+    /// class's most keys (None: the rest) and timeout in seconds, and the most keys per
+    /// round trip.
+    pub fn set(
+        &self,
+        index: usize,
+        allowed: bool,
+        timeouts: Vec<(Option<usize>, f64)>,
+        flush_keys: usize,
+    ) {
+        let node = self.node_made(index);
+        let timeouts = timeouts
+            .into_iter()
+            .map(|(keys, seconds)| (keys, crate::time::seconds(seconds)))
+            .collect();
+        *node.policy.lock().unwrap_or_else(|e| e.into_inner()) = Policy {
+            timeouts,
+            flush_keys: flush_keys.max(1),
+        };
+        node.allowed.store(allowed, Ordering::Relaxed);
+    }
+
+    /// Node `index`'s live connections, and (since the last drain) each round trip's
+    /// seconds and keys and the round trips that timed out.
+    pub fn drain(&self, index: usize) -> (usize, Vec<(f64, usize)>, u64) {
+        match self.node(index) {
+            Some(node) => node.drain(),
+            None => (0, Vec::new(), 0),
+        }
+    }
+}
+
+impl Node {
+    fn new() -> Self {
+        Node {
             lines: Mutex::new(Vec::new()),
             next: AtomicU64::new(0),
             allowed: AtomicBool::new(false),
@@ -70,41 +256,7 @@ impl Direct {
         }
     }
 
-    /// Serve lookups on this connected socket (blocking or not), owned from now on.
-    pub fn add(self: &Arc<Self>, socket: std::net::TcpStream) -> std::io::Result<()> {
-        socket.set_nonblocking(true)?;
-        socket.set_nodelay(true)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let direct = Arc::clone(self);
-        self.handle.spawn(async move {
-            if let Ok(stream) = TcpStream::from_std(socket) {
-                direct.serve(stream, rx).await;
-            }
-        });
-        self.lines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tx);
-        Ok(())
-    }
-
-    /// Python's decisions: whether the front may read, each size class's most keys (None:
-    /// the rest) and timeout in seconds, and the most keys per round trip.
-    pub fn set(&self, allowed: bool, timeouts: Vec<(Option<usize>, f64)>, flush_keys: usize) {
-        let timeouts = timeouts
-            .into_iter()
-            .map(|(keys, seconds)| (keys, crate::time::seconds(seconds)))
-            .collect();
-        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = Policy {
-            timeouts,
-            flush_keys: flush_keys.max(1),
-        };
-        self.allowed.store(allowed, Ordering::Relaxed);
-    }
-
-    /// Live connections, and (since the last drain) each round trip's seconds and keys
-    /// and the round trips that timed out.
-    pub fn drain(&self) -> (usize, Vec<(f64, usize)>, u64) {
+    fn drain(&self) -> (usize, Vec<(f64, usize)>, u64) {
         let live = {
             let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
             lines.retain(|line| !line.is_closed());
@@ -115,9 +267,14 @@ impl Direct {
     }
 
     /// Redis's replies to `command` (`count` commands), read on one of the connections;
-    /// None when there is none, the circuit is not closed, or the round trip failed (the
-    /// caller takes Python's path).
-    pub async fn read(&self, command: Vec<u8>, count: usize) -> Option<Bytes> {
+    /// None when there is none, the circuit is not closed, or the round trip failed.
+    async fn read(&self, command: Vec<u8>, count: usize) -> Option<Bytes> {
+        self.send(command, count)?.await.ok().flatten()
+    }
+
+    /// `command` (`count` commands) queued on one of the connections: where its replies
+    /// will come. None when there is no connection or the circuit is not closed.
+    fn send(&self, command: Vec<u8>, count: usize) -> Option<oneshot::Receiver<Option<Bytes>>> {
         if !self.allowed.load(Ordering::Relaxed) {
             return None;
         }
@@ -127,27 +284,18 @@ impl Direct {
             count,
             reply: tx,
         };
-        {
-            let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
-            if lines.is_empty() {
-                return None;
-            }
-            let first = self.next.fetch_add(1, Ordering::Relaxed) as usize;
-            let mut sent = false;
-            for i in 0..lines.len() {
-                match lines[(first + i) % lines.len()].send(job) {
-                    Ok(()) => {
-                        sent = true;
-                        break;
-                    }
-                    Err(mpsc::error::SendError(back)) => job = back, // that connection is gone
-                }
-            }
-            if !sent {
-                return None;
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if lines.is_empty() {
+            return None;
+        }
+        let first = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        for i in 0..lines.len() {
+            match lines[(first + i) % lines.len()].send(job) {
+                Ok(()) => return Some(rx),
+                Err(mpsc::error::SendError(back)) => job = back, // that connection is gone
             }
         }
-        rx.await.ok().flatten()
+        None
     }
 
     /// The most keys one round trip may carry.
@@ -262,7 +410,8 @@ async fn exchange(
     Some(ends)
 }
 
-/// A front's Redis connections, for Python: it opens them and sets and drains their policy.
+/// A front's Redis connections, for Python: it opens them, hands over the cluster's slot
+/// table, and sets and drains their policy.
 #[pyclass(frozen, module = "feature_store._native")]
 pub struct FrontRedis {
     direct: Arc<Direct>,
@@ -278,24 +427,64 @@ impl FrontRedis {
 
 #[pymethods]
 impl FrontRedis {
-    /// Read planned lookups on this connected TCP socket (its fd, owned from now on).
-    fn add(&self, fd: std::os::unix::io::RawFd) -> PyResult<()> {
+    /// Read planned lookups of node `node` (0: the only one) on this connected TCP socket
+    /// (its fd, owned from now on).
+    #[pyo3(signature = (fd, node=0))]
+    fn add(&self, fd: std::os::unix::io::RawFd, node: usize) -> PyResult<()> {
         // SAFETY: the caller gives up the socket (socket.detach()); it is ours to close.
         let socket =
             unsafe { <std::net::TcpStream as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
-        Ok(self.direct.add(socket)?)
+        Ok(self.direct.add(socket, node)?)
     }
 
-    /// Whether the front may read (the circuit is closed), each size class of round trips
-    /// as (its most keys, None for the rest; its timeout in seconds), and the most keys
-    /// one round trip carries.
-    fn set(&self, allowed: bool, timeouts: Vec<(Option<usize>, f64)>, flush_keys: usize) {
-        self.direct.set(allowed, timeouts, flush_keys);
+    /// Route lookups by hash slot: `table` holds each of the 16,384 slots' node as a
+    /// little-endian u16 (65,535: no known master); None: one Redis, node 0.
+    #[pyo3(signature = (table))]
+    fn route(&self, table: Option<&[u8]>) -> PyResult<()> {
+        let table = match table {
+            None => None,
+            Some(bytes) if bytes.len() == 2 * SLOTS => Some(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
+            Some(bytes) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "a slot table is {} bytes, not {}",
+                    2 * SLOTS,
+                    bytes.len()
+                )))
+            }
+        };
+        self.direct.route(table);
+        Ok(())
+    }
+
+    /// MOVED and ASK replies the front met since the last call (each handed its lookup to
+    /// Python): the slot table is out of date.
+    fn redirects(&self) -> u64 {
+        self.direct.redirects()
+    }
+
+    /// Whether node `node`'s connections may be read on (its circuit is closed), each size
+    /// class of round trips as (its most keys, None for the rest; its timeout in seconds),
+    /// and the most keys one round trip carries.
+    #[pyo3(signature = (allowed, timeouts, flush_keys, node=0))]
+    fn set(
+        &self,
+        allowed: bool,
+        timeouts: Vec<(Option<usize>, f64)>,
+        flush_keys: usize,
+        node: usize,
+    ) {
+        self.direct.set(node, allowed, timeouts, flush_keys);
     }
 
     /// `(live connections, [(seconds, keys)] of the round trips, round trips timed out)`
-    /// since the last drain.
-    fn drain(&self) -> (usize, Vec<(f64, usize)>, u64) {
-        self.direct.drain()
+    /// of node `node` since the last drain.
+    #[pyo3(signature = (node=0))]
+    fn drain(&self, node: usize) -> (usize, Vec<(f64, usize)>, u64) {
+        self.direct.drain(node)
     }
 }

@@ -47,6 +47,7 @@ use self::writer::HitWriter;
 use crate::codecs::json_i64;
 use crate::time::unix_now;
 pub(crate) use cache::HitCache;
+pub(crate) use plan::Plan;
 
 /// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
 /// `/get-online-features` (its column-shaped answer: `Cells`).

@@ -39,6 +39,10 @@ pub struct Plan {
     started: Instant,
     pub command: Vec<u8>,
     pub count: usize,
+    /// each command's key, as its range in `command` (a cluster routes it by its slot)
+    pub keys: Vec<(usize, usize)>,
+    /// where each command starts in `command`
+    pub starts: Vec<usize>,
 }
 
 impl Hits {
@@ -65,6 +69,8 @@ impl Hits {
         let mut command = Vec::with_capacity(ids.len() * (read.fields.len() + 64));
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
         let mut owned = Vec::with_capacity(ids.len());
+        let mut keys = Vec::with_capacity(ids.len());
+        let mut starts = Vec::with_capacity(ids.len());
         for id in ids {
             key.clear();
             key.extend_from_slice(&form.prefix);
@@ -78,6 +84,7 @@ impl Hits {
                     owned.push(OwnedId::Str((*s).to_owned()));
                 }
             }
+            starts.push(command.len());
             if read.shape.whole {
                 command.extend_from_slice(b"*2\r\n$7\r\nHGETALL\r\n$");
             } else {
@@ -87,6 +94,7 @@ impl Hits {
             }
             json_i64(&mut command, key.len() as i64);
             command.extend_from_slice(b"\r\n");
+            keys.push((command.len(), command.len() + key.len()));
             command.extend_from_slice(&key);
             command.extend_from_slice(b"\r\n");
             if !read.shape.whole {
@@ -101,6 +109,8 @@ impl Hits {
             ids: owned,
             started: asked.started,
             command,
+            keys,
+            starts,
         })
     }
 
