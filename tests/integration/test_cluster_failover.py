@@ -9,6 +9,7 @@ across the failover. The ingest side is in test_ingest.py.
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import subprocess
 import threading
@@ -98,6 +99,22 @@ def _load(url: str, stop: threading.Event, answers: Answers, clients: int = 4) -
         t.join()
 
 
+def front_metric(server: ServingProcess, name: str) -> float:
+    """A counter of the worker's (summed over its labels)."""
+    text = httpx.get(f"{server.rest_url}/metrics", timeout=5).text
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+def read_direct(server: ServingProcess) -> float:
+    """Lookups the native fronts read on their own connections to the masters."""
+    text = httpx.get(f"{server.rest_url}/metrics", timeout=5).text
+    found = re.search(
+        r'feature_serving_front_lookups_total\{api="rest",how="read_direct"\} (\S+)', text
+    )
+    return float(found.group(1)) if found else 0.0
+
+
 def test_serving_rides_out_a_master_failover(replicated: EmbeddedCluster) -> None:
     # While the failover runs the circuit opens, and each failed probe doubles its open
     # period: 0.5, 1, 2, then 4 s by default, so a failover that outlasts the probe at
@@ -114,9 +131,14 @@ def test_serving_rides_out_a_master_failover(replicated: EmbeddedCluster) -> Non
         killed_at = time.monotonic() - answers.t0
         victim.kill()  # SIGKILL
         failover = replicated.wait_ok(30)
-        time.sleep(4.0)  # and some time after it
+        time.sleep(3.0)  # and some time after it
+        direct_before = read_direct(server)
+        time.sleep(1.0)
+        direct_after = read_direct(server)
         stop.set()
         load.join()
+    # the fronts read on their own connections again, the promoted replica's among them
+    assert direct_after > direct_before
     assert answers.wrong == []  # never a wrong value
     assert answers.statuses() <= {200, 503}  # never a 500
     failures = answers.failures()
@@ -193,10 +215,18 @@ def test_resharding_under_load_fails_no_request(
             timeout=120,
         )
         time.sleep(1.0)
+        direct_before = read_direct(server)
+        time.sleep(1.0)
+        direct_after = read_direct(server)
+        redirects = front_metric(server, "feature_serving_cluster_redirects_total")
         stop.set()
         load.join()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert answers.wrong == []
+    # the fronts met the slots' moves (each lookup went to Python, which followed it), and
+    # read on their own connections again once the table had the new owners
+    assert redirects > 0
+    assert direct_after > direct_before
     # MOVED and ASK were followed
     assert answers.failures() == [], (answers.why(), log.read_text()[-3000:])
     assert len(answers.rows) > 100

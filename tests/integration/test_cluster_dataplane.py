@@ -1,0 +1,314 @@
+"""The native data plane on a real 3-master Redis Cluster (serving/fronts/reads.py,
+native/src/front/redis.rs and slots.rs; serving/l1/roundtrip.py ``ClusterRoundTrip``):
+
+- a key's hash slot as Redis's own ``CLUSTER KEYSLOT`` computes it (random keys, hash tags);
+- lookups without the L1 answered by the fronts on their own connections to every master,
+  byte for byte as their handlers answer them (``NATIVE_READS=off``) and as the pure-Python
+  path answers them (``FEATURE_STORE_NATIVE=off``: redis-py's cluster pipeline), REST and
+  gRPC, plain and hash-tagged keys, with an entity whose key holds another type;
+- the L1's loads on the cluster grouped by master (no call handed to the pipeline);
+- a master that refuses connections: lookups of the other masters' keys still answered by
+  the fronts (its breaker is its own), its own keys a fast 503.
+
+Resharding (MOVED, ASK) and a master's failover under load: test_cluster_failover.py.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedCluster
+from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
+from feature_store.registry import load_registry
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(not native_enabled(), reason="the extension is off"),
+]
+
+ENV = {
+    "FEATURE_SERVING_CACHE": "off",
+    "FEATURE_SERVING_WARM_START_KEYS": "0",
+    "FEATURE_SERVING_SHADOW_FRACTION": "0",
+}
+AGES = re.compile(rb'"ages":\{[^}]*\}')
+LOOKUPS = "feature_serving_front_lookups_total"
+N = 300
+WRONG_TYPE = 9001
+# string ids whose keys carry hash tags ("s:{a}1": the slot of "a"), an empty tag (the
+# whole key's slot), a lone brace, and plain ones
+TAGGED = ["{a}1", "{a}2", "{b}x", "x{}y", "{", "}{z}", "plain", "{a}3", "q{b}"]
+SESSIONS = """
+version: 1
+entities:
+  session:
+    prefix: s
+    id_type: string
+    ttl: 7d
+feature_groups:
+  session_features:
+    entity: session
+    features:
+      clicks: int
+      score: float
+"""
+
+
+def metric(server: ServingProcess, name: str) -> float:
+    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
+    )
+
+
+def direct(server: ServingProcess, api: str = "rest") -> float:
+    return metric(server, f'{LOOKUPS}{{api="{api}",how="read_direct"}}')
+
+
+def directs_once_drained(server: ServingProcess, at_least: float, api: str = "rest") -> float:
+    deadline = time.monotonic() + 5
+    while (value := direct(server, api)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def answer(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]:
+    """The status and the body without its ages (whole seconds: one may turn between two
+    answers)."""
+    status, content = post(server, body)
+    return status, AGES.sub(b"", content)
+
+
+def post(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]:
+    r = httpx.post(
+        f"{server.rest_url}/v1/features/get",
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    return r.status_code, r.content
+
+
+def grpc_answer(server: ServingProcess, request: pb.GetFeaturesRequest) -> pb.GetFeaturesResponse:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        got: pb.GetFeaturesResponse = FeatureServiceStub(channel).GetFeatures(request, timeout=10)
+    for row in got.rows:
+        row.ages.clear()  # whole seconds: one may turn between two answers
+    return got
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.lists(st.sampled_from([b"{", b"}", b"a", b"b", b":", b"\xff", b""]), max_size=12).map(
+            b"".join
+        ),
+    )
+)
+def test_a_keys_slot_is_the_one_redis_computes(redis_cluster: EmbeddedCluster, key: bytes) -> None:
+    from feature_store._native import key_slot
+
+    with redis.Redis(port=redis_cluster.nodes[0].port or 0) as client:
+        assert key_slot(key) == client.execute_command("CLUSTER", "KEYSLOT", key)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The standard shape and a string-keyed entity, in one registry file."""
+    text = sample.registry_text()
+    extra = SESSIONS.split("entities:\n", 1)[1].split("feature_groups:\n", 1)
+    text = text.replace("entities:\n", "entities:\n" + extra[0], 1)
+    text = text.replace("feature_groups:\n", "feature_groups:\n" + extra[1], 1)
+    path = tmp_path_factory.mktemp("registry") / "features.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def servers(
+    redis_cluster: EmbeddedCluster, registry: Path
+) -> Iterator[tuple[ServingProcess, ServingProcess, ServingProcess]]:
+    """The fronts reading on their own connections, the handlers, the pure-Python path."""
+    url = redis_cluster.url
+    for node in redis_cluster.nodes:
+        with redis.Redis(port=node.port or 0) as client:
+            client.flushall()
+    with FeatureStore.connect(url, load_registry(registry)) as store:
+        store.write(sample.GROUP, sample.rows(N))
+        store.write(
+            "session_features",
+            [(sid, {"clicks": i, "score": i / 4}) for i, sid in enumerate(TAGGED)],
+        )
+    prefix = sample.registry().entities[sample.ENTITY].prefix
+    with redis.RedisCluster.from_url(url) as client:
+        client.set(f"{prefix}:{WRONG_TYPE}", b"a string, not a hash")
+    with (
+        ServingProcess(url, registry=registry, env=ENV) as native,
+        ServingProcess(
+            url, registry=registry, env={**ENV, "FEATURE_SERVING_NATIVE_READS": "off"}
+        ) as handlers,
+        ServingProcess(url, registry=registry, env={**ENV, "FEATURE_STORE_NATIVE": "off"}) as ref,
+    ):
+        yield native, handlers, ref
+
+
+BODIES: list[dict[str, object]] = [
+    {"entity_type": sample.ENTITY, "ids": list(range(0, N, 7)), "groups": [sample.GROUP]},
+    {"entity_type": sample.ENTITY, "ids": [4, 4, 10_000_000, -5, 11], "groups": [sample.GROUP]},
+    {
+        "entity_type": sample.ENTITY,
+        "ids": [1, 10_000_000, 2, 250],
+        "features": ["int_0", "float_03"],
+    },
+    {"entity_type": sample.ENTITY, "ids": list(range(N)), "features": sample.FLOATS[:30]},
+    {"entity_type": "session", "ids": TAGGED, "groups": ["session_features"]},
+    {"entity_type": "session", "ids": ["{a}1", "nobody", "{b}x"], "features": ["score"]},
+]
+
+
+def test_the_fronts_read_the_cluster_as_the_handlers_and_the_reference_do(
+    servers: tuple[ServingProcess, ServingProcess, ServingProcess],
+) -> None:
+    native, handlers, ref = servers
+    before = direct(native)
+    for body in BODIES:
+        for _ in range(2):  # the first of a form teaches the front; the second it answers
+            got = [answer(server, body) for server in (native, handlers, ref)]
+            assert got[0][0] == 200, got[0]
+            assert got[0] == got[1] == got[2], body
+    # the second of each body was read on the fronts' own connections to the masters
+    assert directs_once_drained(native, before + len(BODIES)) >= before + len(BODIES)
+    assert direct(handlers) == 0
+    # every master's connections, both fronts
+    assert metric(native, "feature_serving_front_redis_connections") >= 3 * 2
+    # the values are the data's
+    status, body = post(native, {"entity_type": "session", "ids": TAGGED, "features": ["clicks"]})
+    assert status == 200
+    assert [r["values"][0] for r in orjson.loads(body)["results"]] == list(range(len(TAGGED)))
+
+
+def test_an_entity_whose_key_holds_another_type_is_the_handlers(
+    servers: tuple[ServingProcess, ServingProcess, ServingProcess],
+) -> None:
+    native, handlers, _ = servers
+    body = {"entity_type": sample.ENTITY, "ids": [3, WRONG_TYPE, 5], "groups": [sample.GROUP]}
+    for _ in range(2):
+        got = [answer(server, body) for server in (native, handlers)]
+        assert got[0] == got[1]
+    results = orjson.loads(post(native, body)[1])["results"]
+    assert results[1]["statuses"][0] == "error"
+    assert results[0]["statuses"][0] == "present"
+
+
+def test_the_grpc_front_reads_the_cluster_as_the_method_does(
+    servers: tuple[ServingProcess, ServingProcess, ServingProcess],
+) -> None:
+    native, handlers, ref = servers
+    before = direct(native, "grpc")
+    for request in (
+        pb.GetFeaturesRequest(
+            entity_type=sample.ENTITY, int_ids=list(range(0, N, 3)), groups=[sample.GROUP]
+        ),
+        pb.GetFeaturesRequest(entity_type="session", string_ids=TAGGED, features=["score"]),
+    ):
+        for _ in range(2):
+            got = [grpc_answer(server, request) for server in (native, handlers, ref)]
+            assert got[0] == got[1] == got[2]
+    assert directs_once_drained(native, before + 2, "grpc") >= before + 2
+
+
+def test_the_l1s_loads_are_grouped_by_master(
+    servers: tuple[ServingProcess, ServingProcess, ServingProcess],
+    registry: Path,
+    redis_cluster: EmbeddedCluster,
+) -> None:
+    """With the L1 on, misses load through ClusterRoundTrip: every load one round trip per
+    master, none handed to redis-py's pipeline (its calls are counted by the masters: the
+    pipeline's HMGET/HGETALL come with no other sign, so the test reads the masters' count
+    of reads against the entities asked)."""
+    masters = redis_cluster.master_nodes()
+
+    def reads() -> int:
+        total = 0
+        for node in masters:
+            with redis.Redis(port=node.port or 0) as client:
+                stats = client.info("commandstats")
+            total += sum(
+                int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall")
+            )
+        return total
+
+    env = {**ENV, "FEATURE_SERVING_CACHE": "on", "FEATURE_SERVING_CACHE_TTL": "600"}
+    with ServingProcess(redis_cluster.url, registry=registry, env=env) as cached:
+        ids = list(range(100, 200))
+        r0 = reads()
+        first = answer(cached, {"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        assert reads() - r0 == len(ids)  # each entity read once, on its master
+        again = answer(cached, {"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]})
+        assert reads() - r0 == len(ids)  # hits
+        assert first == again
+        native = servers[0]
+        assert first == answer(
+            native, {"entity_type": sample.ENTITY, "ids": ids, "groups": [sample.GROUP]}
+        )
+
+
+def test_a_master_refusing_connections_keeps_the_others_on_the_fronts(tmp_path: Path) -> None:
+    """A master killed in a cluster that has not noticed yet (cluster-node-timeout 60 s):
+    its keys' lookups are a fast 503, and lookups of the others' keys stay 200 and are
+    still read on the fronts' own connections, although Python's circuit opened."""
+    from feature_store._native import key_slot
+
+    with EmbeddedCluster(tmp_path / "cluster", node_timeout_ms=60_000) as cluster:
+        with FeatureStore.connect(cluster.url, sample.registry()) as store:
+            store.write(sample.GROUP, sample.rows(N))
+        victim = cluster.master_nodes()[0]
+        with redis.Redis(port=victim.port or 0) as client:
+            ranges = [
+                (start, end)
+                for start, end, *nodes in client.execute_command("CLUSTER", "SLOTS")
+                if nodes[0][1] == victim.port
+            ]
+        prefix = sample.registry().entities[sample.ENTITY].prefix
+
+        def on_victim(i: int) -> bool:
+            slot = key_slot(f"{prefix}:{i}".encode())
+            return any(start <= slot <= end for start, end in ranges)
+
+        theirs = [i for i in range(N) if on_victim(i)][:10]
+        others = [i for i in range(N) if not on_victim(i)][:10]
+        assert len(theirs) == len(others) == 10
+        with ServingProcess(cluster.url, env=ENV, grpc=False) as server:
+            healthy = {"entity_type": sample.ENTITY, "ids": others, "features": ["int_0"]}
+            doomed = {"entity_type": sample.ENTITY, "ids": theirs, "features": ["int_0"]}
+            expected = [sample.features(i)["int_0"] for i in others]
+            for _ in range(3):
+                assert answer(server, healthy)[0] == 200
+                assert answer(server, doomed)[0] == 200
+            victim.kill()
+            for _ in range(20):  # enough failures to open Python's circuit
+                status, body = answer(server, doomed)
+                assert status == 503, body
+            before = directs_once_drained(server, 0)
+            for _ in range(20):
+                status, body = post(server, healthy)
+                assert status == 200, body
+                assert [r["values"][0] for r in orjson.loads(body)["results"]] == expected
+            assert directs_once_drained(server, before + 20) >= before + 20
