@@ -2,7 +2,8 @@
 
     python3 benchmarks/cluster_dataplane.py [--entities 20000] [--seconds 12] [--ttl 2]
                                             [--baseline REV] [--no-cells] [--no-tail]
-                                            [--no-faults]
+                                            [--no-faults] [--no-nightly]
+                                            [--nightly-entities 100000]
                                             [--out FILE]
 
 A 3-master cluster (EmbeddedCluster, no replicas) and one node, each holding the same
@@ -20,6 +21,10 @@ every lookup without the L1 answered by its handler, whose reads go to the maste
 grouped by slot from Python), "reference" (FEATURE_STORE_NATIVE=off: the pure-Python
 path, redis-py's cluster pipeline on a cluster), and with --baseline an older revision
 ("before": redis-py's cluster pipeline behind the native fronts, as the issue measured).
+
+The nightly job (--no-nightly: none): Spark local[2] writes --nightly-entities entities
+into the one node and into the cluster, twice in turn (the second round is reported),
+with the time and the Redis CPU (the masters' summed).
 
 Then, on the cluster with the native path (--no-tail: none): REST at 1,000 connections
 (wrk, timeout 1 s: its timeouts are the requests past 1 s), L1 off and on, with the
@@ -321,6 +326,44 @@ def subprocess_reshard(port: int, ids: list[str]) -> None:
     )
 
 
+def nightly(stores: list[Store], work: Path, entities: int) -> list[tuple[str, float, float]]:
+    """The nightly job into each store, twice in turn (the first warms Spark and the
+    Python workers up): (store, seconds, the store's Redis CPU seconds)."""
+    from feature_store.ingest.generate import ID_COLUMN, write_sample
+    from feature_store.ingest.job import IngestJob, run_ingest, spark_session
+
+    registry = work / "features.yaml"
+    registry.write_text(sample.registry_text())
+    spark = spark_session("local[2]")
+    parquet = str(work / "nightly.parquet")
+    write_sample(spark, parquet, entities, partitions=4)
+    runs = []
+    try:
+        for _ in range(2):
+            for store in stores:
+                job = IngestJob(
+                    registry=registry,
+                    group=sample.GROUP,
+                    input=parquet,
+                    id_column=ID_COLUMN,
+                    redis_url=store.url,
+                    progress_interval=0,
+                )
+                r0, t0 = store.cpu(), time.monotonic()
+                report = run_ingest(spark, job)
+                took, cpu = time.monotonic() - t0, store.cpu() - r0
+                assert report.retries == 0
+                print(
+                    f"nightly {store.name:7} {took:5.1f} s  {entities / took:9,.0f} rows/s  "
+                    f"Redis {cpu:.2f} s",
+                    flush=True,
+                )
+                runs.append((store.name, took, cpu))
+    finally:
+        spark.stop()
+    return runs
+
+
 def find(cells: list[Cell], **want: str) -> Cell | None:
     for c in cells:
         if all(getattr(c, k) == v for k, v in want.items()):
@@ -393,6 +436,8 @@ def main() -> int:
     parser.add_argument("--no-cells", action="store_true", help="no steady-state cells")
     parser.add_argument("--no-tail", action="store_true")
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--no-nightly", action="store_true", help="no nightly-job cells")
+    parser.add_argument("--nightly-entities", type=int, default=100_000)
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     args = parser.parse_args()
     for tool in ("wrk", "h2load", "redis-cli"):
@@ -401,9 +446,11 @@ def main() -> int:
     cells: list[Cell] = []
     tails: dict[str, dict[str, float]] = {}
     fault_lines: list[str] = []
+    nightly_runs: list[tuple[str, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        one = stack.enter_context(EmbeddedRedis(work / "one"))
+        # no AOF on either: the cluster's nodes have none (EmbeddedCluster)
+        one = stack.enter_context(EmbeddedRedis(work / "one", persistence=False))
         cluster = stack.enter_context(EmbeddedCluster(work / "cluster"))
         stores = [
             Store("one", one.url, [one]),
@@ -424,6 +471,8 @@ def main() -> int:
         if not args.no_tail:
             for l1 in (False, True):
                 tails["on" if l1 else "off"] = tail(stores[1], l1, args, work)
+        if not args.no_nightly:
+            nightly_runs = nightly(stores, work, args.nightly_entities)
     if not args.no_faults:
         with tempfile.TemporaryDirectory() as tmp:
             fault_lines = faults(Path(tmp), args.entities)
@@ -448,6 +497,26 @@ def main() -> int:
                 f"| {l1} | {got['requests'] / got['seconds']:,.0f} | {got['p50']:.1f} | "
                 f"{got['p99']:.1f} | {got['max']:.1f} | {got['slow']:.0f} | {got['errors']:.0f} "
                 f"| {got['server_us']:.1f} |"
+            )
+    if nightly_runs:
+        lines += [
+            "",
+            f"## The nightly job (Spark local[2], {args.nightly_entities:,} entities, chunks "
+            "of 500, each store written twice in turn; the second round counts)",
+            "",
+            "| store | seconds | rows/s | Redis CPU s (masters summed) |",
+            "|---|---:|---:|---:|",
+        ]
+        last = {name: (secs, cpu) for name, secs, cpu in nightly_runs}  # the second round's
+        for name, (secs, cpu) in last.items():
+            lines.append(
+                f"| {name} | {secs:.1f} | {args.nightly_entities / secs:,.0f} | {cpu:.2f} |"
+            )
+        if {"one", "cluster"} <= last.keys():
+            lines.append("")
+            lines.append(
+                f"The cluster took **{last['cluster'][0] / last['one'][0]:.2f}x** the one "
+                "node's time."
             )
     if fault_lines:
         lines += ["", "## Faults (3 masters + 3 replicas, L1 off, every value checked)", ""]

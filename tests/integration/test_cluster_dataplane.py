@@ -16,6 +16,8 @@ Resharding (MOVED, ASK) and a master's failover under load: test_cluster_failove
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feature_store import sample
+from feature_store.batch import plan_write
+from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedCluster
+from feature_store.ingest.spec import RetrySpec
+from feature_store.ingest.writer import ChunkWriter
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
@@ -312,3 +318,53 @@ def test_a_master_refusing_connections_keeps_the_others_on_the_fronts(tmp_path: 
                 assert status == 200, body
                 assert [r["values"][0] for r in orjson.loads(body)["results"]] == expected
             assert directs_once_drained(server, before + 20) >= before + 20
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_writes_by_master_follow_a_live_reshard(tmp_path: Path) -> None:
+    """The nightly job's and the stream's writer (ChunkWriter) sends each master its share
+    of a chunk; while 2,000 slots move, chunks that meet MOVED or ASK go again through
+    redis-py's pipeline, and every value written reads back."""
+    registry = sample.registry()
+    group = registry.groups[sample.GROUP]
+    with EmbeddedCluster(tmp_path / "cluster") as cluster:
+        masters = cluster.master_nodes()
+        ids = []
+        for node in masters[:2]:
+            with redis.Redis(port=node.port or 0) as client:
+                ids.append(client.execute_command("CLUSTER", "MYID").decode())
+        target = RedisTarget.parse(cluster.url)
+        writer = ChunkWriter(
+            target, ttl_seconds=3600, chunk_size=200, retry=RetrySpec(retries=5, base_delay=0.1)
+        )
+        reshard = subprocess.Popen(
+            [
+                *("redis-cli", "--cluster", "reshard", f"127.0.0.1:{masters[0].port}"),
+                *("--cluster-from", ids[0], "--cluster-to", ids[1], "--cluster-slots", "2000"),
+                *("--cluster-yes", "--cluster-pipeline", "10"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        rounds = 0
+        try:
+            while reshard.poll() is None and rounds < 200:  # bounded: about 20 s at most
+                rows = [(i, {"int_0": rounds * 10_000 + i}) for i in range(2000)]
+                plan = plan_write(group, rows)
+                for start in range(0, len(plan.commands), 200):
+                    writer.send(plan.commands[start : start + 200])
+                rounds += 1
+            assert reshard.wait(60) == 0, reshard.stderr.read() if reshard.stderr else ""
+            last = rounds - 1
+            with FeatureStore.connect(cluster.url, registry) as store:
+                got = store.read(sample.ENTITY, list(range(2000)), features=["int_0"]).rows
+            assert [r.values[0] for r in got] == [last * 10_000 + i for i in range(2000)]
+        finally:
+            if reshard.poll() is None:
+                reshard.kill()
+                reshard.wait()
+            if reshard.stderr is not None:
+                reshard.stderr.close()
+            writer.close()
+    assert rounds >= 2
+    assert writer.redirected > 0  # the moves were met, and followed
