@@ -15,6 +15,10 @@ test_capacity.py reads each from there):
   miss, which the L1 loads through Python's policy); without it, L x the cost of a
   planned read on the native front; at ``serving_core_load`` of each core.
 
+A plan of more than one shard is a Redis Cluster: Redis's CPU per entity (the masters'
+summed), a planned read's and a hit's are then the cluster's, measured on three masters
+(``cluster_*``); a miss's is one node's (not measured on a cluster).
+
 The figures are from the standard benchmark shape (50 features, 40 of them floats) on the
 native fronts; a registry of other shapes costs other amounts, which is why each figure
 names its source.
@@ -41,6 +45,7 @@ class Figure:
 
 DATAPLANE = "benchmarks/results/dataplane.md"
 MISSES = "benchmarks/results/house_plan_misses.md"
+CLUSTER = "benchmarks/results/cluster_dataplane.md"
 
 FIGURES = {
     "bytes_per_value": Figure(
@@ -64,6 +69,22 @@ FIGURES = {
     ),
     "grpc_hit_us": Figure(
         2.2, "µs CPU", DATAPLANE, ("native", "grpc", "on", "10", "8"), "server µs/entity"
+    ),
+    # on a 3-master Redis Cluster (the masters' CPU summed)
+    "cluster_redis_us_per_entity": Figure(
+        9.6, "µs CPU", CLUSTER, ("cluster", "native", "rest", "off", "10"), "Redis µs/entity"
+    ),
+    "cluster_rest_planned_us": Figure(
+        12.1, "µs CPU", CLUSTER, ("cluster", "native", "rest", "off", "10"), "server µs/entity"
+    ),
+    "cluster_rest_hit_us": Figure(
+        2.1, "µs CPU", CLUSTER, ("cluster", "native", "rest", "on", "10"), "server µs/entity"
+    ),
+    "cluster_grpc_planned_us": Figure(
+        10.3, "µs CPU", CLUSTER, ("cluster", "native", "grpc", "off", "10"), "server µs/entity"
+    ),
+    "cluster_grpc_hit_us": Figure(
+        2.7, "µs CPU", CLUSTER, ("cluster", "native", "grpc", "on", "10"), "server µs/entity"
     ),
     # a miss with the L1 on is loaded through Python's policy (single-flight, the cache),
     # then answered on the front; measured over REST, whose load gRPC's misses share
@@ -116,17 +137,25 @@ def plan(
     data = entities * features * FIGURES["bytes_per_value"].value
     for_memory = max(1, math.ceil(data / (node_memory_gib * GIB * fill)))
     reads = lookups_per_second * (1 - hit_rate) if l1 else lookups_per_second
-    redis_cores = reads * FIGURES["redis_us_per_entity"].value / 1e6
-    for_cpu = max(1, math.ceil(redis_cores / redis_core_load))
+
+    def cpu_shards(redis_figure: str) -> tuple[float, int]:
+        cores = reads * FIGURES[redis_figure].value / 1e6
+        return cores, max(1, math.ceil(cores / redis_core_load))
+
+    redis_figure, on = "redis_us_per_entity", ""
+    redis_cores, for_cpu = cpu_shards(redis_figure)
+    if max(for_memory, for_cpu) > 1:  # a cluster: its own figures
+        redis_figure, on = "cluster_redis_us_per_entity", "cluster_"
+        redis_cores, for_cpu = cpu_shards(redis_figure)
     shards = max(for_memory, for_cpu)
     serving_figures: tuple[str, ...]
     if l1:
-        serving_figures = (f"{api}_hit_us", "miss_us")
+        serving_figures = (f"{on}{api}_hit_us", "miss_us")
         hit, miss = (FIGURES[name].value for name in serving_figures)
         per_lookup = hit_rate * hit + (1 - hit_rate) * miss
     else:
-        serving_figures = (f"{api}_planned_us",)
-        per_lookup = FIGURES[f"{api}_planned_us"].value
+        serving_figures = (f"{on}{api}_planned_us",)
+        per_lookup = FIGURES[serving_figures[0]].value
     serving = lookups_per_second * per_lookup / 1e6
     return Plan(
         data_bytes=data,
@@ -136,7 +165,7 @@ def plan(
         shards=shards,
         bytes_per_shard=data / shards,
         serving_cores=serving / serving_core_load,
-        figures=("bytes_per_value", "redis_us_per_entity", *serving_figures),
+        figures=("bytes_per_value", redis_figure, *serving_figures),
     )
 
 
@@ -144,7 +173,8 @@ def describe(p: Plan, replicas: int, node_memory_gib: float) -> list[str]:
     """The plan as lines for people, each figure with its source."""
     lines = [
         f"data: {p.data_bytes / GIB:,.1f} GiB ({FIGURES['bytes_per_value'].value} bytes per value)",
-        f"Redis shards: {p.shards} (memory needs {p.shards_for_memory} at "
+        f"Redis shards: {p.shards}{', a Redis Cluster' if p.shards > 1 else ''} (memory "
+        f"needs {p.shards_for_memory} at "
         f"{node_memory_gib:g} GiB per node; CPU needs {p.shards_for_cpu}, "
         f"{p.redis_cores:,.2f} cores of reads)",
         f"memory per shard: {p.bytes_per_shard / GIB:,.1f} GiB; "

@@ -12,9 +12,8 @@ a job that hangs.
 On Redis Cluster a chunk's commands are grouped by the master that owns each key's slot
 (redis-py's slot map) and each master's share is packed by hiredis and written on one of
 its connections, every share written before any reply is read: the masters work on their
-shares at once. redis-py's cluster pipeline, which checks and packs every argument in
-Python, made the nightly job 1.8 times as slow on three masters as on one node
-(benchmarks/results/cluster_dataplane.md). A reply that says a slot moved (MOVED, ASK:
+shares at once. redis-py's cluster pipeline checks and packs every argument in Python,
+which cost more than Redis spent on the writes. A reply that says a slot moved (MOVED, ASK:
 a reshard) sends the chunk again through that pipeline, which follows it and learns the
 new owners; the commands are idempotent.
 """

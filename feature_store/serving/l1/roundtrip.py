@@ -390,9 +390,9 @@ class ClusterRoundTrip:
     date by its redirects), one packed round trip per master (a ``NativeRoundTrip`` on a
     pool of that master's own), all sent at once, the replies put back in the reads' order.
 
-    redis-py's cluster pipeline cost the worker about 90 us per entity, six times what the
-    masters spend (benchmarks/results/cluster_dataplane.md); this path costs what one node's
-    does. Whatever it does not cover goes through the pipeline (``PipelineRoundTrip``), in
+    redis-py's cluster pipeline cost the worker five to six times what the masters spent
+    on a lookup without the L1, this path about what one node's costs
+    (benchmarks/results/cluster_dataplane.md). Whatever it does not cover goes through the pipeline (``PipelineRoundTrip``), in
     the same time budget: a slot no known master owns, a reply that says the slot moved
     (MOVED, or ASK during a migration), a master's connection failing (a failover). The
     pipeline follows the redirect and learns the layout again; the next calls use it.
