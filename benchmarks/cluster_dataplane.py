@@ -273,6 +273,13 @@ class Direct:
         return sum(b[0] - a[0] for a, b in itertools.pairwise(after) if b[1] <= a[1])
 
 
+def metric(url: str, name: str) -> float:
+    """A counter of the worker's /metrics, summed over its labels."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
 def faults(work: Path, entities: int) -> list[str]:
     expected = {i: sample.features(i)["int_0"] for i in range(entities)}
     lines = []
@@ -293,12 +300,14 @@ def faults(work: Path, entities: int) -> list[str]:
             subprocess_reshard(masters[0].port or 0, ids)
             took = time.monotonic() - load.t0 - started
             time.sleep(2.0)
+            redirects = metric(s.rest_url, "feature_serving_cluster_redirects_total")
         lines += [
             "### A reshard of 2,000 slots under load",
             "",
             f"- {took:.1f} s to move them; {load.summary()}",
-            f"- the fronts handed lookups to Python (no `read_direct` rise) for "
-            f"{direct.stalled(started):.1f} s of it",
+            f"- the fronts met {redirects:.0f} redirects (MOVED, ASK: each lookup went to "
+            "Python, which followed it); their own reads stopped for "
+            f"{direct.stalled(started):.1f} s in all (0.1 s samples without a rise)",
             "",
         ]
     with EmbeddedCluster(work / "faults-failover", replicas=1, node_timeout_ms=1000) as c:
