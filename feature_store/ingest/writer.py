@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -140,27 +141,12 @@ class ChunkWriter:
         with translated_errors():
             client = self.client
             if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
-                replies = _send_packed(client, commands)
-                if missing := missing_script(replies):
-                    again = _send_packed(client, [with_script(commands[i]) for i in missing])
-                    for i, reply in zip(missing, again, strict=True):
-                        replies[i] = reply
-                for reply in replies:
-                    if isinstance(reply, Exception):
-                        raise reply
-                return replies
+                return _raised(_scripts_resent(lambda c: _send_packed(client, c), commands))
             if isinstance(client, redis.RedisCluster) and HIREDIS_AVAILABLE:
-                replies = _send_by_master(client, commands)
-                if missing := missing_script(replies):
-                    again = _send_by_master(client, [with_script(commands[i]) for i in missing])
-                    for i, reply in zip(missing, again, strict=True):
-                        replies[i] = reply
+                send = _scripts_resent(lambda c: _send_by_master(client, c), commands)
                 redirected = (redis.exceptions.MovedError, redis.exceptions.AskError)
-                if not any(isinstance(reply, redirected) for reply in replies):
-                    for reply in replies:
-                        if isinstance(reply, Exception):
-                            raise reply
-                    return replies
+                if not any(isinstance(reply, redirected) for reply in send):
+                    return _raised(send)
                 self.redirected += 1
             try:
                 return _pipeline(client, commands)
@@ -200,6 +186,27 @@ def _pipeline(client: SyncClient, commands: list[Command]) -> list[object]:
     for cmd in commands:
         pipe.execute_command(*cmd)
     return pipe.execute()
+
+
+def _scripts_resent(
+    send: Callable[[list[Command]], list[object]], commands: list[Command]
+) -> list[object]:
+    """``send(commands)``'s replies, the commands Redis answered NOSCRIPT sent again with
+    the script's text."""
+    replies = send(commands)
+    if missing := missing_script(replies):
+        again = send([with_script(commands[i]) for i in missing])
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    return replies
+
+
+def _raised(replies: list[object]) -> list[object]:
+    """The replies, or the first error reply raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _key(command: Command) -> bytes | str | int:

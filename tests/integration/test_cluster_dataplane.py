@@ -15,8 +15,11 @@ Resharding (MOVED, ASK) and a master's failover under load: test_cluster_failove
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,6 +30,8 @@ import httpx
 import orjson
 import pytest
 import redis
+import redis.asyncio
+import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +45,8 @@ from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.registry import load_registry
+from feature_store.serving.l1.roundtrip import ClusterRoundTrip
+from feature_store.serving.l1.spec import GroupSpec
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
@@ -368,3 +375,45 @@ def test_writes_by_master_follow_a_live_reshard(tmp_path: Path) -> None:
             writer.close()
     assert rounds >= 2
     assert writer.redirected > 0  # the moves were met, and followed
+
+
+def test_a_hung_master_costs_a_read_its_budget_not_the_connect_timeouts(tmp_path: Path) -> None:
+    """A master that stops answering (SIGSTOP) accepts connections but never answers their
+    handshake: a read that needs a new connection to it ends at its own deadline (asyncio's
+    TimeoutError, which the breaker counts), not after redis-py's connect and handshake
+    timeouts (a StoreTimeoutError seconds later, seen as requests past 1 s in the soak)."""
+    registry = sample.registry()
+    spec = GroupSpec.of(registry.groups[sample.GROUP], registry)
+    prefix = registry.entities[sample.ENTITY].prefix
+    reads = [(f"{prefix}:{i}".encode(), [spec]) for i in range(30)]  # every master's keys
+
+    async def read_hung(target: RedisTarget, pid: int) -> type[BaseException]:
+        client = target.async_client()
+        assert isinstance(client, redis.asyncio.RedisCluster)
+        round_trip = ClusterRoundTrip(client, target)
+        try:
+            got = await round_trip(reads, 5.0)  # the layout learnt, the pools made
+            assert all(isinstance(r, bytes) for r in got)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await round_trip.aclose()  # no connection left: the next read makes them
+                await round_trip(reads, 0.3)
+            except BaseException as e:
+                return type(e)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                await asyncio.sleep(0.5)  # the cut connect ends; the pools can close it
+            return type(None)
+        finally:
+            await round_trip.aclose()
+            await client.aclose()
+
+    with EmbeddedCluster(tmp_path / "cluster") as cluster:
+        with FeatureStore.connect(cluster.url, registry) as store:
+            store.write(sample.GROUP, sample.rows(30))
+        victim = cluster.master_nodes()[0]
+        assert victim.process is not None
+        target = RedisTarget.parse(cluster.url, connect_timeout=2.0, socket_timeout=2.0)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            raised = runner.run(read_hung(target, victim.process.pid))
+    assert raised is TimeoutError

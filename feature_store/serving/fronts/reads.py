@@ -126,21 +126,21 @@ class ClusterRoutes:
     client: redis.asyncio.cluster.RedisCluster
     like: tuple[CircuitBreaker, AdaptiveTimeouts]  # the policy each master's copies
     nodes: dict[str, Node] = field(default_factory=dict)  # by name, host:port
-    epoch: int = -1  # of the client's map the table was built from
+    epoch: int | None = -1  # of the client's map the table was built from
     routed: float = float("-inf")  # when it was built
     learnt: float = float("-inf")  # when the layout was last learnt
     learning: asyncio.Task[None] | None = None
-    redirects: int = 0  # met by the fronts, in all
 
     def table(self, now: float, redirected: int) -> bytes | None:
         """The slot table, when it is to be built again (else None)."""
         manager = self.client.nodes_manager
-        self.redirects += redirected
         idle = self.learning is None or self.learning.done()
         if idle and now >= self.learnt + (LEARN_AGAIN if redirected else LEARN_EVERY):
             self.learnt = now
             self.learning = asyncio.get_running_loop().create_task(self._learn())
-        epoch = manager._epoch
+        # redis-py's count of the layouts it learnt (None where a version has none: the
+        # table is then built on the schedule and after redirects only)
+        epoch = getattr(manager, "_epoch", None)
         due = now >= self.routed + (ROUTE_AGAIN if redirected else ROUTE_EVERY)
         if epoch == self.epoch and not due:
             return None

@@ -154,8 +154,18 @@ class PackedRoundTrip:
     @contextlib.asynccontextmanager
     async def _held(self) -> AsyncIterator[redis.asyncio.Connection]:
         """A pooled connection for one exchange, dropped when the exchange does not end
-        (timed out, cancelled or failed halfway: unread replies would poison it)."""
-        conn = await self._connection()
+        (timed out, cancelled or failed halfway: unread replies would poison it).
+
+        A caller cut while the pool makes a new connection (a cluster read's deadline, with
+        a master that accepts connections but hangs, SIGSTOP) leaves the connect to finish
+        on its own and the connection to go back to the pool: cancelled halfway, redis-py
+        left the socket open."""
+        getting = asyncio.ensure_future(self._connection())
+        try:
+            conn = await asyncio.shield(getting)
+        except asyncio.CancelledError:
+            getting.add_done_callback(self._back_to_pool)
+            raise
         try:
             yield conn
         except BaseException:
@@ -164,6 +174,13 @@ class PackedRoundTrip:
             raise
         finally:
             await self.pool.release(conn)
+
+    def _back_to_pool(self, getting: asyncio.Future[redis.asyncio.Connection]) -> None:
+        """A connection made for a caller that was cut meanwhile, returned to the pool."""
+        if getting.cancelled() or getting.exception() is not None:
+            return
+        releasing = asyncio.ensure_future(self.pool.release(getting.result()))
+        releasing.add_done_callback(consume)
 
     async def _connection(self) -> redis.asyncio.Connection:
         """A pooled connection. The pool's wait for a free one (its ``timeout``, set to
@@ -392,10 +409,11 @@ class ClusterRoundTrip:
 
     redis-py's cluster pipeline cost the worker five to six times what the masters spent
     on a lookup without the L1, this path about what one node's costs
-    (benchmarks/results/cluster_dataplane.md). Whatever it does not cover goes through the pipeline (``PipelineRoundTrip``), in
-    the same time budget: a slot no known master owns, a reply that says the slot moved
-    (MOVED, or ASK during a migration), a master's connection failing (a failover). The
-    pipeline follows the redirect and learns the layout again; the next calls use it.
+    (benchmarks/results/cluster_dataplane.md). Whatever it does not cover goes through the
+    pipeline (``PipelineRoundTrip``), in the same time budget: a slot no known master
+    owns, a reply that says the slot moved (MOVED, or ASK during a migration), a master's
+    connection failing (a failover). The pipeline follows the redirect and learns the
+    layout again; the next calls use it.
     """
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster, target: RedisTarget) -> None:
@@ -421,12 +439,17 @@ class ClusterRoundTrip:
             shares.setdefault(owners[0].name, []).append(i)
         with translated_errors():
             try:
-                answers = await asyncio.gather(
-                    *(
-                        self._share(name, [reads[i] for i in share], deadline)
-                        for name, share in shares.items()
+                # the deadline bounds the whole exchange: a pooled connection is taken (and
+                # made, where a master has none free) before a share's own timeout starts,
+                # and a master that hangs (SIGSTOP) would hold a new one for the connect
+                # and handshake timeouts
+                async with asyncio.timeout_at(deadline):
+                    answers = await asyncio.gather(
+                        *(
+                            self._share(name, [reads[i] for i in share], deadline)
+                            for name, share in shares.items()
+                        )
                     )
-                )
             except TimeoutError:
                 raise
             except (redis.exceptions.ConnectionError, OSError):
