@@ -5,6 +5,9 @@
     value      codec of the feature's type        see serialization.codecs
     freshness  field xxh32("__written_at__:{group}") = the event time of the group's values:
                unix seconds, with up to 3 decimals ("1767225600" or "1767225600.25")
+    windows    field xxh32("__windows__:{group}") of an aggregated group = its tiles of
+               partial aggregates, its newest event and the stream offsets applied, as
+               JSON after a version ("7|[...]"); see feature_store.windows
     expiry     EXPIRE key <entity ttl>, set by every writer on every write
     ordering   every write of one entity's group is one call of WRITE_SCRIPT, which changes
                nothing if the stored event time is newer (see ``guarded_write``)
@@ -31,6 +34,7 @@ from feature_store.serialization import FeatureType, field_name, varint
 KEY_SEPARATOR = ":"
 RESERVED_NAME_PREFIX = "__"  # feature names may not start with it: freshness fields use it
 FRESHNESS_NAME = "__written_at__:{group}"
+WINDOWS_NAME = "__windows__:{group}"
 
 PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")  # no ':', no '{}' (cluster hash tags)
 MAX_STRING_ID_BYTES = 512
@@ -75,6 +79,11 @@ def feature_field(feature_name: str) -> bytes:
 
 def freshness_field(group_name: str) -> bytes:
     return field_name(FRESHNESS_NAME.format(group=group_name))
+
+
+def windows_field(group_name: str) -> bytes:
+    """The field of an aggregated group's tiles (``feature_store.windows``)."""
+    return field_name(WINDOWS_NAME.format(group=group_name))
 
 
 MAX_TIMESTAMP = 2**40  # unix seconds: year 36812; a larger or negative one is corrupt
@@ -132,6 +141,36 @@ WRITE_SCRIPT_SHA = hashlib.sha1(WRITE_SCRIPT).hexdigest()
 SKIPPED, WRITTEN, WRITTEN_EQUAL = 0, 1, 2  # WRITE_SCRIPT's replies
 
 
+# An aggregated group's state (``feature_store.windows``) is replaced only by a writer that
+# read the version now stored: a compare-and-set, so that two writers of one entity (events
+# of it in two Kafka partitions, a backfill beside a stream) never lose each other's
+# events; the loser reads again and applies its events to the new state. The state's
+# version is the digits before its first '|' ("" when there is none). Replies: 1 written,
+# 0 the version changed (nothing written).
+#   KEYS[1] the entity's key
+#   ARGV    the windows field, the version read, the new state, ttl
+WINDOWS_SCRIPT = b"""\
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+local version = ''
+if held then version = string.match(held, '^(%d+)|') or '' end
+if version ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+WINDOWS_SCRIPT_SHA = hashlib.sha1(WINDOWS_SCRIPT).hexdigest()
+SCRIPTS = {WRITE_SCRIPT_SHA: WRITE_SCRIPT, WINDOWS_SCRIPT_SHA: WINDOWS_SCRIPT}
+
+
+def windows_write(
+    key: bytes, field: bytes, version: int, state: bytes, ttl_seconds: int
+) -> tuple[bytes | str | int, ...]:
+    """One entity's new window state as a WINDOWS_SCRIPT call; ``version`` is the one read
+    (0: none was stored)."""
+    held = b"%d" % version if version else b""
+    return ("EVALSHA", WINDOWS_SCRIPT_SHA, 1, key, field, held, state, ttl_seconds)
+
+
 def guarded_write(
     key: bytes, ttl_seconds: int, remove: Sequence[bytes], hset: Sequence[bytes]
 ) -> tuple[bytes | str | int, ...]:
@@ -145,9 +184,9 @@ def with_script(command: tuple[bytes | str | int, ...]) -> tuple[bytes | str | i
     server that answered NOSCRIPT (restarted, flushed, or a replica promoted since the
     script was loaded). EVAL caches the script there, so the next EVALSHA finds it; no
     SCRIPT LOAD has to reach every node of a cluster, some of which may be down."""
-    if command[0] != "EVALSHA":
+    if command[0] != "EVALSHA" or command[1] not in SCRIPTS:
         return command
-    return ("EVAL", WRITE_SCRIPT, *command[2:])
+    return ("EVAL", SCRIPTS[command[1]], *command[2:])
 
 
 def unguarded_write(

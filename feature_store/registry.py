@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 
@@ -31,6 +33,7 @@ from feature_store.layout import (
     IdType,
     feature_field,
     freshness_field,
+    windows_field,
 )
 from feature_store.serialization import Codec, FeatureType, codec_for
 
@@ -43,6 +46,10 @@ LOCK_VERSION = 1
 
 UNKNOWN_NAMED = 10  # unknown names an error message lists; the rest are counted
 MAX_DURATION = 100 * 365 * 86400  # seconds: TTLs and max ages
+MAX_TILES = 50_000  # tiles in one window: a window of 7d in tiles of 15s
+MAX_LAST_N = 1000
+DEFAULT_TILE = 60  # seconds, or the largest divisor of 60 that divides every window
+DEFAULT_LATENESS = 300  # seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,58 @@ class Feature:
         return self.codec.dim
 
 
+class Function(StrEnum):
+    """What a window aggregation computes over the events in its window."""
+
+    COUNT = "count"
+    SUM = "sum"
+    MEAN = "mean"
+    MIN = "min"
+    MAX = "max"
+    LAST_N = "last_n"  # the n most recent values by event time, newest first
+
+
+# what each function answers (last_n: the list type the registry gives, int_list by default)
+_ANSWERS = {
+    Function.COUNT: "int",
+    Function.SUM: "double",
+    Function.MEAN: "double",
+    Function.MIN: "double",
+    Function.MAX: "double",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """One aggregated feature: ``function`` of the records' field ``of`` over the events
+    of the last ``window_seconds`` (``of`` None: count counts events)."""
+
+    function: Function
+    of: str | None
+    window_seconds: int
+    n: int = 0  # last_n only
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregation:
+    """A group computed from events: its features are window aggregates (``aggregates``,
+    in the order of the group's features), kept per tile of ``tile_seconds``; an event
+    older than its entity's newest by more than ``lateness_seconds`` is not counted."""
+
+    tile_seconds: int
+    lateness_seconds: int
+    aggregates: tuple[Aggregate, ...]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The record fields the aggregates read, sorted."""
+        return tuple(sorted({a.of for a in self.aggregates if a.of is not None}))
+
+    @property
+    def longest_seconds(self) -> int:
+        return max(a.window_seconds for a in self.aggregates)
+
+
 @dataclass(frozen=True, slots=True)
 class FeatureGroup:
     name: str
@@ -84,6 +143,10 @@ class FeatureGroup:
     freshness_field: bytes
     description: str = ""
     push_source: str = ""  # the name Feast's /push uses for this group ("": the group's name)
+    # a group of window aggregations (docs/aggregations.md): written from events by the
+    # stream and the backfill, read by combining tiles at the time of the request
+    aggregation: Aggregation | None = None
+    windows_field: bytes = b""  # the field of its tiles (aggregated groups only)
 
     def feature(self, name: str) -> Feature:
         for f in self.features:
@@ -415,7 +478,7 @@ class _Builder:
             spec = self.mapping(spec, where)
             _check_keys(
                 spec,
-                {"entity", "features", "max_age", "description", "push_source"},
+                {"entity", "features", "aggregations", "max_age", "description", "push_source"},
                 f"{self.source}: {where}",
             )
             push_source = spec.get("push_source", "")
@@ -439,12 +502,27 @@ class _Builder:
                 if max_age is None
                 else parse_duration(max_age, f"{self.source}: {where}.max_age")
             )
-            raw_features = self.mapping(spec.get("features"), f"{where}.features")
+            aggregation = None
+            raw_features: Mapping[str, object]
+            if "aggregations" in spec:
+                if "features" in spec:
+                    raise self.error(
+                        where,
+                        "a group declares either 'features' (stored values) or "
+                        "'aggregations' (computed from events), not both",
+                    )
+                aggregation, raw_features = self.aggregation(
+                    spec["aggregations"], f"{where}.aggregations"
+                )
+                fwhere_base = f"{where}.aggregations.features"
+            else:
+                raw_features = self.mapping(spec.get("features"), f"{where}.features")
+                fwhere_base = f"{where}.features"
             if not raw_features:
-                raise self.error(f"{where}.features", "declare at least one feature")
+                raise self.error(fwhere_base, "declare at least one feature")
             features = []
             for fname, ftype in raw_features.items():
-                fwhere = f"{where}.features.{fname}"
+                fwhere = f"{fwhere_base}.{fname}"
                 if not FEATURE_NAME_PATTERN.match(fname) or fname.startswith(RESERVED_NAME_PREFIX):
                     raise self.error(
                         fwhere,
@@ -472,16 +550,106 @@ class _Builder:
                 freshness_field=freshness_field(name),
                 description=str(spec.get("description", "")),
                 push_source=push_source,
+                aggregation=aggregation,
+                windows_field=windows_field(name) if aggregation is not None else b"",
             )
         if not out:
             raise self.error("feature_groups", "declare at least one feature group")
         return out
+
+    def aggregation(
+        self, raw: object, where: str
+    ) -> tuple[Aggregation, dict[str, Mapping[str, object]]]:
+        """A group's ``aggregations``: its tiles, lateness and aggregates, and each
+        feature's type (what its function answers) for the group's features."""
+        spec = self.mapping(raw, where)
+        _check_keys(spec, {"tile", "allowed_lateness", "features"}, f"{self.source}: {where}")
+        raw_features = self.mapping(spec.get("features"), f"{where}.features")
+        windows: list[tuple[str, int]] = []
+        parsed: list[tuple[str, Mapping[str, object], Function]] = []
+        for fname, fspec in raw_features.items():
+            fwhere = f"{where}.features.{fname}"
+            fspec = self.mapping(fspec, fwhere)
+            _check_keys(
+                fspec,
+                {"function", "of", "window", "n", "type", "description"},
+                f"{self.source}: {fwhere}",
+            )
+            try:
+                function = Function(str(fspec.get("function")))
+            except ValueError:
+                known = ", ".join(f.value for f in Function)
+                raise self.error(
+                    f"{fwhere}.function", f"{fspec.get('function')!r} is not one of {known}"
+                ) from None
+            if "window" not in fspec:
+                raise self.error(fwhere, "missing 'window' (e.g. 1h, 1d, 7d)")
+            windows.append(
+                (fwhere, parse_duration(fspec["window"], f"{self.source}: {fwhere}.window"))
+            )
+            parsed.append((fname, fspec, function))
+        tile = (
+            parse_duration(spec["tile"], f"{self.source}: {where}.tile")
+            if "tile" in spec
+            else math.gcd(DEFAULT_TILE, *(w for _, w in windows))
+        )
+        lateness = (
+            parse_duration(spec["allowed_lateness"], f"{self.source}: {where}.allowed_lateness")
+            if "allowed_lateness" in spec
+            else DEFAULT_LATENESS
+        )
+        aggregates: list[Aggregate] = []
+        types: dict[str, Mapping[str, object]] = {}
+        for (fname, fspec, function), (fwhere, window) in zip(parsed, windows, strict=True):
+            if window % tile:
+                raise self.error(
+                    f"{fwhere}.window", f"{window} s is not a multiple of the tile ({tile} s)"
+                )
+            if window // tile > MAX_TILES:
+                raise self.error(
+                    f"{fwhere}.window",
+                    f"{window // tile} tiles of {tile} s; at most {MAX_TILES} (use a longer tile)",
+                )
+            of = fspec.get("of")
+            if of is None and function is not Function.COUNT:
+                raise self.error(fwhere, f"{function.value} needs 'of': the record field it reads")
+            if of is not None and (not isinstance(of, str) or not FEATURE_NAME_PATTERN.match(of)):
+                raise self.error(f"{fwhere}.of", f"{of!r} is not a record field name")
+            n = fspec.get("n")
+            if function is Function.LAST_N:
+                if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LAST_N:
+                    raise self.error(
+                        f"{fwhere}.n", f"must be an integer 1..{MAX_LAST_N}, got {n!r}"
+                    )
+            elif n is not None:
+                raise self.error(f"{fwhere}.n", "only last_n takes 'n'")
+            type_ = fspec.get("type")
+            if type_ is not None and function is not Function.LAST_N:
+                raise self.error(
+                    f"{fwhere}.type",
+                    f"{function.value} answers {_ANSWERS[function]}; only "
+                    "last_n takes a type (int_list or float_list)",
+                )
+            if function is Function.LAST_N:
+                type_ = type_ or "int_list"
+                if type_ not in ("int_list", "float_list"):
+                    raise self.error(
+                        f"{fwhere}.type", f"{type_!r}: last_n answers int_list or float_list"
+                    )
+            else:
+                type_ = _ANSWERS[function]
+            aggregates.append(Aggregate(function, of, window, n if isinstance(n, int) else 0))
+            types[fname] = {"type": type_, "description": fspec.get("description", "")}
+        aggregation = Aggregation(tile, lateness, tuple(aggregates))
+        return aggregation, types
 
     def check_collisions(self, groups: Mapping[str, FeatureGroup]) -> None:
         seen: dict[tuple[str, bytes], str] = {}
         for g in groups.values():
             entries = [(f.field, f"feature_groups.{g.name}.features.{f.name}") for f in g.features]
             entries.append((g.freshness_field, f"feature_groups.{g.name} (its freshness field)"))
+            if g.windows_field:
+                entries.append((g.windows_field, f"feature_groups.{g.name} (its tiles' field)"))
             for fld, where in entries:
                 other = seen.setdefault((g.entity.name, fld), where)
                 if other != where:

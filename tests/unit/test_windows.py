@@ -1,0 +1,229 @@
+"""Window aggregations' tiles against the reference: events applied in chunks (as micro-
+batches write them, the state stored and read back between them), replayed, late, out of
+order, answered at several times."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feature_store.errors import EncodingError, RegistryError
+from feature_store.registry import Function, parse_registry
+from feature_store.windows import (
+    Event,
+    Layout,
+    answer,
+    apply,
+    decode_state,
+    encode_state,
+    reference_answer,
+)
+
+REGISTRY = """
+entities:
+  consumer: {prefix: c, id_type: int, ttl: 30d}
+feature_groups:
+  consumer_activity:
+    entity: consumer
+    aggregations:
+      tile: 1m
+      allowed_lateness: 10m
+      features:
+        orders_1h:      {function: count, window: 1h}
+        spend_1h:       {function: sum,  of: order_total, window: 1h}
+        basket_mean_1d: {function: mean, of: basket_size, window: 1d}
+        max_spend_1d:   {function: max,  of: order_total, window: 1d}
+        min_spend_1d:   {function: min,  of: order_total, window: 1d}
+        last_stores_7d: {function: last_n, n: 5, of: store_id, window: 7d}
+        totals_10m:     {function: count, of: order_total, window: 10m}
+"""
+GROUP = parse_registry(REGISTRY).group("consumer_activity")
+AGG = GROUP.aggregation
+assert AGG is not None
+LAYOUT = Layout(AGG)
+T0 = 1_800_000_000_000  # ms
+
+
+def test_the_registry_declares_aggregates() -> None:
+    assert AGG.tile_seconds == 60
+    assert AGG.lateness_seconds == 600
+    assert [f.name for f in GROUP.features][:2] == ["orders_1h", "spend_1h"]
+    assert [f.type.value for f in GROUP.features] == [
+        "int",
+        "double",
+        "double",
+        "double",
+        "double",
+        "int_list",
+        "int",
+    ]
+    assert AGG.aggregates[5].function is Function.LAST_N
+    assert AGG.aggregates[5].n == 5
+    assert AGG.fields == ("basket_size", "order_total", "store_id")
+    assert GROUP.windows_field
+    assert GROUP.windows_field != GROUP.freshness_field
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("tile: 7m\n      features: {a: {function: count, window: 1h}}", "not a multiple"),
+        ("features: {a: {function: sum, window: 1h}}", "sum needs 'of'"),
+        ("features: {a: {function: last_n, of: x, window: 1h}}", "features.a.n: must be"),
+        ("features: {a: {function: last_n, n: 0, of: x, window: 1h}}", "1..1000"),
+        ("features: {a: {function: count, n: 3, window: 1h}}", "only last_n takes 'n'"),
+        ("features: {a: {function: avg, of: x, window: 1h}}", "'avg' is not one of"),
+        ("features: {a: {function: count}}", "missing 'window'"),
+        ("features: {a: {function: sum, of: x, window: 1h, type: int}}", "only last_n"),
+        ("features: {a: {function: last_n, n: 2, of: x, window: 1h, type: string}}", "int_list"),
+        ("tile: 1s\n      features: {a: {function: count, window: 7d}}", "at most 50000"),
+        ("features: {}", "declare at least one feature"),
+    ],
+)
+def test_a_bad_aggregation_names_its_entry(body: str, message: str) -> None:
+    text = f"""
+entities:
+  consumer: {{prefix: c, id_type: int, ttl: 30d}}
+feature_groups:
+  g:
+    entity: consumer
+    aggregations:
+      {body}
+"""
+    with pytest.raises(RegistryError, match=r"feature_groups\.g\.aggregations") as raised:
+        parse_registry(text)
+    assert message in str(raised.value)
+
+
+def test_a_group_is_aggregated_or_plain() -> None:
+    text = REGISTRY + "    features: {x: float}\n"
+    with pytest.raises(RegistryError, match="either 'features'"):
+        parse_registry(text)
+
+
+def test_the_default_tile_divides_every_window() -> None:
+    text = REGISTRY.replace("      tile: 1m\n", "").replace("window: 10m", "window: 90s")
+    agg = parse_registry(text).group("consumer_activity").aggregation
+    assert agg is not None
+    assert agg.tile_seconds == 30
+    assert agg.lateness_seconds == 600
+
+
+events = st.lists(
+    st.tuples(
+        st.integers(0, 9 * 86_400_000),  # ms after T0: beyond the longest window
+        st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False)),  # order_total
+        st.one_of(st.none(), st.integers(0, 40)),  # basket_size
+        st.one_of(st.none(), st.integers(-(2**40), 2**40)),  # store_id
+        st.sampled_from(["0", "1"]),  # partition
+    ),
+    max_size=60,
+)
+
+
+def _events(raw: list[tuple[int, float | None, int | None, int | None, str]]) -> list[Event]:
+    out, offsets = [], {"0": 0, "1": 0}
+    for t, total, basket, store, partition in raw:
+        values: dict[str, float | int] = {}
+        if total is not None:
+            values["order_total"] = total
+        if basket is not None:
+            values["basket_size"] = float(basket)
+        if store is not None:
+            values["store_id"] = store
+        offsets[partition] += 1
+        out.append(Event(T0 + t, values, partition, offsets[partition]))
+    return out
+
+
+def _equal(got: list[object], want: list[object]) -> None:
+    for g, w, a in zip(got, want, AGG.aggregates, strict=True):
+        if a.function in (Function.SUM, Function.MEAN) and g is not None and w is not None:
+            assert math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-6), (a, g, w)  # type: ignore[arg-type]
+        else:
+            assert g == w, (a, g, w)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events,
+    st.lists(st.integers(1, 20), max_size=6),
+    st.lists(st.integers(0, 10 * 86_400_000), min_size=1, max_size=5),
+)
+def test_tiles_answer_as_the_reference(
+    raw: list[tuple[int, float | None, int | None, int | None, str]],
+    cuts: list[int],
+    reads: list[int],
+) -> None:
+    """Applied in chunks with the state stored between them, and each chunk applied a
+    second time (a micro-batch written again): the answers equal the reference's."""
+    evs = _events(raw)
+    stored: bytes | None = None
+    at = 0
+    for size in [*cuts, len(evs)]:
+        chunk = evs[at : at + size]
+        at += len(chunk)
+        for _ in range(2):
+            state = decode_state(stored, LAYOUT)
+            apply(state, LAYOUT, chunk)
+            stored = encode_state(state)
+    state = decode_state(stored, LAYOUT)
+    newest = max((e.time_ms for e in evs), default=T0)
+    for offset in reads:
+        now = (newest + offset - 5 * 86_400_000) / 1000
+        if now * 1000 < newest:  # reads before the newest event may find pruned tiles
+            now = newest / 1000 + offset / 1e7
+        got = answer(state, LAYOUT, now)
+        _equal(got.values, reference_answer(AGG, evs, now))
+
+
+def test_a_replayed_topic_changes_nothing() -> None:
+    evs = _events([(i * 1000, 1.0, 2, i, "0") for i in range(10)])
+    state = decode_state(None, LAYOUT)
+    assert apply(state, LAYOUT, evs).counted == 10
+    again = apply(state, LAYOUT, evs)
+    assert again.counted == 0
+    assert again.replayed == list(range(10))
+    assert answer(state, LAYOUT, (T0 + 60_000) / 1000).values[0] == 10
+
+
+def test_late_events_are_not_counted_and_are_named() -> None:
+    late = [(20 * 60_000, 5.0, 1, 1, "0"), (0, 7.0, 1, 2, "0"), (10 * 60_000, 3.0, 1, 3, "0")]
+    state = decode_state(None, LAYOUT)
+    applied = apply(state, LAYOUT, _events(late))
+    assert applied.late == [1]
+    assert applied.counted == 2
+    values = answer(state, LAYOUT, (T0 + 21 * 60_000) / 1000).values
+    assert values[0] == 2
+    assert values[1] == 8.0
+    assert values[5] == [1, 3]
+
+
+def test_a_window_slides_without_events() -> None:
+    state = decode_state(None, LAYOUT)
+    apply(state, LAYOUT, _events([(30_000, 12.5, 3, 9, "0")]))
+    hour_later = answer(state, LAYOUT, (T0 + 3_600_000 + 60_000) / 1000)
+    assert hour_later.values[:2] == [0, 0.0]
+    assert hour_later.values[2] == 3.0
+    assert hour_later.values[5] == [9]
+    assert hour_later.newest_ms == T0 + 30_000
+    week_later = answer(state, LAYOUT, (T0 + 8 * 86_400_000) / 1000)
+    assert week_later.values == [0, 0.0, None, None, None, None, 0]
+    assert week_later.newest_ms is None
+    # the answer holds until the next tile boundary
+    assert week_later.changes_at == (T0 + 8 * 86_400_000 + 60_000) / 1000
+
+
+def test_pruned_tiles_leave_the_state() -> None:
+    state = decode_state(None, LAYOUT)
+    apply(state, LAYOUT, _events([(i * 86_400_000, 1.0, 1, 1, "0") for i in range(10)]))
+    assert sorted(state.tiles) == [(T0 + i * 86_400_000) // 60_000 for i in range(3, 10)]
+
+
+def test_unreadable_state_is_an_encoding_error() -> None:
+    for data in (b"not a state", b"3|{", b"3|[1, {}, [[1, 2, 3, []]]]"):
+        with pytest.raises(EncodingError, match="window tiles cannot be read"):
+            decode_state(data, LAYOUT)
