@@ -391,6 +391,16 @@ def event_time_seconds(value: object, now: float) -> float:
     return seconds
 
 
+def refuse_aggregated(group: FeatureGroup) -> None:
+    """An aggregated group's values are computed from its events, never written as such."""
+    if group.aggregation is not None:
+        raise RequestError(
+            f"feature group {group.name!r} is window aggregations, computed from events: "
+            "send its events to its stream's topic (feature-store stream), or backfill a "
+            "history of them with feature-store ingest"
+        )
+
+
 def plan_write(
     group: FeatureGroup,
     rows: Iterable[WriteRow],
@@ -408,6 +418,7 @@ def plan_write(
     idempotent: a retried chunk gives the same state. Everything is validated and encoded
     here, before any I/O.
     """
+    refuse_aggregated(group)
     now = time.time() if now is None else now
     default = now if event_time is None else event_time_seconds(event_time, now)
     default_ts = encode_timestamp(default)

@@ -33,7 +33,7 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import snappy
 
-from feature_store.batch import Command, event_time_seconds
+from feature_store.batch import Command, event_time_seconds, refuse_aggregated
 from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.spec import BadReason, ColumnSpec, Source
 from feature_store.layout import (
@@ -148,6 +148,7 @@ class BatchEncoder:
         # group order, so that a row's HSET matches plan_write's for a dict in that order
         self.columns = sorted(columns, key=lambda c: order[c.feature])
         self.features = [by_name[c.feature] for c in self.columns]
+        refuse_aggregated(group)
         self.group = group
         self.id_column = id_column
         self.id_source = id_source

@@ -32,6 +32,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from feature_store.connection import RedisTarget, translated_errors
 from feature_store.errors import FeatureStoreError, RequestError, StoreError, StoreUnavailableError
+from feature_store.ingest.backfill import DEFAULT_EVENT_TIME_COLUMN, backfill_partition, field_group
 from feature_store.ingest.report import IngestReport, Outcome, Thresholds, Timings
 from feature_store.ingest.schema import ColumnPlan, plan_columns
 from feature_store.ingest.spec import RetrySpec, TaskSpec
@@ -177,14 +178,24 @@ def _run(
     )
     base["target"] = str(target)
     df = read_input(spark, job)
+    event_time_column = job.event_time_column
+    if group.aggregation is not None:
+        # a backfill: the history of events, each with its time (ingest.backfill)
+        event_time_column = event_time_column or DEFAULT_EVENT_TIME_COLUMN
+        base["event_time_column"] = event_time_column
+        if not job.ordered:
+            raise RequestError(
+                f"--no-ordering: {group.name!r} is window aggregations, whose backfill "
+                "replaces each entity's tiles; it has no ordering guard to leave out"
+            )
     plan = plan_columns(
         df.schema,
-        group,
+        group if group.aggregation is None else field_group(group),
         job.id_column,
         job.mapping,
         allow_missing=job.allow_missing_features,
         ignore_extra=job.ignore_extra_columns,
-        event_time_column=job.event_time_column,
+        event_time_column=event_time_column,
     )
     run_ids = check_redis(target, registry)  # fails here, before any write, if Redis is down
     redis_url = job.redis_url
@@ -203,13 +214,14 @@ def _run(
         columns=plan.columns,
         redis_url=redis_url,
         written_at=written_at,
-        event_time_column=job.event_time_column,
+        event_time_column=event_time_column,
         ordered=job.ordered,
         chunk_size=job.chunk_size,
         retry=job.retry,
         socket_timeout=job.socket_timeout,
         connect_timeout=job.connect_timeout,
         profile_dir=job.profile_dir,
+        aggregated=group.aggregation is not None,
     )
     quarantine = job.quarantine or os.path.join(
         "quarantine", f"{group.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
@@ -261,7 +273,16 @@ def _execute(
     progress: Callable[[str], None] | None,
 ) -> IngestReport:
     selected = df.select(*[F.col(f"`{c}`") for c in plan.input_columns])
-    if job.partitions is not None:
+    write: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+    if spec.aggregated and spec.event_time_column is not None:
+        # every event of an entity in one task, in time order
+        by = F.col(f"`{plan.id_column}`")
+        selected = (
+            selected.repartition(job.partitions, by)
+            if job.partitions is not None
+            else selected.repartition(by)
+        ).sortWithinPartitions(by, F.col(f"`{spec.event_time_column}`"))
+    elif job.partitions is not None:
         selected = selected.repartition(job.partitions)
     out_schema = T.StructType(
         [T.StructField(f.name, f.dataType, True) for f in selected.schema.fields]
@@ -272,7 +293,11 @@ def _execute(
     arrow_schema = to_arrow_schema(out_schema, timezone=zone)
     sc = spark.sparkContext
     counters = Counters(sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
-    result = selected.mapInArrow(partial(write_partition, spec, arrow_schema, counters), out_schema)
+    if spec.aggregated:
+        write = partial(backfill_partition, spec, arrow_schema)
+    else:
+        write = partial(write_partition, spec, arrow_schema, counters)
+    result = selected.mapInArrow(write, out_schema)
     result = result.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with (

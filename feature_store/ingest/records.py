@@ -25,6 +25,7 @@ and an entity that changes often costs one write per micro-batch instead of one 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from feature_store.ingest.spec import BadReason
 from feature_store.layout import IdType, entity_key
 from feature_store.registry import FeatureGroup
 from feature_store.serialization.json_floats import json_converter, json_int
+from feature_store.windows import Event, field_types, number
 
 DEFAULT_EVENT_TIME_FIELD = "event_time"
 
@@ -289,6 +291,64 @@ def encode_records(
     return out
 
 
+# one entity's events of a call, in the order they came, each with its record's index
+EntityEvents = dict[bytes, list[tuple[int, Event]]]
+
+
+def decode_events(
+    group: FeatureGroup,
+    fmt: RecordFormat,
+    values: Sequence[bytes | str | None],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    timestamps: Sequence[float | None] | None = None,
+    partitions: Sequence[int] | None = None,
+    offsets: Sequence[int] | None = None,
+    decoder: Decoder | None = None,
+    now: float | None = None,
+) -> tuple[EntityEvents, list[tuple[int, BadReason, str]]]:
+    """The records of an aggregated group as events, by entity, and the bad records with
+    their reasons. A record's fields that no aggregate reads are ignored; one an aggregate
+    reads must be a number (an int where a last_n answers int_list), or null/absent."""
+    aggregation = group.aggregation
+    if aggregation is None:
+        raise ValueError(f"feature group {group.name!r} is not aggregated")
+    now = time.time() if now is None else now
+    decoder = decoder or Decoder(fmt)
+    types = field_types(aggregation, group)
+    read = {name: json_converter(t) for name, t in types.items()}
+    renames = dict(fmt.renames)
+    reserved = {fmt.id_field, fmt.event_time_field} - {""}
+    lenient = dataclasses.replace(fmt, ignore_extra_fields=True)
+    out: EntityEvents = {}
+    bad: list[tuple[int, BadReason, str]] = []
+    for i, raw in enumerate(values):
+        doc = decoder.document(raw)
+        if isinstance(doc, str):
+            bad.append((i, BadReason.MALFORMED_RECORD, doc))
+            continue
+        row = _row(i, doc, lenient, read, renames, reserved, group, keys, timestamps, now)
+        if isinstance(row, tuple):
+            bad.append((i, *row))
+            continue
+        numbers: dict[str, float | int] = {}
+        try:
+            for name, value in row.values.items():
+                if value is not None:
+                    numbers[name] = number(value, types[name])
+        except EncodingError as e:
+            bad.append((i, BadReason.INVALID_VALUE, f"{name!r}: {e}"))
+            continue
+        event = Event(
+            round(row.seconds * 1000),
+            numbers,
+            None if partitions is None else str(partitions[i]),
+            -1 if offsets is None else offsets[i],
+        )
+        out.setdefault(row.key, []).append((i, event))
+    return out, bad
+
+
 def _row(
     i: int,
     doc: dict[str, object],
@@ -367,6 +427,7 @@ __all__ = [
     "KeyFormat",
     "RecordFormat",
     "confluent_unframe",
+    "decode_events",
     "encode_records",
     "key_id",
     "proto_message_class",

@@ -35,6 +35,9 @@ class BadReason(StrEnum):
     INVALID_EVENT_TIME = "invalid_event_time"
     MALFORMED_RECORD = "malformed_record"  # a stream record that is not a JSON object
     UNKNOWN_FIELD = "unknown_field"  # a stream record's field that is no feature of the group
+    # an aggregated group's event older than its entity's newest by more than the lateness
+    TOO_LATE = "too_late"
+    UNREADABLE_STATE = "unreadable_state"  # an entity's stored window tiles cannot be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +86,4 @@ class TaskSpec:
     socket_timeout: float = 5.0
     connect_timeout: float = 2.0
     profile_dir: str | None = None  # if set, each task writes a cProfile dump there
+    aggregated: bool = False  # window aggregations: the input is events (ingest.backfill)

@@ -44,11 +44,13 @@ from feature_store.ingest.records import (
     Format,
     KeyFormat,
     RecordFormat,
+    decode_events,
     encode_records,
     proto_message_class,
 )
-from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH, RetrySpec
+from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH, BadReason, RetrySpec
 from feature_store.ingest.stream_metrics import StreamMetrics, lag_bucket, lag_bucket_names
+from feature_store.ingest.windows import write_events
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import SKIPPED
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
@@ -65,6 +67,8 @@ STATS = (
     "lag_sum",
     "lag_max",
     "kafka_time_max",
+    "replayed",  # an aggregated group's events applied before (a micro-batch written again)
+    "late",  # an aggregated group's events past its lateness (also quarantined)
     *lag_bucket_names(),
 )
 OUTPUT = T.StructType(
@@ -138,6 +142,7 @@ class RecordSpec:
     chunk_size: int
     retry: RetrySpec
     origin: str
+    aggregated: bool = False  # the group is window aggregations (its records are events)
 
 
 def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -163,22 +168,76 @@ def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             stats["records"] += len(values)
             times = rows.column("timestamp").to_pylist()
             stats["kafka_time_max"] = max(t or 0.0 for t in times)
-            encoded = encode_records(
-                group,
-                spec.format,
-                values,
-                keys=rows.column("key").to_pylist() if spec.format.id_from_key else None,
-                timestamps=times,
-                decoder=decoder,
-            )
-            del received, values
-            stats["superseded"] += encoded.superseded
-            _write(writer, spec, encoded, stats)
-            if encoded.bad:
-                yield _bad_rows(schema, rows, encoded, spec.format.format)
+            if group.aggregation is not None:
+                bad = _write_events(writer, spec, group, rows, values, times, decoder, stats)
+            else:
+                bad = _write_values(writer, spec, group, rows, values, times, decoder, stats)
+            if bad:
+                yield _bad_rows(schema, rows, bad, spec.format.format)
     finally:
         writer.close()
     yield pa.RecordBatch.from_pylist([{KIND: "stats", **stats}], schema=schema)
+
+
+def _write_values(
+    writer: ChunkWriter,
+    spec: RecordSpec,
+    group: FeatureGroup,
+    rows: pa.Table,
+    values: list[bytes | str | None],
+    times: list[float | None],
+    decoder: Decoder,
+    stats: dict[str, float],
+) -> list[tuple[int, BadReason, str]]:
+    """A plain group's share of a micro-batch: each entity's newest record as a guarded
+    write; the bad records."""
+    encoded = encode_records(
+        group,
+        spec.format,
+        values,
+        keys=rows.column("key").to_pylist() if spec.format.id_from_key else None,
+        timestamps=times,
+        decoder=decoder,
+    )
+    stats["superseded"] += encoded.superseded
+    _write(writer, spec, encoded, stats)
+    return encoded.bad
+
+
+def _write_events(
+    writer: ChunkWriter,
+    spec: RecordSpec,
+    group: FeatureGroup,
+    rows: pa.Table,
+    values: list[bytes | str | None],
+    times: list[float | None],
+    decoder: Decoder,
+    stats: dict[str, float],
+) -> list[tuple[int, BadReason, str]]:
+    """An aggregated group's share of a micro-batch: its records as events into their
+    entities' window state (``ingest.windows``); the bad and the late records."""
+    events, bad = decode_events(
+        group,
+        spec.format,
+        values,
+        keys=rows.column("key").to_pylist() if spec.format.id_from_key else None,
+        timestamps=times,
+        partitions=rows.column("partition").to_pylist(),
+        offsets=rows.column("offset").to_pylist(),
+        decoder=decoder,
+    )
+    written = write_events(writer, group, events)
+    stats["written"] += written.entities
+    stats["values"] += written.counted
+    stats["replayed"] += written.replayed
+    stats["late"] += sum(1 for _, reason, _ in written.bad if reason is BadReason.TOO_LATE)
+    if written.lags:
+        stats["lag_sum"] += sum(written.lags)
+        stats["lag_max"] = max(stats["lag_max"], *written.lags)
+        for lag in written.lags:
+            stats[lag_bucket(lag)] += 1
+    writer.publish(notices.write_message(spec.origin, spec.group, list(events), time.time()))
+    return sorted(bad + written.bad, key=lambda b: b[0])
 
 
 def _write(
@@ -210,7 +269,9 @@ def _arrow_schema() -> pa.Schema:
     return to_arrow_schema(OUTPUT)
 
 
-def _bad_rows(schema: pa.Schema, rows: pa.Table, encoded: Encoded, fmt: Format) -> pa.RecordBatch:
+def _bad_rows(
+    schema: pa.Schema, rows: pa.Table, bad: list[tuple[int, BadReason, str]], fmt: Format
+) -> pa.RecordBatch:
     values = rows.column("value").to_pylist()
     partitions = rows.column("partition").to_pylist()
     offsets = rows.column("offset").to_pylist()
@@ -223,7 +284,7 @@ def _bad_rows(schema: pa.Schema, rows: pa.Table, encoded: Encoded, fmt: Format) 
             REASON: reason.value,
             DETAIL: detail,
         }
-        for (i, reason, detail) in encoded.bad
+        for (i, reason, detail) in bad
     ]
     return pa.RecordBatch.from_pylist(rows, schema=schema)
 
@@ -248,7 +309,9 @@ def check_job(job: StreamJob, registry: Registry) -> FeatureGroup:
         raise RequestError(f"unknown feature group {job.group!r}; known: {known}")
     group = registry.groups[job.group]
     fmt = job.record_format(group)
-    features = {f.name for f in group.features}
+    aggregation = group.aggregation
+    # what a record's fields feed: the features, or what an aggregated group's aggregates read
+    features = set(aggregation.fields) if aggregation else {f.name for f in group.features}
     fields = [n for n in (fmt.id_field, fmt.event_time_field) if n]
     if set(fields) & features or len(set(fields)) < len(fields):
         raise RequestError(
@@ -257,7 +320,10 @@ def check_job(job: StreamJob, registry: Registry) -> FeatureGroup:
         )
     for source, feature in job.renames:
         if feature not in features:
-            raise RequestError(f"--map {source}={feature}: {group.name!r} has no {feature!r}")
+            has = (
+                f"no aggregate of {group.name!r} reads" if aggregation else f"{group.name!r} has no"
+            )
+            raise RequestError(f"--map {source}={feature}: {has} {feature!r}")
     if job.confluent_framing and job.format is Format.JSON:
         raise RequestError("--confluent-framing is for --format avro or protobuf")
     if job.format is Format.AVRO and not job.avro_schema:
@@ -294,6 +360,7 @@ def run_stream(
         chunk_size=job.chunk_size,
         retry=job.retry,
         origin=notices.new_origin(),
+        aggregated=group.aggregation is not None,
     )
     quarantine = job.quarantine or os.path.join("quarantine", f"{group.name}-stream")
     emit = progress or (lambda line: None)
@@ -387,6 +454,18 @@ def _micro_batch(
             reasons[r[REASON]] = reasons.get(r[REASON], 0) + 1
         metrics.add_batch(stats, reasons, seconds)
     written = int(stats["written"])
+    if spec.aggregated:
+        counted = int(stats["values"])
+        mean_lag = stats["lag_sum"] / counted if counted else 0.0
+        emit(
+            f"stream: batch {batch_id}: {int(stats['records']):,} records, {counted:,} events "
+            f"counted into {written:,} entities, {int(stats['replayed']):,} replayed (applied "
+            f"before), {int(stats['late']):,} too late, {len(bad):,} bad or late"
+            + (f" -> {quarantine}" if bad else "")
+            + f"; event to written: mean {mean_lag:.3f} s, max {stats['lag_max']:.3f} s; "
+            f"{seconds:.2f} s"
+        )
+        return
     mean_lag = stats["lag_sum"] / written if written else 0.0
     emit(
         f"stream: batch {batch_id}: {int(stats['records']):,} records, {written:,} written, "

@@ -11,7 +11,7 @@ import cProfile
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -20,8 +20,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark import Accumulator
 
 from feature_store.connection import RedisTarget
-from feature_store.ingest.encode import BatchEncoder, EncodedBatch, FloatMemos
-from feature_store.ingest.spec import TaskSpec
+from feature_store.ingest.encode import BatchEncoder, FloatMemos
+from feature_store.ingest.spec import BadReason, TaskSpec
 from feature_store.ingest.writer import ChunkWriter, WriteCounters
 from feature_store.registry import Registry, parse_registry
 
@@ -63,7 +63,7 @@ _MEMOS = FloatMemos()
 
 
 @lru_cache(maxsize=4)
-def _registry(text: str, source: str, digest: str) -> Registry:
+def registry_of(text: str, source: str, digest: str) -> Registry:
     del digest  # part of the cache key only
     return parse_registry(text, source=source)
 
@@ -98,7 +98,7 @@ def _write_partition(
     spec: TaskSpec, schema: pa.Schema, counters: Counters, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     digest = hashlib.sha256(spec.registry_text.encode()).hexdigest()
-    group = _registry(spec.registry_text, spec.registry_source, digest).group(spec.group)
+    group = registry_of(spec.registry_text, spec.registry_source, digest).group(spec.group)
     encoder = BatchEncoder(
         group,
         spec.id_column,
@@ -138,20 +138,25 @@ def _write_partition(
             counters.values.add(writer.counters.values_written - before[1])
             if encoded.bad:
                 bad += len(encoded.bad)
-                yield _quarantine(schema, batch, encoded)
+                yield quarantine(
+                    schema, batch, [(b.index, b.reason, b.detail) for b in encoded.bad]
+                )
             t0 = time.perf_counter()
     finally:
         writer.close()
-    yield _stats(schema, rows, bad, writer.counters, read_s, encode_s)
+    yield stats_row(schema, rows, bad, writer.counters, read_s, encode_s)
 
 
-def _quarantine(schema: pa.Schema, batch: pa.RecordBatch, encoded: EncodedBatch) -> pa.RecordBatch:
-    n = len(encoded.bad)
-    indices = pa.array([b.index for b in encoded.bad], pa.int64())
+def quarantine(
+    schema: pa.Schema, batch: pa.RecordBatch, bad: Sequence[tuple[int, BadReason, str]]
+) -> pa.RecordBatch:
+    """The bad rows of ``batch`` (index, reason, detail) as output rows."""
+    n = len(bad)
+    indices = pa.array([i for i, _, _ in bad], pa.int64())
     extra = {
         KIND: pa.array(["bad"] * n, pa.string()),
-        REASON: pa.array([b.reason.value for b in encoded.bad], pa.string()),
-        DETAIL: pa.array([b.detail for b in encoded.bad], pa.string()),
+        REASON: pa.array([r.value for _, r, _ in bad], pa.string()),
+        DETAIL: pa.array([d for _, _, d in bad], pa.string()),
     }
     arrays = []
     for f in schema:
@@ -165,7 +170,7 @@ def _quarantine(schema: pa.Schema, batch: pa.RecordBatch, encoded: EncodedBatch)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _stats(
+def stats_row(
     schema: pa.Schema,
     rows: int,
     bad: int,

@@ -167,6 +167,12 @@ class FrontLookups:
             if form in self.forms or len(self.forms) >= len(API_NAMES) * MAX_FORMS:
                 return
             self.forms.add(form)  # taught or not, asked once
+            if self.planning and any(g.aggregation is not None for g in proj.groups):
+                # an aggregated group's answer is computed from its tiles at the time of
+                # the read, which a planned read's rendering does not do: its handler reads
+                # it. From the L1 (hits), its entries hold the answer, until its next tile
+                # boundary (``Entry.until``), so its hits are answered here as any others
+                return
             parts: list[tuple[int, int | None, list[int] | None, bytes]] = []
             order = None
             if len(proj.groups) != 1:

@@ -63,6 +63,9 @@ class Entry:
     # the entity's stored data of this group cannot be read (raw is None): answered with
     # status "error", cached like a missing entity (the negative TTL), never as values
     fault: Fault | None = None
+    # monotonic seconds after which the answer is no longer right however fresh the data:
+    # an aggregated group's windows slide at the next tile boundary (feature_store.windows)
+    until: float = math.inf
 
     @property
     def negative(self) -> bool:
@@ -212,7 +215,7 @@ class LRUCache:
         for entry in entries:
             key = entry.key
             ttl = self.lifetime(entry.raw is None)
-            entry.expires_at = now + ttl
+            entry.expires_at = min(now + ttl, entry.until)
             entry.loaded_at = now
             if not self.keep_answers and entry.raw is not None:
                 entry.json = entry.wire = None  # answers are written from ``raw`` on each hit

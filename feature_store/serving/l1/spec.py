@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from feature_store.batch import Fault, FaultReason, hash_fields, reads_whole_hash
 from feature_store.errors import EncodingError, EntityDataError
-from feature_store.layout import decode_timestamp
+from feature_store.layout import decode_timestamp, encode_timestamp
 from feature_store.native import GroupFormat
 from feature_store.registry import FeatureGroup, Registry
 from feature_store.serialization.answers import unpack
 from feature_store.serving.l1.cache import CacheKey, Entry
+from feature_store.windows import Layout, answer, decode_state
 
 
 def _resp(fields: Sequence[bytes]) -> bytes:
@@ -28,11 +30,18 @@ class GroupSpec:
     # read alone (the common read: one group of an entity), by HGETALL rather than HMGET
     # (``batch.reads_whole_hash``)
     whole_alone: bool
+    # an aggregated group: its one field is its window state, answered at the time of the
+    # read (``feature_store.windows``)
+    windows: Layout | None = None
 
     @classmethod
     def of(cls, group: FeatureGroup, registry: Registry) -> GroupSpec:
-        fields = (*(f.field for f in group.features), group.freshness_field)
         entity_fields = hash_fields(registry, group.entity.name)
+        if group.aggregation is not None:
+            fields: tuple[bytes, ...] = (group.windows_field,)
+            fmt = GroupFormat([f.codec for f in group.features])
+            return cls(group, fields, _resp(fields), fmt, entity_fields, False, Layout.of(group))
+        fields = (*(f.field for f in group.features), group.freshness_field)
         return cls(
             group,
             fields,
@@ -59,6 +68,8 @@ class GroupSpec:
         cheaper check that every value decodes, and dropped)."""
         fmt, entity_key = self.fmt, key[1]
         records = proto or bare
+        if self.windows is not None:
+            return self._answered(key, reply, offset, records, bare)
         try:
             if isinstance(reply, bytes):
                 (raw, present, answer), freshness = fmt.load_packed(reply, offset, records)
@@ -79,6 +90,41 @@ class GroupSpec:
         if records:
             return Entry(key, fmt, raw, present, None, written_at, wire=None if bare else answer)
         return Entry(key, fmt, raw, present, answer, written_at)
+
+    def _answered(
+        self,
+        key: CacheKey,
+        reply: Sequence[bytes | None] | bytes,
+        offset: int,
+        records: bool,
+        bare: bool,
+    ) -> Entry:
+        """An aggregated group's entry: its window state in the reply, answered now, as
+        the values a plain group would have stored; it holds until the next tile boundary."""
+        assert self.windows is not None
+        fmt = self.fmt
+        data = unpack(reply)[offset] if isinstance(reply, bytes) else reply[offset]
+        if data is None:
+            return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
+        try:
+            state = decode_state(data, self.windows)
+        except EncodingError as e:
+            raise EntityDataError(f"{key[1].decode(errors='replace')}: {e}") from None
+        wall, mono = time.time(), time.monotonic()
+        now = answer(state, self.windows, wall)
+        stored = [
+            None if v is None else f.codec.encode(v)
+            for f, v in zip(self.group.features, now.values, strict=True)
+        ]
+        newest = now.newest_ms
+        stored.append(None if newest is None else encode_timestamp(newest / 1000))
+        raw, present, answered = fmt.load(stored, records)
+        written_at = None if newest is None else newest // 1000
+        until = mono + max(0.0, now.changes_at - wall)
+        if records:
+            wire = None if bare else answered
+            return Entry(key, fmt, raw, present, None, written_at, wire=wire, until=until)
+        return Entry(key, fmt, raw, present, answered, written_at, until=until)
 
     def _name_bad_value(self, entity_key: bytes, values: Sequence[bytes | None]) -> None:
         for f, r in zip(self.group.features, values, strict=False):
