@@ -24,7 +24,8 @@ from feature_store.layout import (
 )
 from feature_store.native import format_of
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
-from feature_store.serialization import Value
+from feature_store.serialization import Codec, Value
+from feature_store.windows import Layout, answer, decode_state
 
 EntityId: TypeAlias = int | str
 Command: TypeAlias = tuple[bytes | str | int, ...]
@@ -189,7 +190,11 @@ def plan_read(
                 f"entity type {entity!r} has {etype.id_type.value} ids: {e}"
             ) from None
     touched = tuple({f.group: registry.groups[f.group] for f in resolved}.values())
-    fields = tuple(f.field for f in resolved) + tuple(g.freshness_field for g in touched)
+    # an aggregated group's features and write time all read its one field, its window
+    # state, which ``decode_read`` answers at the time of the read
+    fields = tuple(registry.groups[f.group].windows_field or f.field for f in resolved) + tuple(
+        g.windows_field or g.freshness_field for g in touched
+    )
     return ReadPlan(
         entity=etype,
         ids=tuple(ids),
@@ -216,6 +221,7 @@ def decode_read(
     group_of = {g.name: i for i, g in enumerate(plan.groups)}
     feature_group = [group_of[f.group] for f in plan.features]
     single_group = len(plan.groups) == 1
+    windows = _windows(plan)
     rows, errors = [], []
     for entity_id, key, reply in zip(plan.ids, plan.keys, replies, strict=True):
         faults: dict[int, Fault] = {}
@@ -223,6 +229,8 @@ def decode_read(
             fault = Fault.of(reply)
             faults = dict.fromkeys(range(len(plan.groups)), fault)
             reply = [None] * len(plan.fields)
+        elif windows:
+            reply = _answer_windows(windows, key, reply, faults, now)
         raw = reply[:nfeat]
         try:
             values = fmt.decode(raw)
@@ -269,6 +277,61 @@ def decode_read(
                 )
         rows.append(FeatureVector(entity_id, values, statuses, ages, written))
     return BatchResult(plan.entity.name, plan.features, rows, errors)
+
+
+# an aggregated group of a read: its index, its layout, its features' places in the reply
+# (with each one's aggregate and codec), and the place of its write time
+_Windows = tuple[int, Layout, list[tuple[int, int, Codec]], int]
+
+
+def _windows(plan: ReadPlan) -> list[_Windows]:
+    out = []
+    nfeat = len(plan.features)
+    for gi, group in enumerate(plan.groups):
+        if group.aggregation is not None:
+            index = {f.name: n for n, f in enumerate(group.features)}
+            places = [
+                (i, index[f.name], f.codec)
+                for i, f in enumerate(plan.features)
+                if f.group == group.name
+            ]
+            out.append((gi, Layout.of(group), places, nfeat + gi))
+    return out
+
+
+def _answer_windows(
+    windows: Sequence[_Windows],
+    key: bytes,
+    reply: Sequence[bytes | None],
+    faults: dict[int, Fault],
+    now: float | None,
+) -> list[bytes | None]:
+    """``reply`` with each aggregated group's window state replaced by the values of its
+    features now, encoded as a plain group's are stored, and the time of its newest event
+    in its windows as its write time (``feature_store.windows``)."""
+    out = list(reply)
+    at = time.time() if now is None else now
+    for gi, layout, places, ts in windows:
+        data = reply[ts]
+        out[ts] = None
+        for i, _, _ in places:
+            out[i] = None
+        if data is None:
+            continue
+        try:
+            state = decode_state(data, layout)
+        except EncodingError as e:
+            faults[gi] = Fault(
+                FaultReason.UNDECODABLE_VALUE, f"{key.decode(errors='replace')}: {e}"
+            )
+            continue
+        answered = answer(state, layout, at)
+        for i, a, codec in places:
+            value = answered.values[a]
+            out[i] = None if value is None else codec.encode(value)
+        if answered.newest_ms is not None:
+            out[ts] = encode_timestamp(answered.newest_ms / 1000)
+    return out
 
 
 def _decode_each(

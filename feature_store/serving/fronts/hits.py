@@ -231,7 +231,10 @@ class FrontLookups:
         for name, picks in shares:
             spec = self.specs[name]
             codecs = [spec.fmt.codecs[fi] for fi in picks]
-            fields += [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
+            if spec.windows is not None:  # one field, the window state: never planned
+                fields += [spec.fields[0]] * (len(picks) + 1)
+            else:
+                fields += [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
             types += [(TYPE_CODES[c.type], c.dim or 0) for c in codecs]
         spec = self.specs[shares[0][0]]
         whole = reads_whole_hash(len(fields), spec.hash_fields)
