@@ -21,8 +21,10 @@ is left out whole, so a window counts the events of between ``window - tile`` an
 answer changes only at tile boundaries (``Answer.changes_at``) or when events arrive.
 
 An event older than the entity's newest by more than ``lateness_seconds`` is not counted
-(``Applied.late``); tiles that left every window (``k <= floor((newest - longest) /
-tile)``) are dropped at each write.
+(``Applied.late``); tiles that left every window of every read at or after ``newest -
+lateness`` (``k <= floor((newest - lateness - longest) / tile)``) are dropped at each
+write. A read is exact at any time from ``newest - lateness`` on: a reader whose clock is
+behind the newest event by less than the lateness still finds every tile it needs.
 
 The state is JSON (orjson: floats round-trip exactly) after a version counter
 (``b"12|[...]"``); writers replace it only if the version is the one they read
@@ -215,10 +217,13 @@ def _keep_newest(last: list[list[float]], t: int, value: float, n: int) -> None:
 
 
 def prune(state: State, layout: Layout) -> None:
-    """Drop the tiles no read at or after the newest event can reach."""
+    """Drop the tiles no read at or after ``newest - lateness`` can reach: a read is
+    exact as long as its clock is not behind the newest event by more than the lateness
+    (an event time a little ahead of the reader's clock)."""
     if state.newest_ms is None:
         return
-    first = (state.newest_ms - layout.longest_ms) // layout.tile_ms  # this and older: out
+    oldest_read = state.newest_ms - layout.lateness_ms
+    first = (oldest_read - layout.longest_ms) // layout.tile_ms  # this and older: out
     for k in [k for k in state.tiles if k <= first]:
         del state.tiles[k]
 

@@ -173,9 +173,8 @@ def test_tiles_answer_as_the_reference(
     state = decode_state(stored, LAYOUT)
     newest = max((e.time_ms for e in evs), default=T0)
     for offset in reads:
-        now = (newest + offset - 5 * 86_400_000) / 1000
-        if now * 1000 < newest:  # reads before the newest event may find pruned tiles
-            now = newest / 1000 + offset / 1e7
+        # from the newest event less the lateness on: a reader's clock a little behind
+        now = (newest - AGG.lateness_seconds * 1000 + offset) / 1000
         got = answer(state, LAYOUT, now)
         _equal(got.values, reference_answer(AGG, evs, now))
 
@@ -220,7 +219,8 @@ def test_a_window_slides_without_events() -> None:
 def test_pruned_tiles_leave_the_state() -> None:
     state = decode_state(None, LAYOUT)
     apply(state, LAYOUT, _events([(i * 86_400_000, 1.0, 1, 1, "0") for i in range(10)]))
-    assert sorted(state.tiles) == [(T0 + i * 86_400_000) // 60_000 for i in range(3, 10)]
+    # the newest is day 9: a read 10 minutes (the lateness) before it reaches back to day 2
+    assert sorted(state.tiles) == [(T0 + i * 86_400_000) // 60_000 for i in range(2, 10)]
 
 
 def test_unreadable_state_is_an_encoding_error() -> None:
