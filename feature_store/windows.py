@@ -36,14 +36,13 @@ The state is JSON (orjson: floats round-trip exactly) after a version counter
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from feature_store.errors import EncodingError
-from feature_store.registry import Aggregate, Aggregation, FeatureGroup, Function
+from feature_store.registry import Aggregation, FeatureGroup, Function
 from feature_store.serialization import FeatureType
 
 MS = 1000
@@ -56,7 +55,7 @@ Part = list[Any]
 class Event:
     time_ms: int
     values: Mapping[str, float | int]  # the record's fields the aggregates read (present ones)
-    partition: str | None = None  # where the event came from: Kafka's partition and offset
+    partition: int | None = None  # where the event came from: Kafka's partition and offset
     offset: int = -1
 
 
@@ -72,7 +71,7 @@ class Tile:
 class State:
     version: int = 0  # 0: nothing stored
     newest_ms: int | None = None
-    offsets: dict[str, int] = field(default_factory=dict)
+    offsets: dict[int, int] = field(default_factory=dict)
     tiles: dict[int, Tile] = field(default_factory=dict)
 
 
@@ -91,14 +90,43 @@ class Answer:
 
 
 class Layout:
-    """What one aggregated group's state holds per field: the last_n depth of each."""
+    """What one aggregated group's state holds per field, and for how long: each part's
+    longest window (0: no aggregate reads it), and the last_n depth."""
 
-    __slots__ = ("aggregation", "fields", "index", "keep", "lateness_ms", "longest_ms", "tile_ms")
+    __slots__ = (
+        "aggregation",
+        "count_ms",
+        "fields",
+        "index",
+        "ints",
+        "keep",
+        "last_ms",
+        "lateness_ms",
+        "lohi_ms",
+        "longest_ms",
+        "stats_ms",
+        "tile_ms",
+    )
 
-    def __init__(self, aggregation: Aggregation) -> None:
+    def __init__(self, aggregation: Aggregation, ints: Iterable[str] = ()) -> None:
         self.aggregation = aggregation
         self.fields = aggregation.fields
         self.index = {name: i for i, name in enumerate(self.fields)}
+        self.ints = [name in set(ints) for name in self.fields]  # last values are int64
+
+        def longest(name: str | None, functions: tuple[Function, ...]) -> int:
+            windows = [
+                a.window_seconds * MS
+                for a in aggregation.aggregates
+                if a.of == name and a.function in functions
+            ]
+            return max(windows, default=0)
+
+        stats = (Function.COUNT, Function.SUM, Function.MEAN)
+        self.count_ms = longest(None, (Function.COUNT,))
+        self.stats_ms = [longest(name, stats) for name in self.fields]
+        self.lohi_ms = [longest(name, (Function.MIN, Function.MAX)) for name in self.fields]
+        self.last_ms = [longest(name, (Function.LAST_N,)) for name in self.fields]
         self.keep = [
             max(
                 (
@@ -118,10 +146,25 @@ class Layout:
     def of(cls, group: FeatureGroup) -> Layout:
         if group.aggregation is None:
             raise ValueError(f"feature group {group.name!r} is not aggregated")
-        return cls(group.aggregation)
+        types = field_types(group.aggregation, group)
+        return cls(group.aggregation, [n for n, t in types.items() if t is FeatureType.INT])
 
 
 # --- the state in Redis ------------------------------------------------------------------
+
+
+FORMAT = 1
+NONE = -(2**63)  # no newest event
+_HEAD = struct.Struct("<BqH")  # format, newest event (ms), offsets
+_OFFSET = struct.Struct("<iq")  # Kafka partition, highest offset applied
+_TILES = struct.Struct("<I")
+_TILE = struct.Struct("<qIqB")  # index, events, newest event (ms), parts present (bits)
+_STATS = struct.Struct("<Id")  # values, sum
+_LOHI = struct.Struct("<dd")  # min, max
+_LAST = struct.Struct("<H")  # newest values kept
+_TIME_FLOAT = struct.Struct("<qd")
+_TIME_INT = struct.Struct("<qq")
+STATS, LOHI, LAST = 1, 2, 4  # a field's parts present in a tile: bits of a byte per field
 
 
 def decode_state(data: bytes | None, layout: Layout) -> State:
@@ -132,25 +175,77 @@ def decode_state(data: bytes | None, layout: Layout) -> State:
     try:
         if not bar or not head.isdigit():
             raise ValueError("no version")
-        newest, offsets, tiles = orjson.loads(body)
-        state = State(int(head), newest, {str(p): int(o) for p, o in offsets.items()})
+        fmt, newest, n = _HEAD.unpack_from(body, 0)
+        if fmt != FORMAT:
+            raise ValueError(f"format {fmt}, not {FORMAT}")
+        at = _HEAD.size
+        state = State(int(head), None if newest == NONE else newest)
+        for _ in range(n):
+            partition, offset = _OFFSET.unpack_from(body, at)
+            state.offsets[partition] = offset
+            at += _OFFSET.size
+        (ntiles,) = _TILES.unpack_from(body, at)
+        at += _TILES.size
         width = len(layout.fields)
-        for index, count, newest_ms, parts in tiles:
-            if len(parts) != width:
-                raise ValueError(f"{len(parts)} parts where the group reads {width} fields")
-            state.tiles[int(index)] = Tile(int(index), int(count), int(newest_ms), parts)
-    except (ValueError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
+        for _ in range(ntiles):
+            index, count, newest_ms, fields = _TILE.unpack_from(body, at)
+            at += _TILE.size
+            if fields != width:
+                raise ValueError(f"{fields} fields where the group reads {width}")
+            parts: list[Part] = []
+            masks = body[at : at + width]
+            at += width
+            for j, mask in enumerate(masks):
+                part: Part = [None, 0.0, None, None, None]
+                if mask & STATS:
+                    part[0], part[1] = _STATS.unpack_from(body, at)
+                    at += _STATS.size
+                if mask & LOHI:
+                    part[2], part[3] = _LOHI.unpack_from(body, at)
+                    at += _LOHI.size
+                if mask & LAST:
+                    (k,) = _LAST.unpack_from(body, at)
+                    at += _LAST.size
+                    pair = _TIME_INT if layout.ints[j] else _TIME_FLOAT
+                    part[4] = [list(pair.unpack_from(body, at + i * 16)) for i in range(k)]
+                    at += 16 * k
+                parts.append(part)
+            state.tiles[index] = Tile(index, count, newest_ms, parts)
+        if at != len(body):
+            raise ValueError(f"{len(body) - at} bytes after the last tile")
+    except (ValueError, struct.error) as e:
         raise EncodingError(
             f"the stored window tiles cannot be read ({e}): {data[:60]!r}"
         ) from None
     return state
 
 
-def encode_state(state: State) -> bytes:
+def encode_state(state: State, layout: Layout) -> bytes:
     """The state as stored, with its version counted up (the writer's compare-and-set)."""
-    tiles = [[t.index, t.count, t.newest_ms, t.parts] for _, t in sorted(state.tiles.items())]
-    body = orjson.dumps([state.newest_ms, state.offsets, tiles])
-    return b"%d|%b" % (state.version + 1, body)
+    newest = NONE if state.newest_ms is None else state.newest_ms
+    out = [b"%d|" % (state.version + 1), _HEAD.pack(FORMAT, newest, len(state.offsets))]
+    out += [_OFFSET.pack(p, o) for p, o in sorted(state.offsets.items())]
+    out.append(_TILES.pack(len(state.tiles)))
+    width = len(layout.fields)
+    for _, tile in sorted(state.tiles.items()):
+        out.append(_TILE.pack(tile.index, tile.count, tile.newest_ms, width))
+        masks = bytearray(width)
+        body = []
+        for j, (n, total, lo, hi, last) in enumerate(tile.parts):
+            if n is not None:
+                masks[j] |= STATS
+                body.append(_STATS.pack(n, total))
+            if lo is not None:
+                masks[j] |= LOHI
+                body.append(_LOHI.pack(lo, hi))
+            if last:
+                masks[j] |= LAST
+                pair = _TIME_INT if layout.ints[j] else _TIME_FLOAT
+                body.append(_LAST.pack(len(last)))
+                body += [pair.pack(t, v) for t, v in last]
+        out.append(bytes(masks))
+        out += body
+    return b"".join(out)
 
 
 # --- writing: events into tiles ----------------------------------------------------------
@@ -190,13 +285,16 @@ def apply(state: State, layout: Layout, events: Iterable[Event]) -> Applied:
             if j is None:
                 continue
             part = tile.parts[j]
-            part[0] += 1
-            part[1] += value
+            if part[0] is not None:
+                part[0] += 1
+                part[1] += value
             if part[2] is None or value < part[2]:
                 part[2] = value
             if part[3] is None or value > part[3]:
                 part[3] = value
             if keep[j]:
+                if part[4] is None:
+                    part[4] = []
                 _keep_newest(part[4], t, value, keep[j])
         if newest is None or t > newest:
             state.newest_ms = t
@@ -217,60 +315,115 @@ def _keep_newest(last: list[list[float]], t: int, value: float, n: int) -> None:
 
 
 def prune(state: State, layout: Layout) -> None:
-    """Drop the tiles no read at or after ``newest - lateness`` can reach: a read is
-    exact as long as its clock is not behind the newest event by more than the lateness
-    (an event time a little ahead of the reader's clock)."""
+    """Drop what no read at or after ``newest - lateness`` can reach: a read is exact as
+    long as its clock is not behind the newest event by more than the lateness (an event
+    time a little ahead of the reader's clock). Per tile, each part is kept while a window
+    that reads it can reach the tile; a field's newest values also only while fewer than
+    its last_n depth of them are in newer tiles every such read counts too; a tile with
+    nothing left goes. No event that is not too late can fall in what was dropped: every
+    window is at least a tile long."""
     if state.newest_ms is None:
         return
+    tile_ms = layout.tile_ms
     oldest_read = state.newest_ms - layout.lateness_ms
-    first = (oldest_read - layout.longest_ms) // layout.tile_ms  # this and older: out
-    for k in [k for k in state.tiles if k <= first]:
-        del state.tiles[k]
+    current = oldest_read // tile_ms  # the current tile of the oldest read
+
+    def first(window_ms: int) -> int:  # this tile and older: out of every such window
+        return (oldest_read - window_ms) // tile_ms if window_ms else 2**63
+
+    first_count = first(layout.count_ms)
+    firsts = [
+        (first(s), first(m), first(last))
+        for s, m, last in zip(layout.stats_ms, layout.lohi_ms, layout.last_ms, strict=True)
+    ]
+    newer = [0] * len(layout.fields)  # values of each field in tiles after this one, to current
+    for k in sorted(state.tiles, reverse=True):
+        tile = state.tiles[k]
+        kept = k > first_count
+        for j, (part, (f_stats, f_lohi, f_last)) in enumerate(zip(tile.parts, firsts, strict=True)):
+            if k <= f_stats:
+                part[0], part[1] = None, 0.0
+            if k <= f_lohi:
+                part[2] = part[3] = None
+            last = part[4]
+            if last is not None:
+                if k <= f_last or (k <= current and newer[j] >= layout.keep[j]):
+                    part[4] = None
+                elif k <= current:
+                    newer[j] += len(last)
+            kept = kept or part[0] is not None or part[2] is not None or bool(part[4])
+        if not kept:
+            del state.tiles[k]
 
 
 # --- reading: tiles into answers ---------------------------------------------------------
 
 
 def answer(state: State, layout: Layout, now: float) -> Answer:
-    """Each aggregate of the group at unix time ``now``."""
+    """Each aggregate of the group at unix time ``now``: one pass over the tiles."""
     tile_ms = layout.tile_ms
     now_ms = math.floor(now * MS)
     current = now_ms // tile_ms
-    tiles = [t for k, t in sorted(state.tiles.items()) if k <= current]
-    values: list[float | int | list[float] | list[int] | None] = []
-    for a in layout.aggregation.aggregates:
-        first = (now_ms - a.window_seconds * MS) // tile_ms  # excluded
-        inside = [t for t in tiles if t.index > first]
-        values.append(_combine(a, inside, layout))
+    aggregates = layout.aggregation.aggregates
+    firsts = [(now_ms - a.window_seconds * MS) // tile_ms for a in aggregates]
+    js = [None if a.of is None else layout.index[a.of] for a in aggregates]
+    n = len(aggregates)
+    counts = [0] * n
+    sums: list[list[float]] = [[] for _ in range(n)]
+    los: list[float | None] = [None] * n
+    his: list[float | None] = [None] * n
+    lasts: list[list[list[Any]]] = [[] for _ in range(n)]
     longest = (now_ms - layout.longest_ms) // tile_ms
-    newest = max((t.newest_ms for t in tiles if t.index > longest), default=None)
-    return Answer(values, newest, (current + 1) * tile_ms / MS)
-
-
-def _combine(a: Aggregate, tiles: Sequence[Tile], layout: Layout) -> Any:
-    f = a.function
-    if a.of is None:
-        return sum(t.count for t in tiles)
-    j = layout.index[a.of]
-    parts = [t.parts[j] for t in tiles if t.parts[j][0]]
-    if f is Function.COUNT:
-        return sum(p[0] for p in parts)
-    if f is Function.SUM:
-        return float(math.fsum(p[1] for p in parts))
-    if not parts:
-        return None
-    if f is Function.MEAN:
-        return math.fsum(p[1] for p in parts) / sum(p[0] for p in parts)
-    if f is Function.MIN:
-        return min(p[2] for p in parts)
-    if f is Function.MAX:
-        return max(p[3] for p in parts)
-    newest: list[float | int] = []
-    for p in reversed(parts):  # newest tile first; each tile's values newest first
-        newest.extend(v for _, v in p[4])
-        if len(newest) >= a.n:
+    newest: int | None = None
+    for k, tile in sorted(state.tiles.items()):
+        if k > current:
             break
-    return newest[: a.n]
+        if k > longest and (newest is None or tile.newest_ms > newest):
+            newest = tile.newest_ms
+        for i, a in enumerate(aggregates):
+            if k <= firsts[i]:
+                continue
+            j = js[i]
+            if j is None:
+                counts[i] += tile.count
+                continue
+            part = tile.parts[j]
+            f = a.function
+            if f is Function.MIN or f is Function.MAX:
+                lo = part[2]
+                if lo is not None:
+                    if f is Function.MIN:
+                        los[i] = lo if los[i] is None or lo < los[i] else los[i]
+                    else:
+                        hi = part[3]
+                        his[i] = hi if his[i] is None or hi > his[i] else his[i]
+            elif f is Function.LAST_N:
+                if part[4]:
+                    lasts[i].append(part[4])
+            elif part[0]:
+                counts[i] += part[0]
+                sums[i].append(part[1])
+    values: list[Any] = []
+    for i, a in enumerate(aggregates):
+        f = a.function
+        if f is Function.COUNT:
+            values.append(counts[i])
+        elif f is Function.SUM:
+            values.append(float(math.fsum(sums[i])))
+        elif f is Function.MEAN:
+            values.append(math.fsum(sums[i]) / counts[i] if counts[i] else None)
+        elif f is Function.MIN:
+            values.append(los[i])
+        elif f is Function.MAX:
+            values.append(his[i])
+        else:  # the newest tile's values first; each tile's newest first
+            picked: list[Any] = []
+            for last in reversed(lasts[i]):
+                picked.extend(v for _, v in last)
+                if len(picked) >= a.n:
+                    break
+            values.append(picked[: a.n] if picked else None)
+    return Answer(values, newest, (current + 1) * tile_ms / MS)
 
 
 # --- the reference -----------------------------------------------------------------------
@@ -284,7 +437,7 @@ def reference_answer(
     partition) and events past the lateness are dropped as ``apply`` drops them; then each
     aggregate reads the events of the tiles after the one holding ``now - window``
     through the one holding ``now``."""
-    seen: dict[str, int] = {}
+    seen: dict[int, int] = {}
     counted: list[Event] = []
     newest: int | None = None
     tile_ms, lateness = aggregation.tile_seconds * MS, aggregation.lateness_seconds * MS

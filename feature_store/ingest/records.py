@@ -342,7 +342,7 @@ def decode_events(
         event = Event(
             round(row.seconds * 1000),
             numbers,
-            None if partitions is None else str(partitions[i]),
+            None if partitions is None else partitions[i],
             -1 if offsets is None else offsets[i],
         )
         out.setdefault(row.key, []).append((i, event))

@@ -76,7 +76,9 @@ def _write_chunk(
                 continue
             state = State(version=stored.version) if replace else stored
             result = apply(state, layout, [e for _, e in indexed])
-            commands.append(windows_write(key, field_, stored.version, encode_state(state), ttl))
+            commands.append(
+                windows_write(key, field_, stored.version, encode_state(state, layout), ttl)
+            )
             applied.append((key, result))
         replies = writer.send(commands) if commands else []
         done = time.time()

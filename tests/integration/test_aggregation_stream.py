@@ -87,7 +87,7 @@ class Topic:
         self.producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 2, "acks": "all"}
         )
-        self.placed: list[tuple[int, dict[str, object], str, int]] = []  # in ack order
+        self.placed: list[tuple[int, dict[str, object], int, int]] = []  # in ack order
 
     def send(self, records: list[tuple[int, dict[str, object]]], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
         for entity, doc in records:
@@ -96,7 +96,7 @@ class Topic:
                 err: object, msg: object, entity: int = entity, doc: dict[str, object] = doc
             ) -> None:
                 assert err is None, err
-                self.placed.append((entity, doc, str(msg.partition()), msg.offset()))  # type: ignore[attr-defined]
+                self.placed.append((entity, doc, msg.partition(), msg.offset()))  # type: ignore[attr-defined]
 
             body = orjson.dumps({"consumer_id": entity, **doc})
             self.producer.produce(self.name, body, key=str(entity).encode(), on_delivery=placed)
@@ -322,7 +322,7 @@ def test_two_writers_of_one_entity_lose_no_event(redis_url: str, data: st.DataOb
     counts = data.draw(st.tuples(st.integers(1, 40), st.integers(1, 40)))
     errors: list[BaseException] = []
 
-    def write(partition: str, n: int) -> None:
+    def write(partition: int, n: int) -> None:
         writer = ChunkWriter(
             RedisTarget.parse(redis_url), ttl_seconds=60, chunk_size=1, retry=RetrySpec()
         )
@@ -338,7 +338,7 @@ def test_two_writers_of_one_entity_lose_no_event(redis_url: str, data: st.DataOb
             writer.close()
 
     threads = [
-        threading.Thread(target=write, args=(p, n)) for p, n in zip("01", counts, strict=True)
+        threading.Thread(target=write, args=(p, n)) for p, n in zip((0, 1), counts, strict=True)
     ]
     for t in threads:
         t.start()

@@ -92,7 +92,7 @@ def _history(now: float, rng: random.Random) -> dict[int, list[Event]]:
                 values["order_total"] = round(rng.uniform(1, 200), 2)
             if rng.random() < 0.8:
                 values["basket_size"] = float(rng.randint(1, 12))
-            events.append(Event(math.floor((now - back) * 1000), values, "0", n))
+            events.append(Event(math.floor((now - back) * 1000), values, 0, n))
         out[entity] = events
     return out
 
@@ -252,7 +252,7 @@ def test_a_window_slides_with_the_clock_through_the_l1(redis_url: str, registry_
         FeatureClient(server.rest_url, timeout=10) as client,
     ):
         now = time.time()
-        _write(redis_url, group, {900: [Event(math.floor(now * 1000), {}, "0", 0)]})
+        _write(redis_url, group, {900: [Event(math.floor(now * 1000), {}, 0, 0)]})
         seen = [client.get("consumer", [900], features=["clicks_2s"]).rows[0].values[0]]
         deadline = time.monotonic() + 10
         while seen[-1] != 0 and time.monotonic() < deadline:
@@ -362,7 +362,7 @@ def test_the_stream_s_and_the_backfill_s_served_answers_equal_the_reference(
     arrived: list[tuple[int, Event]] = []
     for offset, (entity, t, x, k) in enumerate(raw):
         values = {n: v for n, v in (("x", x), ("k", k)) if v is not None}
-        event = Event(int(T_BASE * 1000) + t, values, "0", offset)
+        event = Event(int(T_BASE * 1000) + t, values, 0, offset)
         history.setdefault(entity, []).append(event)
         arrived.append((entity, event))
 

@@ -43,7 +43,7 @@ feature_groups:
 GROUP = parse_registry(REGISTRY).group("consumer_activity")
 AGG = GROUP.aggregation
 assert AGG is not None
-LAYOUT = Layout(AGG)
+LAYOUT = Layout.of(GROUP)
 T0 = 1_800_000_000_000  # ms
 
 
@@ -112,21 +112,34 @@ def test_the_default_tile_divides_every_window() -> None:
     assert agg.lateness_seconds == 600
 
 
+# each event's time: anywhere in 9 days (beyond the longest window), or after the one before
+# (by up to 3 h, less up to 20 min: late past the bound of 10 min at times), so that many
+# count and windows hold more values than last_n keeps
+event_times = st.one_of(
+    st.tuples(st.just("at"), st.integers(0, 9 * 86_400_000)),
+    st.tuples(st.just("after"), st.integers(-20 * 60_000, 3 * 3_600_000)),
+)
 events = st.lists(
     st.tuples(
-        st.integers(0, 9 * 86_400_000),  # ms after T0: beyond the longest window
+        event_times,
         st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False)),  # order_total
         st.one_of(st.none(), st.integers(0, 40)),  # basket_size
-        st.one_of(st.none(), st.integers(-(2**40), 2**40)),  # store_id
-        st.sampled_from(["0", "1"]),  # partition
+        st.one_of(st.none(), st.integers(-(2**40), 2**40), st.integers(0, 9)),  # store_id
+        st.sampled_from([0, 1]),  # partition
     ),
-    max_size=60,
+    max_size=80,
 )
 
 
-def _events(raw: list[tuple[int, float | None, int | None, int | None, str]]) -> list[Event]:
-    out, offsets = [], {"0": 0, "1": 0}
-    for t, total, basket, store, partition in raw:
+Raw = list[tuple[tuple[str, int] | int, float | None, int | None, int | None, int]]
+
+
+def _events(raw: Raw) -> list[Event]:
+    out, offsets = [], {0: 0, 1: 0}
+    t = 0
+    for when, total, basket, store, partition in raw:
+        t = when if isinstance(when, int) else (when[1] if when[0] == "at" else t + when[1])
+        t = max(0, t)
         values: dict[str, float | int] = {}
         if total is not None:
             values["order_total"] = total
@@ -147,14 +160,14 @@ def _equal(got: list[object], want: list[object]) -> None:
             assert g == w, (a, g, w)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     events,
     st.lists(st.integers(1, 20), max_size=6),
-    st.lists(st.integers(0, 10 * 86_400_000), min_size=1, max_size=5),
+    st.lists(st.one_of(st.integers(0, 10 * 86_400_000), st.integers(0, 30 * 60_000)), max_size=5),
 )
 def test_tiles_answer_as_the_reference(
-    raw: list[tuple[int, float | None, int | None, int | None, str]],
+    raw: Raw,
     cuts: list[int],
     reads: list[int],
 ) -> None:
@@ -169,10 +182,10 @@ def test_tiles_answer_as_the_reference(
         for _ in range(2):
             state = decode_state(stored, LAYOUT)
             apply(state, LAYOUT, chunk)
-            stored = encode_state(state)
+            stored = encode_state(state, LAYOUT)
     state = decode_state(stored, LAYOUT)
     newest = max((e.time_ms for e in evs), default=T0)
-    for offset in reads:
+    for offset in [0, *reads]:
         # from the newest event less the lateness on: a reader's clock a little behind
         now = (newest - AGG.lateness_seconds * 1000 + offset) / 1000
         got = answer(state, LAYOUT, now)
@@ -180,7 +193,7 @@ def test_tiles_answer_as_the_reference(
 
 
 def test_a_replayed_topic_changes_nothing() -> None:
-    evs = _events([(i * 1000, 1.0, 2, i, "0") for i in range(10)])
+    evs = _events([(i * 1000, 1.0, 2, i, 0) for i in range(10)])
     state = decode_state(None, LAYOUT)
     assert apply(state, LAYOUT, evs).counted == 10
     again = apply(state, LAYOUT, evs)
@@ -190,7 +203,7 @@ def test_a_replayed_topic_changes_nothing() -> None:
 
 
 def test_late_events_are_not_counted_and_are_named() -> None:
-    late = [(20 * 60_000, 5.0, 1, 1, "0"), (0, 7.0, 1, 2, "0"), (10 * 60_000, 3.0, 1, 3, "0")]
+    late = [(20 * 60_000, 5.0, 1, 1, 0), (0, 7.0, 1, 2, 0), (10 * 60_000, 3.0, 1, 3, 0)]
     state = decode_state(None, LAYOUT)
     applied = apply(state, LAYOUT, _events(late))
     assert applied.late == [1]
@@ -203,7 +216,7 @@ def test_late_events_are_not_counted_and_are_named() -> None:
 
 def test_a_window_slides_without_events() -> None:
     state = decode_state(None, LAYOUT)
-    apply(state, LAYOUT, _events([(30_000, 12.5, 3, 9, "0")]))
+    apply(state, LAYOUT, _events([(30_000, 12.5, 3, 9, 0)]))
     hour_later = answer(state, LAYOUT, (T0 + 3_600_000 + 60_000) / 1000)
     assert hour_later.values[:2] == [0, 0.0]
     assert hour_later.values[2] == 3.0
@@ -218,12 +231,53 @@ def test_a_window_slides_without_events() -> None:
 
 def test_pruned_tiles_leave_the_state() -> None:
     state = decode_state(None, LAYOUT)
-    apply(state, LAYOUT, _events([(i * 86_400_000, 1.0, 1, 1, "0") for i in range(10)]))
-    # the newest is day 9: a read 10 minutes (the lateness) before it reaches back to day 2
-    assert sorted(state.tiles) == [(T0 + i * 86_400_000) // 60_000 for i in range(2, 10)]
+    apply(state, LAYOUT, _events([(i * 86_400_000, 1.0, 1, 1, 0) for i in range(10)]))
+    # the newest is day 9. The last 5 stores (7 d) of a read 10 minutes (the lateness)
+    # before it are days 4-8; nothing else reads a tile older than a day
+    assert sorted(state.tiles) == [(T0 + i * 86_400_000) // 60_000 for i in range(4, 10)]
+    day = state.tiles[(T0 + 8 * 86_400_000) // 60_000]
+    j = LAYOUT.index
+    # day 8 (in the 1 d windows of reads from 10 minutes before day 9): no sum (1 h)
+    assert day.parts[j["store_id"]][4] == [[T0 + 8 * 86_400_000, 1]]
+    assert day.parts[j["order_total"]][:4] == [None, 0.0, 1.0, 1.0]
+    assert day.parts[j["basket_size"]][:2] == [1, 1.0]  # the 1 d mean's
+    assert state.tiles[(T0 + 7 * 86_400_000) // 60_000].parts[j["order_total"]][:4] == [
+        None,
+        0.0,
+        None,
+        None,
+    ]
+    today = state.tiles[(T0 + 9 * 86_400_000) // 60_000]
+    assert today.parts[j["order_total"]][:4] == [1, 1.0, 1.0, 1.0]
+    assert decode_state(encode_state(state, LAYOUT), LAYOUT).tiles == state.tiles
 
 
 def test_unreadable_state_is_an_encoding_error() -> None:
     for data in (b"not a state", b"3|{", b"3|[1, {}, [[1, 2, 3, []]]]"):
         with pytest.raises(EncodingError, match="window tiles cannot be read"):
             decode_state(data, LAYOUT)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-15 * 60_000, 6 * 3_600_000), st.integers(0, 9)), min_size=5),
+    st.lists(st.integers(0, 8 * 86_400_000), max_size=4),
+)
+def test_pruned_state_keeps_what_every_later_read_needs(
+    steps: list[tuple[int, int]], reads: list[int]
+) -> None:
+    """Orders mostly in time order (a few late), every one with a store and a total: the
+    tiles pruned after each event still answer every read from the newest event less the
+    lateness on as the reference does (last_n's depth, the 1 h and 1 d parts)."""
+    evs, t = [], T0
+    for offset, (step, store) in enumerate(steps):
+        t = max(T0, t + step)
+        evs.append(Event(t, {"order_total": float(store), "store_id": store}, 0, offset))
+    state = decode_state(None, LAYOUT)
+    for e in evs:  # one at a time: pruned after each
+        state = decode_state(encode_state(state, LAYOUT), LAYOUT)
+        apply(state, LAYOUT, [e])
+    newest = max(e.time_ms for e in evs)
+    for offset in [0, 60_000, *reads]:
+        now = (newest - AGG.lateness_seconds * 1000 + offset) / 1000
+        _equal(answer(state, LAYOUT, now).values, reference_answer(AGG, evs, now))
