@@ -58,6 +58,7 @@ from feature_store.ingest.windows import write_events
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.kafka import EmbeddedKafka
 from feature_store.layout import entity_key
+from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import FeatureGroup, load_registry
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
@@ -66,7 +67,6 @@ from feature_store.windows import Event, Layout, answer, apply, decode_state
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
 from cost import cpu_seconds, h2load, wrk
-from dataplane import grpc_request
 
 AGGREGATES = """\
       tile: 1m
@@ -213,8 +213,12 @@ def cost_cell(
             if api == "rest":
                 n, _, p99, bad = wrk(f"{server.rest_url}/v1/features/get", bodies, window, work)
             else:
-                body = grpc_request(bodies[0])
-                n, _, p99, bad = h2load(server.grpc_target, body, window, work)
+                request = pb.GetFeaturesRequest(
+                    entity_type=entity, int_ids=batches[0], groups=[group]
+                )
+                n, _, p99, bad = h2load(
+                    server.grpc_target, request.SerializeToString(), window, work
+                )
             return n, p99, bad
 
         load(2.0)  # teach the fronts, fill the L1

@@ -24,8 +24,8 @@ from feature_store.layout import (
 )
 from feature_store.native import format_of
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
-from feature_store.serialization import Codec, Value
-from feature_store.windows import Layout, answer, decode_state
+from feature_store.serialization import Value
+from feature_store.windows import Layout, stored_answer
 
 EntityId: TypeAlias = int | str
 Command: TypeAlias = tuple[bytes | str | int, ...]
@@ -281,7 +281,7 @@ def decode_read(
 
 # an aggregated group of a read: its index, its layout, its features' places in the reply
 # (with each one's aggregate and codec), and the place of its write time
-_Windows = tuple[int, Layout, list[tuple[int, int, Codec]], int]
+_Windows = tuple[int, Layout, list[tuple[int, int]], int]
 
 
 def _windows(plan: ReadPlan) -> list[_Windows]:
@@ -291,9 +291,7 @@ def _windows(plan: ReadPlan) -> list[_Windows]:
         if group.aggregation is not None:
             index = {f.name: n for n, f in enumerate(group.features)}
             places = [
-                (i, index[f.name], f.codec)
-                for i, f in enumerate(plan.features)
-                if f.group == group.name
+                (i, index[f.name]) for i, f in enumerate(plan.features) if f.group == group.name
             ]
             out.append((gi, Layout.of(group), places, nfeat + gi))
     return out
@@ -314,23 +312,20 @@ def _answer_windows(
     for gi, layout, places, ts in windows:
         data = reply[ts]
         out[ts] = None
-        for i, _, _ in places:
+        for i, _ in places:
             out[i] = None
         if data is None:
             continue
         try:
-            state = decode_state(data, layout)
+            stored, newest = stored_answer(data, layout, at)
         except EncodingError as e:
-            faults[gi] = Fault(
-                FaultReason.UNDECODABLE_VALUE, f"{key.decode(errors='replace')}: {e}"
-            )
+            where = key.decode(errors="replace")
+            faults[gi] = Fault(FaultReason.UNDECODABLE_VALUE, f"{where}: {e}")
             continue
-        answered = answer(state, layout, at)
-        for i, a, codec in places:
-            value = answered.values[a]
-            out[i] = None if value is None else codec.encode(value)
-        if answered.newest_ms is not None:
-            out[ts] = encode_timestamp(answered.newest_ms / 1000)
+        for i, a in places:
+            out[i] = stored[a]
+        if newest is not None:
+            out[ts] = encode_timestamp(newest / 1000)
     return out
 
 

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from feature_store.serialization import Codec, Value
 from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, unpack
@@ -54,6 +54,17 @@ def native_enabled() -> bool:
 def format_of(codecs: tuple[Codec, ...]) -> GroupFormat:
     """One GroupFormat per list of value types (a codec compares by type and dimension)."""
     return GroupFormat(codecs)
+
+
+def windows_answerer(
+    tile_ms: int,
+    longest_ms: int,
+    ints: list[bool],
+    aggregates: list[tuple[int, int, int, int, int]],
+) -> Any:
+    """The native ``windows.answer`` of one aggregated group's layout (``_native.Windows``),
+    or None when the extension is off."""
+    return None if _native is None else _native.Windows(tile_ms, longest_ms, ints, aggregates)
 
 
 def float32_encoder() -> Callable[[list[float]], list[bytes | None]] | None:

@@ -35,6 +35,7 @@ The state is JSON (orjson: floats round-trip exactly) after a version counter
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,8 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feature_store.errors import EncodingError
-from feature_store.registry import Aggregation, FeatureGroup, Function
-from feature_store.serialization import FeatureType
+from feature_store.native import windows_answerer
+from feature_store.registry import Aggregate, Aggregation, FeatureGroup, Function
+from feature_store.serialization import Codec, FeatureType, codec_for
+from feature_store.serialization.answers import TYPE_CODES
 
 MS = 1000
 
@@ -95,6 +98,7 @@ class Layout:
 
     __slots__ = (
         "aggregation",
+        "codecs",
         "count_ms",
         "fields",
         "index",
@@ -104,12 +108,17 @@ class Layout:
         "lateness_ms",
         "lohi_ms",
         "longest_ms",
+        "native",
         "stats_ms",
         "tile_ms",
     )
 
-    def __init__(self, aggregation: Aggregation, ints: Iterable[str] = ()) -> None:
+    def __init__(
+        self, aggregation: Aggregation, ints: Iterable[str] = (), codecs: Sequence[Codec] = ()
+    ) -> None:
         self.aggregation = aggregation
+        # each aggregate's answer type, as the group's features have it
+        self.codecs = tuple(codecs) or tuple(_answer_codec(a, ints) for a in aggregation.aggregates)
         self.fields = aggregation.fields
         self.index = {name: i for i, name in enumerate(self.fields)}
         self.ints = [name in set(ints) for name in self.fields]  # last values are int64
@@ -141,13 +150,56 @@ class Layout:
         self.tile_ms = aggregation.tile_seconds * MS
         self.lateness_ms = aggregation.lateness_seconds * MS
         self.longest_ms = aggregation.longest_seconds * MS
+        functions = list(Function)
+        self.native = windows_answerer(
+            self.tile_ms,
+            self.longest_ms,
+            self.ints,
+            [
+                (
+                    functions.index(a.function),
+                    -1 if a.of is None else self.index[a.of],
+                    a.window_seconds * MS,
+                    a.n,
+                    TYPE_CODES[c.type],
+                )
+                for a, c in zip(aggregation.aggregates, self.codecs, strict=True)
+            ],
+        )
 
     @classmethod
     def of(cls, group: FeatureGroup) -> Layout:
         if group.aggregation is None:
             raise ValueError(f"feature group {group.name!r} is not aggregated")
         types = field_types(group.aggregation, group)
-        return cls(group.aggregation, [n for n, t in types.items() if t is FeatureType.INT])
+        ints = [n for n, t in types.items() if t is FeatureType.INT]
+        return cls(group.aggregation, ints, [f.codec for f in group.features])
+
+
+def _answer_codec(a: Aggregate, ints: Iterable[str]) -> Codec:
+    if a.function is Function.COUNT:
+        return codec_for(FeatureType.INT, None)
+    if a.function is Function.LAST_N:
+        listed = FeatureType.INT_LIST if a.of in set(ints) else FeatureType.FLOAT_LIST
+        return codec_for(listed, None)
+    return codec_for(FeatureType.DOUBLE, None)
+
+
+def stored_answer(data: bytes, layout: Layout, now: float) -> tuple[list[bytes | None], int | None]:
+    """Each aggregate's answer at unix time ``now`` as a plain group stores a value of its
+    type (the group's codecs read it from there), and the newest event in the longest
+    window (ms): natively where the extension is on (it reads the state itself), else by
+    ``decode_state`` and ``answer``. EncodingError if the state cannot be read."""
+    if layout.native is not None:
+        with contextlib.suppress(ValueError):  # a state only the reference reads: it decides
+            values, newest = layout.native.answer(data, math.floor(now * MS))
+            return values, newest
+    answered = answer(decode_state(data, layout), layout, now)
+    stored = [
+        None if v is None else c.encode(v)
+        for c, v in zip(layout.codecs, answered.values, strict=True)
+    ]
+    return stored, answered.newest_ms
 
 
 # --- the state in Redis ------------------------------------------------------------------
@@ -369,7 +421,7 @@ def answer(state: State, layout: Layout, now: float) -> Answer:
     js = [None if a.of is None else layout.index[a.of] for a in aggregates]
     n = len(aggregates)
     counts = [0] * n
-    sums: list[list[float]] = [[] for _ in range(n)]
+    sums = [0.0] * n
     los: list[float | None] = [None] * n
     his: list[float | None] = [None] * n
     lasts: list[list[list[Any]]] = [[] for _ in range(n)]
@@ -402,16 +454,16 @@ def answer(state: State, layout: Layout, now: float) -> Answer:
                     lasts[i].append(part[4])
             elif part[0]:
                 counts[i] += part[0]
-                sums[i].append(part[1])
+                sums[i] += part[1]
     values: list[Any] = []
     for i, a in enumerate(aggregates):
         f = a.function
         if f is Function.COUNT:
             values.append(counts[i])
-        elif f is Function.SUM:
-            values.append(float(math.fsum(sums[i])))
+        elif f is Function.SUM:  # in tile order, as the native answer adds them
+            values.append(sums[i])
         elif f is Function.MEAN:
-            values.append(math.fsum(sums[i]) / counts[i] if counts[i] else None)
+            values.append(sums[i] / counts[i] if counts[i] else None)
         elif f is Function.MIN:
             values.append(los[i])
         elif f is Function.MAX:

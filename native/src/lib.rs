@@ -14,6 +14,7 @@
 //! - `resp`: RESP2 replies split straight from the socket's bytes
 //! - `rows`: an entity's row of an answer (values, statuses, ages), REST and gRPC
 //! - `time`: durations, the clock, write times, Feast's event timestamps
+//! - `windows`: window aggregations answered from an entity's stored tiles
 //! - `hits`: the L1's mirror and planned reads: lookups answered without Python
 //! - `front`: the gRPC and REST ports on threads of their own
 
@@ -24,6 +25,7 @@ mod hits;
 mod resp;
 mod rows;
 mod time;
+mod windows;
 
 use pyo3::prelude::*;
 
@@ -37,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<front::rest::RestCall>()?;
     m.add_class::<hits::HitCache>()?;
     m.add_class::<front::redis::FrontRedis>()?;
+    m.add_class::<windows::Windows>()?;
     m.add_function(wrap_pyfunction!(front::auth::key_role, m)?)?;
     m.add_function(wrap_pyfunction!(front::slots::key_slot, m)?)?;
     m.add_function(wrap_pyfunction!(resp::resp_scan, m)?)?;

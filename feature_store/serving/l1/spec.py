@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from feature_store.native import GroupFormat
 from feature_store.registry import FeatureGroup, Registry
 from feature_store.serialization.answers import unpack
 from feature_store.serving.l1.cache import CacheKey, Entry
-from feature_store.windows import Layout, answer, decode_state
+from feature_store.windows import Layout, stored_answer
 
 
 def _resp(fields: Sequence[bytes]) -> bytes:
@@ -106,21 +107,17 @@ class GroupSpec:
         data = unpack(reply)[offset] if isinstance(reply, bytes) else reply[offset]
         if data is None:
             return Entry(key, fmt, None, fmt.absent_present, fmt.absent_json, None)
+        wall, mono = time.time(), time.monotonic()
         try:
-            state = decode_state(data, self.windows)
+            stored, newest = stored_answer(data, self.windows, wall)
         except EncodingError as e:
             raise EntityDataError(f"{key[1].decode(errors='replace')}: {e}") from None
-        wall, mono = time.time(), time.monotonic()
-        now = answer(state, self.windows, wall)
-        stored = [
-            None if v is None else f.codec.encode(v)
-            for f, v in zip(self.group.features, now.values, strict=True)
-        ]
-        newest = now.newest_ms
         stored.append(None if newest is None else encode_timestamp(newest / 1000))
         raw, present, answered = fmt.load(stored, records)
         written_at = None if newest is None else newest // 1000
-        until = mono + max(0.0, now.changes_at - wall)
+        # the answer holds until the next tile boundary
+        tile = self.windows.tile_ms
+        until = mono + max(0.0, ((math.floor(wall * 1000) // tile + 1) * tile) / 1000 - wall)
         if records:
             wire = None if bare else answered
             return Entry(key, fmt, raw, present, None, written_at, wire=wire, until=until)
