@@ -138,6 +138,18 @@ class RestFront:
     def redis(self) -> FrontRedis: ...
     def stop(self, grace: float) -> None: ...
 
+# (function, field or -1, window ms, n, answer type code)
+WindowAggregate = tuple[int, int, int, int, int]
+# an aggregated group's share of a planned read: tile ms, longest window ms, each field's
+# values int64, its aggregates, and the aggregates read
+WindowShare = tuple[int, int, list[bool], list[WindowAggregate], list[int]]
+
+class Windows:
+    def __init__(
+        self, tile_ms: int, longest_ms: int, ints: list[bool], aggregates: list[WindowAggregate]
+    ) -> None: ...
+    def answer(self, data: bytes, now_ms: int) -> tuple[list[bytes | None], int | None]: ...
+
 class HitCache:
     """Lookups on the fronts' threads (native/src/hits/): the L1's entries mirrored, or
     (``planning``) the Redis commands and answers of lookups without the L1."""
@@ -158,6 +170,7 @@ class HitCache:
         whole: bool,
         types: list[tuple[int, int]],
         counts: list[int] | None = None,
+        windows: list[WindowShare | None] | None = None,
     ) -> None: ...
     def plan(
         self,

@@ -109,6 +109,7 @@ class Layout:
         "lohi_ms",
         "longest_ms",
         "native",
+        "native_spec",
         "stats_ms",
         "tile_ms",
     )
@@ -151,7 +152,8 @@ class Layout:
         self.lateness_ms = aggregation.lateness_seconds * MS
         self.longest_ms = aggregation.longest_seconds * MS
         functions = list(Function)
-        self.native = windows_answerer(
+        # the native answer's description of this layout (``_native.Windows``)
+        self.native_spec = (
             self.tile_ms,
             self.longest_ms,
             self.ints,
@@ -166,6 +168,7 @@ class Layout:
                 for a, c in zip(aggregation.aggregates, self.codecs, strict=True)
             ],
         )
+        self.native = windows_answerer(*self.native_spec)
 
     @classmethod
     def of(cls, group: FeatureGroup) -> Layout:

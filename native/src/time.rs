@@ -20,6 +20,13 @@ pub(crate) fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// The clock in unix milliseconds.
+pub(crate) fn unix_now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// A stored write time in whole seconds, as `layout.decode_timestamp` reads it (digits, at
 /// most one decimal point and nine digits after it, up to 2**40); None for anything else.
 pub(crate) fn unix_seconds(text: &[u8]) -> Option<i64> {

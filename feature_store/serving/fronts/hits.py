@@ -167,12 +167,6 @@ class FrontLookups:
             if form in self.forms or len(self.forms) >= len(API_NAMES) * MAX_FORMS:
                 return
             self.forms.add(form)  # taught or not, asked once
-            if self.planning and any(g.aggregation is not None for g in proj.groups):
-                # an aggregated group's answer is computed from its tiles at the time of
-                # the read, which a planned read's rendering does not do: its handler reads
-                # it. From the L1 (hits), its entries hold the answer, until its next tile
-                # boundary (``Entry.until``), so its hits are answered here as any others
-                return
             parts: list[tuple[int, int | None, list[int] | None, bytes]] = []
             order = None
             if len(proj.groups) != 1:
@@ -228,19 +222,25 @@ class FrontLookups:
         read, unless a field repeats (an HGETALL's reply holds it once)."""
         fields: list[bytes] = []
         types: list[tuple[int, int]] = []
+        windows: list[
+            tuple[int, int, list[bool], list[tuple[int, int, int, int, int]], list[int]] | None
+        ] = []
         for name, picks in shares:
             spec = self.specs[name]
             codecs = [spec.fmt.codecs[fi] for fi in picks]
-            if spec.windows is not None:  # one field, the window state: never planned
-                fields += [spec.fields[0]] * (len(picks) + 1)
+            if spec.windows is not None:
+                # an aggregated group: its one field, its tiles, answered at the read
+                fields.append(spec.fields[0])
+                windows.append((*spec.windows.native_spec, list(picks)))
             else:
                 fields += [*(spec.fields[fi] for fi in picks), spec.fields[-1]]
+                windows.append(None)
             types += [(TYPE_CODES[c.type], c.dim or 0) for c in codecs]
         spec = self.specs[shares[0][0]]
         whole = reads_whole_hash(len(fields), spec.hash_fields)
         counts = [len(picks) for _, picks in shares]
         self.native.define_read(
-            read, fields, whole and len(set(fields)) == len(fields), types, counts
+            read, fields, whole and len(set(fields)) == len(fields), types, counts, windows
         )
 
     def _read(self, shares: tuple[Share, ...]) -> int:

@@ -13,6 +13,12 @@ use pyo3::types::PyBytes;
 use super::entry::{Held, Hit, NOT_WRITTEN};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
 use super::{form_key, Hits, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST};
+use crate::windows::WindowSpec;
+
+/// An aggregated group's share of a read, from Python: tile ms, longest window ms, each
+/// field's values int64, its aggregates (function, field or -1, window ms, n, type code),
+/// and the aggregates read.
+type WindowShare = (i64, i64, Vec<bool>, Vec<(u8, i64, i64, usize, u8)>, Vec<usize>);
 
 /// One part of a form `HitCache::learn` learns (see there).
 type PartItem = (u16, Option<i64>, Option<Vec<usize>>, Vec<u8>);
@@ -154,8 +160,10 @@ impl HitCache {
     /// read with HGETALL, its values' types, and `counts`, how many values of each group
     /// it reads (None: one group's, all of `types`). A planned lookup over several groups
     /// of one entity reads them all with one command per id. ValueError where the counts
-    /// do not add up to the fields and the types.
-    #[pyo3(signature = (read, fields, whole, types, counts=None))]
+    /// do not add up to the fields and the types. `windows`: per group, None, or an
+    /// aggregated group's layout (tile ms, longest window ms, each field's values int64,
+    /// its aggregates) and the aggregates read: its one field is its tiles (`windows`).
+    #[pyo3(signature = (read, fields, whole, types, counts=None, windows=None))]
     fn define_read(
         &self,
         read: u16,
@@ -163,9 +171,22 @@ impl HitCache {
         whole: bool,
         types: Vec<(u8, u32)>,
         counts: Option<Vec<usize>>,
+        windows: Option<Vec<Option<WindowShare>>>,
     ) -> PyResult<()> {
         let counts = counts.unwrap_or_else(|| vec![types.len()]);
-        let defined = GroupRead::new(fields, whole, types, &counts).ok_or_else(|| {
+        let windows = windows
+            .unwrap_or_default()
+            .into_iter()
+            .map(|share| {
+                share
+                    .map(|(tile_ms, longest_ms, ints, aggregates, picks)| {
+                        let spec = WindowSpec::from_py(tile_ms, longest_ms, ints, aggregates)?;
+                        Ok((Arc::new(spec), picks))
+                    })
+                    .transpose()
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let defined = GroupRead::new(fields, whole, types, &counts, windows).ok_or_else(|| {
             pyo3::exceptions::PyValueError::new_err(
                 "a read's fields are each group's values and its write time",
             )

@@ -9,6 +9,7 @@ use super::cells::Cells;
 use super::{FEAST, GRPC, REST};
 use crate::codecs::json_i64;
 use crate::resp::Shape;
+use crate::windows::{self, WindowSpec};
 use crate::rows::{write_grpc_row, write_row};
 
 /// A request form Python answered: everything an answer needs besides the entries.
@@ -116,7 +117,13 @@ pub(super) struct GroupRead {
     pub(super) shape: Shape,
     pub(super) types: Vec<(u8, u32)>,
     pub(super) splits: Vec<Split>,
+    /// per group: an aggregated group's layout and the aggregates its values are (its one
+    /// slot holds its tiles, answered at the time of the read: `windows`)
+    pub(super) windows: Vec<Option<Windowed>>,
 }
+
+/// An aggregated group's share of a read: its layout, and which aggregates are read.
+pub(super) type Windowed = (Arc<WindowSpec>, Vec<usize>);
 
 /// One group's share of a reply to a read: its values' types, its stored values, its
 /// stored write time.
@@ -140,21 +147,39 @@ impl GroupRead {
         whole: bool,
         types: Vec<(u8, u32)>,
         counts: &[usize],
+        windows: Vec<Option<Windowed>>,
     ) -> Option<Self> {
+        let windows = if windows.is_empty() {
+            vec![None; counts.len()]
+        } else {
+            windows
+        };
         let values: usize = counts.iter().sum();
-        if values != types.len() || values + counts.len() != fields.len() || counts.is_empty() {
+        // a plain group's values and write time; an aggregated group's one slot, its tiles
+        let slots: usize = (counts.iter().zip(&windows))
+            .map(|(count, w)| if w.is_some() { 1 } else { count + 1 })
+            .sum();
+        if values != types.len() || slots != fields.len() || counts.is_empty() {
+            return None;
+        }
+        if windows.len() != counts.len()
+            || (counts.iter().zip(&windows)).any(|(&count, w)| {
+                w.as_ref().map_or(false, |(spec, picks)| {
+                    picks.len() != count || picks.iter().any(|&a| a >= spec.aggregates.len())
+                })
+            })
+        {
             return None;
         }
         let (mut slot, mut first_type) = (0, 0);
-        let splits = counts
-            .iter()
-            .map(|&count| {
+        let splits = (counts.iter().zip(&windows))
+            .map(|(&count, w)| {
                 let split = Split {
                     slot,
                     first_type,
                     count,
                 };
-                slot += count + 1;
+                slot += if w.is_some() { 1 } else { count + 1 };
                 first_type += count;
                 split
             })
@@ -172,7 +197,45 @@ impl GroupRead {
             shape: Shape::new(fields, whole),
             types,
             splits,
+            windows,
         })
+    }
+
+    /// Whether group `k` is an aggregated group (its values are answered from its tiles).
+    pub(super) fn windowed(&self, k: usize) -> bool {
+        matches!(self.windows.get(k), Some(Some(_)))
+    }
+
+    /// Aggregated group `k`'s values' types and its write time (unix seconds: its newest
+    /// event in its windows), its values answered at `now_ms` from its tiles in a reply's
+    /// `slots` into `answered`, as a plain group stores them. None where Python answers.
+    pub(super) fn answered(
+        &self,
+        k: usize,
+        slots: &[Option<&[u8]>],
+        now_ms: i64,
+        answered: &mut Vec<Option<Vec<u8>>>,
+    ) -> Option<(&[(u8, u32)], Option<i64>)> {
+        let Split {
+            slot,
+            first_type,
+            count,
+        } = *self.splits.get(k)?;
+        let (spec, picks) = self.windows.get(k)?.as_ref()?;
+        let types = self.types.get(first_type..first_type + count)?;
+        answered.clear();
+        let newest = match *slots.get(slot)? {
+            Some(state) => {
+                let (values, newest) = windows::answer(spec, state, now_ms)?;
+                answered.extend(picks.iter().map(|&a| values[a].clone()));
+                newest
+            }
+            None => {
+                answered.extend(picks.iter().map(|_| None));
+                None
+            }
+        };
+        Some((types, newest.map(|ms| ms.div_euclid(1000))))
     }
 
     /// Group `k`'s values' types, its stored values in a reply's `slots`, and its write
@@ -283,8 +346,8 @@ mod tests {
         };
         let field = |name: &str| name.as_bytes().to_vec();
         let fields = ["a", "t1", "b", "c", "t2"].map(field).to_vec();
-        let joined = GroupRead::new(fields, false, vec![(0, 0); 3], &[1, 2]).unwrap();
-        let one = GroupRead::new(["a", "t1"].map(field).to_vec(), false, vec![(0, 0)], &[1]);
+        let joined = GroupRead::new(fields, false, vec![(0, 0); 3], &[1, 2], vec![]).unwrap();
+        let one = GroupRead::new(["a", "t1"].map(field).to_vec(), false, vec![(0, 0)], &[1], vec![]);
         let reads = HashMap::from([(7, Arc::new(joined)), (8, Arc::new(one.unwrap()))]);
         // hits: each part's picks (an entry holds its whole group)
         let hits = [part(0, Some(2)), part(1, None)];
@@ -298,7 +361,7 @@ mod tests {
         assert_eq!(form_widths(&mixed, Some(&reads)), vec![None, None]);
         // a read the counts do not add up for is not defined
         assert!(
-            GroupRead::new(["a", "b"].map(field).to_vec(), false, vec![(0, 0)], &[2]).is_none()
+            GroupRead::new(["a", "b"].map(field).to_vec(), false, vec![(0, 0)], &[2], vec![]).is_none()
         );
     }
 }

@@ -12,7 +12,7 @@ use super::form::{Form, GroupRead};
 use super::{Hits, FEAST, GRPC};
 use crate::codecs::json_i64;
 use crate::group::write_values;
-use crate::time::{unix_now, unix_seconds};
+use crate::time::{unix_now, unix_now_ms, unix_seconds};
 
 /// An id of a planned read, kept until its answer is written.
 enum OwnedId {
@@ -121,6 +121,9 @@ impl Hits {
     pub fn render(&self, plan: &Plan, buf: &[u8], direct: bool) -> Option<Vec<u8>> {
         let (form, read, api) = (&plan.form, &plan.read, plan.api);
         let now = unix_now();
+        // an aggregated group's answer at the time of the read (its tiles' values, owned)
+        let now_ms = unix_now_ms();
+        let mut answered: Vec<Option<Vec<u8>>> = Vec::new();
         // Feast's columns and the rows over several groups in another order than theirs:
         // each part's cells, the answer written from them at the end (Feast's into room
         // `write_columns` makes for them); none for the rows of one group's, or of several
@@ -160,8 +163,16 @@ impl Hits {
             let id = id.id();
             if cells.is_empty() {
                 for k in 0..form.parts.len() {
-                    let (types, stored, written_at) = read.group(k, &slots)?;
-                    let written_at = write_time(written_at)?;
+                    let refs: Vec<Option<&[u8]>>;
+                    let (types, stored, written_at) = if read.windowed(k) {
+                        let (types, written_at) =
+                            read.answered(k, &slots, now_ms, &mut answered)?;
+                        refs = answered.iter().map(|v| v.as_deref()).collect();
+                        (types, &refs[..], written_at)
+                    } else {
+                        let (types, stored, written_at) = read.group(k, &slots)?;
+                        (types, stored, write_time(written_at)?)
+                    };
                     values.clear();
                     present.clear();
                     let stored = stored.iter().copied();
@@ -180,8 +191,15 @@ impl Hits {
                 continue;
             }
             for (k, (cells, part)) in cells.iter_mut().zip(&form.parts).enumerate() {
-                let (types, stored, written_at) = read.group(k, &slots)?;
-                let written_at = write_time(written_at)?;
+                let refs: Vec<Option<&[u8]>>;
+                let (types, stored, written_at) = if read.windowed(k) {
+                    let (types, written_at) = read.answered(k, &slots, now_ms, &mut answered)?;
+                    refs = answered.iter().map(|v| v.as_deref()).collect();
+                    (types, &refs[..], written_at)
+                } else {
+                    let (types, stored, written_at) = read.group(k, &slots)?;
+                    (types, stored, write_time(written_at)?)
+                };
                 if written_at.is_none() && stored.iter().all(Option::is_none) {
                     // nothing of what was read: the entity has nothing of the group (see
                     // `Cells`: a read of some fields cannot see the others)
