@@ -434,7 +434,7 @@ def main() -> int:
             "",
             "## Server CPU per entity looked up: six aggregated features against six plain",
             "",
-            "| API | L1 | plain µs/entity | aggregated µs/entity | aggregated / plain | Redis µs/entity (plain, aggregated) | req/s (plain, aggregated) | errors |",
+            "| API | L1 | plain µs/entity | aggregated µs/entity | aggregated / plain | Redis µs/entity (plain, aggregated) | req/s (plain, aggregated) | errors |",  # noqa: E501
             "|---|---|---:|---:|---:|---|---|---:|",
         ]  # fmt: skip
         for api in ("rest", "grpc"):
@@ -446,7 +446,7 @@ def main() -> int:
                 lines.append(
                     f"| {api} | {l1} | {p.server_us:.1f} | {a.server_us:.1f} | "
                     f"**{a.server_us / p.server_us:.2f}x** | {p.redis_us:.1f}, {a.redis_us:.1f} | "
-                    f"{p.requests / p.seconds:,.0f}, {a.requests / a.seconds:,.0f} | {p.errors + a.errors} |"
+                    f"{p.requests / p.seconds:,.0f}, {a.requests / a.seconds:,.0f} | {p.errors + a.errors} |"  # noqa: E501
                 )
         if not args.skip_stream:
             lines += stream_sections(args, work, registry)
@@ -507,7 +507,7 @@ def stream_sections(args: argparse.Namespace, work: Path, registry: Path) -> lis
     delays = [p.delay for p in probes]
     over = sum(1 for d in delays if d > BOUND_S)
     print(
-        f"event to servable at {held:,.0f}/s: p50 {pct(delays, 0.5):.3f} s, p99 {pct(delays, 0.99):.3f} s, max {max(delays):.3f} s",
+        f"event to servable at {held:,.0f}/s: p50 {pct(delays, 0.5):.3f} s, p99 {pct(delays, 0.99):.3f} s, max {max(delays):.3f} s",  # noqa: E501
         flush=True,
     )
     if args.out:
@@ -522,17 +522,17 @@ def stream_sections(args: argparse.Namespace, work: Path, registry: Path) -> lis
         "",
         "| stream | records | batch seconds | records/s | against plain |",
         "|---|---:|---:|---:|---:|",
-        f"| aggregated (tiles, compare-and-set) | {ar:,} | {as_:.1f} | {ar / as_:,.0f} | {ar / as_ / (pr / ps):.2f}x |",
-        f"| plain (newest record per entity, guarded write) | {pr:,} | {ps:.1f} | {pr / ps:,.0f} | 1.00x |",
+        f"| aggregated (tiles, compare-and-set) | {ar:,} | {as_:.1f} | {ar / as_:,.0f} | {ar / as_ / (pr / ps):.2f}x |",  # noqa: E501
+        f"| plain (newest record per entity, guarded write) | {pr:,} | {ps:.1f} | {pr / ps:,.0f} | 1.00x |",  # noqa: E501
         "",
-        f"## Event to servable at {args.rate:,} events/s ({held:,.0f} held) over {args.entities:,} consumers",
+        f"## Event to servable at {args.rate:,} events/s ({held:,.0f} held) over {args.entities:,} consumers",  # noqa: E501
         "",
         "Produced to Kafka -> `orders_1h` counts it through REST (L1 on, TTL 300 s). "
         f"Plot: `{args.out.with_suffix('.png').name if args.out else '-'}`.",
         "",
         "| probes | p50 s | p99 s | max s | past 2 s |",
         "|---:|---:|---:|---:|---:|",
-        f"| {len(delays)} | {pct(delays, 0.5):.3f} | **{pct(delays, 0.99):.3f}** | {max(delays):.3f} | {over} |",
+        f"| {len(delays)} | {pct(delays, 0.5):.3f} | **{pct(delays, 0.99):.3f}** | {max(delays):.3f} | {over} |",  # noqa: E501
     ]  # fmt: skip
 
 
