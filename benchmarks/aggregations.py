@@ -33,6 +33,7 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
+import contextlib
 import math
 import random
 import re
@@ -313,26 +314,28 @@ def latency(
             time.sleep(0.002)
         p.flush(30)
 
-    counts = {e: 0 for e in PROBES}
     probes: list[Probe] = []
     probe, rng = producer(bootstrap), random.Random(7)
-    thread = threading.Thread(target=load)
+    thread = threading.Thread(target=load, daemon=True)
     t_start = time.monotonic()
     thread.start()
-    with httpx.Client(base_url=rest, timeout=10) as client:
+    with contextlib.ExitStack() as stack, httpx.Client(base_url=rest, timeout=10) as client:
+        stack.callback(stop.set)  # the load stops with the probes, also when they fail
         while time.monotonic() - t_start < seconds:
             entity = rng.choice(PROBES)
-            t0 = time.time()
+            body = {"entity_type": "consumer", "ids": [entity], "features": ["orders_1h"]}
+
+            def count(body: dict[str, object] = body) -> int:
+                got = client.post("/v1/features/get", json=body).json()["results"][0]["values"][0]
+                return int(got or 0)
+
+            before = count()  # what its window holds now (no other event comes for it)
+            at, t0 = time.monotonic() - t_start, time.time()
             probe.produce("orders", order(entity, rng, t0), key=str(entity).encode())
             probe.flush(10)
-            counts[entity] += 1
-            body = {"entity_type": "consumer", "ids": [entity], "features": ["orders_1h"]}
             while True:
-                got = client.post("/v1/features/get", json=body).json()["results"][0]["values"][0]
-                if got == counts[entity]:
-                    probes.append(
-                        Probe(t0 - (time.time() - (time.monotonic() - t_start)), time.time() - t0)
-                    )
+                if count() == before + 1:
+                    probes.append(Probe(at, time.time() - t0))
                     break
                 if time.time() - t0 > 60:
                     raise SystemExit(f"a probe of {entity} was not servable after 60 s")

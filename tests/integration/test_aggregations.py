@@ -276,7 +276,7 @@ def test_plain_writes_of_an_aggregated_group_are_refused(
     redis_url: str, registry_path: Path
 ) -> None:
     registry = load_registry(registry_path)
-    with ServingProcess(redis_url, registry=registry_path, grpc=False) as server:
+    with ServingProcess(redis_url, registry=registry_path) as server:
         with (
             FeatureClient(server.rest_url, timeout=10) as client,
             pytest.raises(
@@ -285,6 +285,17 @@ def test_plain_writes_of_an_aggregated_group_are_refused(
         ):
             client.write(GROUP, [(1, {"orders_1h": 3})])
         assert 400 <= raised.value.status < 500
+        with (
+            GrpcFeatureClient(server.grpc_target, timeout=10) as grpc_client,
+            pytest.raises(ServingRequestError, match="computed from events"),
+        ):
+            grpc_client.write(GROUP, [(1, {"orders_1h": 3})])
+        pushed = httpx.post(
+            f"{server.rest_url}/push",
+            json={"push_source_name": GROUP, "df": {"consumer": [1], "orders_1h": [3]}},
+        )
+        assert pushed.status_code == 400, pushed.text
+        assert "computed from events" in pushed.text
     with (
         FeatureStore.connect(redis_url, registry) as store,
         pytest.raises(Exception, match="computed from events"),
