@@ -480,3 +480,33 @@ def _counted(lateness: int, history: dict[int, list[Event]]) -> dict[int, list[E
             out.setdefault(entity, []).append(e)
             newest = e.time_ms if newest is None else max(newest, e.time_ms)
     return out
+
+
+@pytest.mark.cluster
+def test_on_a_redis_cluster(cluster_url: str, registry_path: Path) -> None:
+    """Tiles written through the cluster's masters (the compare-and-set script routed by
+    its key) and answered by a server's fronts (their planned reads routed by slot) and by
+    the library, as the reference says."""
+    registry = load_registry(registry_path)
+    group = registry.group(GROUP)
+    history = _history(time.time(), random.Random(11))
+    _write(cluster_url, group, history)
+    with (
+        ServingProcess(cluster_url, registry=registry_path, args=["--no-cache"]) as server,
+        FeatureClient(server.rest_url, timeout=10) as rest,
+        FeatureStore.connect(cluster_url, registry) as library,
+    ):
+        for _ in range(3):
+
+            def via_rest() -> list[tuple[list[object], list[str]]]:
+                got = rest.get("consumer", IDS, features=FEATURES)
+                return [(r.values, r.statuses) for r in got.rows]
+
+            def via_library() -> list[tuple[list[object], list[str]]]:
+                got = library.read("consumer", IDS, FEATURES)
+                return [(r.values, r.statuses) for r in got.rows]
+
+            for read in (via_rest, via_library):
+                _check_at_read_time(group, history, read)
+        fronts = _front_lookups(server.rest_url)
+        assert fronts.get(("rest", "read_direct"), 0) > 0, fronts
