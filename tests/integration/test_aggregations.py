@@ -222,6 +222,17 @@ def test_rest_grpc_feast_and_the_library_answer_as_the_reference(
         else:
             assert fronts.get(("rest", "hit"), 0) > 0, fronts
             assert fronts.get(("grpc", "hit"), 0) > 0, fronts
+        # the registry says what each aggregated feature computes
+        described = {g["name"]: g for g in rest.registry()["groups"]}  # type: ignore[index,union-attr]
+        activity = described[GROUP]
+        assert activity["aggregation"] == {"tile_seconds": 60, "allowed_lateness_seconds": 600}
+        assert activity["features"][5]["aggregate"] == {
+            "function": "last_n",
+            "of": "store_id",
+            "window_seconds": 7 * 86400,
+            "n": 5,
+        }
+        assert "aggregation" not in described["consumer_profile"]
         # with a plain group of the same entity in one request: one read per entity
         for _ in range(3):  # taught, then planned (or hits) on the fronts
             both = rest.get("consumer", IDS[:5], features=["tier", "orders_1h"])

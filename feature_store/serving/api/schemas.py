@@ -73,11 +73,21 @@ class WriteFeaturesResponse(BaseModel):
     skipped_ids: list[int | str] = Field(description="the ids of those rows")
 
 
+class AggregateInfo(BaseModel):
+    function: str = Field(examples=["count", "sum", "mean", "min", "max", "last_n"])
+    of: str | None = Field(description="the record field read; null: count counts events")
+    window_seconds: int
+    n: int | None = Field(default=None, description="last_n only: how many values")
+
+
 class FeatureInfo(BaseModel):
     name: str
     type: str
     dim: int | None
     description: str
+    aggregate: AggregateInfo | None = Field(
+        default=None, description="a window aggregation's feature: what it computes"
+    )
 
 
 class EntityTypeInfo(BaseModel):
@@ -88,12 +98,21 @@ class EntityTypeInfo(BaseModel):
     description: str
 
 
+class AggregationInfo(BaseModel):
+    tile_seconds: int
+    allowed_lateness_seconds: int
+
+
 class FeatureGroupInfo(BaseModel):
     name: str
     entity_type: str
     max_age_seconds: int | None
     description: str
     features: list[FeatureInfo]
+    aggregation: AggregationInfo | None = Field(
+        default=None,
+        description="present for a group of window aggregations (docs/aggregations.md)",
+    )
 
 
 class RegistryResponse(BaseModel):

@@ -410,25 +410,37 @@ class FeatureService:
                 }
                 for e in reg.entities.values()
             ],
-            "groups": [
-                {
-                    "name": g.name,
-                    "entity_type": g.entity.name,
-                    "max_age_seconds": g.max_age_seconds,
-                    "description": g.description,
-                    "features": [
-                        {
-                            "name": f.name,
-                            "type": f.type.value,
-                            "dim": f.dim,
-                            "description": f.description,
-                        }
-                        for f in g.features
-                    ],
-                }
-                for g in reg.groups.values()
-            ],
+            "groups": [_describe_group(g) for g in reg.groups.values()],
         }
+
+
+def _describe_group(g: FeatureGroup) -> dict[str, object]:
+    """A group as ``GET /v1/registry`` describes it; a group of window aggregations with
+    its tiles and lateness, and each feature with what it computes."""
+    features: list[dict[str, object]] = [
+        {"name": f.name, "type": f.type.value, "dim": f.dim, "description": f.description}
+        for f in g.features
+    ]
+    out: dict[str, object] = {
+        "name": g.name,
+        "entity_type": g.entity.name,
+        "max_age_seconds": g.max_age_seconds,
+        "description": g.description,
+        "features": features,
+    }
+    if g.aggregation is not None:
+        out["aggregation"] = {
+            "tile_seconds": g.aggregation.tile_seconds,
+            "allowed_lateness_seconds": g.aggregation.lateness_seconds,
+        }
+        for info, a in zip(features, g.aggregation.aggregates, strict=True):
+            info["aggregate"] = {
+                "function": a.function.value,
+                "of": a.of,
+                "window_seconds": a.window_seconds,
+                "n": a.n or None,
+            }
+    return out
 
 
 class Writer:
