@@ -51,6 +51,7 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
+from feature_store import sample
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
 from feature_store.ingest.records import EntityEvents
@@ -69,26 +70,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
 from cost import cpu_seconds, h2load, wrk
 
-AGGREGATES = """\
-      tile: 1m
-      allowed_lateness: 10m
-      features:
-        orders_1h:      {function: count, window: 1h}
-        spend_1h:       {function: sum,  of: order_total, window: 1h}
-        basket_mean_1d: {function: mean, of: basket_size, window: 1d}
-        max_spend_1d:   {function: max,  of: order_total, window: 1d}
-        min_spend_1d:   {function: min,  of: order_total, window: 1d}
-        last_stores_7d: {function: last_n, n: 5, of: store_id, window: 7d}
-"""
-REGISTRY = f"""\
-entities:
-  consumer: {{prefix: c, id_type: int, ttl: 30d, join_key: consumer_id}}
-  shopper: {{prefix: s, id_type: int, ttl: 30d, join_key: shopper_id}}
-feature_groups:
-  consumer_activity:
-    entity: consumer
-    aggregations:
-{AGGREGATES}
+REGISTRY = sample.activity_registry_text(
+    extra_entities="  shopper: {prefix: s, id_type: int, ttl: 30d, join_key: shopper_id}\n",
+    extra_groups="""\
   shopper_plain:
     entity: shopper
     features:
@@ -98,7 +82,8 @@ feature_groups:
       max_spend: double
       min_spend: double
       last_stores: int_list
-"""
+""",
+)
 # the same records into a plain group: the newest order per consumer
 PLAIN_STREAM = """\
 entities:
@@ -108,7 +93,7 @@ feature_groups:
     entity: consumer
     features: {order_total: double, basket_size: int, store_id: int}
 """
-AGG, PLAIN = "consumer_activity", "shopper_plain"
+AGG, PLAIN = sample.ACTIVITY_GROUP, "shopper_plain"
 PROFILES = (2, 10, 50)  # events a day
 BOUND_S = 2.0
 PROBES = list(range(10_000_000, 10_000_200))

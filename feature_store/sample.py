@@ -33,6 +33,42 @@ ZERO_FRACTION = 0.6
 VOCABULARY = range(1000, 1064)
 
 
+ACTIVITY_GROUP = "consumer_activity"
+ACTIVITY_FEATURES = [
+    "orders_1h",
+    "spend_1h",
+    "basket_mean_1d",
+    "max_spend_1d",
+    "min_spend_1d",
+    "last_stores_7d",
+]
+
+
+def activity_registry_text(
+    prefix: str = "c", extra_groups: str = "", extra_entities: str = ""
+) -> str:
+    """A registry of docs/aggregations.md's example: an entity type ``consumer`` (join key
+    ``consumer_id``) and its group of window aggregations ``consumer_activity``, then
+    ``extra_entities`` and ``extra_groups`` (YAML, indented as entries)."""
+    return f"""\
+entities:
+  consumer: {{prefix: {prefix}, id_type: int, ttl: 30d, join_key: consumer_id}}
+{extra_entities}feature_groups:
+  consumer_activity:
+    entity: consumer
+    aggregations:
+      tile: 1m
+      allowed_lateness: 10m
+      features:
+        orders_1h:      {{function: count, window: 1h}}
+        spend_1h:       {{function: sum,  of: order_total, window: 1h}}
+        basket_mean_1d: {{function: mean, of: basket_size, window: 1d}}
+        max_spend_1d:   {{function: max,  of: order_total, window: 1d}}
+        min_spend_1d:   {{function: min,  of: order_total, window: 1d}}
+        last_stores_7d: {{function: last_n, n: 5, of: store_id, window: 7d}}
+{extra_groups}"""
+
+
 def registry_text() -> str:
     return resources.files("feature_store").joinpath("sample_features.yaml").read_text("utf-8")
 

@@ -17,19 +17,17 @@ then one statistics row, which the driver sums into the report.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from feature_store.connection import RedisTarget
 from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.encode import event_times
 from feature_store.ingest.records import EntityEvents
 from feature_store.ingest.spec import BadReason, ColumnSpec, Source, TaskSpec
-from feature_store.ingest.task import quarantine, registry_of, stats_row
+from feature_store.ingest.task import quarantine, stats_row, task_group, task_writer
 from feature_store.ingest.windows import WindowsWritten, write_events
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import IdType, entity_key
@@ -57,17 +55,8 @@ def backfill_partition(
     spec: TaskSpec, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: one partition's events, sorted by (entity, time)."""
-    digest = hashlib.sha256(spec.registry_text.encode()).hexdigest()
-    group = registry_of(spec.registry_text, spec.registry_source, digest).group(spec.group)
-    target = RedisTarget.parse(
-        spec.redis_url,
-        socket_timeout=spec.socket_timeout,
-        connect_timeout=spec.connect_timeout,
-        max_connections=4,
-    )
-    writer = ChunkWriter(
-        target, ttl_seconds=group.entity.ttl_seconds, chunk_size=spec.chunk_size, retry=spec.retry
-    )
+    group = task_group(spec)
+    writer = task_writer(spec, group)
     types = field_types(group.aggregation, group) if group.aggregation else {}
     total = WindowsWritten()
     rows = bad_rows = 0

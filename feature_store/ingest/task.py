@@ -23,7 +23,7 @@ from feature_store.connection import RedisTarget
 from feature_store.ingest.encode import BatchEncoder, FloatMemos
 from feature_store.ingest.spec import BadReason, TaskSpec
 from feature_store.ingest.writer import ChunkWriter, WriteCounters
-from feature_store.registry import Registry, parse_registry
+from feature_store.registry import FeatureGroup, Registry, parse_registry
 
 KIND = "_ingest_kind"  # "bad" or "stats"
 REASON = "_ingest_reason"
@@ -68,6 +68,29 @@ def registry_of(text: str, source: str, digest: str) -> Registry:
     return parse_registry(text, source=source)
 
 
+def task_group(spec: TaskSpec) -> FeatureGroup:
+    """The task's feature group, its registry parsed once per worker."""
+    digest = hashlib.sha256(spec.registry_text.encode()).hexdigest()
+    return registry_of(spec.registry_text, spec.registry_source, digest).group(spec.group)
+
+
+def task_writer(spec: TaskSpec, group: FeatureGroup) -> ChunkWriter:
+    """The task's writer: its own small pool of connections to Redis."""
+    target = RedisTarget.parse(
+        spec.redis_url,
+        socket_timeout=spec.socket_timeout,
+        connect_timeout=spec.connect_timeout,
+        max_connections=4,
+    )
+    return ChunkWriter(
+        target,
+        ttl_seconds=group.entity.ttl_seconds,
+        chunk_size=spec.chunk_size,
+        retry=spec.retry,
+        ordered=spec.ordered,
+    )
+
+
 def write_partition(
     spec: TaskSpec, schema: pa.Schema, counters: Counters, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
@@ -97,8 +120,7 @@ def _task_id() -> str:
 def _write_partition(
     spec: TaskSpec, schema: pa.Schema, counters: Counters, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    digest = hashlib.sha256(spec.registry_text.encode()).hexdigest()
-    group = registry_of(spec.registry_text, spec.registry_source, digest).group(spec.group)
+    group = task_group(spec)
     encoder = BatchEncoder(
         group,
         spec.id_column,
@@ -108,19 +130,7 @@ def _write_partition(
         memos=_MEMOS,
         event_time_column=spec.event_time_column,
     )
-    target = RedisTarget.parse(
-        spec.redis_url,
-        socket_timeout=spec.socket_timeout,
-        connect_timeout=spec.connect_timeout,
-        max_connections=4,
-    )
-    writer = ChunkWriter(
-        target,
-        ttl_seconds=group.entity.ttl_seconds,
-        chunk_size=spec.chunk_size,
-        retry=spec.retry,
-        ordered=spec.ordered,
-    )
+    writer = task_writer(spec, group)
     rows = bad = 0
     read_s = encode_s = 0.0
     try:

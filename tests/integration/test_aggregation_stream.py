@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from feature_store import sample
 from feature_store.batch import Status
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
@@ -37,33 +38,8 @@ from feature_store.windows import Event, reference_answer
 
 pytestmark = pytest.mark.spark
 
-REGISTRY = """
-entities:
-  consumer: {{prefix: {prefix}, id_type: int, ttl: 30d, join_key: consumer_id}}
-feature_groups:
-  consumer_activity:
-    entity: consumer
-    aggregations:
-      tile: 1m
-      allowed_lateness: 10m
-      features:
-        orders_1h:      {{function: count, window: 1h}}
-        spend_1h:       {{function: sum,  of: order_total, window: 1h}}
-        basket_mean_1d: {{function: mean, of: basket_size, window: 1d}}
-        max_spend_1d:   {{function: max,  of: order_total, window: 1d}}
-        min_spend_1d:   {{function: min,  of: order_total, window: 1d}}
-        last_stores_7d: {{function: last_n, n: 5, of: store_id, window: 7d}}
-"""
-GROUP = "consumer_activity"
+GROUP, FEATURES = sample.ACTIVITY_GROUP, sample.ACTIVITY_FEATURES
 READ = ("order_total", "basket_size", "store_id")  # the fields the aggregates read
-FEATURES = [
-    "orders_1h",
-    "spend_1h",
-    "basket_mean_1d",
-    "max_spend_1d",
-    "min_spend_1d",
-    "last_stores_7d",
-]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +50,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
 
 def _registry(tmp: Path, prefix: str) -> Path:
     path = tmp / f"features-{prefix}.yaml"
-    path.write_text(REGISTRY.format(prefix=prefix))
+    path.write_text(sample.activity_registry_text(prefix))
     return path
 
 
@@ -316,7 +292,7 @@ def test_two_writers_of_one_entity_lose_no_event(redis_url: str, data: st.DataOb
     from feature_store.layout import entity_key
     from feature_store.registry import parse_registry
 
-    group = parse_registry(REGISTRY.format(prefix="tw")).group(GROUP)
+    group = parse_registry(sample.activity_registry_text("tw")).group(GROUP)
     key = entity_key("tw", group.entity.id_type, next(_ENTITIES))  # a new one per example
     now = time.time()
     counts = data.draw(st.tuples(st.integers(1, 40), st.integers(1, 40)))
@@ -345,6 +321,8 @@ def test_two_writers_of_one_entity_lose_no_event(redis_url: str, data: st.DataOb
     for t in threads:
         t.join()
     assert not errors
-    with FeatureStore.connect(redis_url, parse_registry(REGISTRY.format(prefix="tw"))) as store:
+    with FeatureStore.connect(
+        redis_url, parse_registry(sample.activity_registry_text("tw"))
+    ) as store:
         row = store.read("consumer", [int(key.split(b":")[1])], ["orders_1h", "spend_1h"]).rows[0]
     assert row.values == [sum(counts), float(sum(counts))]

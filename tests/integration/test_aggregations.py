@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from feature_store import sample
 from feature_store.client import FeatureClient, GrpcFeatureClient, ServingRequestError
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
@@ -33,25 +34,11 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore, read_plans
 from feature_store.windows import Event, reference_answer
 
-REGISTRY = """
-entities:
-  consumer: {prefix: c, id_type: int, ttl: 30d}
-feature_groups:
+REGISTRY = sample.activity_registry_text(
+    extra_groups="""\
   consumer_profile:
     entity: consumer
     features: {tier: int}
-  consumer_activity:
-    entity: consumer
-    aggregations:
-      tile: 1m
-      allowed_lateness: 10m
-      features:
-        orders_1h:      {function: count, window: 1h}
-        spend_1h:       {function: sum,  of: order_total, window: 1h}
-        basket_mean_1d: {function: mean, of: basket_size, window: 1d}
-        max_spend_1d:   {function: max,  of: order_total, window: 1d}
-        min_spend_1d:   {function: min,  of: order_total, window: 1d}
-        last_stores_7d: {function: last_n, n: 5, of: store_id, window: 7d}
   consumer_clicks:
     entity: consumer
     aggregations:
@@ -59,15 +46,8 @@ feature_groups:
       features:
         clicks_2s: {function: count, window: 2s}
 """
-GROUP = "consumer_activity"
-FEATURES = [
-    "orders_1h",
-    "spend_1h",
-    "basket_mean_1d",
-    "max_spend_1d",
-    "min_spend_1d",
-    "last_stores_7d",
-]
+)
+GROUP, FEATURES = sample.ACTIVITY_GROUP, sample.ACTIVITY_FEATURES
 IDS = list(range(1, 41))
 # Feast's statuses: a value of a present entity that has none is NULL_VALUE
 _FEAST_STATUS = {"PRESENT": "present", "NOT_FOUND": "missing", "NULL_VALUE": "missing"}
@@ -192,7 +172,7 @@ def test_rest_grpc_feast_and_the_library_answer_as_the_reference(
 
             def via_feast() -> list[tuple[list[object], list[str]]]:
                 body = {
-                    "entities": {"consumer": IDS},
+                    "entities": {"consumer_id": IDS},
                     "features": [f"{GROUP}:{f}" for f in FEATURES],
                 }
                 answer = httpx.post(f"{server.rest_url}/get-online-features", json=body).json()
@@ -303,7 +283,7 @@ def test_plain_writes_of_an_aggregated_group_are_refused(
             grpc_client.write(GROUP, [(1, {"orders_1h": 3})])
         pushed = httpx.post(
             f"{server.rest_url}/push",
-            json={"push_source_name": GROUP, "df": {"consumer": [1], "orders_1h": [3]}},
+            json={"push_source_name": GROUP, "df": {"consumer_id": [1], "orders_1h": [3]}},
         )
         assert pushed.status_code == 400, pushed.text
         assert "computed from events" in pushed.text
