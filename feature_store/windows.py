@@ -36,6 +36,7 @@ The state is JSON (orjson: floats round-trip exactly) after a version counter
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -172,11 +173,17 @@ class Layout:
 
     @classmethod
     def of(cls, group: FeatureGroup) -> Layout:
-        if group.aggregation is None:
-            raise ValueError(f"feature group {group.name!r} is not aggregated")
-        types = field_types(group.aggregation, group)
-        ints = [n for n, t in types.items() if t is FeatureType.INT]
-        return cls(group.aggregation, ints, [f.codec for f in group.features])
+        """The group's layout, made once per group (reads ask for it on every call)."""
+        return _layout_of(group)
+
+
+@functools.lru_cache(maxsize=256)
+def _layout_of(group: FeatureGroup) -> Layout:
+    if group.aggregation is None:
+        raise ValueError(f"feature group {group.name!r} is not aggregated")
+    types = field_types(group.aggregation, group)
+    ints = [n for n, t in types.items() if t is FeatureType.INT]
+    return Layout(group.aggregation, ints, [f.codec for f in group.features])
 
 
 def _answer_codec(a: Aggregate, ints: Iterable[str]) -> Codec:

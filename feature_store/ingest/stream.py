@@ -6,7 +6,9 @@
     -> the driver: quarantine the bad records, metrics, a progress line, the checkpoint
 
 Every write goes through the ordering guard (``layout.WRITE_SCRIPT``), so redelivered,
-duplicated or late records never put older values over newer ones.
+duplicated or late records never put older values over newer ones. A group of window
+aggregations takes its records as events instead: each is counted once into its entity's
+tiles (``ingest.windows``; docs/aggregations.md).
 
 Guarantees: at-least-once from Kafka (Spark's checkpoint holds the offsets; a micro-batch
 replayed after a crash is written again, which the guard makes harmless, and its bad
@@ -231,11 +233,7 @@ def _write_events(
     stats["values"] += written.counted
     stats["replayed"] += written.replayed
     stats["late"] += sum(1 for _, reason, _ in written.bad if reason is BadReason.TOO_LATE)
-    if written.lags:
-        stats["lag_sum"] += sum(written.lags)
-        stats["lag_max"] = max(stats["lag_max"], *written.lags)
-        for lag in written.lags:
-            stats[lag_bucket(lag)] += 1
+    _add_lags(stats, written.lags)
     writer.publish(notices.write_message(spec.origin, spec.group, list(events), time.time()))
     return sorted(bad + written.bad, key=lambda b: b[0])
 
@@ -253,14 +251,19 @@ def _write(
         stats["skipped"] += outcome.skipped
         stats["values"] += outcome.values_written
         times = encoded.event_times[start : start + size]
-        lags = [done - t for t, reply in zip(times, replies, strict=True) if reply != SKIPPED]
-        if lags:
-            stats["lag_sum"] += sum(lags)
-            stats["lag_max"] = max(stats["lag_max"], *lags)
-            for lag in lags:
-                stats[lag_bucket(lag)] += 1
+        _add_lags(stats, [done - t for t, r in zip(times, replies, strict=True) if r != SKIPPED])
         # serving caches drop these keys now instead of at their TTL
         writer.publish(notices.write_message(spec.origin, spec.group, keys, done))
+
+
+def _add_lags(stats: dict[str, float], lags: list[float]) -> None:
+    """Event-to-written delays (seconds) into a task's statistics: their sum, their
+    maximum and the histogram's buckets."""
+    if lags:
+        stats["lag_sum"] += sum(lags)
+        stats["lag_max"] = max(stats["lag_max"], *lags)
+        for lag in lags:
+            stats[lag_bucket(lag)] += 1
 
 
 def _arrow_schema() -> pa.Schema:
