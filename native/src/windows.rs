@@ -81,6 +81,10 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Every aggregate's answer as stored bytes (None: no value), and the newest event in the
+/// longest window (ms).
+pub type Answered = (Vec<Option<Vec<u8>>>, Option<i64>);
+
 /// What one aggregate gathers over the tiles in its window.
 #[derive(Clone)]
 struct Gathered<'a> {
@@ -95,12 +99,15 @@ struct Gathered<'a> {
 /// Every aggregate's answer at `now_ms` as stored bytes (None: no value), and the newest
 /// event in the longest window. None where the state is not one this reads (Python
 /// answers, and names the fault).
-pub fn answer(spec: &WindowSpec, data: &[u8], now_ms: i64) -> Option<(Vec<Option<Vec<u8>>>, Option<i64>)> {
+pub fn answer(spec: &WindowSpec, data: &[u8], now_ms: i64) -> Option<Answered> {
     let bar = data.iter().position(|&b| b == b'|')?;
     if bar == 0 || !data[..bar].iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let mut r = Reader { data: &data[bar + 1..], at: 0 };
+    let mut r = Reader {
+        data: &data[bar + 1..],
+        at: 0,
+    };
     if r.u8()? != FORMAT {
         return None;
     }
@@ -118,7 +125,13 @@ pub fn answer(spec: &WindowSpec, data: &[u8], now_ms: i64) -> Option<(Vec<Option
     let longest = (now_ms - spec.longest_ms).div_euclid(tile_ms);
     let width = spec.ints.len();
     let mut gathered = vec![
-        Gathered { count: 0, sum: 0.0, lo: None, hi: None, lasts: Vec::new() };
+        Gathered {
+            count: 0,
+            sum: 0.0,
+            lo: None,
+            hi: None,
+            lasts: Vec::new()
+        };
         spec.aggregates.len()
     ];
     let mut newest: Option<i64> = None;
@@ -135,8 +148,16 @@ pub fn answer(spec: &WindowSpec, data: &[u8], now_ms: i64) -> Option<(Vec<Option
         }
         let masks = r.take(width)?;
         for (j, &mask) in masks.iter().enumerate() {
-            stats[j] = if mask & STATS != 0 { Some((r.u32()?, r.f64()?)) } else { None };
-            lohi[j] = if mask & LOHI != 0 { Some((r.f64()?, r.f64()?)) } else { None };
+            stats[j] = if mask & STATS != 0 {
+                Some((r.u32()?, r.f64()?))
+            } else {
+                None
+            };
+            lohi[j] = if mask & LOHI != 0 {
+                Some((r.f64()?, r.f64()?))
+            } else {
+                None
+            };
             lasts[j] = if mask & LAST != 0 {
                 let k = r.u16()? as usize;
                 Some(r.take(16 * k)?)
@@ -234,10 +255,18 @@ fn stored(a: &Aggregate, g: &Gathered<'_>) -> Option<Vec<u8>> {
             for (bytes, int) in picked {
                 let raw: [u8; 8] = bytes.try_into().ok()?;
                 if a.type_code == INT_LIST {
-                    let v = if int { i64::from_le_bytes(raw) } else { f64::from_le_bytes(raw) as i64 };
+                    let v = if int {
+                        i64::from_le_bytes(raw)
+                    } else {
+                        f64::from_le_bytes(raw) as i64
+                    };
                     put_varint(&mut payload, v as u64);
                 } else if a.type_code == FLOAT_LIST {
-                    let v = if int { i64::from_le_bytes(raw) as f64 } else { f64::from_le_bytes(raw) };
+                    let v = if int {
+                        i64::from_le_bytes(raw) as f64
+                    } else {
+                        f64::from_le_bytes(raw)
+                    };
                     payload.extend_from_slice(&(v as f32).to_le_bytes());
                 } else {
                     return None;
@@ -276,7 +305,9 @@ impl WindowSpec {
         aggregates: Vec<(u8, i64, i64, usize, u8)>,
     ) -> PyResult<Self> {
         if tile_ms <= 0 {
-            return Err(pyo3::exceptions::PyValueError::new_err("a tile is at least 1 ms"));
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "a tile is at least 1 ms",
+            ));
         }
         let fields = ints.len();
         let aggregates = aggregates
@@ -286,10 +317,21 @@ impl WindowSpec {
                 if function > LAST_N || field.map_or(function != COUNT, |j| j >= fields) {
                     return Err(pyo3::exceptions::PyValueError::new_err("not an aggregate"));
                 }
-                Ok(Aggregate { function, field, window_ms, n, type_code })
+                Ok(Aggregate {
+                    function,
+                    field,
+                    window_ms,
+                    n,
+                    type_code,
+                })
             })
             .collect::<PyResult<_>>()?;
-        Ok(WindowSpec { tile_ms, longest_ms, ints, aggregates })
+        Ok(WindowSpec {
+            tile_ms,
+            longest_ms,
+            ints,
+            aggregates,
+        })
     }
 }
 
@@ -308,7 +350,9 @@ impl Windows {
         ints: Vec<bool>,
         aggregates: Vec<(u8, i64, i64, usize, u8)>,
     ) -> PyResult<Self> {
-        Ok(Windows { spec: WindowSpec::from_py(tile_ms, longest_ms, ints, aggregates)? })
+        Ok(Windows {
+            spec: WindowSpec::from_py(tile_ms, longest_ms, ints, aggregates)?,
+        })
     }
 
     /// Each aggregate's stored bytes at `now_ms` (None: no value), and the newest event in
@@ -319,8 +363,9 @@ impl Windows {
         data: &[u8],
         now_ms: i64,
     ) -> PyResult<(Bound<'py, PyList>, Option<i64>)> {
-        let (values, newest) = answer(&self.spec, data, now_ms)
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("not a window state read here"))?;
+        let (values, newest) = answer(&self.spec, data, now_ms).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err("not a window state read here")
+        })?;
         let items = values
             .iter()
             .map(|v| v.as_deref().map(|b| PyBytes::new(py, b)));

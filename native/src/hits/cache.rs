@@ -18,7 +18,13 @@ use crate::windows::WindowSpec;
 /// An aggregated group's share of a read, from Python: tile ms, longest window ms, each
 /// field's values int64, its aggregates (function, field or -1, window ms, n, type code),
 /// and the aggregates read.
-type WindowShare = (i64, i64, Vec<bool>, Vec<(u8, i64, i64, usize, u8)>, Vec<usize>);
+type WindowShare = (
+    i64,
+    i64,
+    Vec<bool>,
+    Vec<(u8, i64, i64, usize, u8)>,
+    Vec<usize>,
+);
 
 /// One part of a form `HitCache::learn` learns (see there).
 type PartItem = (u16, Option<i64>, Option<Vec<usize>>, Vec<u8>);

@@ -9,8 +9,8 @@ use super::cells::Cells;
 use super::{FEAST, GRPC, REST};
 use crate::codecs::json_i64;
 use crate::resp::Shape;
-use crate::windows::{self, WindowSpec};
 use crate::rows::{write_grpc_row, write_row};
+use crate::windows::{self, WindowSpec};
 
 /// A request form Python answered: everything an answer needs besides the entries.
 pub(super) struct Form {
@@ -122,6 +122,9 @@ pub(super) struct GroupRead {
     pub(super) windows: Vec<Option<Windowed>>,
 }
 
+/// A group's write time in unix seconds (None: none stored).
+pub(super) type WriteTime = Option<i64>;
+
 /// An aggregated group's share of a read: its layout, and which aggregates are read.
 pub(super) type Windowed = (Arc<WindowSpec>, Vec<usize>);
 
@@ -215,7 +218,7 @@ impl GroupRead {
         slots: &[Option<&[u8]>],
         now_ms: i64,
         answered: &mut Vec<Option<Vec<u8>>>,
-    ) -> Option<(&[(u8, u32)], Option<i64>)> {
+    ) -> Option<(&[(u8, u32)], WriteTime)> {
         let Split {
             slot,
             first_type,
@@ -347,7 +350,13 @@ mod tests {
         let field = |name: &str| name.as_bytes().to_vec();
         let fields = ["a", "t1", "b", "c", "t2"].map(field).to_vec();
         let joined = GroupRead::new(fields, false, vec![(0, 0); 3], &[1, 2], vec![]).unwrap();
-        let one = GroupRead::new(["a", "t1"].map(field).to_vec(), false, vec![(0, 0)], &[1], vec![]);
+        let one = GroupRead::new(
+            ["a", "t1"].map(field).to_vec(),
+            false,
+            vec![(0, 0)],
+            &[1],
+            vec![],
+        );
         let reads = HashMap::from([(7, Arc::new(joined)), (8, Arc::new(one.unwrap()))]);
         // hits: each part's picks (an entry holds its whole group)
         let hits = [part(0, Some(2)), part(1, None)];
@@ -360,8 +369,13 @@ mod tests {
         let mixed = [part(7, None), part(8, None)];
         assert_eq!(form_widths(&mixed, Some(&reads)), vec![None, None]);
         // a read the counts do not add up for is not defined
-        assert!(
-            GroupRead::new(["a", "b"].map(field).to_vec(), false, vec![(0, 0)], &[2], vec![]).is_none()
-        );
+        assert!(GroupRead::new(
+            ["a", "b"].map(field).to_vec(),
+            false,
+            vec![(0, 0)],
+            &[2],
+            vec![]
+        )
+        .is_none());
     }
 }
