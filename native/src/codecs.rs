@@ -14,8 +14,8 @@ const INT: u8 = 2;
 const BOOL: u8 = 3;
 const STRING: u8 = 4;
 const EMBEDDING: u8 = 5;
-const FLOAT_LIST: u8 = 6;
-const INT_LIST: u8 = 7;
+pub(crate) const FLOAT_LIST: u8 = 6;
+pub(crate) const INT_LIST: u8 = 7;
 
 /// The packed form of a group's stored values: per feature a varint of its length plus
 /// one (0 for no value), then the bytes. One byte of length for a value under 127 bytes.

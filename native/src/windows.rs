@@ -16,7 +16,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::codecs::{json_i64, put_varint};
+use crate::codecs::{json_i64, put_varint, FLOAT_LIST, INT_LIST};
 
 pub const COUNT: u8 = 0;
 pub const SUM: u8 = 1;
@@ -29,9 +29,6 @@ const STATS: u8 = 1;
 const LOHI: u8 = 2;
 const LAST: u8 = 4;
 const FORMAT: u8 = 1;
-/// the value type codes of `answers.TYPE_CODES` an aggregate answers
-const INT_LIST: u8 = 7;
-const FLOAT_LIST: u8 = 6;
 
 /// One aggregate: its function, the field it reads (None: count counts events), its
 /// window, its last_n depth, and the type of its answer (`TYPE_CODES`).
