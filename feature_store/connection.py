@@ -150,6 +150,18 @@ class RedisTarget:
         return _redact(self.url) + (" (cluster)" if self.cluster else "")
 
 
+def close_client(client: SyncClient) -> None:
+    """Close a client and its sockets. A cluster client's ``close`` leaves open the pools
+    of the nodes it learned and of the seeds it has since replaced; they are disconnected
+    here too (they open again when used)."""
+    client.close()
+    if isinstance(client, redis.cluster.RedisCluster):
+        manager = client.nodes_manager
+        for node in (*manager.startup_nodes.values(), *manager.nodes_cache.values()):
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+
+
 def _seeds(text: str) -> list[tuple[str, int]]:
     out = []
     for item in filter(None, (t.strip() for t in text.split(","))):

@@ -67,7 +67,6 @@ from feast.repo_config import FeastConfigBaseModel
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import StrictStr
-from redis.cluster import RedisCluster
 
 from feature_store import notices
 from feature_store.batch import (
@@ -79,7 +78,7 @@ from feature_store.batch import (
     plan_read,
     write_outcome,
 )
-from feature_store.connection import RedisTarget, SyncClient, translated_errors
+from feature_store.connection import RedisTarget, SyncClient, close_client, translated_errors
 from feature_store.errors import RegistryError, RequestError
 from feature_store.feast_mapping import (
     DEFAULT_ENTITY_TTL,
@@ -471,10 +470,7 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
         for writer in writers:
             client = writer.client
             writer.close()
-            if isinstance(client, RedisCluster):  # nodes the client has since replaced, too
-                for node in client.nodes_manager.startup_nodes.values():
-                    if node.redis_connection is not None:
-                        node.redis_connection.connection_pool.disconnect()
+            close_client(client)  # a cluster's: the nodes it has since replaced, too
 
     # -- connections and the mapping
 

@@ -36,6 +36,7 @@ from feature_store.connection import (
     AsyncClient,
     RedisTarget,
     SyncClient,
+    close_client,
     read_replies,
     translated_errors,
 )
@@ -257,7 +258,7 @@ class FeatureStore(_Base[SyncClient]):
         self._check_listpack(_flatten_config(cfg))
 
     def close(self) -> None:
-        self.client.close()
+        close_client(self.client)
 
     def __enter__(self) -> FeatureStore:
         return self
