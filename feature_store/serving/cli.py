@@ -72,6 +72,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--tls-client-ca", help="PEM CA: clients must present a certificate it signed (mTLS)"
     )
+    p.add_argument(
+        "--feature-log",
+        metavar="URL",
+        help="log every served entity (a row per entity of each sampled lookup) to "
+        "file:///DIR (parquet, rolled) or kafka://HOST:PORT/TOPIC (JSON); see docs/logging.md",
+    )
+    p.add_argument(
+        "--feature-log-sample",
+        type=float,
+        metavar="FRACTION",
+        help="share of lookups logged, chosen by request id (default 1.0)",
+    )
+    p.add_argument(
+        "--feature-log-roll-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="a log file is closed and renamed into place this long after its first row "
+        "(default 60): a worker killed loses at most this long of rows",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     add_redis_args(p)
     p.set_defaults(func=run_serve)
@@ -95,6 +114,9 @@ def run_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        feature_log=args.feature_log,
+        feature_log_sample=args.feature_log_sample,
+        feature_log_roll_seconds=args.feature_log_roll_seconds,
     )
     if args.no_grpc:
         serving = dataclasses.replace(serving, grpc_port=None)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -101,6 +102,15 @@ class ServingSettings:
     read_keys: tuple[str, ...] = ()
     admin_keys: tuple[str, ...] = ()  # writes and cache bypass; also allowed to read
 
+    # the serving log (serving/served.py): file:///DIR or kafka://HOST:PORT/TOPIC; a row
+    # per served entity of the sampled lookups (by request id), rolled every so many
+    # seconds or bytes; at most so many answers queued per worker (more are dropped)
+    feature_log: str | None = None
+    feature_log_sample: float = 1.0
+    feature_log_roll_seconds: float = 60.0
+    feature_log_roll_bytes: int = 128 * 1024 * 1024
+    feature_log_queue: int = 10_000
+
     # garbage collection of the serving worker (see docs/serving.md, "GC")
     gc_freeze: bool = True
     gc_threshold: tuple[int, int, int] = (50_000, 50, 1000)
@@ -141,6 +151,15 @@ class ServingSettings:
         ):
             if getattr(self, name) <= 0:
                 raise fail(name, "must be positive")
+        if self.feature_log is not None:
+            parse_target(self.feature_log)
+        if not 0 <= self.feature_log_sample <= 1:
+            raise fail("feature_log_sample", "must be in [0, 1]")
+        if self.feature_log_roll_seconds <= 0:
+            raise fail("feature_log_roll_seconds", "must be positive")
+        for name in ("feature_log_roll_bytes", "feature_log_queue"):
+            if getattr(self, name) < 1:
+                raise fail(name, "must be at least 1")
         if not 0 <= self.shadow_fraction <= 1:
             raise fail("shadow_fraction", "must be in [0, 1]")
         if self.refresh_rate <= 0:
@@ -218,6 +237,7 @@ _SECONDS = frozenset(
         "cache_refresh_ahead",
         "refresh_rate",
         "shadow_fraction",
+        "feature_log_sample",
         "redis_timeout_percentile",
         "redis_timeout_factor",
     )
@@ -265,6 +285,31 @@ def _coerce(name: str, value: object) -> object:
     except ValueError:
         raise ConfigError(f"{var}={value!r} is not a valid {kind}") from None
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A parsed ``--feature-log`` URL: a directory (file) or a Kafka topic."""
+
+    kind: str  # "file" or "kafka"
+    path: Path | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+
+
+def parse_target(url: str) -> Target:
+    """``file:///DIR`` or ``kafka://HOST:PORT/TOPIC``; ConfigError says what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ConfigError(f"--feature-log {url!r}: a directory is file:///absolute/path")
+        return Target("file", path=Path(parts.path))
+    if parts.scheme == "kafka":
+        topic = parts.path.strip("/")
+        if not parts.netloc or not topic or "/" in topic:
+            raise ConfigError(f"--feature-log {url!r}: a topic is kafka://HOST:PORT/TOPIC")
+        return Target("kafka", bootstrap=parts.netloc, topic=topic)
+    raise ConfigError(f"--feature-log {url!r}: expected file:///DIR or kafka://HOST:PORT/TOPIC")
 
 
 def tls_pem(settings: ServingSettings) -> tuple[bytes, bytes, bytes | None] | None:

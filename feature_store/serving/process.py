@@ -68,6 +68,10 @@ class OutputTail:
         self._thread.join(timeout)
 
 
+PORT_TRIES = 3
+PORT_IN_USE = "the port is in use"  # what serve says when a port it was given is taken
+
+
 class ServingProcess:
     def __init__(
         self,
@@ -112,6 +116,20 @@ class ServingProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> ServingProcess:
+        """Start the server and wait until it is ready. The ports were free when chosen,
+        but another process may take one before the server binds it: then the server says
+        so and exits, and it is started again on other ports (at most ``PORT_TRIES``)."""
+        for attempt in range(PORT_TRIES):
+            try:
+                return self._start()
+            except FeatureStoreError as e:
+                if PORT_IN_USE not in str(e) or attempt == PORT_TRIES - 1:
+                    raise
+                self.port = free_port()
+                self.grpc_port = free_port() if self.grpc else None
+        raise AssertionError("unreachable")
+
+    def _start(self) -> ServingProcess:
         command = [
             self.python,
             "-m",

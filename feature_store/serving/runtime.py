@@ -31,6 +31,7 @@ from feature_store.serving.l1.loader import CachedReader
 from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, ClusterRoundTrip, round_trip_for
 from feature_store.serving.l1.warm import WarmStart
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
+from feature_store.serving.served import FeatureLog
 from feature_store.serving.siblings import Siblings
 from feature_store.store import AsyncFeatureStore
 
@@ -104,6 +105,16 @@ class ServingRuntime:
         self._publisher = publisher
         self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
         self.metrics = ServingMetrics(self.reader)
+        # request ids, and with FEATURE_SERVING_FEATURE_LOG the serving log (served.py)
+        self.served = FeatureLog(
+            registry,
+            settings.feature_log,
+            sample=settings.feature_log_sample,
+            roll_seconds=settings.feature_log_roll_seconds,
+            roll_bytes=settings.feature_log_roll_bytes,
+            queue=settings.feature_log_queue,
+            metrics=self.metrics.registry,
+        )
         self._metrics_task: asyncio.Task[None] | None = None
         self.warm = (
             WarmStart(registry, self.reader, client, settings.warm_start_keys)
@@ -113,6 +124,7 @@ class ServingRuntime:
         self._snapshot_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self.served.start()
         if self.listener is not None:
             self.listener.start()
         if self.metrics.multiprocess:
@@ -187,6 +199,8 @@ class ServingRuntime:
                     await self.warm.snapshot()
             except (StoreError, TimeoutError) as e:
                 log.warning("could not save the warm-start snapshot at shutdown: %s", e)
+        # the log's last rows, before the metrics' last counts
+        await asyncio.get_running_loop().run_in_executor(None, self.served.stop)
         self.metrics.close()
         await self.service.close()
         await self.reader.close()

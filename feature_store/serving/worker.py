@@ -86,7 +86,13 @@ class Fronts:
                 self.feast.learn = hits.learner(FEAST)
             sock = listen(settings.host, settings.port, settings.workers > 1, "REST")
             rest = NativeRestFront(
-                self.fast, sock, self.rest_backend, settings, hits, self._fail_planned
+                self.fast,
+                sock,
+                self.rest_backend,
+                settings,
+                hits,
+                self._fail_planned,
+                runtime.served.native,
             )
             log.info("REST on %s:%d (native front)", settings.host, settings.port)
         if hits is not None:

@@ -79,7 +79,11 @@ def _api_routes(
         openapi_extra=_request_body("GetFeaturesRequest"),
     )
     async def get_features(request: Request) -> Response:
-        answer = await handlers.get(request.headers.get("authorization"), await request.body())
+        answer = await handlers.get(
+            request.headers.get("authorization"),
+            await request.body(),
+            request.headers.get("x-request-id"),
+        )
         return answer.response()
 
     @app.post(
@@ -172,7 +176,11 @@ def _feast_routes(
     for path, feast_route in feast.items():
 
         async def feast_post(request: Request, handler: Handler = feast_route.handler) -> Response:
-            answer = await handler(request.headers.get("authorization"), await request.body())
+            answer = await handler(
+                request.headers.get("authorization"),
+                await request.body(),
+                request.headers.get("x-request-id"),
+            )
             return answer.response()
 
         app.add_api_route(path, feast_post, methods=["POST"], include_in_schema=False)

@@ -49,13 +49,15 @@ class FastPath:
         await self.app(scope, receive, send)
 
     async def _answer(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        authorization = None
+        authorization = request_id = None
         content_type = b""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"content-type":
                 content_type = value
+            elif name == b"x-request-id":
+                request_id = value.decode("latin-1")
         try:
             # the key before the body: a caller without one does not get to send 8 MiB
             self.auth.require(authorization, route.role)
@@ -77,7 +79,7 @@ class FastPath:
         if len(body) > self.body_limit:
             answer = self.refusal(route, 413)
         else:
-            answer = await route.handler(authorization, body)
+            answer = await route.handler(authorization, body, request_id)
         await self._send(send, answer)
 
     def refusal(self, route: Route, status: int) -> Answer:

@@ -58,6 +58,8 @@ from feature_store.serving.api.service import (
     problem,
 )
 from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.served import FEAST as FEAST_CODE
+from feature_store.serving.served import REQUEST_ID
 
 log = logging.getLogger(__name__)
 API = "feast"
@@ -494,8 +496,13 @@ def feast_routes(
 
     front.fail = fail
 
-    async def get_online_features(authorization: str | None, raw: bytes) -> Answer:
+    served = runtime.served
+
+    async def get_online_features(
+        authorization: str | None, raw: bytes, request_id: str | None = None
+    ) -> Answer:
         t0 = time.perf_counter()
+        request_id = served.request_id(request_id)
         try:
             auth.require(authorization, Role.READ)
             body = parse_object(raw, limit)
@@ -506,7 +513,8 @@ def feast_routes(
             # one entity type (the usual request) needs no task of its own
             lookups = [await asked[0]] if len(asked) == 1 else await asyncio.gather(*asked)
         except Exception as e:
-            return fail(e, "get", t0)
+            answer = fail(e, "get", t0)
+            return Answer(answer.status, answer.body, (*answer.headers, (REQUEST_ID, request_id)))
         for lookup in lookups:
             if lookup.errors:
                 metrics.count_errors(API, lookup.errors)
@@ -514,8 +522,10 @@ def feast_routes(
         content = answer_json(request, lookups)
         if front.learn is not None and len(lookups) == 1:
             _teach(front.learn, body, request, lookups[0])
+        if served.logging:
+            served.offer(FEAST_CODE, request_id, content, lookups)
         observe(API, "get", "200").observe(time.perf_counter() - t0)
-        return Answer(200, content)
+        return Answer(200, content, ((REQUEST_ID, request_id),))
 
     async def write(groups: Sequence[FeatureGroup], frame: object) -> bytes:
         batches, ignored = frame_rows(groups, frame)
@@ -543,7 +553,9 @@ def feast_routes(
     ) -> Handler:
         """A write route: an admin key, the body, the groups it names, then push writes."""
 
-        async def handle(authorization: str | None, raw: bytes) -> Answer:
+        async def handle(
+            authorization: str | None, raw: bytes, request_id: str | None = None
+        ) -> Answer:
             t0 = time.perf_counter()
             try:
                 auth.require(authorization, Role.ADMIN)

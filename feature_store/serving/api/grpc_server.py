@@ -42,6 +42,8 @@ from feature_store.serving.api.service import (
 from feature_store.serving.config import ServingSettings, tls_pem
 from feature_store.serving.l1.cache import Entry, keeper
 from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.served import GRPC as GRPC_CODE
+from feature_store.serving.served import REQUEST_ID
 
 if TYPE_CHECKING:
     pass
@@ -86,9 +88,9 @@ def parser(message: type[Any]) -> Callable[[bytes], object]:
     return parse
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> str | None:
+def _metadata(context: grpc.aio.ServicerContext, name: str = "authorization") -> str | None:
     for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
+        if key == name:
             return str(value)
     return None
 
@@ -205,14 +207,19 @@ class FeatureServicer:
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
     ) -> bytes:
         t0 = time.perf_counter()
+        request_id = self.runtime.served.request_id(_metadata(context, REQUEST_ID))
+        await context.send_initial_metadata(((REQUEST_ID, request_id),))
         try:
-            return await self.answer(request, _metadata(context), t0)
+            return await self.answer(request, _metadata(context), t0, request_id)
         except Exception as e:
             await self._abort(context, e, "get", t0)
             raise AssertionError("unreachable") from None  # abort raises
 
-    async def answer(self, request: object, authorization: str | None, t0: float) -> bytes:
-        """GetFeaturesResponse's bytes, on either front; raises what ``failure`` maps."""
+    async def answer(
+        self, request: object, authorization: str | None, t0: float, request_id: str = ""
+    ) -> bytes:
+        """GetFeaturesResponse's bytes, on either front; raises what ``failure`` maps. The
+        answer is offered to the serving log under ``request_id``."""
         role = self.auth.require(authorization, Role.READ)
         _check_parsed(request)
         assert isinstance(request, pb.GetFeaturesRequest)
@@ -242,6 +249,9 @@ class FeatureServicer:
             body += wire.errors(lookup.errors)
             self.runtime.metrics.count_errors(API, lookup.errors)
         self.entities_served.inc(len(lookup.ids))
+        served = self.runtime.served
+        if served.logging:
+            served.offer(GRPC_CODE, request_id, body, (lookup,))
         self.observe(API, "get", "200").observe(time.perf_counter() - t0)
         return body
 

@@ -48,7 +48,8 @@ def error_answer(p: Problem, retry_after: float | None = None) -> Answer:
     return Answer(p.status, body, error_headers(p.status, retry_after))
 
 
-Handler = Callable[[str | None, bytes], Awaitable[Answer]]
+# (the Authorization header, the body, the x-request-id header)
+Handler = Callable[[str | None, bytes, str | None], Awaitable[Answer]]
 
 
 class Route(NamedTuple):

@@ -31,6 +31,8 @@ from feature_store.serving.api.service import (
 )
 from feature_store.serving.l1.cache import Entry, entry_json, keeper
 from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.served import REQUEST_ID
+from feature_store.serving.served import REST as REST_CODE
 
 _rest_rows = None
 if native_enabled():
@@ -107,10 +109,15 @@ class RestHandlers:
         retry = self.runtime.reader.breaker.retry_after if p.status == 503 else None
         return error_answer(p, retry)
 
-    async def get(self, authorization: str | None, raw: bytes) -> Answer:
-        """``POST /v1/features/get``."""
+    async def get(
+        self, authorization: str | None, raw: bytes, request_id: str | None = None
+    ) -> Answer:
+        """``POST /v1/features/get``; ``request_id``: the client's ``x-request-id``, sent
+        back (or one made here), under which the answer is logged (``served.FeatureLog``)."""
         service, auth, observe = self.service, self.auth, self.observe
         t0 = time.perf_counter()
+        served = self.runtime.served
+        request_id = served.request_id(request_id)
         try:
             role = auth.require(authorization, Role.READ)
             body = parse_object(raw, self.body_limit)
@@ -122,7 +129,7 @@ class RestHandlers:
             features, groups = _strings(body, "features"), _strings(body, "groups")
             lookup = await service.lookup(entity, _ids(body), features, groups, bypass=bool(bypass))
         except Exception as e:
-            return self.fail(e, "get", t0)
+            return with_request_id(self.fail(e, "get", t0), request_id)
         proj = lookup.projection
         head = proj.memo.get(API)
         if head is None:
@@ -144,10 +151,14 @@ class RestHandlers:
         else:
             content = b"%b%b]}" % (cast(bytes, head), rows)
         self.entities_served.inc(len(lookup.ids))
+        if served.logging:
+            served.offer(REST_CODE, request_id, content, (lookup,))
         observe(API, "get", "200").observe(time.perf_counter() - t0)
-        return Answer(200, content)
+        return Answer(200, content, ((REQUEST_ID, request_id),))
 
-    async def write(self, authorization: str | None, raw: bytes) -> Answer:
+    async def write(
+        self, authorization: str | None, raw: bytes, request_id: str | None = None
+    ) -> Answer:
         """``POST /v1/features/write``."""
         service, auth, observe, registry = self.service, self.auth, self.observe, self.registry
         t0 = time.perf_counter()
@@ -182,6 +193,11 @@ class RestHandlers:
             return self.fail(e, "write", t0, writing=True)
         observe(API, "write", "200").observe(time.perf_counter() - t0)
         return Answer(200, orjson.dumps(written.as_json()))
+
+
+def with_request_id(answer: Answer, request_id: str) -> Answer:
+    """An answer with the lookup's request id among its headers."""
+    return Answer(answer.status, answer.body, (*answer.headers, (REQUEST_ID, request_id)))
 
 
 def _id_json(entity_id: EntityId) -> bytes:

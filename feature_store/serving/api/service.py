@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,6 +168,9 @@ class Lookup:
     now: int  # unix seconds the ages are computed at
     # entities whose stored data of a group cannot be read: answered with status "error"
     errors: list[EntityError]
+    # the reader's clock when the lookup began: an entry loaded at or after it was read
+    # from Redis for this lookup (-inf without the L1: every entry was)
+    started: float = -math.inf
 
 
 def lookup_errors(
@@ -295,6 +299,7 @@ class FeatureService:
         loaded for an answer made from the packed values (``answers`` False: Feast's API;
         or some of a group's features picked) carry neither (``CachedReader.get``)."""
         proj = self.projection(entity, features, groups)
+        started = self.reader.clock() if self.reader.cache is not None else -math.inf
         bare = not answers or not proj.whole_group
         keys = self.check_ids(proj.entity, ids)
         names = [g.name for g in proj.groups]
@@ -315,7 +320,7 @@ class FeatureService:
             errors = lookup_errors(ids, proj.groups, entries)
         else:
             errors = []
-        return Lookup(proj, ids, entries, int(time.time()), errors)
+        return Lookup(proj, ids, entries, int(time.time()), errors, started)
 
     # --- writes --------------------------------------------------------------------------
 

@@ -74,6 +74,7 @@ class NativeFront(QueuedCalls):
                 settings.max_body_bytes,
                 servicer.auth.native(),
                 int(Role.READ),
+                servicer.runtime.served.native,
                 tls_pem(settings),
                 hits.native if hits is not None else None,
             ),
@@ -91,7 +92,7 @@ class NativeFront(QueuedCalls):
         t0 = time.perf_counter()
         try:
             request = self.parse(call.request)
-            answer = await self.servicer.answer(request, call.authorization, t0)
+            answer = await self.servicer.answer(request, call.authorization, t0, call.request_id)
         except Exception as e:
             code, details = self.servicer.failure(e, "get", t0)
             call.fail(code.value[0], details)

@@ -32,7 +32,7 @@ from feature_store.serving.fronts.hits import FEAST, REST, NativeHits
 from feature_store.serving.fronts.reads import Fail, FrontReads
 
 if TYPE_CHECKING:
-    from feature_store._native import RestCall
+    from feature_store._native import RestCall, ServedLog
     from feature_store.serving.api.fast import FastPath
     from feature_store.serving.api.json_answer import Answer, Route
 
@@ -63,11 +63,13 @@ class NativeRestFront(QueuedCalls):
         settings: ServingSettings,
         hits: NativeHits | FrontReads | None = None,
         fail: Fail | None = None,
+        served: ServedLog | None = None,
     ) -> None:
         from feature_store import _native
         from feature_store.serving.config import tls_pem
 
         super().__init__()
+        assert served is not None, "the worker's request ids and log (FeatureLog.native)"
         self.routes = list(fast.routes.values())
         routes = [
             (
@@ -92,6 +94,7 @@ class NativeRestFront(QueuedCalls):
                 settings.max_body_bytes,
                 settings.request_body_timeout,
                 settings.request_header_timeout,
+                served,
                 tls_pem(settings),
                 (lookups, self.hits.native) if self.hits is not None else None,
             ),
@@ -106,5 +109,6 @@ class NativeRestFront(QueuedCalls):
 
     async def answer(self, call: RestCall) -> None:
         route = self.routes[call.route]
-        answer = await route.handler(call.authorization, call.body)  # handlers answer errors
+        # handlers answer errors
+        answer = await route.handler(call.authorization, call.body, call.request_id)
         call.respond(answer.status, answer.body, list(answer.headers))

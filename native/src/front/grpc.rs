@@ -30,6 +30,7 @@ use super::lookup::{lookup, Outcome};
 use super::queue::{call_class, wait, Pending, Queue, Reply, Waited, Work};
 use super::redis::{Direct, FrontRedis};
 use super::serve::{self, Closing, Serving, Socket};
+use super::served::{Served, ServedLog};
 use super::tls::{self, TlsPem};
 use crate::hits::{HitCache, Hits, GRPC};
 
@@ -40,6 +41,9 @@ const RESOURCE_EXHAUSTED: u32 = 8;
 const UNIMPLEMENTED: u32 = 12;
 const INTERNAL: u32 = 13;
 const UNAVAILABLE: u32 = 14;
+
+/// The metadata of a lookup's request id.
+const REQUEST_ID: &str = "x-request-id";
 
 const UNREACHABLE: &str = "the gRPC server behind the front is not reachable";
 
@@ -59,6 +63,7 @@ struct Shared {
     role: u8,                // the role a lookup answered here needs
     hits: Option<Arc<Hits>>, // the L1's mirror, whose hits are answered here
     direct: Arc<Direct>,     // Redis connections of the front's own (planned reads)
+    served: Arc<Served>,     // request ids, and the log of answers given here
 }
 
 /// One call to the hot method, handed to Python (see `queue::Pending`).
@@ -99,9 +104,9 @@ impl GrpcFront {
     /// CA (mutual TLS); None serves plaintext HTTP/2. `keys`: the API keys, (key, role)
     /// pairs, and the role everyone has without keys; `role`: the role a lookup answered
     /// here needs. `hits`: the L1's mirror, whose hits are answered here for callers whose
-    /// key has that role.
+    /// key has that role. `served`: the worker's request ids and serving log.
     #[new]
-    #[pyo3(signature = (listen_fd, wake_fd, method, backend, max_request, keys, role, tls=None, hits=None))]
+    #[pyo3(signature = (listen_fd, wake_fd, method, backend, max_request, keys, role, served, tls=None, hits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listen_fd: RawFd,
@@ -111,6 +116,7 @@ impl GrpcFront {
         max_request: usize,
         keys: (Vec<(Vec<u8>, u8)>, u8),
         role: u8,
+        served: PyRef<'_, ServedLog>,
         tls: Option<TlsPem>,
         hits: Option<PyRef<'_, HitCache>>,
     ) -> PyResult<Self> {
@@ -127,6 +133,7 @@ impl GrpcFront {
             role,
             hits: hits.map(|cache| Arc::clone(&cache.hits)),
             direct: Arc::new(Direct::new(runtime.handle().clone())),
+            served: Arc::clone(&served.served),
         });
         let serving = Arc::clone(&shared);
         let serving = Serving::start("grpc-front", runtime, move |closed| {
@@ -213,6 +220,10 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         .headers
         .get("grpc-timeout")
         .and_then(|v| grpc_timeout(v.as_bytes()));
+    // metadata x-request-id: the client's, or one made here; sent back in the headers
+    let given = parts.headers.get(REQUEST_ID).map(|v| v.as_bytes());
+    let request_id = shared.served.request_id(given);
+    let id = Some(request_id.as_str());
     let mut data = BytesMut::new();
     while let Some(chunk) = body.data().await {
         let chunk = match chunk {
@@ -223,13 +234,13 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         if data.len() + chunk.len() > shared.max_request + 5 {
             let limit = shared.max_request;
             let message = format!("the request is larger than the limit of {limit} bytes");
-            return status(&mut respond, RESOURCE_EXHAUSTED, &message);
+            return status(&mut respond, RESOURCE_EXHAUSTED, &message, id);
         }
         data.put(chunk);
     }
     let request = match unframe(data.freeze()) {
         Ok(request) => request,
-        Err((code, message)) => return status(&mut respond, code, message),
+        Err((code, message)) => return status(&mut respond, code, message, id),
     };
     let authorization = parts
         .headers
@@ -239,7 +250,9 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
     let deadline = deadline.map(|limit| tokio::time::Instant::now() + limit);
     let python = |work: Work| {
         wait(
-            shared.queue.send(0, &authorization, &request, work),
+            shared
+                .queue
+                .send(0, &authorization, &request_id, &request, work),
             deadline,
         )
     };
@@ -251,20 +264,25 @@ async fn hot(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, sha
         _ => Outcome::Handler,
     };
     let waited = match outcome {
-        Outcome::Here(message) => return send_message(&mut respond, frame(&message)),
+        Outcome::Here(message, source) => {
+            shared.served.offer(GRPC, &request_id, source, &message);
+            return send_message(&mut respond, frame(&message), &request_id);
+        }
         Outcome::Handler => python(Work::Answer).await,
         Outcome::Ended(waited) => waited,
     };
     match waited {
-        Waited::Late => status(&mut respond, DEADLINE_EXCEEDED, "Deadline Exceeded"),
-        Waited::Reply(Reply::Answer(Answer::Message(frame))) => send_message(&mut respond, frame),
+        Waited::Late => status(&mut respond, DEADLINE_EXCEEDED, "Deadline Exceeded", id),
+        Waited::Reply(Reply::Answer(Answer::Message(frame))) => {
+            send_message(&mut respond, frame, &request_id)
+        }
         Waited::Reply(Reply::Answer(Answer::Status(code, message))) => {
-            status(&mut respond, code, &message)
+            status(&mut respond, code, &message, id)
         }
         // replies without a plan, loaded without a load: not sent by Python; the stream
         // goes as at shutdown
         Waited::Reply(Reply::Replies(_) | Reply::Loaded) | Waited::Gone => {
-            status(&mut respond, UNAVAILABLE, "the server is shutting down")
+            status(&mut respond, UNAVAILABLE, "the server is shutting down", id)
         }
     }
 }
@@ -278,11 +296,12 @@ fn frame(message: &[u8]) -> Vec<u8> {
     frame
 }
 
-/// Status 200, the framed message, then the trailers of status OK.
-fn send_message(respond: &mut SendResponse<Bytes>, frame: Vec<u8>) {
+/// Status 200 (with the request id), the framed message, then the trailers of status OK.
+fn send_message(respond: &mut SendResponse<Bytes>, frame: Vec<u8>, request_id: &str) {
     let response = Response::builder()
         .status(200)
         .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(REQUEST_ID, request_id)
         .body(())
         .unwrap_or_default();
     if let Ok(mut send) = respond.send_response(response, false) {
@@ -310,13 +329,16 @@ fn unframe(data: Bytes) -> Result<Bytes, (u32, &'static str)> {
 }
 
 /// A "Trailers-Only" answer: HTTP 200 and the gRPC status in one HEADERS frame.
-fn status(respond: &mut SendResponse<Bytes>, code: u32, message: &str) {
+fn status(respond: &mut SendResponse<Bytes>, code: u32, message: &str, request_id: Option<&str>) {
     let mut response = Response::builder()
         .status(200)
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header("grpc-status", code)
         .body(())
         .unwrap_or_default();
+    if let Some(value) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
     if let Ok(value) = HeaderValue::from_bytes(&percent_encode(message)) {
         response.headers_mut().insert("grpc-message", value);
     }
@@ -378,7 +400,7 @@ async fn pass_through(
     };
     let (response, upstream) = match sent {
         Some(sent) => sent,
-        None => return status(&mut respond, UNAVAILABLE, UNREACHABLE),
+        None => return status(&mut respond, UNAVAILABLE, UNREACHABLE, None),
     };
     // the request's stream, copied on a task of its own: bidirectional methods (reflection)
     // send more as answers arrive
@@ -387,7 +409,7 @@ async fn pass_through(
     }
     let response = match response.await {
         Ok(response) => response,
-        Err(_) => return status(&mut respond, UNAVAILABLE, UNREACHABLE),
+        Err(_) => return status(&mut respond, UNAVAILABLE, UNREACHABLE, None),
     };
     let (parts, body) = response.into_parts();
     let ended = body.is_end_stream();

@@ -10,12 +10,14 @@ use std::future::Future;
 
 use super::queue::{Reply, Waited, Work};
 use super::redis::Direct;
+use super::served::{FROM_L1, FROM_REDIS};
 use crate::hits::{Hits, Looked};
 
 /// How a lookup on a front ended.
 pub(crate) enum Outcome<A> {
-    /// answered here: the answer's bytes (a JSON body, a gRPC message)
-    Here(Vec<u8>),
+    /// answered here: the answer's bytes (a JSON body, a gRPC message), and where its
+    /// values came from (`served::FROM_L1`, `FROM_REDIS`: some keys loaded for it)
+    Here(Vec<u8>, u8),
     /// the route's handler answers it
     Handler,
     /// ended while Python had it: Python's answer (Redis failing: its error), or the
@@ -38,11 +40,11 @@ where
     F: Future<Output = Waited<A>>,
 {
     match hits.answer(api, request) {
-        Some(Looked::Answer(answer)) => return Outcome::Here(answer),
+        Some(Looked::Answer(answer)) => return Outcome::Here(answer, FROM_L1),
         Some(Looked::Missing(missing)) => {
             return match python(Work::Load(missing.keys.clone())).await {
                 Waited::Reply(Reply::Loaded) => match hits.replay(request, api, &missing) {
-                    Some(answer) => Outcome::Here(answer),
+                    Some(answer) => Outcome::Here(answer, FROM_REDIS),
                     None => Outcome::Handler, // evicted or dropped again
                 },
                 waited => Outcome::Ended(waited),
@@ -56,7 +58,7 @@ where
     };
     if let Some(replies) = direct.read(&plan).await {
         return match hits.render(&plan, &replies, true) {
-            Some(answer) => Outcome::Here(answer),
+            Some(answer) => Outcome::Here(answer, FROM_REDIS),
             None => Outcome::Handler, // a reply the handler answers (it reads again)
         };
     }
@@ -67,7 +69,7 @@ where
     let command = Work::Read(std::mem::take(&mut plan.command), plan.count);
     match python(command).await {
         Waited::Reply(Reply::Replies(replies)) => match hits.render(&plan, &replies, false) {
-            Some(answer) => Outcome::Here(answer),
+            Some(answer) => Outcome::Here(answer, FROM_REDIS),
             None => Outcome::Handler,
         },
         waited => Outcome::Ended(waited),

@@ -18,5 +18,6 @@ pub(crate) mod queue;
 pub(crate) mod redis;
 pub(crate) mod rest;
 pub(crate) mod serve;
+pub(crate) mod served;
 pub(crate) mod slots;
 pub(crate) mod tls;

@@ -38,6 +38,7 @@ pub(crate) enum Waited<A> {
 struct Queued<A> {
     route: usize,
     authorization: Option<String>,
+    request_id: String,
     request: Bytes,
     work: Work,
     reply: oneshot::Sender<Reply<A>>,
@@ -58,11 +59,13 @@ impl<A> Queue<A> {
         }
     }
 
-    /// Queue a call of `route` (its request bytes and Authorization header) for Python.
+    /// Queue a call of `route` (its request bytes, Authorization header and request id)
+    /// for Python.
     pub(crate) fn send(
         &self,
         route: usize,
         authorization: &Option<String>,
+        request_id: &str,
         request: &Bytes,
         work: Work,
     ) -> oneshot::Receiver<Reply<A>> {
@@ -70,6 +73,7 @@ impl<A> Queue<A> {
         let call = Queued {
             route,
             authorization: authorization.clone(),
+            request_id: request_id.to_owned(),
             request: request.clone(),
             work,
             reply: tx,
@@ -103,6 +107,7 @@ impl<A> Queue<A> {
                 Pending {
                     route: q.route,
                     authorization: q.authorization,
+                    request_id: q.request_id,
                     request: q.request,
                     command,
                     count,
@@ -139,6 +144,7 @@ pub(crate) async fn wait<A>(
 pub(crate) struct Pending<A> {
     pub(crate) route: usize,
     pub(crate) authorization: Option<String>,
+    pub(crate) request_id: String,
     request: Bytes,
     command: Vec<u8>,
     pub(crate) count: usize,
@@ -209,6 +215,12 @@ macro_rules! call_class {
             #[getter]
             fn authorization(&self) -> Option<String> {
                 self.0.authorization.clone()
+            }
+
+            /// The lookup's request id (the client's, or one the front made).
+            #[getter]
+            fn request_id(&self) -> String {
+                self.0.request_id.clone()
             }
 
             /// The request's bytes (a JSON body; a gRPC message without its prefix).

@@ -32,11 +32,15 @@ use super::lookup::{lookup, Outcome};
 use super::queue::{call_class, wait, Pending, Queue, Reply, Waited, Work};
 use super::redis::{Direct, FrontRedis};
 use super::serve::{self, Closing, Serving, Socket};
+use super::served::{Served, ServedLog};
 use super::tls::{self, TlsPem};
 use crate::hits::{HitCache, Hits};
 
 const UNREACHABLE: &[u8] =
     br#"{"error":{"code":"unavailable","message":"the HTTP server behind the front is not reachable"}}"#;
+
+/// The header of a lookup's request id.
+const REQUEST_ID: &str = "x-request-id";
 
 /// An answer: status, headers besides content-type and content-length, body (JSON).
 #[derive(Clone)]
@@ -81,6 +85,7 @@ struct Shared {
     body_timeout: Duration,
     hits: Option<(Lookups, Arc<Hits>)>, // the lookup routes, and the L1's mirror
     direct: Arc<Direct>,                // Redis connections of the front's own (planned reads)
+    served: Arc<Served>,                // request ids, and the log of answers given here
 }
 
 /// One POST to a fast route, handed to Python (see `queue::Pending`).
@@ -134,9 +139,9 @@ impl RestFront {
     /// `tls`: PEM bytes of the certificate chain, its key and optionally a client CA; None
     /// serves plaintext. `hits`: the lookup routes, each (its index, its API: `hits::REST`
     /// or `hits::FEAST`), and the L1's mirror, whose hits (or, without the L1, planned
-    /// reads) are answered here.
+    /// reads) are answered here. `served`: the worker's request ids and serving log.
     #[new]
-    #[pyo3(signature = (listen_fd, wake_fd, routes, keys, backend, max_body, body_timeout, header_timeout, tls=None, hits=None))]
+    #[pyo3(signature = (listen_fd, wake_fd, routes, keys, backend, max_body, body_timeout, header_timeout, served, tls=None, hits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listen_fd: RawFd,
@@ -147,6 +152,7 @@ impl RestFront {
         max_body: usize,
         body_timeout: f64,
         header_timeout: f64,
+        served: PyRef<'_, ServedLog>,
         tls: Option<TlsPem>,
         hits: Option<(Lookups, PyRef<'_, HitCache>)>,
     ) -> PyResult<Self> {
@@ -199,6 +205,7 @@ impl RestFront {
             body_timeout,
             hits: hits.map(|(routes, cache)| (routes, Arc::clone(&cache.hits))),
             direct: Arc::new(Direct::new(runtime.handle().clone())),
+            served: Arc::clone(&served.served),
         });
         let mut http = Http::new();
         // the deadline runs from the moment the connection waits for a request's head, so it
@@ -266,9 +273,25 @@ async fn handle(request: Request<Body>, shared: Arc<Shared>) -> Result<Response<
     Ok(pass_through(request, &shared).await)
 }
 
-/// A POST to a fast route: key, content type, size, body deadline, then the lookup or
-/// Python's handler.
+/// A POST to a fast route, its answer with the request's id (`x-request-id`: the client's,
+/// or one made here; Python's handlers send back the one they are given).
 async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
+    let given = request.headers().get(REQUEST_ID).map(|v| v.as_bytes());
+    let request_id = shared.served.request_id(given);
+    let mut answer = answer(request, index, shared, &request_id).await;
+    if !answer
+        .headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case(REQUEST_ID))
+    {
+        answer.headers.push((REQUEST_ID.to_owned(), request_id));
+    }
+    answer
+}
+
+/// A POST to a fast route: key, content type, size, body deadline, then the lookup (its
+/// answer offered to the log) or Python's handler.
+async fn answer(request: Request<Body>, index: usize, shared: &Shared, request_id: &str) -> Answer {
     let route = &shared.routes[index];
     let (parts, mut body) = request.into_parts();
     let authorization = parts
@@ -315,7 +338,14 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
         Ok(Err(None)) => return route.refusal(400),
         Err(_) => return route.refusal(408),
     };
-    let python = |work: Work| wait(shared.queue.send(index, &authorization, &data, work), None);
+    let python = |work: Work| {
+        wait(
+            shared
+                .queue
+                .send(index, &authorization, request_id, &data, work),
+            None,
+        )
+    };
     let looked_up = shared.hits.as_ref().and_then(|(routes, hits)| {
         let &(_, api) = routes.iter().find(|&&(route, _)| route == index)?;
         Some((api, hits))
@@ -325,12 +355,15 @@ async fn fast(request: Request<Body>, index: usize, shared: &Shared) -> Answer {
         None => Outcome::Handler,
     };
     let waited = match outcome {
-        Outcome::Here(body) => {
+        Outcome::Here(body, source) => {
+            if let Some((api, _)) = looked_up {
+                shared.served.offer(api, request_id, source, &body);
+            }
             return Answer {
                 status: 200,
                 headers: Vec::new(),
                 body: Bytes::from(body),
-            }
+            };
         }
         Outcome::Handler => python(Work::Answer).await,
         Outcome::Ended(waited) => waited,

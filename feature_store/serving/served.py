@@ -1,0 +1,739 @@
+"""The serving log: a row per served entity, so that training sets are made from what the
+models were served (``feature-store training-set``) and online values can be checked
+against offline ones.
+
+Every lookup has a request id: the client's (``x-request-id`` header or gRPC metadata, 1 to
+128 visible ASCII characters) or one the worker makes (a prefix of its own and a counter),
+sent back in the same header or metadata. With ``--feature-log``, a lookup whose id is
+sampled (xxh32 of the id below the fraction: the same requests on every worker and on the
+native fronts) is offered to the log with its answer's bytes. Serving never waits for the
+log:
+
+- The offer appends to a bounded queue per worker (``--feature-log-queue`` answers; the
+  native fronts keep one of their own, ``_native.ServedLog``). A full queue drops the
+  answer and counts it.
+- The worker's log thread takes both queues, reads each answer (REST's JSON, gRPC's
+  protobuf, Feast's JSON) into rows, one per entity, and hands them to the sink.
+
+The rows' values are the answer's values, read back from the bytes the client got. A row:
+``request_id``, ``served_at`` (ms), ``api`` (rest, grpc, feast), ``entity_id``, ``source``
+(l1: every group from the L1; redis: some read from Redis for this lookup), and per feature
+of the entity type ``<group>__<feature>`` (null when not asked or not present) and
+``<group>__<feature>__status`` (present, missing, stale, error; null when not asked), and
+per group ``<group>__event_time`` (the served second minus the answer's age: whole seconds).
+
+Sinks (``--feature-log URL``):
+
+- ``file:///DIR``: parquet under ``DIR/entity_type=<name>/date=YYYY-MM-DD/hour=HH/``, one
+  schema per entity type (every feature of it), written to a hidden ``.part-*.tmp`` name
+  and renamed to ``part-*.parquet`` when rolled (``--feature-log-roll-seconds``, or
+  ``--feature-log-roll-bytes``): readers (pyarrow, pandas, Spark) skip hidden files, so
+  they never see a partial one. A worker killed loses its open files' rows: at most a roll
+  interval, plus its queue.
+- ``kafka://HOST:PORT/TOPIC``: a JSON record per row, produced asynchronously (librdkafka's
+  own bounded buffer; full, the row is dropped and counted). ``feature-store log-sink``
+  writes the topic into the file sink's layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+import xxhash
+from prometheus_client import CollectorRegistry, Counter
+
+from feature_store.errors import ConfigError
+from feature_store.layout import IdType
+from feature_store.native import native_enabled
+from feature_store.registry import EntityType, Registry
+from feature_store.serialization.codecs import FeatureType
+from feature_store.serving.config import parse_target
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from feature_store.serving.api.service import Lookup
+
+log = logging.getLogger(__name__)
+
+REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them (fronts.hits)
+API_NAMES = ("rest", "grpc", "feast")
+FROM_L1, FROM_REDIS = 0, 1
+SOURCES = ("l1", "redis")
+REQUEST_ID = "x-request-id"
+MAX_REQUEST_ID = 128
+EVERY = 1 << 32  # the sampling threshold of a fraction of 1.0
+ROW_GROUP = 16_384  # rows buffered per file before they are written as a row group
+TICK = 0.1  # seconds the log thread sleeps when both queues are empty
+FEAST_STATUSES = {
+    "PRESENT": "present",
+    "NOT_FOUND": "missing",
+    "NULL_VALUE": "missing",
+    "OUTSIDE_MAX_AGE": "stale",
+    "INVALID": "error",
+}
+GRPC_STATUSES = ("unspecified", "present", "missing", "stale", "error")
+DROP_REASONS = ("queue_full", "front_queue_full", "sink_full", "sink_error", "unreadable")
+
+
+# --- request ids and sampling ------------------------------------------------------------
+
+
+def given_id(value: str | None) -> str | None:
+    """A client's request id if it is one we keep: 1 to 128 visible ASCII characters."""
+    if not value or len(value) > MAX_REQUEST_ID or " " in value:
+        return None
+    return value if value.isascii() and value.isprintable() else None
+
+
+def threshold(fraction: float) -> int:
+    """The sampling threshold of a fraction: sampled when xxh32(id) < threshold."""
+    return EVERY if fraction >= 1.0 else int(fraction * EVERY)
+
+
+def sampled(request_id: str, limit: int) -> bool:
+    """Whether a request id is sampled (deterministic: the same on every worker and front)."""
+    return limit >= EVERY or xxhash.xxh32_intdigest(request_id.encode()) < limit
+
+
+# --- rows --------------------------------------------------------------------------------
+
+
+def column_names(registry: Registry, entity: str) -> list[str]:
+    """The feature columns of an entity type's rows, in registry order (schema order)."""
+    out = []
+    for g in registry.groups.values():
+        if g.entity.name == entity:
+            for f in g.features:
+                out += [f"{g.name}__{f.name}", f"{g.name}__{f.name}__status"]
+            out.append(f"{g.name}__event_time")
+    return out
+
+
+def arrow_schema(registry: Registry, entity: EntityType) -> pa.Schema:
+    """The parquet schema of an entity type's rows (files, and the Kafka sink's tables)."""
+    import pyarrow as pa
+
+    kinds = {
+        FeatureType.FLOAT: pa.float64(),
+        FeatureType.DOUBLE: pa.float64(),
+        FeatureType.INT: pa.int64(),
+        FeatureType.BOOL: pa.bool_(),
+        FeatureType.STRING: pa.string(),
+        FeatureType.EMBEDDING: pa.list_(pa.float32()),
+        FeatureType.FLOAT_LIST: pa.list_(pa.float32()),
+        FeatureType.INT_LIST: pa.list_(pa.int64()),
+    }
+    fields: list[tuple[str, pa.DataType]] = [
+        ("request_id", pa.string()),
+        ("served_at", pa.timestamp("ms", tz="UTC")),
+        ("api", pa.string()),
+        ("entity_id", pa.int64() if entity.id_type is IdType.INT else pa.string()),
+        ("source", pa.string()),
+    ]
+    for g in registry.groups.values():
+        if g.entity.name != entity.name:
+            continue
+        for f in g.features:
+            fields.append((f"{g.name}__{f.name}", kinds[f.type]))
+            fields.append((f"{g.name}__{f.name}__status", pa.string()))
+        fields.append((f"{g.name}__event_time", pa.timestamp("s", tz="UTC")))
+    return pa.schema(fields)
+
+
+Row = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Served:
+    """One answer offered to the log: its API, request id, when it was served (unix ms),
+    the second its ages count from, per lookup and entity where its values came from
+    (``FROM_L1``/``FROM_REDIS``; one byte string per entity type), and its bytes."""
+
+    api: int
+    request_id: str
+    served_at_ms: int
+    now: int
+    sources: Sequence[bytes] | int
+    answer: bytes
+
+
+class AnswerRows:
+    """Reads answers back into rows, by API; the column names of a form are made once."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._columns: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, str]]] = {}
+        self._feast: dict[tuple[str, ...], tuple[list[EntityType], list[tuple[int, str, str]]]] = {}
+
+    def rows(self, served: Served) -> Iterator[tuple[str, Row]]:
+        """(entity type, row) of each entity of the answer."""
+        if served.api == REST:
+            return self._rest(served)
+        if served.api == GRPC:
+            return self._grpc(served)
+        return self._feast_rows(served)
+
+    def _named(self, entity: str, names: Sequence[str]) -> list[tuple[str, str, str]]:
+        """Per feature answered: its value column, its status column, its group's time
+        column."""
+        key = (entity, tuple(names))
+        found = self._columns.get(key)
+        if found is None:
+            features = self.registry.features_of(entity)
+            found = []
+            for name in names:
+                g = features[name].group
+                found.append((f"{g}__{name}", f"{g}__{name}__status", f"{g}__event_time"))
+            self._columns[key] = found
+        return found
+
+    def _head(self, served: Served, i: int, entity_id: object) -> Row:
+        sources = served.sources
+        source = sources if isinstance(sources, int) else sources[0][i]
+        return {
+            "request_id": served.request_id,
+            "served_at": served.served_at_ms,
+            "api": API_NAMES[served.api],
+            "entity_id": entity_id,
+            "source": SOURCES[source],
+        }
+
+    def _rest(self, served: Served) -> Iterator[tuple[str, Row]]:
+        answer = orjson.loads(served.answer)
+        entity = answer["entity_type"]
+        columns = self._named(entity, answer["features"])
+        now = served.now
+        for i, result in enumerate(answer["results"]):
+            row = self._head(served, i, result["id"])
+            ages = result["ages"]
+            for (value, status, stamp), v, s in zip(
+                columns, result["values"], result["statuses"], strict=True
+            ):
+                row[value] = v
+                row[status] = s
+                age = ages.get(stamp[: -len("__event_time")])
+                row[stamp] = None if age is None else now - age
+            yield entity, row
+
+    def _grpc(self, served: Served) -> Iterator[tuple[str, Row]]:
+        from feature_store.proto.v1 import serving_pb2 as pb
+
+        answer = pb.GetFeaturesResponse.FromString(served.answer)
+        entity = answer.entity_type
+        columns = self._named(entity, list(answer.features))
+        now = served.now
+        for i, result in enumerate(answer.rows):
+            which = result.id.WhichOneof("id")
+            row = self._head(served, i, getattr(result.id, which) if which else None)
+            ages = result.ages
+            for (value, status, stamp), v, s in zip(
+                columns, result.values, result.statuses, strict=True
+            ):
+                row[value] = _proto_value(v)
+                row[status] = GRPC_STATUSES[s]
+                group = stamp[: -len("__event_time")]
+                row[stamp] = now - ages[group] if group in ages else None
+            yield entity, row
+
+    def _feast_rows(self, served: Served) -> Iterator[tuple[str, Row]]:
+        answer = orjson.loads(served.answer)
+        names = answer["metadata"]["feature_names"]
+        results = answer["results"]
+        entities, columns = self._feast_columns(tuple(names))
+        keys = len(entities)
+        for read, entity in enumerate(entities):
+            ids = results[read]["values"]
+            mine = [(ci, v, s) for ci, (r, v, s) in enumerate(columns) if r == read]
+            sources = served.sources
+            for i, entity_id in enumerate(ids):
+                source = sources if isinstance(sources, int) else sources[read][i]
+                row: Row = {
+                    "request_id": served.request_id,
+                    "served_at": served.served_at_ms,
+                    "api": "feast",
+                    "entity_id": entity_id,
+                    "source": SOURCES[source],
+                }
+                for ci, value, status in mine:
+                    column = results[keys + ci]
+                    row[value] = column["values"][i]
+                    row[status] = FEAST_STATUSES.get(column["statuses"][i], "error")
+                    stamp = status.rsplit("__", 2)[0] + "__event_time"
+                    if stamp not in row or row[stamp] is None:
+                        row[stamp] = _feast_time(column["event_timestamps"][i])
+                yield entity.name, row
+
+    def _feast_columns(
+        self, names: tuple[str, ...]
+    ) -> tuple[list[EntityType], list[tuple[int, str, str]]]:
+        """The entity types of a Feast answer's key columns, and per feature column: the
+        read (key column) it belongs to, its value column and its status column."""
+        found = self._feast.get(names)
+        if found is not None:
+            return found
+        registry = self.registry
+        entities: list[EntityType] = []
+        for name in names:
+            entity = registry.by_join_key(name)
+            if entity is None:
+                break
+            entities.append(entity)
+        columns = []
+        for name in names[len(entities) :]:
+            group, _, feature = name.partition("__")
+            g = registry.groups.get(group)
+            if g is None or all(f.name != feature for f in g.features):
+                # a bare name: the feature of that name among the request's entity types
+                g = next(
+                    registry.groups[registry.features_of(e.name)[name].group]
+                    for e in entities
+                    if name in registry.features_of(e.name)
+                )
+                feature = name
+            read = next(i for i, e in enumerate(entities) if e.name == g.entity.name)
+            columns.append((read, f"{g.name}__{feature}", f"{g.name}__{feature}__status"))
+        self._feast[names] = (entities, columns)
+        return entities, columns
+
+
+def _proto_value(v: Any) -> object:
+    kind = v.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind in ("float_list", "int_list"):
+        return list(getattr(v, kind).values)
+    return getattr(v, kind)
+
+
+def _feast_time(stamp: str) -> int | None:
+    """Feast's event timestamp (ISO 8601, UTC) in unix seconds; None for the epoch (Feast's
+    time of a value it does not have)."""
+    if stamp.startswith("1970-01-01T00:00:00"):
+        return None
+    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+
+
+# --- the sinks ---------------------------------------------------------------------------
+
+
+class LogMetrics:
+    """The log's counters (Prometheus; deployment totals in multiprocess mode)."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        prefix = "feature_serving_log"
+        self.rows = Counter(f"{prefix}_rows", "rows written to the serving log", registry=registry)
+        self.dropped = Counter(
+            f"{prefix}_dropped",
+            "rows (or, queue_full and front_queue_full, answers) the serving log dropped, by "
+            "reason: its queue full (a worker's, a native front's), the sink's buffer full, "
+            "the sink failing, an answer that could not be read",
+            ["reason"],
+            registry=registry,
+        )
+        self.bytes = Counter(
+            f"{prefix}_bytes", "bytes the serving log wrote (files closed, records produced)",
+            registry=registry,
+        )  # fmt: skip
+        self.files = Counter(
+            f"{prefix}_files", "log files rolled (closed and renamed)", registry=registry
+        )
+        self.sink_errors = Counter(
+            f"{prefix}_sink_errors", "failures of the serving log's sink (a write, a delivery)",
+            registry=registry,
+        )  # fmt: skip
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason)
+
+
+class Sink(Protocol):
+    def write(self, entity: str, rows: list[Row], at: float) -> None: ...
+    def tick(self, at: float) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Open:
+    """A file being written: its hidden name, its final name, its writer."""
+
+    tmp: Path
+    final: Path
+    handle: Any
+    writer: Any
+    opened: float
+    rows: int = 0
+
+
+class FileSink:
+    """Parquet files per entity type, date and hour, rolled by time and size, renamed into
+    place when complete."""
+
+    def __init__(
+        self,
+        root: Path,
+        registry: Registry,
+        metrics: LogMetrics,
+        worker: str,
+        roll_seconds: float,
+        roll_bytes: int,
+    ) -> None:
+        try:
+            import pyarrow  # noqa: F401  (fails here, at startup, where it is missing)
+        except ImportError:
+            raise ConfigError(
+                "--feature-log file:// needs pyarrow: pip install 'feature-store[log]'"
+            ) from None
+
+        self.root = root
+        self.registry = registry
+        self.metrics = metrics
+        self.worker = worker
+        self.roll_seconds = roll_seconds
+        self.roll_bytes = roll_bytes
+        self._schemas: dict[str, pa.Schema] = {}
+        self._open: dict[tuple[str, str, str], _Open] = {}
+        self._buffers: dict[tuple[str, str, str], list[Row]] = {}
+        self._seq = itertools.count()
+        root.mkdir(parents=True, exist_ok=True)
+
+    def schema(self, entity: str) -> pa.Schema:
+        found = self._schemas.get(entity)
+        if found is None:
+            found = self._schemas[entity] = arrow_schema(
+                self.registry, self.registry.entities[entity]
+            )
+        return found
+
+    def write(self, entity: str, rows: list[Row], at: float) -> None:
+        for row in rows:
+            stamp = time.gmtime(row["served_at"] // 1000)
+            key = (entity, time.strftime("%Y-%m-%d", stamp), time.strftime("%H", stamp))
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                buffer = self._buffers[key] = []
+            buffer.append(row)
+            if len(buffer) >= ROW_GROUP:
+                self._flush(key, at)
+
+    def _flush(self, key: tuple[str, str, str], at: float) -> None:
+        import pyarrow as pa
+
+        rows = self._buffers.pop(key, None)
+        if not rows:
+            return
+        f = self._open.get(key)
+        try:
+            if f is None:
+                f = self._open[key] = self._create(key, at)
+            table = pa.Table.from_pylist(rows, schema=self.schema(key[0]))
+            f.writer.write_table(table)
+            f.rows += len(rows)
+        except Exception:
+            log.warning("the serving log could not write %d rows", len(rows), exc_info=True)
+            self.metrics.sink_errors.inc()
+            self.metrics.dropped.labels("sink_error").inc(len(rows))
+            self._discard(key)
+            return
+        if f.handle.tell() >= self.roll_bytes:
+            self._roll(key)
+
+    def _create(self, key: tuple[str, str, str], at: float) -> _Open:
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        entity, date, hour = key
+        folder = self.root / f"entity_type={entity}" / f"date={date}" / f"hour={hour}"
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"part-{self.worker}-{next(self._seq):06d}.parquet"
+        tmp = folder / f".{name}.tmp"
+        handle = open(tmp, "wb")  # noqa: SIM115  (closed when rolled or discarded)
+        writer = pq.ParquetWriter(handle, self.schema(entity), compression="zstd")
+        return _Open(tmp, folder / name, handle, writer, at)
+
+    def _roll(self, key: tuple[str, str, str]) -> None:
+        f = self._open.pop(key)
+        try:
+            f.writer.close()
+            size = f.handle.tell()
+            f.handle.close()
+            os.replace(f.tmp, f.final)  # readers skip the hidden name: never a partial file
+        except Exception:
+            log.warning("the serving log could not close %s", f.tmp, exc_info=True)
+            self.metrics.sink_errors.inc()
+            self.metrics.dropped.labels("sink_error").inc(f.rows)
+            with contextlib.suppress(OSError):
+                f.handle.close()
+                f.tmp.unlink()
+            return
+        self.metrics.rows.inc(f.rows)
+        self.metrics.bytes.inc(size)
+        self.metrics.files.inc()
+
+    def _discard(self, key: tuple[str, str, str]) -> None:
+        f = self._open.pop(key, None)
+        if f is not None:
+            self.metrics.dropped.labels("sink_error").inc(f.rows)
+            with contextlib.suppress(Exception):
+                f.handle.close()
+                f.tmp.unlink()
+
+    def tick(self, at: float) -> None:
+        """Roll the files that are due: their first row is a roll interval old (rows still
+        buffered are written first)."""
+        for key in set(self._open) | set(self._buffers):
+            f = self._open.get(key)
+            rows = self._buffers.get(key)
+            since = f.opened if f is not None else self._first(rows) if rows else at
+            if at - since >= self.roll_seconds:
+                self._flush(key, since)
+                if key in self._open:
+                    self._roll(key)
+
+    @staticmethod
+    def _first(rows: list[Row]) -> float:
+        return float(rows[0]["served_at"]) / 1000
+
+    def close(self) -> None:
+        at = time.time()
+        for key in list(self._buffers):
+            self._flush(key, at)
+        for key in list(self._open):
+            self._roll(key)
+
+
+class KafkaSink:
+    """A JSON record per row on a topic, produced asynchronously (keyed by entity id)."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, metrics: LogMetrics, buffered: int = 100_000
+    ) -> None:
+        try:
+            from confluent_kafka import Producer
+        except ImportError:
+            raise ConfigError(
+                "--feature-log kafka:// needs confluent-kafka: pip install 'feature-store[log]'"
+            ) from None
+        self.topic = topic
+        self.metrics = metrics
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 50,
+                "queue.buffering.max.messages": buffered,
+                "message.timeout.ms": 30_000,
+                "compression.type": "zstd",
+            }
+        )
+
+    def _delivered(self, error: object, message: Any) -> None:
+        if error is not None:
+            self.metrics.sink_errors.inc()
+            self.metrics.dropped.labels("sink_error").inc()
+        else:
+            self.metrics.rows.inc()
+            self.metrics.bytes.inc(len(message.value()))
+
+    def write(self, entity: str, rows: list[Row], at: float) -> None:
+        produce = self.producer.produce
+        for row in rows:
+            record = dict(row)
+            record["entity_type"] = entity
+            try:
+                produce(
+                    self.topic,
+                    orjson.dumps(record),
+                    str(row["entity_id"]).encode(),
+                    on_delivery=self._delivered,
+                )
+            except BufferError:
+                self.metrics.dropped.labels("sink_full").inc()
+        self.producer.poll(0)
+
+    def tick(self, at: float) -> None:
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        left = self.producer.flush(5.0)
+        if left:
+            self.metrics.dropped.labels("sink_error").inc(left)
+
+
+# --- the log -----------------------------------------------------------------------------
+
+
+class FeatureLog:
+    """One worker's request ids and serving log (``logging`` False: request ids only)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        url: str | None = None,
+        *,
+        sample: float = 1.0,
+        roll_seconds: float = 60.0,
+        roll_bytes: int = 128 * 1024 * 1024,
+        queue: int = 10_000,
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry
+        self.prefix = uuid.uuid4().hex[:16]
+        self._ids = itertools.count()
+        self.target = parse_target(url) if url else None
+        self.logging = self.target is not None
+        self.threshold = threshold(sample)
+        self.capacity = queue
+        self.roll_seconds = roll_seconds
+        self.roll_bytes = roll_bytes
+        self._queue: deque[Served] = deque()
+        self.dropped = 0  # answers dropped because the queue was full (read by the thread)
+        self._front_dropped = 0
+        self._counted_dropped = 0
+        self.metrics = LogMetrics(metrics) if self.logging else None
+        self.native: Any = None
+        if native_enabled():
+            from feature_store._native import ServedLog
+
+            self.native = ServedLog(self.prefix, self.threshold, queue, self.logging)
+        self.rows = AnswerRows(registry)
+        self._sink: Sink | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+
+    # --- on the serving thread
+
+    def request_id(self, given: str | None) -> str:
+        """The client's request id, or a new one (this worker's prefix and a counter)."""
+        return given_id(given) or f"{self.prefix}{next(self._ids):016x}"
+
+    def offer(self, api: int, request_id: str, answer: bytes, lookups: Sequence[Lookup]) -> None:
+        """Offer an answer to the log (kept if its request id is sampled and the queue has
+        room; else dropped and counted). Never waits."""
+        if not self.logging or not sampled(request_id, self.threshold):
+            return
+        if len(self._queue) >= self.capacity:
+            self.dropped += 1
+            return
+        sources = [_sources(lookup) for lookup in lookups]
+        now = lookups[0].now if lookups else int(time.time())
+        self._queue.append(
+            Served(api, request_id, time.time_ns() // 1_000_000, now, sources, answer)
+        )
+
+    # --- the log thread
+
+    def start(self) -> None:
+        """Open the sink (failing here, at startup, when it cannot be) and start the thread."""
+        if self.target is None or self._thread is not None:
+            return
+        assert self.metrics is not None
+        if self.target.kind == "file":
+            assert self.target.path is not None
+            self._sink = FileSink(
+                self.target.path,
+                self.registry,
+                self.metrics,
+                f"{self.prefix[:8]}{os.getpid()}",
+                self.roll_seconds,
+                self.roll_bytes,
+            )
+        else:
+            assert self.target.bootstrap is not None
+            assert self.target.topic is not None
+            self._sink = KafkaSink(self.target.bootstrap, self.target.topic, self.metrics)
+        self._thread = threading.Thread(target=self._run, name="feature-log", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Write what is queued, close the sink's files (or flush its records)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        assert self._sink is not None
+        sink = self._sink
+        while True:
+            stopping = self._stop.is_set()
+            taken = self._take()
+            if taken:
+                self._write(sink, taken)
+            self._count_drops()
+            try:
+                sink.tick(time.time())
+            except Exception:
+                log.warning("the serving log's sink failed", exc_info=True)
+            if stopping:
+                break
+            if not taken:
+                self._stop.wait(TICK)
+        try:
+            sink.close()
+        except Exception:
+            log.warning("the serving log's sink failed to close", exc_info=True)
+        self._count_drops()
+
+    def _take(self) -> list[Served]:
+        queue = self._queue
+        taken = [queue.popleft() for _ in range(len(queue))]
+        if self.native is not None:
+            for api, request_id, served_at, source, answer in self.native.take():
+                taken.append(Served(api, request_id, served_at, served_at // 1000, source, answer))
+        return taken
+
+    def _write(self, sink: Sink, taken: list[Served]) -> None:
+        assert self.metrics is not None
+        by_entity: dict[str, list[Row]] = {}
+        for served in taken:
+            try:
+                for entity, row in self.rows.rows(served):
+                    rows = by_entity.get(entity)
+                    if rows is None:
+                        rows = by_entity[entity] = []
+                    rows.append(row)
+            except Exception:
+                log.warning("the serving log could not read an answer", exc_info=True)
+                self.metrics.dropped.labels("unreadable").inc()
+        at = time.time()
+        for entity, rows in by_entity.items():
+            try:
+                sink.write(entity, rows, at)
+            except Exception:
+                log.warning("the serving log's sink failed", exc_info=True)
+                self.metrics.sink_errors.inc()
+                self.metrics.dropped.labels("sink_error").inc(len(rows))
+
+    def _count_drops(self) -> None:
+        assert self.metrics is not None
+        dropped = self.dropped
+        if dropped > self._counted_dropped:
+            self.metrics.dropped.labels("queue_full").inc(dropped - self._counted_dropped)
+            self._counted_dropped = dropped
+        if self.native is not None:
+            front = self.native.dropped
+            if front > self._front_dropped:
+                self.metrics.dropped.labels("front_queue_full").inc(front - self._front_dropped)
+                self._front_dropped = front
+
+
+def _sources(lookup: Lookup) -> bytes:
+    """Per entity of a lookup: FROM_REDIS where a group's entry was loaded for it."""
+    started = lookup.started
+    return bytes(
+        FROM_REDIS if any(r.entry.loaded_at >= started for r in row) else FROM_L1
+        for row in lookup.entries
+    )
