@@ -15,7 +15,7 @@ metric call. Request latencies and Redis round trips are histograms.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -201,6 +201,8 @@ class ServingMetrics:
         )
         reader.on_round_trip = self._round_trip
         reader.on_shadow_mismatch = self.shadow_age.observe
+        # what brings counters kept elsewhere up to date before a scrape (the serving log's)
+        self.on_render: list[Callable[[], None]] = []
 
     def count_errors(self, api: str, errors: Sequence[EntityError]) -> None:
         for e in errors:
@@ -216,6 +218,8 @@ class ServingMetrics:
 
     def render(self) -> bytes:
         """The text a scrape gets: this worker's figures, or with several, the deployment's."""
+        for update in self.on_render:
+            update()
         if not self.multiprocess:
             return bytes(generate_latest(self.registry))
         self.sync()

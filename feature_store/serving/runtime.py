@@ -115,6 +115,7 @@ class ServingRuntime:
             queue=settings.feature_log_queue,
             metrics=self.metrics.registry,
         )
+        self.metrics.on_render.append(self.served.count_drops)
         self._metrics_task: asyncio.Task[None] | None = None
         self.warm = (
             WarmStart(registry, self.reader, client, settings.warm_start_keys)

@@ -597,10 +597,10 @@ class FeatureLog:
         self.roll_seconds = roll_seconds
         self.roll_bytes = roll_bytes
         self._queue: deque[Served] = deque()
-        self.dropped = 0  # answers dropped because the queue was full (read by the thread)
-        self._front_dropped = 0
-        self._counted_dropped = 0
+        self._front_dropped = 0  # the native fronts' drops counted so far
+        self._counting = threading.Lock()
         self.metrics = LogMetrics(metrics) if self.logging else None
+        self._queue_full = self.metrics.dropped.labels("queue_full") if self.metrics else None
         self.native: Any = None
         if native_enabled():
             from feature_store._native import ServedLog
@@ -624,7 +624,8 @@ class FeatureLog:
         if not self.logging or not sampled(request_id, self.threshold):
             return
         if len(self._queue) >= self.capacity:
-            self.dropped += 1
+            assert self._queue_full is not None
+            self._queue_full.inc()
             return
         sources = [_sources(lookup) for lookup in lookups]
         now = lookups[0].now if lookups else int(time.time())
@@ -672,7 +673,7 @@ class FeatureLog:
             taken = self._take()
             if taken:
                 self._write(sink, taken)
-            self._count_drops()
+            self.count_drops()
             try:
                 sink.tick(time.time())
             except Exception:
@@ -685,7 +686,7 @@ class FeatureLog:
             sink.close()
         except Exception:
             log.warning("the serving log's sink failed to close", exc_info=True)
-        self._count_drops()
+        self.count_drops()
 
     def _take(self) -> list[Served]:
         queue = self._queue
@@ -717,13 +718,12 @@ class FeatureLog:
                 self.metrics.sink_errors.inc()
                 self.metrics.dropped.labels("sink_error").inc(len(rows))
 
-    def _count_drops(self) -> None:
-        assert self.metrics is not None
-        dropped = self.dropped
-        if dropped > self._counted_dropped:
-            self.metrics.dropped.labels("queue_full").inc(dropped - self._counted_dropped)
-            self._counted_dropped = dropped
-        if self.native is not None:
+    def count_drops(self) -> None:
+        """Count the native fronts' drops (the log thread, and each scrape: a stalled sink
+        stalls the thread, and the drops must show then most of all)."""
+        if self.native is None or self.metrics is None:
+            return
+        with self._counting:
             front = self.native.dropped
             if front > self._front_dropped:
                 self.metrics.dropped.labels("front_queue_full").inc(front - self._front_dropped)
