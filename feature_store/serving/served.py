@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -154,9 +154,6 @@ def arrow_schema(registry: Registry, entity: EntityType) -> pa.Schema:
     return pa.schema(fields)
 
 
-Row = dict[str, Any]
-
-
 @dataclass(slots=True)
 class Served:
     """One answer offered to the log: its API, request id, when it was served (unix ms),
@@ -171,117 +168,163 @@ class Served:
     answer: bytes
 
 
+class Part:
+    """The rows of one form (an entity type and the features answered) taken in one pass of
+    the log thread, column by column: an answer's values are transposed into the columns
+    at C speed (``zip``), and each column becomes one Arrow array."""
+
+    __slots__ = ("columns", "heads", "stamps", "statuses", "values")
+
+    def __init__(self, values: list[str], statuses: list[str], stamps: list[str]) -> None:
+        self.heads: dict[str, list[object]] = {name: [] for name in HEADS}
+        self.values = [(name, []) for name in values]  # type: list[tuple[str, list[object]]]
+        self.statuses = [(name, []) for name in statuses]  # type: list[tuple[str, list[object]]]
+        self.stamps = {name: [] for name in stamps}  # type: dict[str, list[object]]
+        self.columns: dict[str, list[object]] = {
+            **self.heads,
+            **dict(self.values),
+            **dict(self.statuses),
+            **self.stamps,
+        }
+
+    def add(
+        self,
+        served: Served,
+        ids: list[object],
+        values: Sequence[Sequence[object]],
+        statuses: Sequence[Sequence[object]],
+        stamps: Sequence[Sequence[object]],
+        read: int = 0,
+    ) -> None:
+        """An answer's rows of this form, read whole first (``columns``): appending cannot
+        fail halfway, so the columns stay aligned."""
+        n = len(ids)
+        heads = self.heads
+        heads["request_id"] += [served.request_id] * n
+        heads["served_at"] += [served.served_at_ms] * n
+        heads["api"] += [API_NAMES[served.api]] * n
+        heads["entity_id"] += ids
+        sources = served.sources
+        if isinstance(sources, int):
+            heads["source"] += [SOURCES[sources]] * n
+        else:
+            heads["source"] += [SOURCES[b] for b in sources[read]]
+        for (_, column), got in zip(self.values, values, strict=True):
+            column += got
+        for (_, column), got in zip(self.statuses, statuses, strict=True):
+            column += got
+        for column, got in zip(self.stamps.values(), stamps, strict=True):
+            column += got
+
+    def table(self, schema: pa.Schema) -> pa.Table:
+        import pyarrow as pa
+
+        n = len(self.heads["entity_id"])
+        arrays = []
+        for f in schema:
+            found = self.columns.get(f.name)
+            arrays.append(pa.nulls(n, f.type) if found is None else pa.array(found, f.type))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+HEADS = ("request_id", "served_at", "api", "entity_id", "source")
+
+
 class AnswerRows:
-    """Reads answers back into rows, by API; the column names of a form are made once."""
+    """Reads answers back into rows, by API, into one ``Part`` per form."""
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self._columns: dict[tuple[str, tuple[str, ...]], list[tuple[str, str, str]]] = {}
-        self._feast: dict[tuple[str, ...], tuple[list[EntityType], list[tuple[int, str, str]]]] = {}
+        self._named: dict[tuple[str, tuple[str, ...]], tuple[list[str], list[str], list[str]]] = {}
+        self._feast: dict[tuple[str, ...], tuple[list[EntityType], list[tuple[int, str]]]] = {}
 
-    def rows(self, served: Served) -> Iterator[tuple[str, Row]]:
-        """(entity type, row) of each entity of the answer."""
+    def add(self, served: Served, parts: dict[tuple[str, object], Part]) -> None:
+        """The answer's rows, into ``parts`` (by entity type and form)."""
         if served.api == REST:
-            return self._rest(served)
-        if served.api == GRPC:
-            return self._grpc(served)
-        return self._feast_rows(served)
+            self._rest(served, parts)
+        elif served.api == GRPC:
+            self._grpc(served, parts)
+        else:
+            self._feast_rows(served, parts)
 
-    def _named(self, entity: str, names: Sequence[str]) -> list[tuple[str, str, str]]:
-        """Per feature answered: its value column, its status column, its group's time
-        column."""
-        key = (entity, tuple(names))
-        found = self._columns.get(key)
-        if found is None:
-            features = self.registry.features_of(entity)
-            found = []
-            for name in names:
-                g = features[name].group
-                found.append((f"{g}__{name}", f"{g}__{name}__status", f"{g}__event_time"))
-            self._columns[key] = found
-        return found
+    def _form(
+        self, parts: dict[tuple[str, object], Part], entity: str, names: tuple[str, ...]
+    ) -> Part:
+        part = parts.get((entity, names))
+        if part is None:
+            key = (entity, names)
+            found = self._named.get(key)
+            if found is None:
+                features = self.registry.features_of(entity)
+                groups = [features[n].group for n in names]
+                found = self._named[key] = (
+                    [f"{g}__{n}" for g, n in zip(groups, names, strict=True)],
+                    [f"{g}__{n}__status" for g, n in zip(groups, names, strict=True)],
+                    [f"{g}__event_time" for g in dict.fromkeys(groups)],
+                )
+            part = parts[(entity, names)] = Part(*found)
+        return part
 
-    def _head(self, served: Served, i: int, entity_id: object) -> Row:
-        sources = served.sources
-        source = sources if isinstance(sources, int) else sources[0][i]
-        return {
-            "request_id": served.request_id,
-            "served_at": served.served_at_ms,
-            "api": API_NAMES[served.api],
-            "entity_id": entity_id,
-            "source": SOURCES[source],
-        }
-
-    def _rest(self, served: Served) -> Iterator[tuple[str, Row]]:
+    def _rest(self, served: Served, parts: dict[tuple[str, object], Part]) -> None:
         answer = orjson.loads(served.answer)
-        entity = answer["entity_type"]
-        columns = self._named(entity, answer["features"])
-        now = served.now
-        for i, result in enumerate(answer["results"]):
-            row = self._head(served, i, result["id"])
-            ages = result["ages"]
-            for (value, status, stamp), v, s in zip(
-                columns, result["values"], result["statuses"], strict=True
-            ):
-                row[value] = v
-                row[status] = s
-                age = ages.get(stamp[: -len("__event_time")])
-                row[stamp] = None if age is None else now - age
-            yield entity, row
+        entity, names = answer["entity_type"], tuple(answer["features"])
+        results = answer["results"]
+        ids = [r["id"] for r in results]
+        values = columns([r["values"] for r in results], len(names))
+        statuses = columns([r["statuses"] for r in results], len(names))
+        part = self._form(parts, entity, names)
+        stamps = _stamps(part, served.now, [r["ages"] for r in results])
+        part.add(served, ids, values, statuses, stamps)
 
-    def _grpc(self, served: Served) -> Iterator[tuple[str, Row]]:
+    def _grpc(self, served: Served, parts: dict[tuple[str, object], Part]) -> None:
         from feature_store.proto.v1 import serving_pb2 as pb
 
         answer = pb.GetFeaturesResponse.FromString(served.answer)
-        entity = answer.entity_type
-        columns = self._named(entity, list(answer.features))
-        now = served.now
-        for i, result in enumerate(answer.rows):
-            which = result.id.WhichOneof("id")
-            row = self._head(served, i, getattr(result.id, which) if which else None)
-            ages = result.ages
-            for (value, status, stamp), v, s in zip(
-                columns, result.values, result.statuses, strict=True
-            ):
-                row[value] = _proto_value(v)
-                row[status] = GRPC_STATUSES[s]
-                group = stamp[: -len("__event_time")]
-                row[stamp] = now - ages[group] if group in ages else None
-            yield entity, row
+        names = tuple(answer.features)
+        rows = answer.rows
+        ids = [getattr(r.id, r.id.WhichOneof("id") or "int_id") for r in rows]
+        values = columns([[_proto_value(v) for v in r.values] for r in rows], len(names))
+        statuses = columns([[GRPC_STATUSES[s] for s in r.statuses] for r in rows], len(names))
+        part = self._form(parts, answer.entity_type, names)
+        stamps = _stamps(part, served.now, [r.ages for r in rows])
+        part.add(served, ids, values, statuses, stamps)
 
-    def _feast_rows(self, served: Served) -> Iterator[tuple[str, Row]]:
+    def _feast_rows(self, served: Served, parts: dict[tuple[str, object], Part]) -> None:
         answer = orjson.loads(served.answer)
-        names = answer["metadata"]["feature_names"]
+        names = tuple(answer["metadata"]["feature_names"])
         results = answer["results"]
-        entities, columns = self._feast_columns(tuple(names))
+        entities, features = self._feast_columns(names)
         keys = len(entities)
+        adds = []
         for read, entity in enumerate(entities):
+            mine = [(keys + i, name) for i, (r, name) in enumerate(features) if r == read]
+            part = self._form(parts, entity.name, tuple(name for _, name in mine))
             ids = results[read]["values"]
-            mine = [(ci, v, s) for ci, (r, v, s) in enumerate(columns) if r == read]
-            sources = served.sources
-            for i, entity_id in enumerate(ids):
-                source = sources if isinstance(sources, int) else sources[read][i]
-                row: Row = {
-                    "request_id": served.request_id,
-                    "served_at": served.served_at_ms,
-                    "api": "feast",
-                    "entity_id": entity_id,
-                    "source": SOURCES[source],
-                }
-                for ci, value, status in mine:
-                    column = results[keys + ci]
-                    row[value] = column["values"][i]
-                    row[status] = FEAST_STATUSES.get(column["statuses"][i], "error")
-                    stamp = status.rsplit("__", 2)[0] + "__event_time"
-                    if stamp not in row or row[stamp] is None:
-                        row[stamp] = _feast_time(column["event_timestamps"][i])
-                yield entity.name, row
+            n = len(ids)
+            values = [results[ci]["values"] for ci, _ in mine]
+            statuses = [
+                [FEAST_STATUSES.get(s, "error") for s in results[ci]["statuses"]] for ci, _ in mine
+            ]
+            if any(len(c) != n for c in (*values, *statuses)):
+                raise ValueError("a Feast answer's columns differ in length")
+            stamps = []
+            for stamp in part.stamps:  # a group's time: its first feature's column
+                group = stamp[: -len("__event_time")] + "__"
+                ci = next(
+                    ci
+                    for (ci, _), (name, _) in zip(mine, part.values, strict=True)
+                    if name.startswith(group)
+                )
+                stamps.append([_feast_time(t) for t in results[ci]["event_timestamps"]])
+            adds.append((part, ids, values, statuses, stamps, read))
+        for part, ids, values, statuses, stamps, read in adds:
+            part.add(served, ids, values, statuses, stamps, read)
 
     def _feast_columns(
         self, names: tuple[str, ...]
-    ) -> tuple[list[EntityType], list[tuple[int, str, str]]]:
+    ) -> tuple[list[EntityType], list[tuple[int, str]]]:
         """The entity types of a Feast answer's key columns, and per feature column: the
-        read (key column) it belongs to, its value column and its status column."""
+        read (key column) it belongs to and the feature's name."""
         found = self._feast.get(names)
         if found is not None:
             return found
@@ -305,9 +348,29 @@ class AnswerRows:
                 )
                 feature = name
             read = next(i for i, e in enumerate(entities) if e.name == g.entity.name)
-            columns.append((read, f"{g.name}__{feature}", f"{g.name}__{feature}__status"))
+            columns.append((read, feature))
         self._feast[names] = (entities, columns)
         return entities, columns
+
+
+def columns(rows: list[list[object]], width: int) -> list[tuple[object, ...]]:
+    """Rows of ``width`` values each, as ``width`` columns (``zip``: C speed)."""
+    if not rows:
+        return [()] * width
+    out = list(zip(*rows, strict=True))
+    if len(out) != width:
+        raise ValueError(f"an answer's rows have {len(out)} values, not {width}")
+    return out
+
+
+def _stamps(part: Part, now: int, ages: list[Any]) -> list[list[int | None]]:
+    """Each group's event time, per row: the served second minus the answer's age."""
+    out = []
+    for stamp in part.stamps:
+        group = stamp[: -len("__event_time")]
+        got = [a.get(group) for a in ages]
+        out.append([None if age is None else now - int(age) for age in got])
+    return out
 
 
 def _proto_value(v: Any) -> object:
@@ -360,9 +423,27 @@ class LogMetrics:
 
 
 class Sink(Protocol):
-    def write(self, entity: str, rows: list[Row], at: float) -> None: ...
+    def write(self, entity: str, rows: pa.Table, at: float) -> None: ...
     def tick(self, at: float) -> None: ...
     def close(self) -> None: ...
+
+
+def _by_hour(entity: str, rows: pa.Table) -> list[tuple[tuple[str, str, str], pa.Table]]:
+    """The rows by the date and hour (UTC) they were served: one part, but at an hour's
+    turn."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    served = rows.column("served_at").cast("int64")
+    hours = pc.divide(served, 3_600_000)
+    first, last = pc.min(hours).as_py(), pc.max(hours).as_py()
+
+    def key(hour: int) -> tuple[str, str, str]:
+        stamp = time.gmtime(hour * 3600)
+        return entity, time.strftime("%Y-%m-%d", stamp), time.strftime("%H", stamp)
+
+    if first == last:
+        return [(key(first), rows)]
+    return [(key(h), rows.filter(pc.equal(hours, h))) for h in range(first, last + 1)]
 
 
 @dataclass(slots=True)
@@ -405,7 +486,7 @@ class FileSink:
         self.roll_bytes = roll_bytes
         self._schemas: dict[str, pa.Schema] = {}
         self._open: dict[tuple[str, str, str], _Open] = {}
-        self._buffers: dict[tuple[str, str, str], list[Row]] = {}
+        self._buffers: dict[tuple[str, str, str], list[pa.Table]] = {}
         self._seq = itertools.count()
         root.mkdir(parents=True, exist_ok=True)
 
@@ -417,34 +498,33 @@ class FileSink:
             )
         return found
 
-    def write(self, entity: str, rows: list[Row], at: float) -> None:
-        for row in rows:
-            stamp = time.gmtime(row["served_at"] // 1000)
-            key = (entity, time.strftime("%Y-%m-%d", stamp), time.strftime("%H", stamp))
+    def write(self, entity: str, rows: pa.Table, at: float) -> None:
+        """Rows of one entity type (``schema``), by the date and hour they were served."""
+        for key, part in _by_hour(entity, rows):
             buffer = self._buffers.get(key)
             if buffer is None:
                 buffer = self._buffers[key] = []
-            buffer.append(row)
-            if len(buffer) >= ROW_GROUP:
+            buffer.append(part)
+            if sum(t.num_rows for t in buffer) >= ROW_GROUP:
                 self._flush(key, at)
 
     def _flush(self, key: tuple[str, str, str], at: float) -> None:
         import pyarrow as pa
 
-        rows = self._buffers.pop(key, None)
-        if not rows:
+        tables = self._buffers.pop(key, None)
+        if not tables:
             return
+        rows = sum(t.num_rows for t in tables)
         f = self._open.get(key)
         try:
             if f is None:
                 f = self._open[key] = self._create(key, at)
-            table = pa.Table.from_pylist(rows, schema=self.schema(key[0]))
-            f.writer.write_table(table)
-            f.rows += len(rows)
+            f.writer.write_table(pa.concat_tables(tables))
+            f.rows += rows
         except Exception:
-            log.warning("the serving log could not write %d rows", len(rows), exc_info=True)
+            log.warning("the serving log could not write %d rows", rows, exc_info=True)
             self.metrics.sink_errors.inc()
-            self.metrics.dropped.labels("sink_error").inc(len(rows))
+            self.metrics.dropped.labels("sink_error").inc(rows)
             self._discard(key)
             return
         if f.handle.tell() >= self.roll_bytes:
@@ -494,16 +574,16 @@ class FileSink:
         buffered are written first)."""
         for key in set(self._open) | set(self._buffers):
             f = self._open.get(key)
-            rows = self._buffers.get(key)
-            since = f.opened if f is not None else self._first(rows) if rows else at
+            tables = self._buffers.get(key)
+            since = f.opened if f is not None else self._first(tables) if tables else at
             if at - since >= self.roll_seconds:
                 self._flush(key, since)
                 if key in self._open:
                     self._roll(key)
 
     @staticmethod
-    def _first(rows: list[Row]) -> float:
-        return float(rows[0]["served_at"]) / 1000
+    def _first(tables: list[pa.Table]) -> float:
+        return float(tables[0].column("served_at")[0].value) / 1000
 
     def close(self) -> None:
         at = time.time()
@@ -545,15 +625,20 @@ class KafkaSink:
             self.metrics.rows.inc()
             self.metrics.bytes.inc(len(message.value()))
 
-    def write(self, entity: str, rows: list[Row], at: float) -> None:
+    def write(self, entity: str, rows: pa.Table, at: float) -> None:
+        import pyarrow as pa
+
+        # times as numbers (served_at in ms, event times in seconds), as the sink job reads
+        for i, f in enumerate(rows.schema):
+            if pa.types.is_timestamp(f.type):
+                rows = rows.set_column(i, f.name, rows.column(i).cast(pa.int64()))
         produce = self.producer.produce
-        for row in rows:
-            record = dict(row)
-            record["entity_type"] = entity
+        for row in rows.to_pylist():
+            row["entity_type"] = entity
             try:
                 produce(
                     self.topic,
-                    orjson.dumps(record),
+                    orjson.dumps(row),
                     str(row["entity_id"]).encode(),
                     on_delivery=self._delivered,
                 )
@@ -607,6 +692,7 @@ class FeatureLog:
 
             self.native = ServedLog(self.prefix, self.threshold, queue, self.logging)
         self.rows = AnswerRows(registry)
+        self._schemas: dict[str, pa.Schema] = {}
         self._sink: Sink | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -697,26 +783,38 @@ class FeatureLog:
         return taken
 
     def _write(self, sink: Sink, taken: list[Served]) -> None:
+        import pyarrow as pa
+
         assert self.metrics is not None
-        by_entity: dict[str, list[Row]] = {}
+        parts: dict[tuple[str, object], Part] = {}
         for served in taken:
             try:
-                for entity, row in self.rows.rows(served):
-                    rows = by_entity.get(entity)
-                    if rows is None:
-                        rows = by_entity[entity] = []
-                    rows.append(row)
+                self.rows.add(served, parts)
             except Exception:
                 log.warning("the serving log could not read an answer", exc_info=True)
                 self.metrics.dropped.labels("unreadable").inc()
+        by_entity: dict[str, list[Part]] = {}
+        for (entity, _), part in parts.items():
+            by_entity.setdefault(entity, []).append(part)
         at = time.time()
-        for entity, rows in by_entity.items():
+        for entity, entity_parts in by_entity.items():
+            rows = sum(len(p.heads["entity_id"]) for p in entity_parts)
             try:
-                sink.write(entity, rows, at)
+                schema = self.schema(entity)
+                table = pa.concat_tables([p.table(schema) for p in entity_parts])
+                sink.write(entity, table, at)
             except Exception:
                 log.warning("the serving log's sink failed", exc_info=True)
                 self.metrics.sink_errors.inc()
-                self.metrics.dropped.labels("sink_error").inc(len(rows))
+                self.metrics.dropped.labels("sink_error").inc(rows)
+
+    def schema(self, entity: str) -> pa.Schema:
+        found = self._schemas.get(entity)
+        if found is None:
+            found = self._schemas[entity] = arrow_schema(
+                self.registry, self.registry.entities[entity]
+            )
+        return found
 
     def count_drops(self) -> None:
         """Count the native fronts' drops (the log thread, and each scrape: a stalled sink

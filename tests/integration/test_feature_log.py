@@ -92,10 +92,11 @@ def written(redis_server: EmbeddedRedis, registry_path: Path) -> str:
     with FeatureStore.connect(redis_url, registry) as store:
         store.write(GROUP, sample.rows(N))
         # even ids last written two hours ago: stale (max_age 1h)
-        store.write(
-            "consumer_recent",
-            [(i, {"visits": i, "score_now": i / 3}, now - (7200 if i % 2 == 0 else 10)) for i in range(1, N)],
-        )  # fmt: skip
+        recent = [
+            (i, {"visits": i, "score_now": i / 3}, now - (7200 if i % 2 == 0 else 10))
+            for i in range(1, N)
+        ]
+        store.write("consumer_recent", recent)
         store.write(
             "store_daily", [(f"s{i}", {"rating": i / 4, "city": f"c{i}"}) for i in range(1, 5)]
         )
@@ -209,7 +210,8 @@ def test_the_log_holds_every_answer_as_it_was_answered(
                     content=orjson.dumps(body),
                     headers={**JSON, "x-request-id": rid},
                 )
-                assert r.status_code == 200 and r.headers["x-request-id"] == rid
+                assert r.status_code == 200
+                assert r.headers["x-request-id"] == rid
                 answers[rid] = ("rest", r.json())
                 expected += len(body["ids"])  # type: ignore[arg-type]
             for i, req in enumerate(GRPC_REQUESTS):
@@ -225,7 +227,8 @@ def test_the_log_holds_every_answer_as_it_was_answered(
                     content=orjson.dumps(body),
                     headers={**JSON, "x-request-id": rid},
                 )
-                assert r.status_code == 200 and r.headers["x-request-id"] == rid
+                assert r.status_code == 200
+                assert r.headers["x-request-id"] == rid
                 answers[rid] = ("feast", r.json())
                 expected += sum(len(v) for v in body["entities"].values())  # type: ignore[attr-defined]
     assert wait_for_rows(root, expected) == expected
@@ -246,7 +249,8 @@ def test_the_log_holds_every_answer_as_it_was_answered(
             columns = [f"{features[n].group}__{n}" for n in answer["features"]]
             assert len(logged) == len(answer["results"])
             for row, result in zip(logged, answer["results"], strict=True):
-                assert row["entity_id"] == result["id"] and row["entity_type"] == entity
+                assert row["entity_id"] == result["id"]
+                assert row["entity_type"] == entity
                 _check_row(row, columns, result["values"], result["statuses"])
                 for group, age in result["ages"].items():
                     stamp = row[f"{group}__event_time"]
@@ -294,9 +298,9 @@ def test_the_log_holds_every_answer_as_it_was_answered(
     if mode.startswith("no_l1"):
         assert {s for _, s in sources} == {"redis"}
     else:
-        assert (
-            ("rest", "l1") in sources and ("grpc", "l1") in sources and ("rest", "redis") in sources
-        )
+        assert ("rest", "l1") in sources
+        assert ("grpc", "l1") in sources
+        assert ("rest", "redis") in sources
     if mode == "l1_native":  # the front answered hits itself, and they are in the log
         assert metric(server, "feature_serving_cache_front_hits_total") > 0
     if mode == "no_l1_native":
@@ -320,17 +324,17 @@ def test_request_ids_are_given_back_or_made(
     ):
         stub = FeatureServiceStub(channel)
         made = set()
-        for i in range(20):  # hits from the second on
+        for _i in range(20):  # hits from the second on
             r = http.post("/v1/features/get", content=body, headers=JSON)
             made.add(r.headers["x-request-id"])
             _, call = stub.GetFeatures.with_call(GRPC_REQUESTS[0])
             made.add(dict(call.initial_metadata())["x-request-id"])
-        assert len(made) == 40 and all(len(m) == 32 for m in made)
+        assert len(made) == 40
+        assert all(len(m) == 32 for m in made)
         for bad in ("x" * 129, "has space"):
             r = http.post("/v1/features/get", content=body, headers={**JSON, "x-request-id": bad})
-            assert (
-                r.headers["x-request-id"] not in (bad, "") and len(r.headers["x-request-id"]) == 32
-            )
+            assert r.headers["x-request-id"] not in (bad, "")
+            assert len(r.headers["x-request-id"]) == 32
             _, call = stub.GetFeatures.with_call(
                 GRPC_REQUESTS[0], metadata=(("x-request-id", bad),)
             )
@@ -341,7 +345,8 @@ def test_request_ids_are_given_back_or_made(
             content=b'{"entity_type":"nope","ids":[1]}',
             headers={**JSON, "x-request-id": "bad-1"},
         )
-        assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"
+        assert r.status_code == 400
+        assert r.headers["x-request-id"] == "bad-1"
         r = http.post("/get-online-features", content=orjson.dumps(FEAST_BODIES[1]), headers=JSON)
         assert len(r.headers["x-request-id"]) == 32
 
@@ -483,7 +488,8 @@ def test_a_killed_worker_loses_only_what_it_had_not_rolled(
     before = [r for r in rows if str(r["request_id"]).startswith("before-")]
     after = [r for r in rows if str(r["request_id"]).startswith("after-")]
     assert len(before) == 150
-    assert len(after) <= 150 and len(after) % 3 == 0
+    assert len(after) <= 150
+    assert len(after) % 3 == 0
 
 
 @pytest.fixture(scope="module")
@@ -535,7 +541,8 @@ def test_the_kafka_log_through_log_sink_into_a_training_set(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     consumers, stores = log_rows(out, "consumer"), log_rows(out, "store")
-    assert len(consumers) == 20 * 3 + 20 * 2 and len(stores) == 20 * 2
+    assert len(consumers) == 20 * 3 + 20 * 2
+    assert len(stores) == 20 * 2
     # keyed by entity id: a request's rows may come back in another order
     mine = sorted((r for r in consumers if r["request_id"] == "k-3"), key=lambda r: r["entity_id"])
     assert [r["entity_id"] for r in mine] == [2, 4, 999_999]
@@ -560,8 +567,10 @@ def test_the_kafka_log_through_log_sink_into_a_training_set(
     table = ds.dataset(tmp_path / "training").to_table().to_pylist()
     by_label = {(r["consumer_id"], r["event_timestamp"].year): r for r in table}
     early, named, timed = by_label[4, 2000], by_label[2, 2100], by_label[4, 2100]
-    assert early["served_at"] is None and early[f"{GROUP}__float_00"] is None
-    assert named["served_request_id"] == "k-3" and named["consumer_recent__visits"] == 2
+    assert early["served_at"] is None
+    assert early[f"{GROUP}__float_00"] is None
+    assert named["served_request_id"] == "k-3"
+    assert named["consumer_recent__visits"] == 2
     assert str(timed["served_request_id"]).startswith("k-")
     assert timed["consumer_recent__visits"] == 4
     assert timed["consumer_recent__visits__status"] == "stale"

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from hypothesis import given
@@ -67,7 +68,8 @@ def test_sampling_is_decided_by_the_request_id_alone() -> None:
     limit = threshold(0.3)
     ids = [f"req-{i}" for i in range(1000)]
     assert [sampled(i, limit) for i in ids] == [sampled(i, limit) for i in ids]
-    assert threshold(1.0) == EVERY and threshold(0.0) == 0
+    assert threshold(1.0) == EVERY
+    assert threshold(0.0) == 0
 
 
 @pytest.mark.skipif(not native_enabled(), reason="the extension is off")
@@ -92,8 +94,9 @@ def test_sink_urls_are_checked() -> None:
         ServingSettings.from_env({"FEATURE_SERVING_FEATURE_LOG": "ftp://x"})
 
 
-def _rows(n: int, served_at_ms: int, start: int = 0) -> list[dict[str, object]]:
-    return [
+def _rows(n: int, served_at_ms: int, start: int = 0) -> pa.Table:
+    registry = sample.registry()
+    rows = [
         {
             "request_id": f"r{i}",
             "served_at": served_at_ms,
@@ -107,6 +110,7 @@ def _rows(n: int, served_at_ms: int, start: int = 0) -> list[dict[str, object]]:
         }
         for i in range(start, start + n)
     ]
+    return pa.Table.from_pylist(rows, schema=arrow_schema(registry, registry.entities["consumer"]))
 
 
 def _sink(tmp_path: Path, roll_seconds: float = 60.0, roll_bytes: int = 1 << 30) -> FileSink:
@@ -130,7 +134,8 @@ def test_a_file_is_seen_only_once_it_is_rolled_and_then_whole(tmp_path: Path) ->
     now = time.time()
     ms = int(now * 1000)
     sink.write("consumer", _rows(ROW_GROUP + 10, ms), now)  # one row group written
-    assert _hidden(tmp_path) and _visible(tmp_path) == 0  # being written: hidden
+    assert _hidden(tmp_path)
+    assert _visible(tmp_path) == 0
     sink.tick(now + 1)
     assert _visible(tmp_path) == 0
     sink.tick(now + 6)  # its first row is a roll interval old: closed and renamed
@@ -139,7 +144,8 @@ def test_a_file_is_seen_only_once_it_is_rolled_and_then_whole(tmp_path: Path) ->
     table = ds.dataset(tmp_path / "entity_type=consumer", partitioning="hive").to_table()
     assert table.schema.field("served_at").type.unit == "ms"
     first = table.slice(0, 1).to_pylist()[0]
-    assert first[f"{GROUP}__float_00"] == 0.0 and first[f"{GROUP}__float_01"] is None
+    assert first[f"{GROUP}__float_00"] == 0.0
+    assert first[f"{GROUP}__float_01"] is None
     assert first[f"{GROUP}__float_01__status"] is None  # not asked
     assert first["date"] == time.strftime("%Y-%m-%d", time.gmtime(now))
 
@@ -149,7 +155,8 @@ def test_rows_buffered_alone_are_written_when_due(tmp_path: Path) -> None:
     now = time.time()
     sink.write("consumer", _rows(3, int(now * 1000)), now)
     sink.tick(now + 1)
-    assert _visible(tmp_path) == 0 and not _hidden(tmp_path)  # in memory only
+    assert _visible(tmp_path) == 0
+    assert not _hidden(tmp_path)
     sink.tick(now + 2.5)
     assert _visible(tmp_path) == 3
 
@@ -175,7 +182,8 @@ def test_every_feature_type_has_a_column_type() -> None:
     names = schema.names
     assert names[:5] == ["request_id", "served_at", "api", "entity_id", "source"]
     for f in registry.groups[GROUP].features:
-        assert f"{GROUP}__{f.name}" in names and f"{GROUP}__{f.name}__status" in names
+        assert f"{GROUP}__{f.name}" in names
+        assert f"{GROUP}__{f.name}__status" in names
 
 
 def test_a_full_queue_drops_and_counts_without_waiting() -> None:
