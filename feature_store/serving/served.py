@@ -60,6 +60,7 @@ from feature_store.layout import IdType
 from feature_store.native import native_enabled
 from feature_store.registry import EntityType, Registry
 from feature_store.serialization.codecs import FeatureType
+from feature_store.serialization.json_floats import from_json
 from feature_store.serving.config import parse_target
 
 if TYPE_CHECKING:
@@ -223,7 +224,14 @@ class Part:
         arrays = []
         for f in schema:
             found = self.columns.get(f.name)
-            arrays.append(pa.nulls(n, f.type) if found is None else pa.array(found, f.type))
+            if found is None:
+                arrays.append(pa.nulls(n, f.type))
+                continue
+            try:
+                arrays.append(pa.array(found, f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                # a float the answer wrote as text ("NaN", "Infinity"): its number
+                arrays.append(pa.array([_number(v) for v in found], f.type))
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -371,6 +379,15 @@ def _stamps(part: Part, now: int, ages: list[Any]) -> list[list[int | None]]:
         got = [a.get(group) for a in ages]
         out.append([None if age is None else now - int(age) for age in got])
     return out
+
+
+def _number(value: object) -> object:
+    """A value of a number column as a number: JSON's texts of non-finite floats read."""
+    if isinstance(value, str):
+        return from_json(value)
+    if isinstance(value, list):
+        return [_number(v) for v in value]
+    return value
 
 
 def _proto_value(v: Any) -> object:

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -199,3 +200,40 @@ def test_a_full_queue_drops_and_counts_without_waiting() -> None:
         "feature_serving_log_dropped_total", {"reason": "queue_full"}
     )
     assert dropped == 7
+
+
+def test_non_finite_floats_answered_as_text_are_logged_as_numbers() -> None:
+    from feature_store.serving.served import REST, Served
+
+    log = FeatureLog(sample.registry())
+    answer = orjson.dumps(
+        {
+            "entity_type": "consumer",
+            "features": ["float_00", "embedding_0", "int_0"],
+            "types": ["float", "embedding", "int"],
+            "results": [
+                {
+                    "id": 7,
+                    "values": ["NaN", ["Infinity", 1.5], 3],
+                    "statuses": ["present", "present", "present"],
+                    "ages": {GROUP: 10},
+                },
+                {
+                    "id": 8,
+                    "values": [None, None, None],
+                    "statuses": ["missing", "missing", "missing"],
+                    "ages": {GROUP: None},
+                },
+            ],
+        }
+    )
+    parts: dict[tuple[str, object], object] = {}
+    log.rows.add(Served(REST, "r", 1_000_000, 1000, 0, answer), parts)  # type: ignore[arg-type]
+    (part,) = parts.values()
+    rows = part.table(log.schema("consumer")).to_pylist()  # type: ignore[attr-defined]
+    assert math.isnan(rows[0][f"{GROUP}__float_00"])
+    assert rows[0][f"{GROUP}__embedding_0"] == [math.inf, 1.5]
+    assert rows[0][f"{GROUP}__event_time"].timestamp() == 990
+    assert rows[1][f"{GROUP}__int_0"] is None
+    assert rows[1][f"{GROUP}__int_0__status"] == "missing"
+    assert rows[1][f"{GROUP}__event_time"] is None
