@@ -104,12 +104,13 @@ class ServingSettings:
 
     # the serving log (serving/served.py): file:///DIR or kafka://HOST:PORT/TOPIC; a row
     # per served entity of the sampled lookups (by request id), rolled every so many
-    # seconds or bytes; at most so many answers queued per worker (more are dropped)
+    # seconds or bytes; at most so many bytes of answers queued per worker (more are
+    # dropped, and counted)
     feature_log: str | None = None
     feature_log_sample: float = 1.0
     feature_log_roll_seconds: float = 60.0
     feature_log_roll_bytes: int = 128 * 1024 * 1024
-    feature_log_queue: int = 10_000
+    feature_log_queue_bytes: int = 32 * 1024 * 1024
 
     # garbage collection of the serving worker (see docs/serving.md, "GC")
     gc_freeze: bool = True
@@ -157,7 +158,7 @@ class ServingSettings:
             raise fail("feature_log_sample", "must be in [0, 1]")
         if self.feature_log_roll_seconds <= 0:
             raise fail("feature_log_roll_seconds", "must be positive")
-        for name in ("feature_log_roll_bytes", "feature_log_queue"):
+        for name in ("feature_log_roll_bytes", "feature_log_queue_bytes"):
             if getattr(self, name) < 1:
                 raise fail(name, "must be at least 1")
         if not 0 <= self.shadow_fraction <= 1:

@@ -112,7 +112,7 @@ class ServingRuntime:
             sample=settings.feature_log_sample,
             roll_seconds=settings.feature_log_roll_seconds,
             roll_bytes=settings.feature_log_roll_bytes,
-            queue=settings.feature_log_queue,
+            queue_bytes=settings.feature_log_queue_bytes,
             metrics=self.metrics.registry,
         )
         self.metrics.on_render.append(self.served.count_drops)

@@ -9,7 +9,8 @@ sampled (xxh32 of the id below the fraction: the same requests on every worker a
 native fronts) is offered to the log with its answer's bytes. Serving never waits for the
 log:
 
-- The offer appends to a bounded queue per worker (``--feature-log-queue`` answers; the
+- The offer appends to a bounded queue per worker (``FEATURE_SERVING_FEATURE_LOG_QUEUE_BYTES``
+  of answers; the
   native fronts keep one of their own, ``_native.ServedLog``). A full queue drops the
   answer and counts it.
 - The worker's log thread takes both queues, reads each answer (REST's JSON, gRPC's
@@ -686,7 +687,7 @@ class FeatureLog:
         sample: float = 1.0,
         roll_seconds: float = 60.0,
         roll_bytes: int = 128 * 1024 * 1024,
-        queue: int = 10_000,
+        queue_bytes: int = 32 * 1024 * 1024,
         metrics: CollectorRegistry | None = None,
     ) -> None:
         self.registry = registry
@@ -695,7 +696,8 @@ class FeatureLog:
         self.target = parse_target(url) if url else None
         self.logging = self.target is not None
         self.threshold = threshold(sample)
-        self.capacity = queue
+        self.capacity = queue_bytes
+        self._queued = 0  # bytes of answers queued (under _counting, with the log thread)
         self.roll_seconds = roll_seconds
         self.roll_bytes = roll_bytes
         self._queue: deque[Served] = deque()
@@ -707,7 +709,7 @@ class FeatureLog:
         if native_enabled():
             from feature_store._native import ServedLog
 
-            self.native = ServedLog(self.prefix, self.threshold, queue, self.logging)
+            self.native = ServedLog(self.prefix, self.threshold, queue_bytes, self.logging)
         self.rows = AnswerRows(registry)
         self._schemas: dict[str, pa.Schema] = {}
         self._sink: Sink | None = None
@@ -726,7 +728,11 @@ class FeatureLog:
         room; else dropped and counted). Never waits."""
         if not self.logging or not sampled(request_id, self.threshold):
             return
-        if len(self._queue) >= self.capacity:
+        with self._counting:
+            full = self._queued + len(answer) > self.capacity
+            if not full:
+                self._queued += len(answer)
+        if full:
             assert self._queue_full is not None
             self._queue_full.inc()
             return
@@ -794,6 +800,8 @@ class FeatureLog:
     def _take(self) -> list[Served]:
         queue = self._queue
         taken = [queue.popleft() for _ in range(len(queue))]
+        with self._counting:
+            self._queued -= sum(len(s.answer) for s in taken)
         if self.native is not None:
             for api, request_id, served_at, source, answer in self.native.take():
                 taken.append(Served(api, request_id, served_at, served_at // 1000, source, answer))

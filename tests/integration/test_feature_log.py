@@ -396,7 +396,10 @@ def test_a_stalled_sink_drops_rows_and_costs_no_lookup(
     would go): the queues fill, rows are dropped and counted, lookups go on."""
     with (
         _server(
-            written, registry_path, f"file://{tmp_path}", FEATURE_SERVING_FEATURE_LOG_QUEUE="10"
+            written,
+            registry_path,
+            f"file://{tmp_path}",
+            FEATURE_SERVING_FEATURE_LOG_QUEUE_BYTES="20000",
         ) as server,
         httpx.Client(base_url=server.rest_url) as http,
     ):

@@ -191,10 +191,10 @@ def test_a_full_queue_drops_and_counts_without_waiting() -> None:
     from feature_store.serving.api.service import Lookup
 
     registry = CollectorRegistry()
-    log = FeatureLog(sample.registry(), "file:///nonexistent", queue=5, metrics=registry)
+    log = FeatureLog(sample.registry(), "file:///nonexistent", queue_bytes=10, metrics=registry)
     lookup = Lookup(None, [], [], 0, [])  # type: ignore[arg-type]
     for i in range(12):  # the log thread is not running: nothing is taken
-        log.offer(0, f"r{i}", b"{}", (lookup,))
+        log.offer(0, f"r{i}", b"{}", (lookup,))  # 2 bytes each: 5 fit
     assert len(log._queue) == 5
     dropped = registry.get_sample_value(
         "feature_serving_log_dropped_total", {"reason": "queue_full"}

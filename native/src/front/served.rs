@@ -49,9 +49,9 @@ struct Item {
 pub(crate) struct Served {
     prefix: String,
     next: AtomicU64,
-    threshold: u64, // sampled: xxh32(id) < threshold (2^32: every request)
-    capacity: usize,
-    items: Mutex<VecDeque<Item>>,
+    threshold: u64,  // sampled: xxh32(id) < threshold (2^32: every request)
+    capacity: usize, // bytes of answers queued at most
+    items: Mutex<(VecDeque<Item>, usize)>, // the answers, and their bytes
     dropped: AtomicU64,
     logging: bool,
 }
@@ -75,12 +75,13 @@ impl Served {
             return;
         }
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        if items.len() >= self.capacity {
+        if items.1 + answer.len() > self.capacity {
             drop(items);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        items.push_back(Item {
+        items.1 += answer.len();
+        items.0.push_back(Item {
             api,
             request_id: request_id.to_owned(),
             served_at_ms: unix_now_ms(),
@@ -104,7 +105,7 @@ pub struct ServedLog {
 impl ServedLog {
     /// `prefix`: what the request ids made here start with (unique to the worker);
     /// `threshold`: sampled when xxh32(id) < threshold (2^32 for every request, 0 for
-    /// none); `capacity`: answers queued at most; `logging` False: request ids only.
+    /// none); `capacity`: bytes of answers queued at most; `logging` False: request ids only.
     #[new]
     fn new(prefix: String, threshold: u64, capacity: usize, logging: bool) -> Self {
         ServedLog {
@@ -113,7 +114,7 @@ impl ServedLog {
                 next: AtomicU64::new(0),
                 threshold,
                 capacity,
-                items: Mutex::new(VecDeque::new()),
+                items: Mutex::new((VecDeque::new(), 0)),
                 dropped: AtomicU64::new(0),
                 logging,
             }),
@@ -124,7 +125,8 @@ impl ServedLog {
     fn take<'py>(&self, py: Python<'py>) -> Vec<Taken<'py>> {
         let items: Vec<Item> = {
             let mut queued = self.served.items.lock().unwrap_or_else(|e| e.into_inner());
-            queued.drain(..).collect()
+            queued.1 = 0;
+            queued.0.drain(..).collect()
         };
         items
             .into_iter()
