@@ -89,6 +89,49 @@ class ServedLog:
     def dropped(self) -> int: ...
     def sampled(self, request_id: str) -> bool: ...
 
+# a column of LogColumns.finish: its kind, validity bitmap, offsets (i32) and values
+LogBuffers = tuple[int, bytes, bytes, bytes]
+
+class LogColumns:
+    """The serving log's rows of one form, as Arrow's buffers (native/src/logrows.rs)."""
+
+    def __init__(self, kinds: list[int], group_names: list[str], int_ids: bool) -> None: ...
+    @property
+    def rows(self) -> int: ...
+    def add_rest(
+        self,
+        answer: bytes,
+        request_id: str,
+        served_at_ms: int,
+        now: int,
+        api: int,
+        sources: bytes,
+    ) -> int: ...
+    def add_grpc(
+        self,
+        answer: bytes,
+        request_id: str,
+        served_at_ms: int,
+        now: int,
+        api: int,
+        sources: bytes,
+    ) -> int: ...
+    # request ids, served at (i64), apis, sources, ids, per feature (values, statuses),
+    # per group its event times
+    def finish(
+        self,
+    ) -> tuple[
+        LogBuffers,
+        bytes,
+        bytes,
+        bytes,
+        LogBuffers,
+        list[tuple[LogBuffers, bytes]],
+        list[LogBuffers],
+    ]: ...
+
+def grpc_head(answer: bytes) -> int: ...
+
 class GrpcFront:
     """HTTP/2 + gRPC on a thread of its own (native/src/front/grpc.rs)."""
 

@@ -39,6 +39,7 @@ Sinks (``--feature-log URL``):
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -139,19 +140,22 @@ def arrow_schema(registry: Registry, entity: EntityType) -> pa.Schema:
         FeatureType.FLOAT_LIST: pa.list_(pa.float32()),
         FeatureType.INT_LIST: pa.list_(pa.int64()),
     }
+    # the few texts of a column (api, source, statuses) stored once per file, as Parquet
+    # stores them anyway: readers get strings (pandas: a categorical)
+    CODES = pa.dictionary(pa.int8(), pa.string())
     fields: list[tuple[str, pa.DataType]] = [
         ("request_id", pa.string()),
         ("served_at", pa.timestamp("ms", tz="UTC")),
-        ("api", pa.string()),
+        ("api", CODES),
         ("entity_id", pa.int64() if entity.id_type is IdType.INT else pa.string()),
-        ("source", pa.string()),
+        ("source", CODES),
     ]
     for g in registry.groups.values():
         if g.entity.name != entity.name:
             continue
         for f in g.features:
             fields.append((f"{g.name}__{f.name}", kinds[f.type]))
-            fields.append((f"{g.name}__{f.name}__status", pa.string()))
+            fields.append((f"{g.name}__{f.name}__status", CODES))
         fields.append((f"{g.name}__event_time", pa.timestamp("s", tz="UTC")))
     return pa.schema(fields)
 
@@ -218,6 +222,10 @@ class Part:
         for column, got in zip(self.stamps.values(), stamps, strict=True):
             column += got
 
+    @property
+    def rows(self) -> int:
+        return len(self.heads["entity_id"])
+
     def table(self, schema: pa.Schema) -> pa.Table:
         import pyarrow as pa
 
@@ -237,18 +245,120 @@ class Part:
 
 
 HEADS = ("request_id", "served_at", "api", "entity_id", "source")
+NATIVE = "native"  # in a part's key: its rows read by the extension
+# the extension's column kinds (native/src/logrows.rs)
+NATIVE_KINDS = {
+    FeatureType.FLOAT: 0,
+    FeatureType.DOUBLE: 0,
+    FeatureType.INT: 1,
+    FeatureType.BOOL: 2,
+    FeatureType.STRING: 3,
+    FeatureType.EMBEDDING: 4,
+    FeatureType.FLOAT_LIST: 4,
+    FeatureType.INT_LIST: 5,
+}
+STATUSES = ("unspecified", "present", "missing", "stale", "error")  # gRPC's numbers
+
+
+class NativePart:
+    """The rows of one form read by the extension (``_native.LogColumns``): Arrow arrays
+    made from its buffers, no Python object per value."""
+
+    __slots__ = ("columns", "int_ids", "stamps", "statuses", "values")
+
+    def __init__(
+        self,
+        columns: Any,
+        values: list[str],
+        statuses: list[str],
+        stamps: list[str],
+        int_ids: bool,
+    ) -> None:
+        self.columns = columns
+        self.values, self.statuses, self.stamps = values, statuses, stamps
+        self.int_ids = int_ids
+
+    @property
+    def rows(self) -> int:
+        return int(self.columns.rows)
+
+    def table(self, schema: pa.Schema) -> pa.Table:
+        import pyarrow as pa
+
+        n = self.columns.rows
+        rids, served, apis, sources, ids, features, stamps = self.columns.finish()
+        codes = _codes()
+        made: dict[str, pa.Array] = {
+            "request_id": _arrow(pa.string(), n, rids),
+            "served_at": pa.Array.from_buffers(
+                pa.timestamp("ms", tz="UTC"), n, [None, pa.py_buffer(served)]
+            ),
+            "api": _coded(n, apis, codes[0]),
+            "source": _coded(n, sources, codes[1]),
+            "entity_id": _arrow(pa.int64() if self.int_ids else pa.string(), n, ids),
+        }
+        for value, status, (buffers, coded) in zip(
+            self.values, self.statuses, features, strict=True
+        ):
+            made[value] = _arrow(schema.field(value).type, n, buffers)
+            made[status] = _coded(n, coded, codes[2])
+        for stamp, buffers in zip(self.stamps, stamps, strict=True):
+            made[stamp] = _arrow(pa.timestamp("s", tz="UTC"), n, buffers)
+        arrays = [made.get(f.name) or pa.nulls(n, f.type) for f in schema]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+@functools.cache
+def _codes() -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The texts of the coded columns, by the extension's numbers."""
+    import pyarrow as pa
+
+    return pa.array(API_NAMES), pa.array(SOURCES), pa.array(STATUSES)
+
+
+def _coded(n: int, codes: bytes, texts: pa.Array) -> pa.Array:
+    import pyarrow as pa
+
+    indices = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(codes)])
+    return pa.DictionaryArray.from_arrays(indices, texts)
+
+
+def _arrow(kind: pa.DataType, n: int, buffers: tuple[int, bytes, bytes, bytes]) -> pa.Array:
+    """An array of ``kind`` from the extension's buffers (validity, offsets, values)."""
+    import pyarrow as pa
+
+    _, valid, offsets, values = buffers
+    validity = pa.py_buffer(valid)
+    if pa.types.is_list(kind):
+        child_type = kind.value_type
+        width = 4 if child_type == pa.float32() else 8
+        child = pa.Array.from_buffers(
+            child_type, len(values) // width, [None, pa.py_buffer(values)]
+        )
+        return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(offsets)], children=[child])
+    if pa.types.is_string(kind):
+        return pa.Array.from_buffers(
+            kind, n, [validity, pa.py_buffer(offsets), pa.py_buffer(values)]
+        )
+    return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(values)])
 
 
 class AnswerRows:
     """Reads answers back into rows, by API, into one ``Part`` per form."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, native: bool | None = None) -> None:
         self.registry = registry
+        self.native = native_enabled() if native is None else native
+        self._heads: dict[tuple[int, bytes], tuple[str, tuple[str, ...]] | None] = {}
         self._named: dict[tuple[str, tuple[str, ...]], tuple[list[str], list[str], list[str]]] = {}
         self._feast: dict[tuple[str, ...], tuple[list[EntityType], list[tuple[int, str]]]] = {}
 
-    def add(self, served: Served, parts: dict[tuple[str, object], Part]) -> None:
-        """The answer's rows, into ``parts`` (by entity type and form)."""
+    def add(self, served: Served, parts: dict[tuple[str, object], Any]) -> None:
+        """The answer's rows, into ``parts`` (by entity type and form): REST's and gRPC's
+        read by the extension (``NativePart``) where it is on, else (or for an answer it
+        does not read) by the reference below."""
+        if self.native and served.api != FEAST and self._native(served, parts):
+            return
         if served.api == REST:
             self._rest(served, parts)
         elif served.api == GRPC:
@@ -256,22 +366,94 @@ class AnswerRows:
         else:
             self._feast_rows(served, parts)
 
+    def _native(self, served: Served, parts: dict[tuple[str, object], Any]) -> bool:
+        """Whether the extension read the answer's rows (into a ``NativePart``)."""
+        from feature_store import _native
+
+        answer = served.answer
+        if served.api == REST:
+            cut = answer.find(b'"results":[')
+        else:
+            try:
+                cut = _native.grpc_head(answer)
+            except ValueError:
+                return False
+        if cut < 0:
+            return False
+        head = answer[:cut]
+        key = (served.api, head)
+        if key in self._heads:
+            form = self._heads[key]
+        else:
+            if len(self._heads) >= 4096:  # forms come from clients: bounded
+                self._heads.clear()
+            form = self._heads[key] = self._head(served.api, head)
+        if form is None:
+            return False
+        entity, names = form
+        part = parts.get((entity, (NATIVE, names)))
+        if part is None:
+            part = parts[(entity, (NATIVE, names))] = self._native_part(entity, names)
+        sources = served.sources
+        codes = bytes((sources,)) if isinstance(sources, int) else sources[0]
+        add = part.columns.add_rest if served.api == REST else part.columns.add_grpc
+        try:
+            add(answer, served.request_id, served.served_at_ms, served.now, served.api, codes)
+        except ValueError:
+            return False
+        return True
+
+    def _head(self, api: int, head: bytes) -> tuple[str, tuple[str, ...]] | None:
+        """An answer's entity type and features, from the bytes before its rows."""
+        try:
+            if api == REST:
+                parsed = orjson.loads(head + b'"results":[]}')
+                entity, names = parsed["entity_type"], tuple(parsed["features"])
+            else:
+                from feature_store.proto.v1 import serving_pb2 as pb
+
+                message = pb.GetFeaturesResponse.FromString(head)
+                entity, names = message.entity_type, tuple(message.features)
+            features = self.registry.features_of(entity)
+            if not all(n in features for n in names):
+                return None
+        except Exception:
+            return None
+        return entity, names
+
+    def _native_part(self, entity: str, names: tuple[str, ...]) -> NativePart:
+        from feature_store import _native
+
+        features = self.registry.features_of(entity)
+        values, statuses, stamps = self._form_columns(entity, names)
+        groups = [s[: -len("__event_time")] for s in stamps]
+        kinds = [NATIVE_KINDS[features[n].type] for n in names]
+        int_ids = self.registry.entities[entity].id_type is IdType.INT
+        return NativePart(
+            _native.LogColumns(kinds, groups, int_ids), values, statuses, stamps, int_ids
+        )
+
+    def _form_columns(
+        self, entity: str, names: tuple[str, ...]
+    ) -> tuple[list[str], list[str], list[str]]:
+        key = (entity, names)
+        found = self._named.get(key)
+        if found is None:
+            features = self.registry.features_of(entity)
+            groups = [features[n].group for n in names]
+            found = self._named[key] = (
+                [f"{g}__{n}" for g, n in zip(groups, names, strict=True)],
+                [f"{g}__{n}__status" for g, n in zip(groups, names, strict=True)],
+                [f"{g}__event_time" for g in dict.fromkeys(groups)],
+            )
+        return found
+
     def _form(
         self, parts: dict[tuple[str, object], Part], entity: str, names: tuple[str, ...]
     ) -> Part:
         part = parts.get((entity, names))
         if part is None:
-            key = (entity, names)
-            found = self._named.get(key)
-            if found is None:
-                features = self.registry.features_of(entity)
-                groups = [features[n].group for n in names]
-                found = self._named[key] = (
-                    [f"{g}__{n}" for g, n in zip(groups, names, strict=True)],
-                    [f"{g}__{n}__status" for g, n in zip(groups, names, strict=True)],
-                    [f"{g}__event_time" for g in dict.fromkeys(groups)],
-                )
-            part = parts[(entity, names)] = Part(*found)
+            part = parts[(entity, names)] = Part(*self._form_columns(entity, names))
         return part
 
     def _rest(self, served: Served, parts: dict[tuple[str, object], Part]) -> None:
@@ -811,19 +993,19 @@ class FeatureLog:
         import pyarrow as pa
 
         assert self.metrics is not None
-        parts: dict[tuple[str, object], Part] = {}
+        parts: dict[tuple[str, object], Part | NativePart] = {}
         for served in taken:
             try:
                 self.rows.add(served, parts)
             except Exception:
                 log.warning("the serving log could not read an answer", exc_info=True)
                 self.metrics.dropped.labels("unreadable").inc()
-        by_entity: dict[str, list[Part]] = {}
+        by_entity: dict[str, list[Part | NativePart]] = {}
         for (entity, _), part in parts.items():
             by_entity.setdefault(entity, []).append(part)
         at = time.time()
         for entity, entity_parts in by_entity.items():
-            rows = sum(len(p.heads["entity_id"]) for p in entity_parts)
+            rows = sum(p.rows for p in entity_parts)
             try:
                 schema = self.schema(entity)
                 table = pa.concat_tables([p.table(schema) for p in entity_parts])

@@ -15,6 +15,7 @@
 //! - `rows`: an entity's row of an answer (values, statuses, ages), REST and gRPC
 //! - `time`: durations, the clock, write times, Feast's event timestamps
 //! - `windows`: window aggregations answered from an entity's stored tiles
+//! - `logrows`: the serving log's rows, as Arrow's buffers, from the answers' bytes
 //! - `hits`: the L1's mirror and planned reads: lookups answered without Python
 //! - `front`: the gRPC and REST ports on threads of their own
 
@@ -22,6 +23,7 @@ mod codecs;
 mod front;
 mod group;
 mod hits;
+mod logrows;
 mod resp;
 mod rows;
 mod time;
@@ -41,10 +43,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hits::HitCache>()?;
     m.add_class::<front::redis::FrontRedis>()?;
     m.add_class::<windows::Windows>()?;
+    m.add_class::<logrows::LogColumns>()?;
     m.add_function(wrap_pyfunction!(front::auth::key_role, m)?)?;
     m.add_function(wrap_pyfunction!(front::slots::key_slot, m)?)?;
     m.add_function(wrap_pyfunction!(resp::resp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(resp::resp_split, m)?)?;
+    m.add_function(wrap_pyfunction!(logrows::grpc_head, m)?)?;
     m.add_function(wrap_pyfunction!(rows::rest_rows, m)?)?;
     m.add_function(wrap_pyfunction!(rows::grpc_rows, m)?)?;
     m.add_function(wrap_pyfunction!(codecs::encode_float32_many, m)?)?;
