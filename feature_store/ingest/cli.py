@@ -664,6 +664,8 @@ def submit_parser() -> argparse.ArgumentParser:
     _add_ingest(sub, default_master=None)
     _add_stream(sub, default_master=None)
     _add_generate(sub, default_master=None)
+    _add_training_set(sub, default_master=None)
+    _add_log_sink(sub, default_master=None)
     return parser
 
 

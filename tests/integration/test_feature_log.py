@@ -20,6 +20,7 @@ import grpc
 import httpx
 import numpy as np
 import orjson
+import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
@@ -491,6 +492,11 @@ def test_a_killed_worker_loses_only_what_it_had_not_rolled(
     before = [r for r in rows if str(r["request_id"]).startswith("before-")]
     after = [r for r in rows if str(r["request_id"]).startswith("after-")]
     assert len(before) == 150
+    # pandas reads the log as it is: the partitions, the dictionary columns as categoricals
+    frame = pd.read_parquet(tmp_path / "entity_type=consumer")
+    assert len(frame) == len(rows)
+    assert set(frame["api"].astype(str)) == {"rest"}
+    assert {"date", "hour", f"{GROUP}__float_00"} <= set(frame.columns)
     assert len(after) <= 150
     assert len(after) % 3 == 0
 

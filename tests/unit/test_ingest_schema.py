@@ -211,3 +211,17 @@ def test_submit_entry_point_keeps_spark_submits_master() -> None:
     assert submit_parser().parse_args(argv).master is None
     assert build_parser().parse_args(argv).master == "local[*]"
     assert submit_parser().parse_args(["generate", "--output", "o"]).entities == 100_000
+
+
+def test_training_set_and_log_sink_run_under_spark_submit_too() -> None:
+    from feature_store.ingest.cli import submit_parser
+
+    argv = ["training-set", "--labels", "l.csv", "--log", "d", "--output", "o"]
+    args = submit_parser().parse_args(argv)
+    assert args.master is None
+    assert args.time_column == "event_timestamp"
+    assert build_parser().parse_args(argv).master == "local[*]"
+    sink = ["log-sink", "--topic", "t", "--bootstrap-servers", "k:1", "--output", "o"]
+    args = submit_parser().parse_args([*sink, "--checkpoint", "c"])
+    assert args.master is None
+    assert args.starting_offsets == "earliest"
