@@ -141,14 +141,11 @@ def run_training_set_command(args: argparse.Namespace) -> int:
 
 
 def run_log_sink_command(args: argparse.Namespace) -> int:
-    from feature_store.kafka import connector_conf
     from feature_store.training import LogSinkJob, run_log_sink
 
     settings = settings_from(args)
     registry = _registry_file(args, settings.registry)
-    user_conf = _pairs(args.conf, "--conf")
-    conf = {**connector_conf(user_conf, settings.kafka_jars), **user_conf}
-    conf.setdefault("spark.sql.session.timeZone", "UTC")  # the partitions' dates and hours
+    conf = _kafka_conf(args, settings.kafka_jars)  # UTC: the partitions' dates and hours
     job = LogSinkJob(
         registry=registry,
         topic=args.topic,
@@ -314,13 +311,10 @@ def run_stream_command(args: argparse.Namespace) -> int:
     from feature_store.ingest.records import Format, KeyFormat
     from feature_store.ingest.stream import StreamJob, run_stream
     from feature_store.ingest.stream_metrics import StreamMetrics
-    from feature_store.kafka import connector_conf
 
     settings = settings_from(args)
     registry = _registry_file(args, settings.registry)
-    user_conf = _pairs(args.conf, "--conf")
-    conf = {**connector_conf(user_conf, settings.kafka_jars), **user_conf}
-    conf.setdefault("spark.sql.session.timeZone", "UTC")  # Avro's timestamps as JSON text
+    conf = _kafka_conf(args, settings.kafka_jars)  # UTC: Avro's timestamps as JSON text
     fmt = Format(args.format)
     avro_schema = _read(args.avro_schema, "--avro-schema") if args.avro_schema else None
     descriptor = _proto_descriptor(args.proto_descriptor) if args.proto_descriptor else b""
@@ -551,6 +545,17 @@ def _proto_descriptor(path: Path) -> bytes:
         if code != 0:
             raise RequestError(f"--proto-descriptor {path}: protoc could not compile it")
         return out.read_bytes()
+
+
+def _kafka_conf(args: argparse.Namespace, jars: Path | None) -> dict[str, str]:
+    """Spark's settings for a job that reads Kafka: the connector's jars, then the user's
+    ``--conf`` pairs, in the UTC session time zone unless they say otherwise."""
+    from feature_store.kafka import connector_conf
+
+    user_conf = _pairs(args.conf, "--conf")
+    conf = {**connector_conf(user_conf, jars), **user_conf}
+    conf.setdefault("spark.sql.session.timeZone", "UTC")
+    return conf
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
