@@ -115,17 +115,6 @@ def sampled(request_id: str, limit: int) -> bool:
 # --- rows --------------------------------------------------------------------------------
 
 
-def column_names(registry: Registry, entity: str) -> list[str]:
-    """The feature columns of an entity type's rows, in registry order (schema order)."""
-    out = []
-    for g in registry.groups.values():
-        if g.entity.name == entity:
-            for f in g.features:
-                out += [f"{g.name}__{f.name}", f"{g.name}__{f.name}__status"]
-            out.append(f"{g.name}__event_time")
-    return out
-
-
 def arrow_schema(registry: Registry, entity: EntityType) -> pa.Schema:
     """The parquet schema of an entity type's rows (files, and the Kafka sink's tables)."""
     import pyarrow as pa
@@ -684,19 +673,10 @@ class FileSink:
         self.worker = worker
         self.roll_seconds = roll_seconds
         self.roll_bytes = roll_bytes
-        self._schemas: dict[str, pa.Schema] = {}
         self._open: dict[tuple[str, str, str], _Open] = {}
         self._buffers: dict[tuple[str, str, str], list[pa.Table]] = {}
         self._seq = itertools.count()
         root.mkdir(parents=True, exist_ok=True)
-
-    def schema(self, entity: str) -> pa.Schema:
-        found = self._schemas.get(entity)
-        if found is None:
-            found = self._schemas[entity] = arrow_schema(
-                self.registry, self.registry.entities[entity]
-            )
-        return found
 
     def write(self, entity: str, rows: pa.Table, at: float) -> None:
         """Rows of one entity type (``schema``), by the date and hour they were served."""
@@ -718,7 +698,7 @@ class FileSink:
         f = self._open.get(key)
         try:
             if f is None:
-                f = self._open[key] = self._create(key, at)
+                f = self._open[key] = self._create(key, at, tables[0].schema)
             f.writer.write_table(pa.concat_tables(tables))
             f.rows += rows
         except Exception:
@@ -730,7 +710,7 @@ class FileSink:
         if f.handle.tell() >= self.roll_bytes:
             self._roll(key)
 
-    def _create(self, key: tuple[str, str, str], at: float) -> _Open:
+    def _create(self, key: tuple[str, str, str], at: float, schema: pa.Schema) -> _Open:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
         entity, date, hour = key
@@ -743,7 +723,7 @@ class FileSink:
         # of every feature column cost a quarter of the write
         writer = pq.ParquetWriter(
             handle,
-            self.schema(entity),
+            schema,
             compression="zstd",
             write_statistics=["served_at", "entity_id", "request_id"],
         )
