@@ -49,11 +49,7 @@ def _add_training_set(
         "time (point in time). Writes parquet and reports rows with no vector and "
         "features served stale or missing (see docs/logging.md).",
     )
-    p.add_argument(
-        "--registry",
-        type=Path,
-        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
-    )
+    _add_registry(p)
     p.add_argument("--labels", required=True, help="label rows: parquet, or CSV with a header")
     p.add_argument("--labels-format", choices=("parquet", "csv"), help="default: by its name")
     p.add_argument("--log", required=True, help="the serving log's directory (--feature-log)")
@@ -86,11 +82,7 @@ def _add_log_sink(
         description="Read the records `serve --feature-log kafka://...` produces and "
         "append them, checkpointed, in the layout of the file log (see docs/logging.md).",
     )
-    p.add_argument(
-        "--registry",
-        type=Path,
-        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
-    )
+    _add_registry(p)
     p.add_argument("--topic", required=True, help="the serving log's Kafka topic")
     p.add_argument("--bootstrap-servers", required=True, help="Kafka's host:port[,host:port]")
     p.add_argument("--output", required=True, help="the log's directory (parquet)")
@@ -162,12 +154,16 @@ def run_log_sink_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_registry_group(p: argparse.ArgumentParser) -> None:
+def _add_registry(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--registry",
         type=Path,
         help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
     )
+
+
+def _add_registry_group(p: argparse.ArgumentParser) -> None:
+    _add_registry(p)
     p.add_argument("--group", required=True, help="feature group to write")
 
 
