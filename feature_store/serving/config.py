@@ -42,11 +42,14 @@ class ServingSettings:
     # with a native front and the L1: lookups whose every entity is a fresh entry answered
     # on the front's thread from the entries' bytes, REST and gRPC (serving/fronts/hits.py)
     native_hits: bool = True
+    # with native hits: the L1's misses loaded by the front itself on its own Redis
+    # connections, decoded and stored in the extension (native/src/hits/load.rs)
+    native_loads: bool = True
     # with a native front, the L1 off and one Redis node: the front writes a lookup's Redis
     # commands and its answer, Python only sends the bytes (serving/fronts/reads.py)
     native_reads: bool = True
-    # of those, Redis connections each front reads on by itself, without Python (redis://
-    # only: a TLS or unix-socket URL, or 0, leaves every planned read's sending to Python)
+    # Redis connections each front reads on by itself, without Python, for its planned reads
+    # and its loads (redis:// only: a TLS or unix-socket URL, or 0, leaves them to Python)
     native_reads_connections: int = 2
     workers: int = 1
 
@@ -78,6 +81,9 @@ class ServingSettings:
     invalidation_channel: str = notices.CHANNEL  # writers outside serving use the default
     refresh_rate: float = 5000.0  # keys/s refreshed in the background after a batch write
     shadow_fraction: float = 0.01  # of cache hits re-read from Redis and compared
+    # at most this many shadow reads a second per worker (and one per entry per load);
+    # 0: no bound
+    shadow_max_per_second: float = 1.0
     warm_start_keys: int = 50_000  # hot keys loaded before serving (0: no warm start)
     warm_start_seconds: float = 10.0  # readiness waits no longer than this for them
     warm_snapshot_interval: float = 30.0  # seconds between hot-key snapshots (0: at stop only)
@@ -163,6 +169,8 @@ class ServingSettings:
                 raise fail(name, "must be at least 1")
         if not 0 <= self.shadow_fraction <= 1:
             raise fail("shadow_fraction", "must be in [0, 1]")
+        if not self.shadow_max_per_second >= 0:
+            raise fail("shadow_max_per_second", "must be 0 (no bound) or more")
         if self.refresh_rate <= 0:
             raise fail("refresh_rate", "must be positive")
         if self.warm_start_keys < 0:
@@ -238,6 +246,7 @@ _SECONDS = frozenset(
         "cache_refresh_ahead",
         "refresh_rate",
         "shadow_fraction",
+        "shadow_max_per_second",
         "feature_log_sample",
         "redis_timeout_percentile",
         "redis_timeout_factor",

@@ -67,6 +67,10 @@ _HELP = {
     "generation_refreshes": "entries refreshed because a batch write of their group was announced",
     "shadow_checks": "cache hits re-read from Redis and compared (shadow mode)",
     "shadow_mismatches": "shadow checks whose cached values or write time differed from Redis",
+    "shadow_skipped": (
+        "cache hits drawn for a shadow check but not read: the entry was checked since it was "
+        "loaded, or the worker's checks per second were spent"
+    ),
     "warm_loaded": "entries loaded into the cache by the warm start",
 }
 
@@ -98,11 +102,12 @@ class ServingCollector(Collector):
                 c = CounterMetricFamily(f"{PREFIX}_cache_{f.name}", _HELP[f.name])
                 c.add_metric([], getattr(stats, f.name))
                 yield c
+            entries, held = cache.size()
             yield GaugeMetricFamily(
-                f"{PREFIX}_cache_bytes", "estimated bytes held by the L1 cache", value=cache.bytes
+                f"{PREFIX}_cache_bytes", "estimated bytes held by the L1 cache", value=held
             )
             yield GaugeMetricFamily(
-                f"{PREFIX}_cache_entries", "entries held by the L1 cache", value=len(cache)
+                f"{PREFIX}_cache_entries", "entries held by the L1 cache", value=entries
             )
         breaker = self.reader.breaker
         state = GaugeMetricFamily(

@@ -79,6 +79,7 @@ class ServingRuntime:
             single_flight=settings.single_flight,
             refresh_rate=settings.refresh_rate,
             shadow_fraction=settings.shadow_fraction,
+            shadow_max_per_second=settings.shadow_max_per_second,
             refresh_ahead=settings.cache_refresh_ahead,
         )
         self.listener: InvalidationListener | None = None

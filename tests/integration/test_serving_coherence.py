@@ -132,29 +132,61 @@ def test_shadow_checks_count_exactly_the_stale_entries(redis_url: str) -> None:
     n, stale = 50, [3, 8, 13, 21, 34, 40, 49]
     with FeatureStore.connect(redis_url, REGISTRY) as store:
         store.write(GROUP, sample.rows(n))
-    env = {**LONG_TTL, "FEATURE_SERVING_SHADOW_FRACTION": "1", "FEATURE_SERVING_XFETCH_BETA": "0"}
+    env = {
+        **LONG_TTL,
+        "FEATURE_SERVING_SHADOW_FRACTION": "1",
+        "FEATURE_SERVING_SHADOW_MAX_PER_SECOND": "0",  # no bound
+        "FEATURE_SERVING_XFETCH_BETA": "0",
+    }
     with (
         ServingProcess(redis_url, env=env, grpc=False) as server,
         FeatureClient(server.rest_url) as client,
     ):
         ids = list(range(n))
         client.get(ENTITY, ids, features=["int_0"])  # misses: loads, nothing to compare
-        client.get(ENTITY, ids, features=["int_0"])  # hits, each checked against Redis
-        _until(lambda: _counter(server, "shadow_checks") == n, "the first shadow checks")
-        assert _counter(server, "shadow_mismatches") == 0  # no writes: nothing differs
         with FeatureStore.connect(redis_url, REGISTRY, notify=False) as store:
             store.write(GROUP, [(i, {"int_0": -5}) for i in stale])  # unannounced
-        client.get(ENTITY, ids, features=["int_0"])
-        _until(lambda: _counter(server, "shadow_checks") == 2 * n, "the second shadow checks")
+        client.get(ENTITY, ids, features=["int_0"])  # hits, each checked against Redis
+        _until(lambda: _counter(server, "shadow_checks") == n, "the shadow checks")
         summary = _summary(server)
         assert summary["shadow"] == {
             "fraction": 1.0,
-            "checks": 2 * n,
+            "checks": n,
             "mismatches": len(stale),
-            "mismatch_rate": len(stale) / (2 * n),
+            "mismatch_rate": len(stale) / n,
         }
         metrics = httpx.get(f"{server.rest_url}/metrics").text
         assert f"feature_serving_shadow_mismatch_age_seconds_count {len(stale)}.0" in metrics
+        # an entry is checked once per load: hits on the same entries again read nothing
+        reads = _entity_reads(redis_url)
+        client.get(ENTITY, ids, features=["int_0"])
+        _until(lambda: _counter(server, "shadow_skipped") == n, "the skipped draws")
+        assert _counter(server, "shadow_checks") == n
+        assert _entity_reads(redis_url) == reads
+
+
+def test_shadow_reads_are_bounded_per_second(redis_url: str) -> None:
+    """With every hit drawn and every entry new, the checks read stay within the
+    worker's rate (1 a second by default): the rest are counted as skipped."""
+    n = 200
+    with FeatureStore.connect(redis_url, REGISTRY) as store:
+        store.write(GROUP, sample.rows(n))
+    env = {**LONG_TTL, "FEATURE_SERVING_SHADOW_FRACTION": "1", "FEATURE_SERVING_XFETCH_BETA": "0"}
+    with (
+        ServingProcess(redis_url, env=env, grpc=False) as server,
+        FeatureClient(server.rest_url) as client,
+    ):
+        ids = list(range(n))
+        client.get(ENTITY, ids, features=["int_0"])  # loads
+        started = time.monotonic()
+        client.get(ENTITY, ids, features=["int_0"])  # n hits, each drawn
+        _until(
+            lambda: _counter(server, "shadow_checks") + _counter(server, "shadow_skipped") == n,
+            "every draw checked or skipped",
+        )
+        elapsed = time.monotonic() - started
+        checks = _counter(server, "shadow_checks")
+    assert 1 <= checks <= 1 + elapsed  # a burst of one, then one a second
 
 
 # --- warm start --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from feature_store import sample
 from feature_store.native import GroupFormat
 from feature_store.serialization import FeatureType, codec_for
 from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, should_refresh_early
+from feature_store.serving.l1.shadow import ShadowBudget
 
 FLOAT = GroupFormat([codec_for(FeatureType.FLOAT)])
 EMBEDDINGS = GroupFormat([codec_for(FeatureType.EMBEDDING, 32)] * 4)
@@ -310,3 +311,42 @@ def test_put_many_of_one_key_twice_keeps_the_last_and_the_mirror_in_step(
         kept = e.raw is not None or negative_ttl > 0
         assert (cache.peek(k) is e) == kept
     assert mirror.entries == {k: cache.peek(k) for k in cache.keys(None)}
+
+
+# --- shadow checks' bounds ----------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@given(
+    rate=st.floats(min_value=0.1, max_value=50.0),
+    steps=st.lists(st.floats(min_value=0.0, max_value=0.5), min_size=1, max_size=200),
+)
+def test_the_shadow_budget_never_passes_its_rate(rate: float, steps: list[float]) -> None:
+    clock = _Clock()
+    budget = ShadowBudget(rate, clock)
+    taken = 0
+    for step in steps:
+        clock.now += step
+        taken += budget.take()
+    # a full bucket at start (its burst), then `rate` a second
+    assert taken <= max(1.0, rate) + rate * clock.now + 1e-9
+
+
+def test_the_shadow_budget_refills_and_its_bounds_are_exact() -> None:
+    clock = _Clock()
+    one = ShadowBudget(1.0, clock)
+    assert one.take()  # a burst of one
+    assert not one.take()
+    clock.now = 0.999
+    assert not one.take()
+    clock.now = 1.0
+    assert one.take()
+    unbounded = ShadowBudget(0.0, clock)  # 0: no bound
+    assert all(unbounded.take() for _ in range(10_000))

@@ -212,8 +212,8 @@ def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
     return {
         "enabled": cache is not None,
         "form": runtime.settings.cache_form,
-        "entries": 0 if cache is None else len(cache),
-        "bytes": 0 if cache is None else cache.bytes,
+        "entries": 0 if cache is None else cache.size()[0],
+        "bytes": 0 if cache is None else cache.size()[1],
         "counters": stats,
         "shadow": {
             "fraction": reader.shadow_fraction,

@@ -80,8 +80,8 @@ class NativeFront(QueuedCalls):
             ),
             "gRPC port",
         )
-        if self.reads is not None:
-            self.reads.attach(self.front.redis)
+        if hits is not None:
+            hits.attach(self.front.redis)
 
     def fail_planned(self, call: GrpcCall, error: BaseException, t0: float) -> None:
         """A planned lookup whose round trip failed: the method's own failure status."""

@@ -53,9 +53,12 @@ from feature_store.batch import reads_whole_hash
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.api import wire
+from feature_store.serving.fronts.links import FrontLinks
 from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, entry_json, keeper
+from feature_store.serving.l1.roundtrip import ClusterRoundTrip, NativeRoundTrip
 
 if TYPE_CHECKING:
+    from feature_store._native import FrontRedis
     from feature_store.serving.api.service import Layout, Learn, Projection
     from feature_store.serving.l1.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
@@ -100,6 +103,18 @@ def picks_layout(picks: Sequence[tuple[int, int]], groups: int) -> Layout:
     return list(enumerate(fis)), order
 
 
+def front_loads(runtime: ServingRuntime) -> bool:
+    """Whether this worker's fronts load the L1's misses themselves (with their own
+    connections: a redis:// URL's; ``FrontLinks``)."""
+    reader = runtime.reader
+    return (
+        runtime.settings.native_loads
+        and reader.cache is not None
+        and reader.single_flight
+        and isinstance(reader.reads.round_trip, NativeRoundTrip | ClusterRoundTrip)
+    )
+
+
 def label(api: int, group: str) -> bytes:
     """A group's name in a row's "ages": as JSON for REST, as it is for gRPC."""
     return orjson.dumps(group) if api == REST else group.encode()
@@ -142,6 +157,10 @@ class FrontLookups:
         self.how = "read" if planning else "hit"
         self.forms: set[tuple[int, str, tuple[str, ...], tuple[str, ...]]] = set()
         self._task: asyncio.Task[None] | None = None
+        # the fronts' own Redis connections, where they read on them (planned reads, loads)
+        self.links: FrontLinks | None = None
+        # the misses the fronts loaded themselves since the last drain (``HitCache.drain``)
+        self.loads: tuple[int, int, int, int, int, int, list[bytes]] = (0, 0, 0, 0, 0, 0, [])
 
     # --- the handler's side ----------------------------------------------------------
 
@@ -272,10 +291,18 @@ class FrontLookups:
             except Exception:  # the next drain tries again; serving goes on
                 log.exception("could not take what the native fronts served")
 
+    def attach(self, front: FrontRedis) -> None:
+        """A front's own Redis connections, where this reads on them (``FrontLinks``)."""
+        if self.links is not None:
+            self.links.attach(front)
+
     def drain(self) -> tuple[list[bytes], list[bytes], int, int]:
         """Count what the fronts answered; the keys hit in their refresh window and those
-        sampled for shadow checks, and the hit counts, for ``NativeHits``."""
-        served, hits, negative, refresh, shadow = self.native.drain()
+        sampled for shadow checks, and the hit counts, for ``NativeHits``; the fronts'
+        connections' round trips to the policy."""
+        served, hits, negative, refresh, shadow, self.loads = self.native.drain()
+        if self.links is not None:
+            self.links.sync()
         metrics = self.metrics
         for name, (seconds, entities, direct, loaded) in zip(API_NAMES, served, strict=True):
             if not seconds:  # an API's series appear once it is served, as its handler's do
@@ -294,6 +321,8 @@ class FrontLookups:
 
     async def close(self) -> None:
         """Stop draining (the fronts have stopped) and count what they served last."""
+        if self.links is not None:
+            await self.links.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -316,6 +345,31 @@ class NativeHits(FrontLookups):
         self.refresher = self.reader.refresher  # when a hit here is noted (``drawn_window``)
         cache.mirror = self
         cache.mirror_entry = MIRROR_ENTRY  # counted against the cache's byte bound
+        self._bounds = (-1, -1)  # the bounds last given to the fronts' own entries
+        if front_loads(runtime):
+            self._load_misses(runtime)
+
+    def _load_misses(self, runtime: ServingRuntime) -> None:
+        """The fronts load their lookups' misses themselves, on connections of their own:
+        each group's whole read taught, and the cache's settings handed over."""
+        links = FrontLinks(runtime)
+        if not links.connections:
+            return  # a TLS or unix-socket URL: Python loads them
+        self.links = links
+        if self.cache.keep_answers:  # (a compact cache's reads are taught already)
+            for name, spec in self.specs.items():
+                self._define_read(self.index[name], [(name, tuple(range(len(spec.fmt.codecs))))])
+        cache, settings = self.cache, runtime.settings
+        self.native.load_misses(
+            cache.ttl,
+            cache.negative_ttl,
+            cache.jitter,
+            settings.cache_refresh_ahead,
+            cache.max_bytes,
+            cache.max_entries,
+            settings.redis_timeout_max,
+            cache.max_stale,
+        )
 
     # --- the cache's side ------------------------------------------------------------
 
@@ -337,12 +391,14 @@ class NativeHits(FrontLookups):
             if tag is None:
                 continue
             # an entry keeps the answer of the API that loaded it (JSON, or gRPC records);
-            # the mirror answers the other once Python has made it (``fill``)
+            # the mirror answers the other once Python has made it (``fill``); an entry with
+            # neither yet (Feast's handler loaded it) is there all the same, so that the
+            # fronts ask Python for its bytes rather than read it again
             values = (entry.raw or b"") if compact else entry.json
-            if entry.fault is not None or (values is None and entry.wire is None):
-                native.discard(tag + key)  # Python answers these
-                continue
             ttl = entry.expires_at - now
+            if entry.fault is not None:  # Python answers it, without the fronts reading it
+                native.put_fault(tag + key, ttl)
+                continue
             negative = entry.raw is None
             window = 0.0 if negative else drawn_window(entry)
             items.append(
@@ -359,6 +415,34 @@ class NativeHits(FrontLookups):
 
     def clear(self) -> None:
         self.native.clear()
+
+    def own_size(self) -> tuple[int, int]:
+        return self.native.own_size()
+
+    def adopt(self, key: CacheKey, now: float) -> Entry | None:
+        """The entry the fronts loaded for ``key`` themselves, as the cache's ``Entry``."""
+        tag = self.tags.get(key[0])
+        found = self.native.adopt(tag + key[1]) if tag is not None else None
+        if found is None:
+            return None
+        raw, values, wire, present, written_at, left = found
+        fmt = self.specs[key[0]].fmt
+        compact = not self.cache.keep_answers
+        json = None if compact else values
+        entry = Entry(key, fmt, raw, present, json, written_at, wire=None if compact else wire)
+        entry.expires_at = now + left
+        # loaded at most one TTL (with its jitter) before it expires: the earliest it can have
+        # been, so that an entry read before an announced batch write is never taken as newer
+        cache = self.cache
+        ttl = cache.negative_ttl if raw is None else cache.ttl
+        entry.loaded_at = entry.expires_at - ttl * (1.0 + cache.jitter / 2)
+        return entry
+
+    def own_keys(self, group: str) -> list[CacheKey]:
+        index = self.index.get(group)
+        if index is None:
+            return []
+        return [(group, tagged[2:]) for tagged in self.native.own_keys(index)]
 
     def notice_group(self, group: str) -> None:
         """A batch write of ``group`` was announced: its next hits go through the policy."""
@@ -403,10 +487,28 @@ class NativeHits(FrontLookups):
         """Count the hits the fronts answered; the entries they noted go through the
         policy (``CachedReader.noted_hit``, ``ShadowChecker.sample``)."""
         refresh, shadow, hits, negative = super().drain()
-        stats = self.cache.stats
+        cache = self.cache
+        stats = cache.stats
         stats.hits += hits
         stats.negative_hits += negative
         stats.front_hits += hits + negative
+        misses, deduplicated, loaded, round_trips, evicted, stale, replaced = self.loads
+        for tagged in replaced:  # the fronts hold a newer entry of their own: one copy
+            cache.forget((self.names[tagged[:2]], tagged[2:]))
+        stats.misses += misses
+        stats.deduplicated += deduplicated
+        stats.keys_loaded += loaded
+        stats.round_trips += round_trips
+        stats.evictions += evicted
+        stats.stale_serves += stale
+        if self.links is not None:  # the fronts' own entries: what Python's leave
+            bounds = (
+                max(0, cache.max_bytes - cache.bytes),
+                max(0, cache.max_entries - len(cache)),
+            )
+            if bounds != self._bounds:
+                self._bounds = bounds
+                self.native.bound(*bounds)
         if refresh:
             now = self.clock()
             noted = self.reader.noted_hit

@@ -100,8 +100,8 @@ class NativeRestFront(QueuedCalls):
             ),
             "REST port",
         )
-        if self.reads is not None:
-            self.reads.attach(self.front.redis)
+        if hits is not None:
+            hits.attach(self.front.redis)
 
     def fail_planned(self, call: RestCall, error: BaseException, t0: float) -> None:
         assert self.fail is not None

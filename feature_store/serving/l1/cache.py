@@ -66,6 +66,7 @@ class Entry:
     # monotonic seconds after which the answer is no longer right however fresh the data:
     # an aggregated group's windows slide at the next tile boundary (feature_store.windows)
     until: float = math.inf
+    shadowed: bool = False  # a shadow check was drawn for it (one per load: shadow.py)
 
     @property
     def negative(self) -> bool:
@@ -133,6 +134,7 @@ class CacheStats:
     generation_refreshes: int = 0  # entries reloaded after a batch write of their group
     shadow_checks: int = 0  # cache hits re-read from Redis to compare (shadow mode)
     shadow_mismatches: int = 0  # of those, entries whose values or write time differed
+    shadow_skipped: int = 0  # hits drawn for a check but not read: the entry's or rate bound
     warm_loaded: int = 0  # entries loaded by the warm start
 
 
@@ -145,6 +147,18 @@ class Mirror(Protocol):
     def discard(self, key: CacheKey) -> None: ...
     def clear(self) -> None: ...
     def notice_group(self, group: str) -> None: ...
+    def own_size(self) -> tuple[int, int]:
+        """The entries it loaded itself, which this cache does not hold, and their bytes."""
+        ...
+
+    def own_keys(self, group: str) -> list[CacheKey]:
+        """The keys of the entries of ``group`` it loaded itself."""
+        ...
+
+    def adopt(self, key: CacheKey, now: float) -> Entry | None:
+        """The entry of ``key`` it loaded itself, as an entry of this cache (its expiry on
+        this clock, ``now``); None where it holds none of its own."""
+        ...
 
 
 @dataclass
@@ -171,15 +185,42 @@ class LRUCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def size(self) -> tuple[int, int]:
+        """Entries and bytes of the whole L1: these, and those the mirror (the native
+        fronts) loaded itself."""
+        entries, held = len(self._entries), self.bytes
+        if self.mirror is not None:
+            own, own_bytes = self.mirror.own_size()
+            entries, held = entries + own, held + own_bytes
+        return entries, held
+
     def get(self, key: CacheKey) -> Entry | None:
         """The entry, fresh or expired (callers compare ``expires_at``), and mark it used."""
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
-        return entry
+            return entry
+        return self._adopt(key)
 
     def peek(self, key: CacheKey) -> Entry | None:
-        return self._entries.get(key)
+        entry = self._entries.get(key)
+        return entry if entry is not None else self._adopt(key)
+
+    def _adopt(self, key: CacheKey) -> Entry | None:
+        """The entry the mirror (the native fronts) loaded itself for ``key``, held here
+        from now on: the mirror then holds this cache's bytes objects in place of its own,
+        so the entry is still held once. None where it has none."""
+        if self.mirror is None:
+            return None
+        entry = self.mirror.adopt(key, self.clock())
+        if entry is None:
+            return None
+        entry.size = entry_size(entry) + self.mirror_entry
+        self._entries[key] = entry
+        self.bytes += entry.size
+        self.mirror.put_many((entry,))
+        self._evict()
+        return entry
 
     def keys(self, group: str | None = None, *, most_recent_first: bool = False) -> list[CacheKey]:
         """A snapshot of the keys (of one group), least recently used first by default."""
@@ -188,7 +229,7 @@ class LRUCache:
 
     def stale_fallback(self, key: CacheKey, now: float) -> Entry | None:
         """An entry that may still be served, marked stale, while Redis is failing."""
-        entry = self._entries.get(key)
+        entry = self.peek(key)
         if entry is None or now - entry.expires_at > self.max_stale:
             return None
         return entry
@@ -258,13 +299,21 @@ class LRUCache:
             self._evict()
 
     def discard(self, key: CacheKey) -> bool:
+        """Drop the entry of ``key``, here and in the mirror (which may hold one of its
+        own: an entry the native fronts loaded). Whether this cache held one."""
+        if self.mirror is not None:
+            self.mirror.discard(key)
         entry = self._entries.pop(key, None)
         if entry is None:
             return False
         self.bytes -= entry.size
-        if self.mirror is not None:
-            self.mirror.discard(key)
         return True
+
+    def forget(self, key: CacheKey) -> None:
+        """Drop the entry of ``key`` here alone: the mirror holds a newer one of its own."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry.size
 
     def expire_all(self, now: float | None = None) -> None:
         """Make every entry due for reload while keeping it for stale-on-error.

@@ -97,6 +97,7 @@ class CachedReader:
         refresh_rate: float = 5000.0,
         shadow_fraction: float = 0.0,
         refresh_ahead: float = 0.0,
+        shadow_max_per_second: float = 0.0,
     ) -> None:
         self.registry = registry
         self.specs = {name: GroupSpec.of(g, registry) for name, g in registry.groups.items()}
@@ -140,6 +141,7 @@ class CachedReader:
                 self.timeout,
                 self._own,
                 self._clock,
+                shadow_max_per_second,
             )
 
     # the parts' shared settings, which tests (and the metrics) set after construction
@@ -277,7 +279,11 @@ class CachedReader:
         if self.cache is None or self.refresher is None or self.flight is None:
             return
         entry = self.cache.get(key)  # also marks it used
-        if entry is None or entry.raw is None or now >= entry.expires_at:
+        if entry is None:  # the fronts' own entry
+            if key not in self.flight.inflight:
+                self.refresher.on_own_notice(key)
+            return
+        if entry.raw is None or now >= entry.expires_at:
             return
         if key in self.flight.inflight or self.refresher.on_notice(key, entry, now):
             return

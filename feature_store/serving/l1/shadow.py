@@ -1,5 +1,16 @@
 """Shadow mode: how consistent is the cache? A sample of hits is re-read from Redis, off the
-request path, and the stored bytes compared with the cached ones (docs/serving.md)."""
+request path, and the stored bytes compared with the cached ones (docs/serving.md).
+
+The sample is drawn uniformly over hits (``shadow_fraction``), then bounded twice so that
+its reads stay a small share of what the debouncer reads however hot the keys are:
+
+- once per entry: an entry is checked at most once per load, so at most once per key per
+  TTL window (a hot key is hit the most, and was re-read on every hundredth hit);
+- a rate per worker (``ShadowBudget``: ``shadow_max_per_second``, a token bucket), so that
+  the checks' reads do not grow with the hit rate.
+
+Samples past either bound are counted (``shadow_skipped``), not read.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +31,30 @@ SHADOW_QUEUE = 10_000  # sampled hits waiting for their shadow read; the oldest 
 SHADOW_BATCH = 500  # sampled hits re-read per round trip
 
 
+class ShadowBudget:
+    """A token bucket: ``rate`` checks a second on average, at most ``burst`` (the rate,
+    and at least one) at once; a rate of 0 (or less) is no bound."""
+
+    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self.burst = max(1.0, rate)
+        self.clock = clock
+        self._tokens = self.burst
+        self._at = clock()
+
+    def take(self) -> bool:
+        """Whether one more check may be read now (and if so, it is counted)."""
+        if self.rate <= 0:
+            return True
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
 class ShadowChecker:
     def __init__(
         self,
@@ -30,6 +65,7 @@ class ShadowChecker:
         timeout: AdaptiveTimeouts,
         spawn: Callable[[asyncio.Task[None]], None],
         clock: Callable[[], float],
+        max_per_second: float = 0.0,
     ) -> None:
         self.stats = stats
         self.specs = specs
@@ -38,11 +74,18 @@ class ShadowChecker:
         self.timeout = timeout
         self.spawn = spawn  # the reader owns the task (and cancels it at close)
         self.clock = clock
+        self.budget = ShadowBudget(max_per_second, clock)
         self.on_mismatch: Callable[[float], None] | None = None  # the entry's age then
         self._queue: deque[tuple[CacheKey, Entry]] = deque(maxlen=SHADOW_QUEUE)
         self._wakeup: asyncio.Event | None = None
 
     def sample(self, key: CacheKey, entry: Entry) -> None:
+        """A hit drawn for a check: read unless its entry was checked since it was loaded
+        or the worker's budget of checks is spent (then counted as skipped)."""
+        if entry.shadowed or not self.budget.take():
+            self.stats.shadow_skipped += 1
+            return
+        entry.shadowed = True
         self._queue.append((key, entry))  # a full queue drops its oldest sample
         if self._wakeup is None:
             self._wakeup = asyncio.Event()

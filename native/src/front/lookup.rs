@@ -1,17 +1,21 @@
-//! A lookup on a front, decided once for both protocols: a hit in the L1's mirror is
-//! answered at once; a lookup with keys missing is handed to Python to load them, then
-//! answered from the mirror (replayed); without the L1, a planned lookup is read on the
-//! front's own Redis connections, or (none usable) its commands are sent by Python, and
-//! the answer is written from the replies (on a cluster, none usable: the handler's). Anything else, or anything that does not come
-//! out as planned, is the route's handler's (Python), which stays the one place where
-//! errors, misses and the cache's policy are decided.
+//! A lookup on a front, decided once for both protocols: a hit in the L1 is answered at
+//! once; a lookup with keys missing loads them on the front's own Redis connections
+//! (`hits/load.rs`: single flight, decoded and stored here) and is answered from the L1
+//! (replayed); where the front cannot load them all (no connection or the circuit open,
+//! a round trip failed, a reply only Python reads), Python loads those left, through its
+//! policy (stale on error, the fault named), then the front replays. Without the L1, a
+//! planned lookup is read on the front's own Redis connections, or (none usable) its
+//! commands are sent by Python, and the answer is written from the replies (on a cluster,
+//! none usable: the handler's). Anything else, or anything that does not come out as
+//! planned, is the route's handler's (Python), which stays the one place where errors and
+//! the cache's policy are decided.
 
 use std::future::Future;
 
 use super::queue::{Reply, Waited, Work};
 use super::redis::Direct;
 use super::served::{FROM_L1, FROM_REDIS};
-use crate::hits::{Hits, Looked};
+use crate::hits::{Hits, Looked, Missing};
 
 /// How a lookup on a front ended.
 pub(crate) enum Outcome<A> {
@@ -42,6 +46,15 @@ where
     match hits.answer(api, request) {
         Some(Looked::Answer(answer)) => return Outcome::Here(answer, FROM_L1),
         Some(Looked::Missing(missing)) => {
+            if let Some(answer) = load_here(hits, direct, api, request, &missing).await {
+                return Outcome::Here(answer, FROM_REDIS);
+            }
+            // Python's path, for the keys still missing
+            let missing = match hits.answer(api, request) {
+                Some(Looked::Missing(left)) => left,
+                Some(Looked::Answer(answer)) => return Outcome::Here(answer, FROM_REDIS),
+                None => return Outcome::Handler,
+            };
             return match python(Work::Load(missing.keys.clone())).await {
                 Waited::Reply(Reply::Loaded) => match hits.replay(request, api, &missing) {
                     Some(answer) => Outcome::Here(answer, FROM_REDIS),
@@ -56,7 +69,7 @@ where
         Some(plan) => plan,
         None => return Outcome::Handler,
     };
-    if let Some(replies) = direct.read(&plan).await {
+    if let Some(replies) = direct.read(&plan.commands).await {
         return match hits.render(&plan, &replies, true) {
             Some(answer) => Outcome::Here(answer, FROM_REDIS),
             None => Outcome::Handler, // a reply the handler answers (it reads again)
@@ -66,7 +79,10 @@ where
         // a cluster: Python's cluster client reads it (it follows MOVED and ASK)
         return Outcome::Handler;
     }
-    let command = Work::Read(std::mem::take(&mut plan.command), plan.count);
+    let command = Work::Read(
+        std::mem::take(&mut plan.commands.command),
+        plan.commands.count,
+    );
     match python(command).await {
         Waited::Reply(Reply::Replies(replies)) => match hits.render(&plan, &replies, false) {
             Some(answer) => Outcome::Here(answer, FROM_REDIS),
@@ -74,4 +90,47 @@ where
         },
         waited => Outcome::Ended(waited),
     }
+}
+
+/// The lookup's `missing` keys to be read from Redis loaded on the front's connections
+/// (those another lookup is loading: waited for), and its answer from the L1; None where
+/// the front does not load misses, or they did not all load, or others are Python's to
+/// complete (Python's path then takes those left).
+async fn load_here(
+    hits: &Hits,
+    direct: &Direct,
+    api: u8,
+    request: &[u8],
+    missing: &Missing,
+) -> Option<Vec<u8>> {
+    let loading = hits.loading()?;
+    if missing.absent.is_empty() {
+        return None; // entries Python completes (answer bytes, a cached fault)
+    }
+    let mut claim = hits.claim(&missing.absent);
+    let waiting = std::mem::take(&mut claim.waiting);
+    if !claim.mine.is_empty() {
+        let commands = hits.load_commands(&claim.mine)?;
+        let replies = match direct.read(&commands).await {
+            Some(replies) => replies,
+            None => {
+                // Redis failing (or no connection, or the circuit open): what is stale will do
+                drop(claim);
+                return hits.stale(request, api, missing, loading.max_stale);
+            }
+        };
+        if !hits.store_loaded(&claim, &replies, api) {
+            return None;
+        }
+    }
+    drop(claim); // its loads are stored: their waiters go on
+    if !waiting.is_empty() {
+        let others = async {
+            for mut rx in waiting {
+                let _ = rx.changed().await; // ends when that load's claim does
+            }
+        };
+        let _ = tokio::time::timeout(loading.wait, others).await;
+    }
+    hits.replay(request, api, missing)
 }

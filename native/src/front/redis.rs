@@ -32,7 +32,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use super::slots::{slot_of, SLOTS, UNOWNED};
-use crate::hits::Plan;
+use crate::hits::Commands;
 use crate::resp::resp_skip;
 
 /// Bytes asked of the socket at a time.
@@ -141,10 +141,10 @@ impl Direct {
         self.redirected.swap(0, Ordering::Relaxed)
     }
 
-    /// Redis's replies to the commands of `plan`, in its order; None when a node it needs
+    /// Redis's replies to `plan`'s commands, in its order; None when a node it needs
     /// has no connection or an open circuit, a round trip failed, or (a cluster) a slot
     /// moved: the caller takes Python's path.
-    pub async fn read(&self, plan: &Plan) -> Option<Bytes> {
+    pub async fn read(&self, plan: &Commands) -> Option<Bytes> {
         let route = self.route.read().unwrap_or_else(|e| e.into_inner()).clone();
         let route = match route {
             None => return self.node(0)?.read(plan.command.clone(), plan.count).await,

@@ -12,7 +12,7 @@ use pyo3::types::PyBytes;
 
 use super::entry::{Held, Hit, NOT_WRITTEN};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
-use super::{form_key, Hits, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST};
+use super::{form_key, Hits, Loading, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST};
 use crate::windows::WindowSpec;
 
 /// An aggregated group's share of a read, from Python: tile ms, longest window ms, each
@@ -44,14 +44,20 @@ type PutItem<'py> = (
 /// What Python drains: per API (REST, gRPC, Feast) the answers' times, the entities answered and
 /// how many of the answers were read on the front's own connections; hit and negative-hit
 /// counts; the keys hit in their refresh window and sampled for shadow
-/// checks.
+/// checks; and the front's own loads (`Loads`).
 pub(super) type Drained = (
     [(Vec<f64>, u64, u64, u64); APIS],
     u64,
     u64,
     Vec<Vec<u8>>,
     Vec<Vec<u8>>,
+    Loads,
 );
+
+/// The misses the front loaded itself since the last drain: keys missed, of them those that
+/// waited for another lookup's load, keys stored, round trips, entries evicted, entries served
+/// stale; and the keys of Python's entries its loads replaced (Python drops its own copy).
+pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>);
 
 /// The mirror of one worker's L1 (see the module's text), shared with its REST front.
 #[pyclass(frozen, module = "feature_store._native")]
@@ -89,6 +95,9 @@ impl HitCache {
                 rng: AtomicU64::new(seed),
                 max_ids,
                 max_string_id,
+                loading: once_cell::sync::OnceCell::new(),
+                owned: Mutex::new(Default::default()),
+                flights: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -217,8 +226,8 @@ impl HitCache {
         let plan = self.hits.plan(api_of(grpc, feast), body)?;
         let answer = replies.and_then(|r| self.hits.render(&plan, r, false));
         Some((
-            PyBytes::new(py, &plan.command),
-            plan.count,
+            PyBytes::new(py, &plan.commands.command),
+            plan.commands.count,
             answer.map(|a| PyBytes::new(py, &a)),
         ))
     }
@@ -239,12 +248,15 @@ impl HitCache {
                     let hit = Hit {
                         values: values.as_ref().map(Held::new),
                         wire: wire.as_ref().map(Held::new),
+                        raw: None,
                         present: Held::new(&present),
                         written: written_at.unwrap_or(NOT_WRITTEN),
                         negative,
+                        fault: false,
                         expires: after(ttl),
                         notice_at: after(notice_in.min(ttl)),
                         noticed: AtomicBool::new(false),
+                        visited: AtomicBool::new(false),
                         ends: OnceBox::new(),
                     };
                     (Box::<[u8]>::from(key.as_bytes()), hit)
@@ -254,10 +266,43 @@ impl HitCache {
         {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
             for (key, hit) in hits {
+                if let Some(replaced) = entries.get(&key) {
+                    self.hits.forget_own(&key, replaced);
+                }
                 old.push(entries.insert(key, hit));
             }
         }
         drop(old); // their bytes objects are released here, with the GIL
+    }
+
+    /// Python found the data of the entity at `key` broken and keeps that for `ttl`
+    /// seconds: the fronts hand its lookups to Python (which answers the fault) instead of
+    /// loading it again.
+    fn put_fault(&self, key: &[u8], ttl: f64) {
+        let now = Instant::now();
+        let expires = self.hits.ticks(now + crate::time::seconds(ttl));
+        let hit = Hit {
+            values: None,
+            wire: None,
+            raw: None,
+            present: Held::Own(Box::default()),
+            written: NOT_WRITTEN,
+            negative: true,
+            fault: true,
+            expires,
+            notice_at: expires,
+            noticed: AtomicBool::new(false),
+            visited: AtomicBool::new(false),
+            ends: OnceBox::new(),
+        };
+        let old = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(replaced) = entries.get(key) {
+                self.hits.forget_own(key, replaced);
+            }
+            entries.insert(key.into(), hit)
+        };
+        drop(old);
     }
 
     fn discard(&self, key: &[u8]) {
@@ -265,15 +310,133 @@ impl HitCache {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
             entries.remove(key)
         };
+        if let Some(hit) = &old {
+            self.hits.forget_own(key, hit);
+        }
+        self.hits.disown(Some(key));
         drop(old);
     }
 
     fn clear(&self) {
         let old = {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            std::mem::take(&mut *entries)
+            let old = std::mem::take(&mut *entries);
+            self.hits.forget_all_own();
+            old
         };
+        self.hits.disown(None);
         drop(old);
+    }
+
+    /// Load the misses of the fronts' lookups on their own Redis connections (`load.rs`),
+    /// with these settings: the TTLs in seconds (a negative TTL of 0: missing entities are
+    /// not kept), the jitter (a share: a TTL varies by +- half of it), the last share of a
+    /// TTL in which a hit is noted for a refresh, the bounds of the entries loaded so (bytes,
+    /// entries), the seconds a lookup waits for another's load of its keys, and the seconds
+    /// past its expiry an entry is served stale when Redis fails on a load. Every
+    /// group's whole read must be defined (`define_read`, read = group index). Set once:
+    /// False the second time.
+    #[allow(clippy::too_many_arguments)]
+    fn load_misses(
+        &self,
+        ttl: f64,
+        negative_ttl: f64,
+        jitter: f64,
+        refresh_ahead: f64,
+        max_bytes: usize,
+        max_entries: usize,
+        wait: f64,
+        max_stale: f64,
+    ) -> bool {
+        self.hits.set_loading(Loading {
+            ttl,
+            negative_ttl,
+            jitter: if jitter.is_finite() {
+                jitter.clamp(0.0, 2.0)
+            } else {
+                0.0
+            },
+            refresh_ahead: if refresh_ahead.is_finite() {
+                refresh_ahead.clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+            max_bytes: max_bytes.into(),
+            max_entries: max_entries.into(),
+            wait: crate::time::seconds(wait),
+            max_stale,
+        })
+    }
+
+    /// New bounds of the entries the fronts loaded themselves (bytes, entries): what the
+    /// cache's bounds leave of Python's own entries.
+    fn bound(&self, max_bytes: usize, max_entries: usize) {
+        self.hits.bound(max_bytes, max_entries);
+    }
+
+    /// The entries the fronts loaded themselves: how many, and the bytes they count for.
+    fn own_size(&self) -> (usize, usize) {
+        self.hits.own_size()
+    }
+
+    /// The entry the fronts loaded themselves at `key`, for Python to adopt: its packed
+    /// values (None: negative), values JSON and gRPC records (None: not made), present
+    /// pattern, write time, and the seconds it stays fresh (negative: expired that long).
+    /// None where the entry there is not the fronts' own.
+    #[allow(clippy::type_complexity)]
+    fn adopt<'py>(
+        &self,
+        py: Python<'py>,
+        key: &[u8],
+    ) -> Option<(
+        Option<Bound<'py, PyBytes>>,
+        Option<Bound<'py, PyBytes>>,
+        Option<Bound<'py, PyBytes>>,
+        Bound<'py, PyBytes>,
+        Option<i64>,
+        f64,
+    )> {
+        let now = self.hits.ticks(Instant::now());
+        let entries = self.hits.entries.read().unwrap_or_else(|e| e.into_inner());
+        let hit = entries.get(key).filter(|hit| hit.own())?;
+        let bytes = |held: &Option<Held>| held.as_ref().map(|h| PyBytes::new(py, h.bytes()));
+        let raw = if hit.negative {
+            None
+        } else if self.hits.compact {
+            bytes(&hit.values)
+        } else {
+            Some(bytes(&hit.raw)?)
+        };
+        let values = if self.hits.compact {
+            None
+        } else {
+            bytes(&hit.values)
+        };
+        let left = if hit.expires >= now {
+            (hit.expires - now) as f64 / 1e9
+        } else {
+            -((now - hit.expires) as f64 / 1e9)
+        };
+        Some((
+            raw,
+            values,
+            bytes(&hit.wire),
+            PyBytes::new(py, hit.present.bytes()),
+            hit.written_at(),
+            left,
+        ))
+    }
+
+    /// The keys (group index, 2 bytes, then the Redis key) of the entries of group `group`
+    /// the fronts loaded themselves.
+    fn own_keys<'py>(&self, py: Python<'py>, group: u16) -> Vec<Bound<'py, PyBytes>> {
+        let prefix = group.to_be_bytes();
+        let entries = self.hits.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries
+            .iter()
+            .filter(|(key, hit)| key.starts_with(&prefix) && hit.own())
+            .map(|(key, _)| PyBytes::new(py, key))
+            .collect()
     }
 
     /// Note every entry of `group` on its next hit (a batch write was announced).
@@ -312,6 +475,15 @@ impl HitCache {
             s.negative_hits,
             s.refresh,
             s.shadow,
+            (
+                s.misses,
+                s.deduplicated,
+                s.keys_loaded,
+                s.round_trips,
+                s.evictions,
+                s.stale_serves,
+                s.replaced,
+            ),
         )
     }
 
@@ -355,6 +527,7 @@ impl HitCache {
         keys.sort_unstable();
         let missing = Missing {
             keys,
+            absent: Vec::new(),
             started: Instant::now(),
         };
         let out = self.hits.replay(body, api_of(grpc, feast), &missing)?;

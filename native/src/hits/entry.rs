@@ -10,18 +10,25 @@ use pyo3::types::PyBytes;
 
 use super::split::json_elements;
 
-/// A Python bytes object held by the mirror, readable without the GIL: one pointer. The
-/// mirror drops entries only inside methods Python calls (with the GIL), and pyo3 defers a
-/// decref made without it to the next time it is held.
-pub(super) struct Held(Py<PyBytes>);
+/// An entry's bytes: a Python bytes object held without a copy (an entry Python loaded:
+/// its own objects), or bytes of the entry's own (one the front loaded, `load.rs`), readable
+/// without the GIL either way. The cache drops Python's only inside methods Python calls
+/// (with the GIL), and pyo3 defers a decref made without it to the next time it is held.
+pub(super) enum Held {
+    Python(Py<PyBytes>),
+    Own(Box<[u8]>),
+}
 
 impl Held {
     pub(super) fn new(object: &Bound<'_, PyBytes>) -> Self {
-        Held(object.clone().unbind())
+        Held::Python(object.clone().unbind())
     }
 
     pub(super) fn bytes(&self) -> &[u8] {
-        let object = self.0.as_ptr();
+        let object = match self {
+            Held::Own(bytes) => return bytes,
+            Held::Python(object) => object.as_ptr(),
+        };
         // SAFETY: the `Py` keeps the object alive while it is read, and neither its size nor its
         // contents (`ob_sval`, inline in the object) ever change; no reference count or
         // other interpreter state is touched, so the GIL is not needed
@@ -31,9 +38,14 @@ impl Held {
             std::slice::from_raw_parts(data.cast::<u8>(), len)
         }
     }
+
+    /// Whether these are the entry's own bytes (the front loaded it).
+    pub(super) fn own(&self) -> bool {
+        matches!(self, Held::Own(_))
+    }
 }
 
-/// One mirrored entry: 64 bytes besides its key (the bytes are the Python entry's), and
+/// One entry: 136 bytes besides its key and bytes (a Python entry's own, or its own), and
 /// the ends of its JSON's elements once a lookup has split it (`json_spans`).
 pub(super) struct Hit {
     // the values as JSON (REST), once a load or a REST answer made them; with
@@ -41,12 +53,19 @@ pub(super) struct Hit {
     // records from them
     pub(super) values: Option<Held>,
     pub(super) wire: Option<Held>, // as gRPC records, once a load or a gRPC answer made them
+    // the values packed, of an entry the front loaded (Python adopts it from them: `adopt`);
+    // None for Python's (its entry holds them) and in a compact cache (`values` are them)
+    pub(super) raw: Option<Held>,
     pub(super) present: Held,
     pub(super) written: i64, // the group's last write (unix seconds); NOT_WRITTEN for none (`written_at`)
     pub(super) expires: u64, // `Hits::ticks`
     pub(super) notice_at: u64, // `Hits::ticks`: from here on a hit is noted for Python (once per load)
     pub(super) negative: bool,
+    // Python found the entity's data broken (its cached fault): the front does not load it
+    pub(super) fault: bool,
     pub(super) noticed: AtomicBool,
+    // hit since the eviction's hand last passed it (an entry the front loaded: `load.rs`)
+    pub(super) visited: AtomicBool,
     // where each element of the JSON `values` ends, found by the first hit that splits
     // them (a lookup of some features, Feast's columns) and kept for the next ones: about
     // 100 bytes for the standard shape. Empty: the JSON is past u16 offsets or not an
@@ -56,14 +75,25 @@ pub(super) struct Hit {
 }
 
 // Every cached entity has one, in a hash table that grows by doubling: its size is most
-// of what the mirror costs per entity (MIRROR_ENTRY in serving/fronts/hits.py).
-const _: () = assert!(std::mem::size_of::<Hit>() <= 64);
+// of what the table costs per entity (MIRROR_ENTRY in serving/fronts/hits.py; OWN_ENTRY).
+const _: () = assert!(std::mem::size_of::<Hit>() <= 136);
 
 /// `Hit::written` of a group without a stored write time: an Option took 16 bytes. Stored
 /// write times are never negative (`layout.decode_timestamp` reads digits only).
 pub(super) const NOT_WRITTEN: i64 = i64::MIN;
 
 impl Hit {
+    /// Whether the front loaded it (its bytes are its own, counted in `load::Owned`).
+    pub(super) fn own(&self) -> bool {
+        self.present.own() && !self.fault
+    }
+
+    /// The bytes it holds besides its fixed size.
+    pub(super) fn held_bytes(&self) -> usize {
+        let len = |h: &Option<Held>| h.as_ref().map_or(0, |h| h.bytes().len());
+        len(&self.values) + len(&self.wire) + len(&self.raw) + self.present.bytes().len()
+    }
+
     pub(super) fn written_at(&self) -> Option<i64> {
         (self.written != NOT_WRITTEN).then_some(self.written)
     }

@@ -88,6 +88,7 @@ impl Form {
         values: &[u8],
         present: &[u8],
         written_at: Option<i64>,
+        served_stale: bool,
         now: i64,
     ) {
         if api == REST {
@@ -97,12 +98,29 @@ impl Form {
             let id = |o: &mut Vec<u8>| id.json(o);
             let (max_age, label) = (self.part().max_age, &self.part().label);
             write_row(
-                out, id, values, present, written_at, false, now, max_age, label,
+                out,
+                id,
+                values,
+                present,
+                written_at,
+                served_stale,
+                now,
+                max_age,
+                label,
             );
         } else {
             let (id, max_age, label) = (id.grpc(), self.part().max_age, &self.part().label);
             write_grpc_row(
-                out, scratch, id, values, present, written_at, false, now, max_age, label,
+                out,
+                scratch,
+                id,
+                values,
+                present,
+                written_at,
+                served_stale,
+                now,
+                max_age,
+                label,
             );
         }
     }

@@ -31,6 +31,7 @@ mod cache;
 mod cells;
 mod entry;
 mod form;
+mod load;
 mod plan;
 mod split;
 mod writer;
@@ -38,6 +39,8 @@ mod writer;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+
+use once_cell::sync::OnceCell;
 use std::time::Instant;
 
 use self::asked::{Asked, Id};
@@ -47,7 +50,8 @@ use self::writer::HitWriter;
 use crate::codecs::json_i64;
 use crate::time::unix_now;
 pub(crate) use cache::HitCache;
-pub(crate) use plan::Plan;
+pub(crate) use load::Loading;
+pub(crate) use plan::Commands;
 
 /// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
 /// `/get-online-features` (its column-shaped answer: `Cells`).
@@ -66,6 +70,15 @@ struct Served {
     negative_hits: u64,
     refresh: Vec<Vec<u8>>, // keys hit inside their refresh window
     shadow: Vec<Vec<u8>>,  // keys sampled for a shadow check
+    // the misses the front loaded itself (`load.rs`): keys missed, of them those that waited
+    // for another lookup's load, keys stored, round trips, entries evicted
+    misses: u64,
+    deduplicated: u64,
+    keys_loaded: u64,
+    round_trips: u64,
+    evictions: u64,
+    stale_serves: u64,      // expired entries served stale: Redis failing on a load
+    replaced: Vec<Vec<u8>>, // keys of Python's entries the front's loads replaced
 }
 
 const MAX_FORMS: usize = 1024;
@@ -82,6 +95,8 @@ pub enum Looked {
 /// The keys (group index and Redis key, sorted, each once) a lookup found missing.
 pub struct Missing {
     pub keys: Vec<Vec<u8>>,
+    /// of them, those to be read from Redis (no entry, or an expired one; sorted)
+    pub absent: Vec<Vec<u8>>,
     started: Instant,
 }
 
@@ -99,6 +114,10 @@ pub struct Hits {
     rng: AtomicU64,
     max_ids: usize,
     max_string_id: usize,
+    /// the front loads misses itself (`load.rs`), with these settings of Python's
+    loading: OnceCell<Loading>,
+    owned: Mutex<load::Owned>,
+    flights: load::Flights,
 }
 
 /// The key of a form: the API, and the request's entity type, features and groups as sent.
@@ -165,8 +184,37 @@ impl Hits {
         }
     }
 
+    /// The answer to a lookup whose `missing` keys could not be read (Redis failing),
+    /// with the expired entries of those keys kept less than `max_stale` seconds past their
+    /// expiry served stale; None where one has none (Python answers).
+    pub fn stale(
+        &self,
+        request: &[u8],
+        api: u8,
+        missing: &Missing,
+        max_stale: f64,
+    ) -> Option<Vec<u8>> {
+        let mut asked = Asked::parse(api, request)?;
+        asked.started = missing.started;
+        let grace = u64::try_from(crate::time::seconds(max_stale).as_nanos()).unwrap_or(u64::MAX);
+        match self.lookup_within(&asked, None, grace)? {
+            Looked::Answer(answer) => Some(answer),
+            Looked::Missing(_) => None,
+        }
+    }
+
     /// `loaded`: a replay, after Python loaded these keys (sorted).
     fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Vec<u8>]>) -> Option<Looked> {
+        self.lookup_within(asked, loaded, 0)
+    }
+
+    /// `grace`: ticks past its expiry within which an entry is served stale (0: none).
+    fn lookup_within(
+        &self,
+        asked: &Asked<'_>,
+        loaded: Option<&[Vec<u8>]>,
+        grace: u64,
+    ) -> Option<Looked> {
         let (api, ids, started) = (asked.api, &asked.ids, asked.started);
         let form = self.form(asked)?;
         let now = unix_now();
@@ -181,8 +229,9 @@ impl Hits {
             HitWriter::new(api, &form, None, now, ids.len())?
         };
         let compact = self.compact;
-        let (mut hits, mut negative) = (0u64, 0u64);
+        let (mut hits, mut negative, mut stale_serves) = (0u64, 0u64, 0u64);
         let mut missing: Vec<Vec<u8>> = Vec::new();
+        let mut absent: Vec<Vec<u8>> = Vec::new();
         let mut refresh = Vec::new();
         let mut shadow = Vec::new();
         {
@@ -196,9 +245,14 @@ impl Hits {
                 .flat_map(|(i, id)| form.parts.iter().enumerate().map(move |p| (i, id, p)));
             for (i, id, (p, part)) in keyed {
                 cache_key(&mut key, part.group, &form.prefix, id);
-                let hit = match entries.get(key.as_slice()) {
+                let found = entries.get(key.as_slice());
+                let hit = match found {
+                    // an entry just loaded for this lookup answers it even if it is not to be
+                    // kept (a negative TTL of 0)
                     Some(hit)
-                        if now_ticks < hit.expires
+                        if (now_ticks < hit.expires.saturating_add(grace)
+                            || loaded.map_or(false, |l| l.binary_search(&key).is_ok()))
+                            && !hit.fault
                             && (compact
                                 || if api == GRPC {
                                     hit.wire.is_some()
@@ -210,6 +264,14 @@ impl Hits {
                     }
                     _ if loaded.is_some() => return None, // gone again: Python answers
                     _ => {
+                        // to be read from Redis: none, or expired; not a fresh entry without
+                        // this API's answer bytes (Python makes them from its values), nor an
+                        // entity whose data Python found broken (Python answers it)
+                        // (the front's own entries keep no packed values: it reads them
+                        // again, and keeps both APIs' answer bytes then)
+                        if found.map_or(true, |hit| now_ticks >= hit.expires || hit.own()) {
+                            absent.push(key.clone());
+                        }
                         missing.push(key.clone());
                         continue;
                     }
@@ -217,11 +279,19 @@ impl Hits {
                 if !missing.is_empty() {
                     continue; // no answer before the load: only what is missing matters
                 }
-                writer.entity(&mut out, i, id, p, hit)?;
+                let stale = now_ticks >= hit.expires && loaded.is_none();
+                writer.entity(&mut out, i, id, p, hit, stale)?;
+                if stale {
+                    stale_serves += 1;
+                    continue;
+                }
                 if let Some(loaded) = loaded {
                     if loaded.binary_search(&key).is_ok() {
                         continue; // counted by Python's load
                     }
+                }
+                if !hit.visited.load(Ordering::Relaxed) {
+                    hit.visited.store(true, Ordering::Relaxed); // the eviction's second chance
                 }
                 if hit.negative {
                     negative += 1;
@@ -238,8 +308,11 @@ impl Hits {
             if !missing.is_empty() {
                 missing.sort_unstable();
                 missing.dedup();
+                absent.sort_unstable();
+                absent.dedup();
                 return Some(Looked::Missing(Missing {
                     keys: missing,
+                    absent,
                     started,
                 }));
             }
@@ -254,6 +327,7 @@ impl Hits {
         served.loaded[api as usize] += u64::from(loaded.is_some());
         served.hits += hits;
         served.negative_hits += negative;
+        served.stale_serves += stale_serves;
         if served.refresh.len() < MAX_NOTED {
             served.refresh.append(&mut refresh);
         }

@@ -29,6 +29,52 @@ impl OwnedId {
     }
 }
 
+/// Redis commands, one per key, as one pipeline's bytes.
+pub struct Commands {
+    pub command: Vec<u8>,
+    pub count: usize,
+    /// each command's key, as its range in `command` (a cluster routes it by its slot)
+    pub keys: Vec<(usize, usize)>,
+    /// where each command starts in `command`
+    pub starts: Vec<usize>,
+}
+
+impl Commands {
+    pub(super) fn with_capacity(keys: usize) -> Self {
+        Commands {
+            command: Vec::with_capacity(keys * 64),
+            count: 0,
+            keys: Vec::with_capacity(keys),
+            starts: Vec::with_capacity(keys),
+        }
+    }
+}
+
+/// Append the command of `read` for the entity at Redis key `key` (an HGETALL, or an HMGET
+/// of its fields), as `roundtrip.pack` writes it.
+pub(super) fn push_command(commands: &mut Commands, read: &GroupRead, key: &[u8]) {
+    let command = &mut commands.command;
+    commands.starts.push(command.len());
+    if read.shape.whole {
+        command.extend_from_slice(b"*2\r\n$7\r\nHGETALL\r\n$");
+    } else {
+        command.push(b'*');
+        json_i64(command, read.shape.count as i64 + 2);
+        command.extend_from_slice(b"\r\n$5\r\nHMGET\r\n$");
+    }
+    json_i64(command, key.len() as i64);
+    command.extend_from_slice(b"\r\n");
+    commands
+        .keys
+        .push((command.len(), command.len() + key.len()));
+    command.extend_from_slice(key);
+    command.extend_from_slice(b"\r\n");
+    if !read.shape.whole {
+        command.extend_from_slice(&read.fields);
+    }
+    commands.count += 1;
+}
+
 /// The Redis commands of one lookup without the L1 (`Hits::plan`), and what writing its
 /// answer from their replies needs (`Hits::render`).
 pub struct Plan {
@@ -37,12 +83,7 @@ pub struct Plan {
     read: Arc<GroupRead>,
     ids: Vec<OwnedId>,
     started: Instant,
-    pub command: Vec<u8>,
-    pub count: usize,
-    /// each command's key, as its range in `command` (a cluster routes it by its slot)
-    pub keys: Vec<(usize, usize)>,
-    /// where each command starts in `command`
-    pub starts: Vec<usize>,
+    pub commands: Commands,
 }
 
 impl Hits {
@@ -66,11 +107,9 @@ impl Hits {
         if read.splits.len() != form.parts.len() {
             return None;
         }
-        let mut command = Vec::with_capacity(ids.len() * (read.fields.len() + 64));
+        let mut commands = Commands::with_capacity(ids.len());
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
         let mut owned = Vec::with_capacity(ids.len());
-        let mut keys = Vec::with_capacity(ids.len());
-        let mut starts = Vec::with_capacity(ids.len());
         for id in ids {
             key.clear();
             key.extend_from_slice(&form.prefix);
@@ -84,33 +123,15 @@ impl Hits {
                     owned.push(OwnedId::Str((*s).to_owned()));
                 }
             }
-            starts.push(command.len());
-            if read.shape.whole {
-                command.extend_from_slice(b"*2\r\n$7\r\nHGETALL\r\n$");
-            } else {
-                command.push(b'*');
-                json_i64(&mut command, read.shape.count as i64 + 2);
-                command.extend_from_slice(b"\r\n$5\r\nHMGET\r\n$");
-            }
-            json_i64(&mut command, key.len() as i64);
-            command.extend_from_slice(b"\r\n");
-            keys.push((command.len(), command.len() + key.len()));
-            command.extend_from_slice(&key);
-            command.extend_from_slice(b"\r\n");
-            if !read.shape.whole {
-                command.extend_from_slice(&read.fields);
-            }
+            push_command(&mut commands, &read, &key);
         }
         Some(Plan {
             api: asked.api,
             form,
             read,
-            count: ids.len(),
             ids: owned,
             started: asked.started,
-            command,
-            keys,
-            starts,
+            commands,
         })
     }
 
@@ -184,7 +205,8 @@ impl Hits {
                             out, form, api, first, &id, k, &values, &present, written_at, now,
                         )?,
                         None => form.row(
-                            out, &mut row, api, first, &id, &values, &present, written_at, now,
+                            out, &mut row, api, first, &id, &values, &present, written_at, false,
+                            now,
                         ),
                     }
                 }
@@ -224,7 +246,7 @@ impl Hits {
 
 /// A stored write time (None: none stored) as unix seconds; None where it is not one the
 /// native core reads (Python names the fault).
-fn write_time(stored: Option<&[u8]>) -> Option<Option<i64>> {
+pub(super) fn write_time(stored: Option<&[u8]>) -> Option<Option<i64>> {
     match stored {
         Some(text) => Some(Some(unix_seconds(text)?)),
         None => Some(None),

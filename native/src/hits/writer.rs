@@ -88,8 +88,10 @@ impl<'f> HitWriter<'f> {
         })
     }
 
-    /// Entity `i`'s part of the answer, from its entry of the form's part `p`. None where
-    /// the entry's bytes are not what they should be (Python answers).
+    /// Entity `i`'s part of the answer, from its entry of the form's part `p`; `stale`:
+    /// an expired entry served because Redis is failing, its values marked stale (rows of
+    /// one group only). None where the entry's bytes are not what they should be, or it is
+    /// stale in another form (Python answers).
     pub(super) fn entity(
         &mut self,
         out: &mut Vec<u8>,
@@ -97,10 +99,14 @@ impl<'f> HitWriter<'f> {
         id: &Id<'_>,
         p: usize,
         hit: &Hit,
+        stale: bool,
     ) -> Option<()> {
         let (api, form, now) = (self.api, self.form, self.now);
         let part = form.parts.get(p)?;
         let writer = self.parts.get_mut(p)?;
+        if stale && (writer.columns.is_some() || self.joined.is_some()) {
+            return None;
+        }
         if let (Some(columns), true) = (&mut writer.columns, hit.negative) {
             columns.not_found(id);
             return Some(());
@@ -179,7 +185,18 @@ impl<'f> HitWriter<'f> {
             );
         }
         let row = &mut self.row;
-        form.row(out, row, api, i == 0, id, values, present, written_at, now);
+        form.row(
+            out,
+            row,
+            api,
+            i == 0,
+            id,
+            values,
+            present,
+            written_at,
+            stale,
+            now,
+        );
         Some(())
     }
 

@@ -1,0 +1,366 @@
+"""What the L1 costs at every hit rate: server CPU per entity with the L1 on, against the L1
+off (the fronts' planned reads), measured in the same run.
+
+    python3 benchmarks/l1_misses.py [--seconds 8] [--rounds 3] [--out FILE]
+
+One `feature-store serve` worker at a time on one embedded Redis holding 100,000 entities
+of the standard shape; batches of 10 ids x all 50 features, ids drawn at random from a
+working set of 20,000. REST's load is ``wrk`` (compiled; a Lua script draws one of 4,000
+bodies at random for each request), gRPC's a closed loop of ``--grpc-concurrency`` calls in
+this process (h2load sends one body only: its ids would always hit). CPU is read from
+/proc/<pid>/stat of the server and of redis-server over the measured window.
+
+Cells, for each API:
+
+- ``off``: the L1 off, the baseline;
+- ``miss``: the L1 on with a TTL of 1 ms: every lookup a miss, loaded by the front itself;
+- ``miss, Python loads``: the same with ``NATIVE_LOADS=off`` (misses loaded through
+  Python's policy and copied to the fronts: the path before);
+- ``bounded N``: a TTL of 2 s (several inside each window: the steady state, with expiry)
+  and the cache bounded to N entries of the 20,000, so that part of the lookups miss;
+- ``hot``: a TTL of 2 s, ids from a working set of 1,000: nearly every lookup a hit.
+
+The hit rate of each cell is measured (the worker's cache counters over the window), and
+a PNG plots CPU per entity against it. REST's ``off`` and ``miss`` also run at 500
+connections. Each cell's figure is the median of ``--rounds`` rounds. Targets: every lookup
+a miss, CPU per entity <= 1.15x the L1 off and req/s >= 0.9x; at no hit rate more than the
+L1 off; all hits <= 3 µs per entity.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import asyncio
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedRedis
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
+from feature_store.serving.process import ServingProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import header, save
+from cost import cpu_seconds
+from serving import add_data_dir, ensure_data
+
+ENTITIES = 100_000
+WORKING_SET = 20_000
+HOT_SET = 1_000
+BATCH = 10
+BODIES = 4_000
+MISS_TARGET, RATE_TARGET, HIT_TARGET = 1.15, 0.9, 3.0
+
+
+@dataclass
+class Cell:
+    api: str
+    name: str
+    connections: int
+    requests: int
+    seconds: float
+    errors: int
+    server_cpu: float
+    redis_cpu: float
+    hit_rate: float | None
+
+    @property
+    def server_us(self) -> float:
+        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+
+def batches(working_set: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(working_set) for _ in range(BATCH)] for _ in range(BODIES)]
+
+
+def wrk_random(path: Path, bodies: list[bytes]) -> Path:
+    """A wrk Lua script that POSTs one of ``bodies`` drawn at random per request."""
+    table = ",\n".join("[[" + b.decode() + "]]" for b in bodies)
+    path.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"local bodies = {{\n{table}\n}}\n"
+        "request = function()\n"
+        "  return wrk.format(nil, nil, nil, bodies[math.random(#bodies)])\nend\n"
+    )
+    return path
+
+
+def rest_load(url: str, script: Path, seconds: float, connections: int) -> tuple[int, int]:
+    threads = 2 if connections > 100 else 1
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    failed = int(bad.group(1)) if bad else 0
+    if errors:
+        failed += sum(int(g) for g in errors.groups())
+    return requests, failed
+
+
+async def grpc_load(
+    target: str, ids: list[list[int]], seconds: float, concurrency: int
+) -> tuple[int, int]:
+    requests = [
+        pb.GetFeaturesRequest(entity_type=sample.ENTITY, int_ids=b, groups=[sample.GROUP])
+        for b in ids
+    ]
+    done = failed = 0
+    end = time.monotonic() + seconds
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = FeatureServiceStub(channel)
+
+        async def loop(seed: int) -> None:
+            nonlocal done, failed
+            rng = random.Random(seed)
+            while time.monotonic() < end:
+                try:
+                    await stub.GetFeatures(requests[rng.randrange(len(requests))], timeout=5)
+                    done += 1
+                except grpc.aio.AioRpcError:
+                    failed += 1
+
+        await asyncio.gather(*(loop(i) for i in range(concurrency)))
+    return done, failed
+
+
+def counters(server: ServingProcess) -> tuple[float, float]:
+    doc = httpx.get(f"{server.rest_url}/v1/admin/cache", timeout=5).json()
+    stats = doc["counters"]
+    return float(stats.get("hits", 0) + stats.get("negative_hits", 0)), float(
+        stats.get("misses", 0)
+    )
+
+
+def measure(
+    redis: EmbeddedRedis,
+    api: str,
+    name: str,
+    env: dict[str, str],
+    args: list[str],
+    ids: list[list[int]],
+    seconds: float,
+    connections: int,
+    grpc_concurrency: int,
+    work: Path,
+) -> Cell:
+    base = {"FEATURE_SERVING_WARM_START_KEYS": "0", **env}
+    assert redis.process is not None
+    with ServingProcess(redis.url, args=args, env=base, grpc=api == "grpc") as server:
+        assert server.process is not None
+        script = wrk_random(
+            work / "post.lua",
+            [
+                orjson.dumps({"entity_type": sample.ENTITY, "ids": b, "groups": [sample.GROUP]})
+                for b in ids
+            ],
+        )
+        url = f"{server.rest_url}/v1/features/get"
+
+        def load(window: float) -> tuple[int, int]:
+            if api == "rest":
+                return rest_load(url, script, window, connections)
+            return asyncio.run(grpc_load(server.grpc_target, ids, window, grpc_concurrency))
+
+        load(2.0)  # the forms learned; the cache in its steady state
+        cache = "--no-cache" not in args
+        h0, m0 = counters(server) if cache else (0.0, 0.0)
+        s0, r0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+        t0 = time.monotonic()
+        requests, errors = load(seconds)
+        elapsed = time.monotonic() - t0
+        s1, r1 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+        h1, m1 = counters(server) if cache else (0.0, 0.0)
+    looked = (h1 - h0) + (m1 - m0)
+    hit_rate = (h1 - h0) / looked if cache and looked else None
+    return Cell(api, name, connections, requests, elapsed, errors, s1 - s0, r1 - r0, hit_rate)
+
+
+def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], list[str], int]]:
+    """(api, name, env, serve's args, connections) of each cell."""
+    miss = {"FEATURE_SERVING_CACHE_TTL": "0.001"}
+    steady = {"FEATURE_SERVING_CACHE_TTL": "2"}
+    out: list[tuple[str, str, dict[str, str], list[str], int]] = []
+    for api in ("rest", "grpc"):
+        c = args.connections if api == "rest" else args.grpc_concurrency
+        out += [
+            (api, "off", {}, ["--no-cache"], c),
+            (api, "miss", miss, [], c),
+            (api, "miss, Python loads", {**miss, "FEATURE_SERVING_NATIVE_LOADS": "off"}, [], c),
+        ]
+        for bound in args.bounds:
+            env = {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": str(bound)}
+            out.append((api, f"bounded {bound}", env, [], c))
+        out.append((api, "hot", steady, [], c))
+    out += [
+        ("rest", "off", {}, ["--no-cache"], args.many),
+        ("rest", "miss", miss, [], args.many),
+    ]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--many", type=int, default=500, help="connections of the many cells")
+    parser.add_argument("--grpc-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--bounds", type=int, nargs="*", default=[5_000, 10_000, 16_000], help="cache entries"
+    )
+    parser.add_argument("--out", type=Path)
+    add_data_dir(parser)
+    args = parser.parse_args()
+    plan = cells_of(args)
+    results: dict[tuple[str, str, int], list[Cell]] = {}
+    work_ids = batches(WORKING_SET, 1)
+    hot_ids = batches(HOT_SET, 2)
+    with EmbeddedRedis(args.data_dir) as redis, tempfile.TemporaryDirectory() as tmp:
+        ensure_data(redis.url, ENTITIES)
+        for r in range(args.rounds):
+            for api, name, env, serve_args, conns in plan:
+                ids = hot_ids if name == "hot" else work_ids
+                cell = measure(
+                    redis, api, name, env, serve_args, ids, args.seconds, conns,
+                    conns if api == "grpc" else args.grpc_concurrency, Path(tmp),
+                )  # fmt: skip
+                results.setdefault((api, name, conns), []).append(cell)
+                print(
+                    f"round {r + 1} {api} {name} c{conns}: {cell.server_us:.2f} µs/entity, "
+                    f"{cell.rate:,.0f} req/s, hit rate "
+                    f"{'-' if cell.hit_rate is None else f'{cell.hit_rate:.2f}'}",
+                    flush=True,
+                )
+    lines = report(results, args)
+    save(args.out, "The L1 at every hit rate: CPU per entity against the L1 off", lines)
+    if args.out is not None:
+        plot(args.out.with_suffix(".png"), results)
+    return 0
+
+
+def median_cell(cells: list[Cell]) -> Cell:
+    """The round whose server CPU per entity is the median."""
+    ordered = sorted(cells, key=lambda c: c.server_us)
+    return ordered[len(ordered) // 2]
+
+
+def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Namespace) -> list[str]:
+    lines = header(
+        f"One worker; one embedded Redis of {ENTITIES:,} standard entities; batches of "
+        f"{BATCH} x 50 features, ids at random from {WORKING_SET:,} ({HOT_SET:,} for `hot`); "
+        f"{args.seconds:g} s per cell after 2 s of warm-up; the median of {args.rounds} "
+        f"rounds (by server CPU); REST by wrk, gRPC by a closed loop of grpc.aio calls."
+    )
+    lines += [
+        "",
+        "| api | cell | connections | hit rate | server µs/entity | x L1 off | req/s | "
+        "x L1 off req/s | Redis µs/entity | errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    verdicts: list[str] = []
+    for (api, name, conns), cells in results.items():
+        cell = median_cell(cells)
+        base = median_cell(results[(api, "off", conns)])
+        ratio, rate = cell.server_us / base.server_us, cell.rate / base.rate
+        hit = "-" if cell.hit_rate is None else f"{cell.hit_rate:.2f}"
+        errors = sum(c.errors for c in cells)
+        lines.append(
+            f"| {api} | {name} | {conns} | {hit} | {cell.server_us:.2f} | {ratio:.2f}x | "
+            f"{cell.rate:,.0f} | {rate:.2f}x | {cell.redis_us:.2f} | {errors} |"
+        )
+        if name == "miss":
+            met = ratio <= MISS_TARGET and rate >= RATE_TARGET
+            verdicts.append(
+                f"- {api}, c{conns}, every lookup a miss: {ratio:.2f}x the L1 off's CPU per "
+                f"entity, {rate:.2f}x its req/s (targets <= {MISS_TARGET}x, >= {RATE_TARGET}x: "
+                f"{'met' if met else 'MISSED'})"
+            )
+        elif name.startswith("bounded"):
+            verdicts.append(
+                f"- {api}, {name} (hit rate {hit}): {ratio:.2f}x the L1 off's CPU per entity "
+                f"(target <= 1x: {'met' if ratio <= 1 else 'MISSED'})"
+            )
+        elif name == "hot":
+            verdicts.append(
+                f"- {api}, hot (hit rate {hit}): {cell.server_us:.2f} µs per entity (target "
+                f"<= {HIT_TARGET} µs: {'met' if cell.server_us <= HIT_TARGET else 'MISSED'})"
+            )
+    spread = [
+        f"{api} {name} c{conns}: "
+        + ", ".join(f"{c.server_us:.2f}" for c in cells)
+        + f" (median {statistics.median(c.server_us for c in cells):.2f})"
+        for (api, name, conns), cells in results.items()
+    ]
+    lines += ["", *verdicts, "", "Each round's server µs/entity:", "", *[f"- {s}" for s in spread]]
+    return lines
+
+
+def plot(path: Path, results: dict[tuple[str, str, int], list[Cell]]) -> None:
+    """CPU per entity against the measured hit rate, per API, beside the L1 off's."""
+    series: dict[str, list[float]] = {}
+    for api in ("rest", "grpc"):
+        points = sorted(
+            (c.hit_rate, c.server_us)
+            for (a, name, conns), cells in results.items()
+            if a == api and name != "off" and "Python" not in name and conns < 100
+            for c in [median_cell(cells)]
+            if c.hit_rate is not None
+        )
+        off = median_cell(next(v for k, v in results.items() if k[:2] == (api, "off")))
+        series[f"{api}: L1 on"] = [p[1] for p in points]
+        series[f"{api}: L1 off"] = [off.server_us] * len(points)
+        series[f"{api}: hit rate"] = [p[0] for p in points]
+    line_plot_xy(path, series)
+
+
+def line_plot_xy(path: Path, series: dict[str, list[float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for api, style in (("rest", "o-"), ("grpc", "s-")):
+        x = series[f"{api}: hit rate"]
+        ax.plot(x, series[f"{api}: L1 on"], style, label=f"{api.upper()}: L1 on")
+        ax.plot(x, series[f"{api}: L1 off"], "--", label=f"{api.upper()}: L1 off")
+    ax.set_xlabel("hit rate (measured)")
+    ax.set_ylabel("server CPU µs per entity")
+    ax.set_title("L1 on against L1 off, one worker, batches of 10 x 50")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

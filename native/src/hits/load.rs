@@ -1,0 +1,467 @@
+//! Misses loaded by the front itself: the keys a lookup found missing or expired are read
+//! on the front's own Redis connections (`front/redis.rs`), decoded here, stored as entries
+//! of their own (`Held::Own`: no Python object, one copy) and the lookup answered from
+//! them, with no Python on the way.
+//!
+//! - **Single flight.** A key being loaded is claimed (`claim`): a lookup on any front that
+//!   misses it meanwhile waits for that load instead of reading it again, up to the
+//!   policy's wait (`Loading::wait`); a claim ends when its load stores or fails, or when
+//!   the lookup that made it is dropped (`Claim`'s `Drop`), so nothing stays locked.
+//! - **What is stored** is what Python's loads store: the answer bytes of the API that asked
+//!   (a JSON array, or gRPC records; a compact cache's packed values), the present pattern
+//!   and write time; an entity with nothing of the group is a negative entry (its own TTL;
+//!   0: not kept); an aggregated group's answer holds until its next tile boundary. A key
+//!   whose reply is an error, or holds a value or write time the native core does not read,
+//!   is not stored: the lookup then takes Python's path, which names the fault.
+//! - **Bounds.** The front's entries count against their own bounds in bytes and entries
+//!   (`Loading`), evicted by CLOCK (second chance): a hit marks its entry, and the hand
+//!   passes over marked entries once before evicting them. Python's entries are bounded by
+//!   Python's cache, which drops them here when it evicts them.
+//! - The policy stays Python's: which nodes the front may read (the circuit), each round
+//!   trip's timeout, the TTLs, and what counts (drained with what the front served).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use once_cell::race::OnceBox;
+use tokio::sync::watch;
+
+use super::entry::{Held, Hit, NOT_WRITTEN};
+use super::form::GroupRead;
+use super::plan::{push_command, write_time, Commands};
+use super::{Hits, GRPC};
+use crate::group::write_values;
+use crate::time::unix_now_ms;
+
+/// What an entry the front loaded costs besides its key and bytes: the entry, its key's
+/// box in the table and in the eviction's ring, and the table's slot.
+pub(super) const OWN_ENTRY: usize = std::mem::size_of::<Hit>() + 2 * 16 + 24;
+
+/// Python's settings for the misses the front loads (`HitCache::load_misses`).
+pub struct Loading {
+    pub ttl: f64,
+    pub negative_ttl: f64,
+    pub jitter: f64,
+    pub refresh_ahead: f64, // the last share of a TTL in which a hit is noted for a refresh
+    // the bounds of the front's own entries: what the cache's bounds leave of Python's
+    pub max_bytes: AtomicUsize,
+    pub max_entries: AtomicUsize,
+    pub wait: Duration, // how long a lookup waits for another's load of its keys
+    pub max_stale: f64, // seconds past its expiry an entry is served stale when a load fails
+}
+
+/// The front's own entries: what they hold, and the eviction's ring of their keys.
+#[derive(Default)]
+pub(super) struct Owned {
+    bytes: usize,
+    count: usize,
+    ring: VecDeque<Box<[u8]>>,
+}
+
+/// A key being loaded: what its waiters watch (its sender is dropped when the load ends),
+/// and whether its entry was dropped while it loaded (an invalidation: what the load read
+/// may be older than the write, so it is not stored).
+pub(super) struct Flight {
+    done: watch::Receiver<()>,
+    disowned: Arc<AtomicBool>,
+}
+
+pub(super) type Flights = Mutex<HashMap<Box<[u8]>, Flight>>;
+
+/// The keys of one lookup's misses: those it loads (`mine`), and the loads of others it
+/// waits for. Dropping it ends its own claims, whatever happened to the load.
+pub struct Claim<'h> {
+    flights: &'h Flights,
+    pub mine: Vec<Vec<u8>>,
+    disowned: Vec<Arc<AtomicBool>>,
+    senders: Vec<watch::Sender<()>>,
+    pub waiting: Vec<watch::Receiver<()>>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        for key in &self.mine {
+            flights.remove(key.as_slice());
+        }
+        drop(flights);
+        self.senders.clear(); // the waiters wake: their `changed()` ends
+    }
+}
+
+impl Hits {
+    /// Python's settings for the misses, if the front loads them.
+    pub fn loading(&self) -> Option<&Loading> {
+        self.loading.get()
+    }
+
+    pub(super) fn set_loading(&self, loading: Loading) -> bool {
+        self.loading.set(loading).is_ok()
+    }
+
+    /// Claim the `keys` (sorted, each once) of a lookup's misses: the ones no other lookup
+    /// is loading are this one's to load.
+    pub fn claim(&self, keys: &[Vec<u8>]) -> Claim<'_> {
+        let mut claim = Claim {
+            flights: &self.flights,
+            mine: Vec::with_capacity(keys.len()),
+            disowned: Vec::with_capacity(keys.len()),
+            senders: Vec::new(),
+            waiting: Vec::new(),
+        };
+        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            match flights.get(key.as_slice()) {
+                Some(flight) => claim.waiting.push(flight.done.clone()),
+                None => {
+                    let (tx, done) = watch::channel(());
+                    let disowned = Arc::new(AtomicBool::new(false));
+                    let flight = Flight {
+                        done,
+                        disowned: Arc::clone(&disowned),
+                    };
+                    flights.insert(key.clone().into_boxed_slice(), flight);
+                    claim.senders.push(tx);
+                    claim.disowned.push(disowned);
+                    claim.mine.push(key.clone());
+                }
+            }
+        }
+        drop(flights);
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.misses += keys.len() as u64;
+        served.deduplicated += claim.waiting.len() as u64;
+        claim
+    }
+
+    /// The commands reading `keys` (a group index, 2 bytes, then the Redis key): each
+    /// group's whole read, one command per key. None where a group's read is not defined.
+    pub fn load_commands(&self, keys: &[Vec<u8>]) -> Option<Commands> {
+        let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
+        let mut commands = Commands::with_capacity(keys.len());
+        for key in keys {
+            let read = reads.get(&u16::from_be_bytes([*key.first()?, *key.get(1)?]))?;
+            push_command(&mut commands, read, &key[2..]);
+        }
+        Some(commands)
+    }
+
+    /// A key's entry was dropped (an invalidation, `HitCache::discard`; all of them:
+    /// None): a load of it in flight does not store what it read.
+    pub(super) fn disown(&self, key: Option<&[u8]>) {
+        let flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        let flag = |flight: &Flight| flight.disowned.store(true, Ordering::Relaxed);
+        match key {
+            Some(key) => flights.get(key).into_iter().for_each(flag),
+            None => flights.values().for_each(flag),
+        }
+    }
+
+    /// Store the entries of `claim`'s keys from Redis's replies to their `load_commands`
+    /// (`buf`), loaded for a lookup of `api`. Keys whose reply is not one the native core
+    /// reads are left out (Python's path loads them), and so are those dropped while they
+    /// loaded. False where `buf` is not those replies.
+    pub fn store_loaded(&self, claim: &Claim<'_>, buf: &[u8], api: u8) -> bool {
+        let keys = &claim.mine;
+        let loading = match self.loading.get() {
+            Some(loading) => loading,
+            None => return false,
+        };
+        let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let now_ms = unix_now_ms();
+        let mut made = Vec::with_capacity(keys.len());
+        let (mut slots, mut order, mut answered) = (Vec::new(), Vec::new(), Vec::new());
+        let mut pos = 0;
+        for (key, disowned) in keys.iter().zip(&claim.disowned) {
+            let read = match reads.get(&u16::from_be_bytes([key[0], key[1]])) {
+                Some(read) => read,
+                None => return false,
+            };
+            let (error, next) = match read.shape.read(buf, pos, &mut slots, &mut order) {
+                Ok(read) => read,
+                Err(_) => return false,
+            };
+            pos = next;
+            if error.is_some() || disowned.load(Ordering::Relaxed) {
+                continue; // a key of another type (Python names it), or invalidated
+            }
+            let both = self.holds_other_form(key, api);
+            if let Some(hit) = self.entry(read, &slots, now_ms, &mut answered, api, both, loading) {
+                made.push((key.as_slice(), hit));
+            }
+        }
+        if pos != buf.len() {
+            return false;
+        }
+        drop(reads);
+        {
+            let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+            served.round_trips += 1;
+            served.keys_loaded += keys.len() as u64;
+        }
+        self.insert_own(made, now, loading);
+        true
+    }
+
+    /// Whether `key`'s entry holds the answer bytes of another API than `api`'s: a load
+    /// for `api` then writes both, so that lookups of both keep hitting.
+    fn holds_other_form(&self, key: &[u8], api: u8) -> bool {
+        if self.compact {
+            return false;
+        }
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries.get(key).map_or(false, |hit| {
+            if api == GRPC {
+                hit.values.is_some()
+            } else {
+                hit.wire.is_some()
+            }
+        })
+    }
+
+    /// An entry of group read `read` from one reply's `slots`, with its lifetime (as
+    /// `HitCache::put_many` takes one) not yet set: None where the native core does not
+    /// read it, or (a TTL of 0) it is not to be kept.
+    #[allow(clippy::too_many_arguments)]
+    fn entry<'a>(
+        &self,
+        read: &GroupRead,
+        slots: &[Option<&'a [u8]>],
+        now_ms: i64,
+        answered: &'a mut Vec<Option<Vec<u8>>>,
+        api: u8,
+        both: bool,
+        loading: &Loading,
+    ) -> Option<(Hit, f64)> {
+        let refs: Vec<Option<&[u8]>>;
+        let (types, stored, written, negative, until) = if read.windowed(0) {
+            let negative = slots.first()?.is_none();
+            let (types, written) = read.answered(0, slots, now_ms, answered)?;
+            refs = answered.iter().map(|v| v.as_deref()).collect();
+            // the answer holds until the next tile boundary
+            let tile = read.windows.first()?.as_ref()?.0.tile_ms.max(1);
+            let boundary = (now_ms.div_euclid(tile) + 1) * tile;
+            let until = Some((boundary - now_ms).max(0) as f64 / 1000.0);
+            (types, &refs[..], written, negative, until)
+        } else {
+            let (types, stored, written) = read.group(0, slots)?;
+            let written = write_time(written)?;
+            let negative = written.is_none() && stored.iter().all(Option::is_none);
+            (types, stored, written, negative, None)
+        };
+        let base = if negative {
+            loading.negative_ttl
+        } else {
+            loading.ttl
+        };
+        // a negative TTL of 0: the entry answers the lookup that loaded it, and no other
+        let mut ttl = (base * (1.0 + loading.jitter * (self.unit_random() - 0.5))).max(0.0);
+        if let Some(until) = until {
+            ttl = ttl.min(until);
+        }
+        let stored = stored.iter().copied();
+        let mut present = Vec::with_capacity(types.len());
+        let (mut values, mut wire, mut raw) = (None, None, None);
+        if self.compact {
+            let (mut raw, mut scratch) = (Vec::new(), Vec::new());
+            write_values(
+                types,
+                stored,
+                false,
+                &mut scratch,
+                &mut present,
+                Some(&mut raw),
+            )
+            .ok()?;
+            values = Some(if negative { Vec::new() } else { raw });
+        } else {
+            let mut out = Vec::with_capacity(types.len() * 24);
+            let mut packed = Vec::with_capacity(types.len() * 24);
+            let keep = Some(&mut packed);
+            write_values(
+                types,
+                stored.clone(),
+                api == GRPC,
+                &mut out,
+                &mut present,
+                keep,
+            )
+            .ok()?;
+            if !negative {
+                raw = Some(packed);
+            }
+            // a negative entry's bytes are a few: both APIs' are kept
+            if both || negative {
+                let (mut other, mut scratch) = (Vec::new(), Vec::new());
+                write_values(types, stored, api != GRPC, &mut other, &mut scratch, None).ok()?;
+                if api == GRPC {
+                    values = Some(other);
+                } else {
+                    wire = Some(other);
+                }
+            }
+            if api == GRPC {
+                wire = Some(out);
+            } else {
+                values = Some(out);
+            }
+        }
+        let own = |bytes: Vec<u8>| Held::Own(bytes.into_boxed_slice());
+        let hit = Hit {
+            values: values.map(own),
+            wire: wire.map(own),
+            raw: raw.map(own),
+            present: own(present),
+            written: written.unwrap_or(NOT_WRITTEN),
+            negative,
+            fault: false,
+            expires: 0,
+            notice_at: 0,
+            noticed: AtomicBool::new(false),
+            visited: AtomicBool::new(false),
+            ends: OnceBox::new(),
+        };
+        Some((hit, ttl))
+    }
+
+    /// Store entries the front loaded `now`, each fresh for its TTL and noted for a refresh
+    /// in the last `refresh_ahead` share of it; then evict past the bounds.
+    fn insert_own(&self, made: Vec<(&[u8], (Hit, f64))>, now: Instant, loading: &Loading) {
+        if made.is_empty() {
+            return;
+        }
+        let after = |s: f64| self.ticks(now + crate::time::seconds(s));
+        let mut old = Vec::with_capacity(made.len());
+        let mut pythons = Vec::new();
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, (mut hit, ttl)) in made {
+            hit.expires = after(ttl);
+            let window = if hit.negative {
+                0.0
+            } else {
+                ttl * loading.refresh_ahead
+            };
+            hit.notice_at = after(ttl - window);
+            owned.bytes += OWN_ENTRY + key.len() + hit.held_bytes();
+            owned.count += 1;
+            match entries.insert(key.into(), hit) {
+                Some(replaced) if replaced.own() => {
+                    owned.bytes -= OWN_ENTRY + key.len() + replaced.held_bytes();
+                    owned.count -= 1;
+                    old.push(replaced); // its key is in the ring already
+                }
+                replaced => {
+                    owned.ring.push_back(key.into());
+                    if replaced.as_ref().map_or(false, |hit| !hit.fault) {
+                        pythons.push(key.to_vec()); // Python holds it too: it drops its copy
+                    }
+                    old.extend(replaced);
+                }
+            }
+        }
+        let evicted = evict(&mut entries, &mut owned, loading);
+        drop(owned);
+        drop(entries);
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.evictions += evicted;
+        if served.replaced.len() < super::MAX_NOTED {
+            served.replaced.append(&mut pythons);
+        }
+        drop(served);
+        drop(old); // the entries replaced (Python's bytes are released when it next holds the GIL)
+    }
+
+    /// An entry's key was dropped or replaced by Python (`HitCache::discard`, `put_many`,
+    /// `clear`): what it held no longer counts against the front's bounds.
+    pub(super) fn forget_own(&self, key: &[u8], hit: &Hit) {
+        if hit.own() {
+            let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+            owned.bytes -= OWN_ENTRY + key.len() + hit.held_bytes();
+            owned.count -= 1;
+        }
+    }
+
+    /// Every entry was dropped (`HitCache::clear`).
+    pub(super) fn forget_all_own(&self) {
+        *self.owned.lock().unwrap_or_else(|e| e.into_inner()) = Owned::default();
+    }
+
+    /// New bounds of the front's own entries (bytes, entries), enforced at once.
+    pub(super) fn bound(&self, max_bytes: usize, max_entries: usize) {
+        let loading = match self.loading.get() {
+            Some(loading) => loading,
+            None => return,
+        };
+        loading.max_bytes.store(max_bytes, Ordering::Relaxed);
+        loading.max_entries.store(max_entries, Ordering::Relaxed);
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        let evicted = evict(&mut entries, &mut owned, loading);
+        drop(owned);
+        drop(entries);
+        if evicted > 0 {
+            self.served
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .evictions += evicted;
+        }
+    }
+
+    /// The front's own entries: how many, and the bytes they are counted for.
+    pub(super) fn own_size(&self) -> (usize, usize) {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        (owned.count, owned.bytes)
+    }
+
+    /// A draw in [0, 1) (the TTL's jitter).
+    fn unit_random(&self) -> f64 {
+        (self.next_random() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Evict the front's own entries past the bounds by CLOCK: the hand takes the oldest key;
+/// an entry hit since it last passed gets a second chance (to the back), any other goes.
+/// Keys in the ring whose entry went (or is now Python's) are dropped as the hand meets
+/// them. The count of entries evicted.
+fn evict(entries: &mut HashMap<Box<[u8]>, Hit>, owned: &mut Owned, loading: &Loading) -> u64 {
+    let mut evicted = 0;
+    let mut passes = 0usize;
+    let max_bytes = loading.max_bytes.load(Ordering::Relaxed);
+    let max_entries = loading.max_entries.load(Ordering::Relaxed);
+    while (owned.bytes > max_bytes || owned.count > max_entries)
+        && passes <= 2 * owned.ring.len() + 1
+    {
+        passes += 1;
+        let key = match owned.ring.pop_front() {
+            Some(key) => key,
+            None => break,
+        };
+        match entries.get(&key) {
+            Some(hit) if hit.own() => {
+                if hit.visited.swap(false, Ordering::Relaxed) {
+                    owned.ring.push_back(key); // a second chance
+                    continue;
+                }
+                if let Some(hit) = entries.remove(&key) {
+                    owned.bytes -= OWN_ENTRY + key.len() + hit.held_bytes();
+                    owned.count -= 1;
+                    evicted += 1;
+                }
+            }
+            _ => {} // dropped or replaced by Python since
+        }
+    }
+    // keys of entries gone stay in the ring until the hand meets them: past twice the
+    // entries, keep only those of the front's own entries, once each
+    if owned.ring.len() > 2 * owned.count + 1024 {
+        let mut seen = HashSet::with_capacity(owned.count);
+        owned
+            .ring
+            .retain(|key| entries.get(key).map_or(false, Hit::own) && seen.insert(key.clone()));
+    }
+    evicted
+}
