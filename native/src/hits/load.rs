@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use once_cell::race::OnceBox;
@@ -65,7 +65,7 @@ pub(super) struct Owned {
 /// may be older than the write, so it is not stored).
 pub(super) struct Flight {
     done: watch::Receiver<()>,
-    disowned: Arc<AtomicBool>,
+    disowned: bool,
 }
 
 pub(super) type Flights = Mutex<HashMap<Box<[u8]>, Flight>>;
@@ -75,7 +75,6 @@ pub(super) type Flights = Mutex<HashMap<Box<[u8]>, Flight>>;
 pub struct Claim<'h> {
     flights: &'h Flights,
     pub mine: Vec<Vec<u8>>,
-    disowned: Vec<Arc<AtomicBool>>,
     senders: Vec<watch::Sender<()>>,
     pub waiting: Vec<watch::Receiver<()>>,
 }
@@ -107,27 +106,27 @@ impl Hits {
         let mut claim = Claim {
             flights: &self.flights,
             mine: Vec::with_capacity(keys.len()),
-            disowned: Vec::with_capacity(keys.len()),
             senders: Vec::new(),
             waiting: Vec::new(),
         };
+        // one channel for the claim's keys: their load ends together
+        let (tx, done) = watch::channel(());
         let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
         for key in keys {
             match flights.get(key.as_slice()) {
                 Some(flight) => claim.waiting.push(flight.done.clone()),
                 None => {
-                    let (tx, done) = watch::channel(());
-                    let disowned = Arc::new(AtomicBool::new(false));
                     let flight = Flight {
-                        done,
-                        disowned: Arc::clone(&disowned),
+                        done: done.clone(),
+                        disowned: false,
                     };
                     flights.insert(key.clone().into_boxed_slice(), flight);
-                    claim.senders.push(tx);
-                    claim.disowned.push(disowned);
                     claim.mine.push(key.clone());
                 }
             }
+        }
+        if !claim.mine.is_empty() {
+            claim.senders.push(tx);
         }
         drop(flights);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
@@ -151,11 +150,16 @@ impl Hits {
     /// A key's entry was dropped (an invalidation, `HitCache::discard`; all of them:
     /// None): a load of it in flight does not store what it read.
     pub(super) fn disown(&self, key: Option<&[u8]>) {
-        let flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
-        let flag = |flight: &Flight| flight.disowned.store(true, Ordering::Relaxed);
+        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
         match key {
-            Some(key) => flights.get(key).into_iter().for_each(flag),
-            None => flights.values().for_each(flag),
+            Some(key) => {
+                if let Some(flight) = flights.get_mut(key) {
+                    flight.disowned = true;
+                }
+            }
+            None => flights
+                .values_mut()
+                .for_each(|flight| flight.disowned = true),
         }
     }
 
@@ -165,6 +169,12 @@ impl Hits {
     /// loaded. False where `buf` is not those replies.
     pub fn store_loaded(&self, claim: &Claim<'_>, buf: &[u8], api: u8) -> bool {
         let keys = &claim.mine;
+        let disowned: Vec<bool> = {
+            let flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+            keys.iter()
+                .map(|key| flights.get(key.as_slice()).map_or(true, |f| f.disowned))
+                .collect()
+        };
         let loading = match self.loading.get() {
             Some(loading) => loading,
             None => return false,
@@ -175,7 +185,8 @@ impl Hits {
         let mut made = Vec::with_capacity(keys.len());
         let (mut slots, mut order, mut answered) = (Vec::new(), Vec::new(), Vec::new());
         let mut pos = 0;
-        for (key, disowned) in keys.iter().zip(&claim.disowned) {
+        let others = self.hold_other_form(keys, api);
+        for (i, (key, &disowned)) in keys.iter().zip(&disowned).enumerate() {
             let read = match reads.get(&u16::from_be_bytes([key[0], key[1]])) {
                 Some(read) => read,
                 None => return false,
@@ -185,10 +196,10 @@ impl Hits {
                 Err(_) => return false,
             };
             pos = next;
-            if error.is_some() || disowned.load(Ordering::Relaxed) {
+            if error.is_some() || disowned {
                 continue; // a key of another type (Python names it), or invalidated
             }
-            let both = self.holds_other_form(key, api);
+            let both = others[i];
             if let Some(hit) = self.entry(read, &slots, now_ms, &mut answered, api, both, loading) {
                 made.push((key.as_slice(), hit));
             }
@@ -206,20 +217,24 @@ impl Hits {
         true
     }
 
-    /// Whether `key`'s entry holds the answer bytes of another API than `api`'s: a load
-    /// for `api` then writes both, so that lookups of both keep hitting.
-    fn holds_other_form(&self, key: &[u8], api: u8) -> bool {
+    /// Per key, whether its entry holds the answer bytes of another API than `api`'s: a
+    /// load for `api` then writes both, so that lookups of both keep hitting.
+    fn hold_other_form(&self, keys: &[Vec<u8>], api: u8) -> Vec<bool> {
         if self.compact {
-            return false;
+            return vec![false; keys.len()];
         }
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
-        entries.get(key).map_or(false, |hit| {
-            if api == GRPC {
-                hit.values.is_some()
-            } else {
-                hit.wire.is_some()
-            }
-        })
+        keys.iter()
+            .map(|key| {
+                entries.get(key.as_slice()).map_or(false, |hit| {
+                    if api == GRPC {
+                        hit.values.is_some()
+                    } else {
+                        hit.wire.is_some()
+                    }
+                })
+            })
+            .collect()
     }
 
     /// An entry of group read `read` from one reply's `slots`, with its lifetime (as
