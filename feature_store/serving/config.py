@@ -83,7 +83,7 @@ class ServingSettings:
     shadow_fraction: float = 0.01  # of cache hits re-read from Redis and compared
     # at most this many shadow reads a second per worker (and one per entry per load);
     # 0: no bound
-    shadow_max_per_second: float = 1.0
+    shadow_max_per_second: float = 0.1
     warm_start_keys: int = 50_000  # hot keys loaded before serving (0: no warm start)
     warm_start_seconds: float = 10.0  # readiness waits no longer than this for them
     warm_snapshot_interval: float = 30.0  # seconds between hot-key snapshots (0: at stop only)

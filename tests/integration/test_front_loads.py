@@ -1,0 +1,226 @@
+"""The L1's misses loaded by the native fronts themselves (native/src/hits/load.rs) against
+a server that loads them through Python (``NATIVE_LOADS=off``): the same answers over random
+lookups, writes and expiries, REST and gRPC; the fronts' entries within the cache's bounds;
+their single flight; and Python adopting them (a handler's answer, stale on error).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from feature_store import sample
+from feature_store.client import GrpcFeatureClient
+from feature_store.embedded import EmbeddedRedis
+from feature_store.native import native_enabled
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
+
+GROUP, ENTITY = sample.GROUP, sample.ENTITY
+N = 60  # entities written; ids up to N + 10 are asked, so some are missing
+ENV = {
+    "FEATURE_SERVING_SHADOW_FRACTION": "0",
+    "FEATURE_SERVING_WARM_START_KEYS": "0",
+    "FEATURE_SERVING_CACHE_TTL": "0.5",
+    "FEATURE_SERVING_CACHE_NEGATIVE_TTL": "0.5",
+    "FEATURE_SERVING_CACHE_JITTER": "0",
+    "FEATURE_SERVING_XFETCH_BETA": "0",
+    "FEATURE_SERVING_CACHE_REFRESH_AHEAD": "0",
+}
+AGES = re.compile(rb'"ages":\{[^}]*\}')
+ALL = [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
+
+
+def _cache(server: ServingProcess) -> dict[str, object]:
+    doc: dict[str, object] = httpx.get(f"{server.rest_url}/v1/admin/cache", timeout=5).json()
+    return doc
+
+
+def _counter(server: ServingProcess, name: str) -> int:
+    counters = _cache(server)["counters"]
+    assert isinstance(counters, dict)
+    return int(counters[name])
+
+
+def _reads(url: str) -> int:
+    with redis.Redis.from_url(url) as r:
+        stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
+
+
+def _rest(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]:
+    r = httpx.post(f"{server.rest_url}/v1/features/get", json=body, timeout=10)
+    return r.status_code, AGES.sub(b"", r.content)
+
+
+def _grpc(server: ServingProcess, ids: list[int]) -> bytes:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer = FeatureServiceStub(channel).GetFeatures(
+            pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP]), timeout=10
+        )
+    for row in answer.rows:
+        row.ages.clear()  # whole seconds: one may turn between two answers
+    return bytes(answer.SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def pair(redis_server: object) -> Iterator[tuple[ServingProcess, ServingProcess, str]]:
+    """A server whose fronts load misses, and one whose misses load through Python."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    with (
+        ServingProcess(url, env=ENV) as native,
+        ServingProcess(url, env={**ENV, "FEATURE_SERVING_NATIVE_LOADS": "off"}) as python,
+    ):
+        yield native, python, url
+
+
+lookups = st.lists(st.integers(min_value=0, max_value=N + 10), min_size=1, max_size=12)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("rest"), lookups),
+        st.tuples(st.just("grpc"), lookups),
+        st.tuples(st.just("write"), st.integers(min_value=0, max_value=N - 1), st.floats(-9, 9)),
+        st.tuples(st.just("sleep"), st.sampled_from([0.0, 0.3, 0.6])),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=steps)
+def test_the_fronts_loads_answer_as_pythons_do(
+    pair: tuple[ServingProcess, ServingProcess, str], steps: list[tuple[object, ...]]
+) -> None:
+    """Random lookups (ids repeated, missing, cached or expired), push writes (announced:
+    every cache drops the entry) and waits past the TTL: each lookup's answer is the same
+    from both servers, byte for byte but the ages."""
+    native, python, _ = pair
+    for step in steps:
+        if step[0] == "write":
+            _, entity, value = step
+            written = httpx.post(
+                f"{native.rest_url}/v1/features/write",
+                json={"group": GROUP, "rows": [{"id": entity, "values": {"float_00": value}}]},
+                timeout=10,
+            )
+            assert written.status_code == 200, written.text
+        elif step[0] == "sleep":
+            time.sleep(float(step[1]))  # type: ignore[arg-type]
+        elif step[0] == "rest":
+            ids = list(step[1])  # type: ignore[call-overload]
+            body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
+            assert _rest(native, body) == _rest(python, body), ids
+        else:
+            ids = list(step[1])  # type: ignore[call-overload]
+            assert _grpc(native, ids) == _grpc(python, ids), ids
+
+
+def test_misses_are_loaded_by_the_fronts(pair: tuple[ServingProcess, ServingProcess, str]) -> None:
+    """Once the form is known, a lookup of ten cold entities is one Redis read each, and
+    answered by the front (counted as loads there, not by Python)."""
+    native, _, url = pair
+    body = {"entity_type": ENTITY, "ids": [1, 2], "groups": [GROUP]}
+    _rest(native, body)  # the form learned
+    time.sleep(0.6)  # every entry expired
+    loaded, reads = _counter(native, "keys_loaded"), _reads(url)
+    ids = list(range(30, 40))
+    status, _ = _rest(native, {**body, "ids": ids})
+    assert status == 200
+    assert _reads(url) == reads + len(ids)
+    deadline = time.monotonic() + 5  # the fronts' counters are drained every 20 ms
+    while _counter(native, "keys_loaded") < loaded + len(ids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _counter(native, "keys_loaded") == loaded + len(ids)
+
+
+def test_concurrent_misses_of_one_key_are_one_read(redis_server: object) -> None:
+    """Forty threads ask for the same ten cold entities at once, over and over, on a TTL of
+    0.5 s: Redis reads each about once per TTL, not once per request."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    body = {"entity_type": ENTITY, "ids": list(range(10)), "groups": [GROUP]}
+    with ServingProcess(url, env=ENV, grpc=False) as server:
+        _rest(server, body)  # the form learned
+        reads = _reads(url)
+        requests = 0
+        lock = threading.Lock()
+        end = time.monotonic() + 2.0
+
+        def ask() -> None:
+            nonlocal requests
+            with httpx.Client(timeout=10) as client:
+                while time.monotonic() < end:
+                    r = client.post(f"{server.rest_url}/v1/features/get", json=body)
+                    assert r.status_code == 200
+                    with lock:
+                        requests += 1
+
+        threads = [threading.Thread(target=ask) for _ in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        read = _reads(url) - reads
+    windows = 2.0 / 0.5 + 1  # TTL windows in the run, and the one it started in
+    assert requests > 10 * windows  # many more requests than reads
+    assert read <= 10 * windows * 1.2, (read, requests)
+
+
+def test_the_fronts_entries_stay_within_the_bounds(redis_server: object) -> None:
+    """A cache bounded to 100 entries: lookups of 600 entities leave at most 100, the rest
+    evicted and counted."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(600))
+    env = {**ENV, "FEATURE_SERVING_CACHE_TTL": "60", "FEATURE_SERVING_CACHE_MAX_ENTRIES": "100"}
+    with ServingProcess(url, env=env, grpc=False) as server:
+        rng = random.Random(5)
+        for _ in range(60):
+            ids = rng.sample(range(600), 10)
+            assert _rest(server, {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]})[0] == 200
+        time.sleep(0.1)  # drained
+        doc = _cache(server)
+        assert isinstance(doc["entries"], int)
+        assert doc["entries"] <= 100
+        assert _counter(server, "evictions") >= _counter(server, "keys_loaded") - 100 > 0
+
+
+def test_python_adopts_the_fronts_entries_when_redis_is_down(tmp_path: Path) -> None:
+    """Entries the front loaded are served stale by Python's handler (a form the front has
+    not learned: gRPC here) once Redis is gone, as Python's own entries are."""
+    with EmbeddedRedis(tmp_path / "redis", persistence=True) as own:
+        with FeatureStore.connect(own.url, sample.registry()) as store:
+            store.write(GROUP, sample.rows(20))
+        env = {**ENV, "FEATURE_SERVING_CACHE_TTL": "1", "FEATURE_SERVING_INVALIDATION": "off"}
+        with ServingProcess(own.url, env=env) as server:
+            body = {"entity_type": ENTITY, "ids": [1], "groups": [GROUP]}
+            _rest(server, body)  # the form learned
+            ids = list(range(5, 15))
+            assert _rest(server, {**body, "ids": ids})[0] == 200  # loaded by the front
+            time.sleep(1.2)  # expired, kept for stale on error
+            own.kill()
+            with GrpcFeatureClient(server.grpc_target, timeout=5) as client:
+                answer = client.get(ENTITY, ids, groups=[GROUP])
+            statuses = [{s.value for s in row.statuses} for row in answer.rows]
+            assert statuses == [{"stale"}] * len(ids)
+            for i, row in zip(ids, answer.rows, strict=True):
+                assert row.values[0] == sample.features(i)["float_00"]
