@@ -228,6 +228,15 @@ class RecordingMirror:
     def notice_group(self, group: str) -> None:
         pass
 
+    def own_size(self) -> tuple[int, int]:
+        return 0, 0  # it loads no entries of its own
+
+    def own_keys(self, group: str) -> list[CacheKey]:
+        return []
+
+    def adopt(self, key: CacheKey, now: float) -> Entry | None:
+        return None
+
 
 # an entry to store: its key's number, and its values (none: negative; 4: embeddings, large)
 Stored = tuple[int, int]
