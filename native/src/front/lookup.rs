@@ -56,7 +56,7 @@ where
                 None => return Outcome::Handler,
             };
             return match python(Work::Load(missing.keys.clone())).await {
-                Waited::Reply(Reply::Loaded) => match hits.replay(request, api, &missing) {
+                Waited::Reply(Reply::Loaded) => match hits.replay(request, api, &missing, None) {
                     Some(answer) => Outcome::Here(answer, FROM_REDIS),
                     None => Outcome::Handler, // evicted or dropped again
                 },
@@ -123,6 +123,7 @@ async fn load_here(
             return None;
         }
     }
+    let stored = claim.mine.clone(); // sorted, as `missing.absent` is
     drop(claim); // its loads are stored: their waiters go on
     if !waiting.is_empty() {
         let others = async {
@@ -132,5 +133,5 @@ async fn load_here(
         };
         let _ = tokio::time::timeout(loading.wait, others).await;
     }
-    hits.replay(request, api, missing)
+    hits.replay(request, api, missing, Some(&stored))
 }

@@ -530,7 +530,9 @@ impl HitCache {
             absent: Vec::new(),
             started: Instant::now(),
         };
-        let out = self.hits.replay(body, api_of(grpc, feast), &missing)?;
+        let out = self
+            .hits
+            .replay(body, api_of(grpc, feast), &missing, None)?;
         Some(PyBytes::new(py, &out))
     }
 }

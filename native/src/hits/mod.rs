@@ -172,13 +172,21 @@ impl Hits {
         self.lookup(&Asked::parse(api, request)?, None)
     }
 
-    /// The answer to a lookup whose `missing` keys Python has loaded since `answer` found
-    /// them; None (Python answers) where an entry is still not here. The hits counted are
-    /// those of the other keys: Python counted the loaded ones.
-    pub fn replay(&self, request: &[u8], api: u8, missing: &Missing) -> Option<Vec<u8>> {
+    /// The answer to a lookup whose `missing` keys Python (or the front) has loaded since
+    /// `answer` found them; None (Python answers) where an entry is still not here. The hits
+    /// counted are those of the other keys: the loads counted theirs. `stored`: the keys
+    /// (sorted) this lookup's own load stored just now, which answer it even where they are
+    /// not to be kept (a negative TTL of 0); every other entry must be fresh.
+    pub fn replay(
+        &self,
+        request: &[u8],
+        api: u8,
+        missing: &Missing,
+        stored: Option<&[Vec<u8>]>,
+    ) -> Option<Vec<u8>> {
         let mut asked = Asked::parse(api, request)?;
         asked.started = missing.started; // the answer's time includes the load
-        match self.lookup(&asked, Some(&missing.keys))? {
+        match self.lookup_within(&asked, Some(&missing.keys), stored, 0)? {
             Looked::Answer(answer) => Some(answer),
             Looked::Missing(_) => None,
         }
@@ -197,7 +205,7 @@ impl Hits {
         let mut asked = Asked::parse(api, request)?;
         asked.started = missing.started;
         let grace = u64::try_from(crate::time::seconds(max_stale).as_nanos()).unwrap_or(u64::MAX);
-        match self.lookup_within(&asked, None, grace)? {
+        match self.lookup_within(&asked, None, None, grace)? {
             Looked::Answer(answer) => Some(answer),
             Looked::Missing(_) => None,
         }
@@ -205,14 +213,16 @@ impl Hits {
 
     /// `loaded`: a replay, after Python loaded these keys (sorted).
     fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Vec<u8>]>) -> Option<Looked> {
-        self.lookup_within(asked, loaded, 0)
+        self.lookup_within(asked, loaded, None, 0)
     }
 
+    /// `stored`: of the loaded keys, those stored just now for this lookup (see `replay`);
     /// `grace`: ticks past its expiry within which an entry is served stale (0: none).
     fn lookup_within(
         &self,
         asked: &Asked<'_>,
         loaded: Option<&[Vec<u8>]>,
+        stored: Option<&[Vec<u8>]>,
         grace: u64,
     ) -> Option<Looked> {
         let (api, ids, started) = (asked.api, &asked.ids, asked.started);
@@ -251,7 +261,7 @@ impl Hits {
                     // kept (a negative TTL of 0)
                     Some(hit)
                         if (now_ticks < hit.expires.saturating_add(grace)
-                            || loaded.map_or(false, |l| l.binary_search(&key).is_ok()))
+                            || stored.map_or(false, |l| l.binary_search(&key).is_ok()))
                             && !hit.fault
                             && (compact
                                 || if api == GRPC {
@@ -279,7 +289,7 @@ impl Hits {
                 if !missing.is_empty() {
                     continue; // no answer before the load: only what is missing matters
                 }
-                let stale = now_ticks >= hit.expires && loaded.is_none();
+                let stale = now_ticks >= hit.expires && grace > 0;
                 writer.entity(&mut out, i, id, p, hit, stale)?;
                 if stale {
                     stale_serves += 1;
