@@ -442,11 +442,34 @@ impl Hits {
     }
 }
 
+/// What the eviction reads of an entry (`Hit`'s; the tests' own without Python objects).
+pub(super) trait Evictable {
+    fn own(&self) -> bool;
+    fn visited(&self) -> &AtomicBool;
+    fn held(&self) -> usize;
+}
+
+impl Evictable for Hit {
+    fn own(&self) -> bool {
+        Hit::own(self)
+    }
+    fn visited(&self) -> &AtomicBool {
+        &self.visited
+    }
+    fn held(&self) -> usize {
+        self.held_bytes()
+    }
+}
+
 /// Evict the front's own entries past the bounds by CLOCK: the hand takes the oldest key;
 /// an entry hit since it last passed gets a second chance (to the back), any other goes.
 /// Keys in the ring whose entry went (or is now Python's) are dropped as the hand meets
 /// them. The count of entries evicted.
-fn evict(entries: &mut HashMap<Box<[u8]>, Hit>, owned: &mut Owned, loading: &Loading) -> u64 {
+fn evict<E: Evictable>(
+    entries: &mut HashMap<Box<[u8]>, E>,
+    owned: &mut Owned,
+    loading: &Loading,
+) -> u64 {
     let mut evicted = 0;
     let mut passes = 0usize;
     let max_bytes = loading.max_bytes.load(Ordering::Relaxed);
@@ -461,12 +484,12 @@ fn evict(entries: &mut HashMap<Box<[u8]>, Hit>, owned: &mut Owned, loading: &Loa
         };
         match entries.get(&key) {
             Some(hit) if hit.own() => {
-                if hit.visited.swap(false, Ordering::Relaxed) {
+                if hit.visited().swap(false, Ordering::Relaxed) {
                     owned.ring.push_back(key); // a second chance
                     continue;
                 }
                 if let Some(hit) = entries.remove(&key) {
-                    owned.bytes -= OWN_ENTRY + key.len() + hit.held_bytes();
+                    owned.bytes -= OWN_ENTRY + key.len() + hit.held();
                     owned.count -= 1;
                     evicted += 1;
                 }
@@ -480,7 +503,82 @@ fn evict(entries: &mut HashMap<Box<[u8]>, Hit>, owned: &mut Owned, loading: &Loa
         let mut seen = HashSet::with_capacity(owned.count);
         owned
             .ring
-            .retain(|key| entries.get(key).map_or(false, Hit::own) && seen.insert(key.clone()));
+            .retain(|key| entries.get(key).map_or(false, E::own) && seen.insert(key.clone()));
     }
     evicted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Entry {
+        visited: AtomicBool,
+        own: bool,
+    }
+
+    impl Evictable for Entry {
+        fn own(&self) -> bool {
+            self.own
+        }
+        fn visited(&self) -> &AtomicBool {
+            &self.visited
+        }
+        fn held(&self) -> usize {
+            100
+        }
+    }
+
+    fn loading(max_entries: usize) -> Loading {
+        Loading {
+            ttl: 1.0,
+            negative_ttl: 1.0,
+            jitter: 0.0,
+            refresh_ahead: 0.0,
+            max_bytes: usize::MAX.into(),
+            max_entries: max_entries.into(),
+            wait: Duration::from_secs(1),
+            max_stale: 0.0,
+        }
+    }
+
+    fn key(i: u8) -> Box<[u8]> {
+        vec![0, 0, b'k', i].into_boxed_slice()
+    }
+
+    /// Ten entries, the bound five: the hand evicts the oldest not hit since it passed,
+    /// and gives those hit a second chance; what is counted goes down with each.
+    #[test]
+    fn clock_evicts_the_oldest_unvisited_and_keeps_the_count() {
+        let mut entries = HashMap::new();
+        let mut owned = Owned::default();
+        let per = OWN_ENTRY + 4 + 100;
+        for i in 0u8..10 {
+            owned.bytes += per;
+            owned.count += 1;
+            owned.ring.push_back(key(i));
+            let visited = AtomicBool::new([0, 2, 4].contains(&i));
+            entries.insert(key(i), Entry { visited, own: true });
+        }
+        assert_eq!(evict(&mut entries, &mut owned, &loading(5)), 5);
+        let mut kept: Vec<u8> = entries.keys().map(|k| k[3]).collect();
+        kept.sort_unstable();
+        // 1, 3, 5, 6 and 7 were the oldest not hit: they go; 0, 2 and 4 had a second chance
+        assert_eq!(kept, vec![0, 2, 4, 8, 9]);
+        assert_eq!((owned.count, owned.bytes), (5, 5 * per));
+        // an entry Python dropped or took since leaves its key in the ring: the hand skips it
+        entries.remove(&key(8));
+        entries.insert(
+            key(9),
+            Entry {
+                visited: AtomicBool::new(false),
+                own: false,
+            },
+        );
+        owned.count -= 2;
+        owned.bytes -= 2 * per;
+        assert_eq!(evict(&mut entries, &mut owned, &loading(1)), 2);
+        assert_eq!(owned.count, 1);
+        assert_eq!(entries.len(), 2); // the one kept, and Python's
+    }
 }
