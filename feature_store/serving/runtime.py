@@ -190,17 +190,24 @@ class ServingRuntime:
             await asyncio.sleep(SYNC_EVERY)
             self.metrics.sync()
 
+    async def save_warm(self) -> None:
+        """The freshest hot set, for the worker that replaces this one: taken once, at
+        shutdown, while the cache (and the fronts' entries) are still whole."""
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+            self._snapshot_task = None
+        warm, self.warm = self.warm, None
+        if warm is not None:
+            try:
+                async with asyncio.timeout(1.0):
+                    await warm.snapshot()
+            except (StoreError, TimeoutError) as e:
+                log.warning("could not save the warm-start snapshot at shutdown: %s", e)
+
     async def stop(self) -> None:
         if self._metrics_task is not None:
             self._metrics_task.cancel()
-        if self._snapshot_task is not None:
-            self._snapshot_task.cancel()
-        if self.warm is not None:  # the freshest hot set, for the worker that replaces this one
-            try:
-                async with asyncio.timeout(1.0):
-                    await self.warm.snapshot()
-            except (StoreError, TimeoutError) as e:
-                log.warning("could not save the warm-start snapshot at shutdown: %s", e)
+        await self.save_warm()
         # the log's last rows, before the metrics' last counts
         await asyncio.get_running_loop().run_in_executor(None, self.served.stop)
         self.metrics.close()

@@ -109,6 +109,7 @@ class Fronts:
                 await rest.stop(grace=1.0)
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+            await runtime.save_warm()  # before the fronts' own entries go with them
             if hits is not None:
                 await hits.close()
             await runtime.stop()

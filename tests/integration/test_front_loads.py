@@ -224,3 +224,27 @@ def test_python_adopts_the_fronts_entries_when_redis_is_down(tmp_path: Path) -> 
             assert statuses == [{"stale"}] * len(ids)
             for i, row in zip(ids, answer.rows, strict=True):
                 assert row.values[0] == sample.features(i)["float_00"]
+
+
+def test_a_restart_warms_the_entries_the_fronts_loaded(redis_url: str) -> None:
+    """The hot-key snapshot taken at stop holds the entries the front loaded itself: a new
+    instance loads them before it serves, and answers them without a Redis read."""
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    env = {
+        **ENV,
+        "FEATURE_SERVING_CACHE_TTL": "600",
+        "FEATURE_SERVING_WARM_START_KEYS": "1000",
+        "FEATURE_SERVING_WARM_SNAPSHOT_INTERVAL": "0",
+    }
+    body = {"entity_type": ENTITY, "ids": [0], "groups": [GROUP]}
+    ids = list(range(10, 50))
+    with ServingProcess(redis_url, env=env, grpc=False) as first:
+        _rest(first, body)  # Python's answer: the form learned
+        assert _rest(first, {**body, "ids": ids})[0] == 200  # loaded by the front
+    with ServingProcess(redis_url, env=env, grpc=False) as second:
+        assert _counter(second, "warm_loaded") == len(ids) + 1
+        reads = _reads(redis_url)
+        _rest(second, body)
+        assert _rest(second, {**body, "ids": ids})[0] == 200
+        assert _reads(redis_url) == reads  # every one a hit

@@ -345,6 +345,11 @@ class NativeHits(FrontLookups):
         self.refresher = self.reader.refresher  # when a hit here is noted (``drawn_window``)
         cache.mirror = self
         cache.mirror_entry = MIRROR_ENTRY  # counted against the cache's byte bound
+        held = cache.entries()  # what it holds already (the warm start's)
+        for entry in held:
+            entry.size += MIRROR_ENTRY
+        cache.bytes += MIRROR_ENTRY * len(held)
+        self.put_many(held)
         self._bounds = (-1, -1)  # the bounds last given to the fronts' own entries
         if front_loads(runtime):
             self._load_misses(runtime)

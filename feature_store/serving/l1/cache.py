@@ -202,6 +202,10 @@ class LRUCache:
             return entry
         return self._adopt(key)
 
+    def entries(self) -> list[Entry]:
+        """A snapshot of the entries this cache holds, least recently used first."""
+        return list(self._entries.values())
+
     def peek(self, key: CacheKey) -> Entry | None:
         entry = self._entries.get(key)
         return entry if entry is not None else self._adopt(key)
