@@ -1,5 +1,6 @@
-//! One mirrored L1 entry (`Hit`, 64 bytes besides its key): the Python entry's own bytes
-//! objects held without copies, its write time, expiry and refresh notice.
+//! One L1 entry of the extension's (`Hit`, 136 bytes besides its key): a Python entry's own
+//! bytes objects held without copies, or bytes of its own (an entry the front loaded), its
+//! write time, expiry and refresh notice.
 
 use std::sync::atomic::AtomicBool;
 
