@@ -91,14 +91,16 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk_script(path: Path, bodies: list[bytes]) -> Path:
-    """A wrk Lua script that POSTs the JSON ``bodies`` in turn."""
+def wrk_script(path: Path, bodies: list[bytes], at_random: bool = False) -> Path:
+    """A wrk Lua script that POSTs the JSON ``bodies`` in turn (or one drawn at random for
+    each request)."""
     table = ",\n".join("[[" + b.decode() + "]]" for b in bodies)
+    pick = "math.random(#bodies)" if at_random else "i"
     path.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"local bodies = {{\n{table}\n}}\nlocal i = 0\n"
         "request = function()\n  i = i % #bodies + 1\n"
-        "  return wrk.format(nil, nil, nil, bodies[i])\nend\n"
+        f"  return wrk.format(nil, nil, nil, bodies[{pick}])\nend\n"
     )
     return path
 

@@ -55,7 +55,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import cpu_seconds
+from cost import cpu_seconds, wrk_script
 from serving import add_data_dir, ensure_data
 
 ENTITIES = 100_000
@@ -94,18 +94,6 @@ class Cell:
 def batches(working_set: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(working_set) for _ in range(BATCH)] for _ in range(BODIES)]
-
-
-def wrk_random(path: Path, bodies: list[bytes]) -> Path:
-    """A wrk Lua script that POSTs one of ``bodies`` drawn at random per request."""
-    table = ",\n".join("[[" + b.decode() + "]]" for b in bodies)
-    path.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"local bodies = {{\n{table}\n}}\n"
-        "request = function()\n"
-        "  return wrk.format(nil, nil, nil, bodies[math.random(#bodies)])\nend\n"
-    )
-    return path
 
 
 def rest_load(url: str, script: Path, seconds: float, connections: int) -> tuple[int, int]:
@@ -175,12 +163,13 @@ def measure(
     assert redis.process is not None
     with ServingProcess(redis.url, args=args, env=base, grpc=api == "grpc") as server:
         assert server.process is not None
-        script = wrk_random(
+        script = wrk_script(
             work / "post.lua",
             [
                 orjson.dumps({"entity_type": sample.ENTITY, "ids": b, "groups": [sample.GROUP]})
                 for b in ids
             ],
+            at_random=True,
         )
         url = f"{server.rest_url}/v1/features/get"
 

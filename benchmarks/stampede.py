@@ -52,7 +52,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import cpu_seconds, wrk_script
+from cost import _ms, cpu_seconds, wrk_script
 from serving import FAILURES, RestConnection, add_data_dir, ensure_data, quantile, rest_requests
 
 HOT_TARGET = 1.2  # Redis reads per key per TTL window, with the defaults
@@ -185,12 +185,6 @@ def hot(
         int(bad.group(1)) if bad else 0,
         cpu,
     )
-
-
-def _ms(text: str) -> float:
-    m = re.fullmatch(r"([\d.]+)([a-z]+)", text)
-    assert m, text
-    return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
 
 
 def run_hot(args: argparse.Namespace) -> int:
