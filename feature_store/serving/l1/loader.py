@@ -278,12 +278,8 @@ class CachedReader:
         window the mirror chose for the entry, or after a batch write of its group."""
         if self.cache is None or self.refresher is None or self.flight is None:
             return
-        entry = self.cache.get(key)  # also marks it used
-        if entry is None:  # the fronts' own entry
-            if key not in self.flight.inflight:
-                self.refresher.on_own_notice(key)
-            return
-        if entry.raw is None or now >= entry.expires_at:
+        entry = self.cache.get(key)  # also marks it used (and adopts the fronts' own)
+        if entry is None or entry.raw is None or now >= entry.expires_at:
             return
         if key in self.flight.inflight or self.refresher.on_notice(key, entry, now):
             return

@@ -83,17 +83,6 @@ class Refresher:
         ):
             self.soon(key)
 
-    def on_own_notice(self, key: CacheKey) -> None:
-        """A hit on an entry the fronts loaded themselves (which this cache does not hold),
-        noted by them inside its refresh window, or after a batch write of its group was
-        announced: every such entry was read before the announcement. Reloaded here; the
-        entry Python loads takes its place."""
-        if key[0] in self._marks:
-            self.cache.stats.generation_refreshes += 1
-        else:
-            self.cache.stats.early_refreshes += 1
-        self.reload(key)
-
     def drawn_window(self, entry: Entry) -> float:
         """Seconds before expiry from which a hit answered elsewhere (the fronts' mirror,
         hits.py) is noted for ``on_notice``: refresh ahead's window, or XFetch's when it is
@@ -162,18 +151,12 @@ class Refresher:
         cache = self.cache
         batch = max(1, min(REFRESH_BATCH, int(self.refresh_rate)))
         keys = cache.keys(group, most_recent_first=True)  # the hottest first
-        # then the entries the fronts loaded themselves: all read before the announcement
-        own = set(cache.mirror.own_keys(group)) if cache.mirror is not None else set()
-        keys += own
+        if cache.mirror is not None:  # then those the native fronts loaded (peek adopts them)
+            keys += cache.mirror.own_keys(group)
         for start in range(0, len(keys), batch):
             for key in keys[start : start + batch]:
-                if self.loading(key):
-                    continue
                 entry = cache.peek(key)
-                if entry is None:
-                    if key in own:  # still the fronts' own
-                        cache.stats.generation_refreshes += 1
-                        self.reload(key)
+                if entry is None or self.loading(key):
                     continue
                 if entry.raw is None:
                     cache.discard(key)  # "missing" may no longer be true
