@@ -303,8 +303,9 @@ class _SharedStats:
                 if value > self.synced[name]:
                     counter.inc(value - self.synced[name])
                     self.synced[name] = value
-            self.bytes.set(cache.bytes)
-            self.entries.set(len(cache))
+            entries, held = cache.size()
+            self.bytes.set(held)
+            self.entries.set(entries)
         breaker = reader.breaker
         if breaker.opened > self.synced_opened:
             self.opened.inc(breaker.opened - self.synced_opened)
