@@ -6,19 +6,24 @@
 //! - **Single flight.** A key being loaded is claimed (`claim`): a lookup on any front that
 //!   misses it meanwhile waits for that load instead of reading it again, up to the
 //!   policy's wait (`Loading::wait`); a claim ends when its load stores or fails, or when
-//!   the lookup that made it is dropped (`Claim`'s `Drop`), so nothing stays locked.
+//!   the lookup that made it is dropped (`Claim`'s `Drop`), so nothing stays locked. A key
+//!   dropped while it loads (an invalidation: `disown`) is not stored.
 //! - **What is stored** is what Python's loads store: the answer bytes of the API that asked
-//!   (a JSON array, or gRPC records; a compact cache's packed values), the present pattern
-//!   and write time; an entity with nothing of the group is a negative entry (its own TTL;
-//!   0: not kept); an aggregated group's answer holds until its next tile boundary. A key
-//!   whose reply is an error, or holds a value or write time the native core does not read,
-//!   is not stored: the lookup then takes Python's path, which names the fault.
-//! - **Bounds.** The front's entries count against their own bounds in bytes and entries
-//!   (`Loading`), evicted by CLOCK (second chance): a hit marks its entry, and the hand
-//!   passes over marked entries once before evicting them. Python's entries are bounded by
+//!   (a JSON array, or gRPC records; both where the entry replaced had the other's; a
+//!   compact cache's packed values), the packed values (Python adopts the entry from them:
+//!   `HitCache::adopt`), the present pattern and write time; an entity with nothing of the
+//!   group is a negative entry (its own TTL; at 0 it answers only the lookup that loaded
+//!   it); an aggregated group's answer holds until its next tile boundary. A key whose
+//!   reply is an error, or holds a value or write time the native core does not read, is
+//!   not stored: the lookup then takes Python's path, which names the fault.
+//! - **Bounds.** The front's entries count against what Python's own entries leave of the
+//!   cache's bounds in bytes and entries (`Loading`, set again by Python as its cache
+//!   changes), evicted by CLOCK (second chance): a hit marks its entry, and the hand passes
+//!   over marked entries once before evicting them. Python's entries are bounded by
 //!   Python's cache, which drops them here when it evicts them.
 //! - The policy stays Python's: which nodes the front may read (the circuit), each round
-//!   trip's timeout, the TTLs, and what counts (drained with what the front served).
+//!   trip's timeout, the TTLs, and what counts (drained with what the front served). A
+//!   round trip that fails serves the lookup's expired entries stale (`Hits::stale`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
