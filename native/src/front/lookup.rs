@@ -114,8 +114,13 @@ async fn load_here(
         let replies = match direct.read(&commands).await {
             Some(replies) => replies,
             None => {
-                // Redis failing (or no connection, or the circuit open): what is stale will do
                 drop(claim);
+                if direct.routed() {
+                    // a cluster: a moved slot or a master down whose replica took over, which
+                    // Python's cluster client follows (and serves stale if it cannot)
+                    return None;
+                }
+                // one Redis failing (or no connection, or the circuit open): stale will do
                 return hits.stale(request, api, missing, loading.max_stale);
             }
         };
