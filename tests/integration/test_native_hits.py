@@ -469,8 +469,9 @@ def test_entities_looked_up_over_grpc_keep_their_json_only_once_rest_asks(
     """A gRPC lookup's misses load entries that keep the values' gRPC records alone. A REST
     lookup of them makes their JSON, which the cache counts from then on, and the next is a
     hit on the front; once the front knows the REST form, it asks Python for the JSON of
-    such entries alone and answers the lookup itself. Entries the front loaded itself hold
-    no packed values: a lookup of the other API reads them again, once, and keeps both."""
+    such entries alone and answers the lookup itself. Entries the front loaded itself are
+    not Python's to complete: a lookup of the other API reads them again, once, and keeps
+    both."""
     url = redis_server.url  # type: ignore[attr-defined]
     with FeatureStore.connect(url, sample.registry()) as store:
         store.write(GROUP, sample.rows(N))
@@ -493,8 +494,8 @@ def test_entities_looked_up_over_grpc_keep_their_json_only_once_rest_asks(
         assert front_hits(server, 2 * len(ids)) == 2 * len(ids)
         assert AGES.sub(b"", second.content) == AGES.sub(b"", first.content)
         assert metric(server, "feature_serving_cache_misses_total") == len(ids)
-        # both forms known: entries the front loaded for gRPC keep no packed values, so a
-        # REST lookup of them reads them again (a miss each) and the front keeps both
+        # both forms known: entries the front loaded for gRPC are not Python's to complete,
+        # so a REST lookup of them reads them again (a miss each) and the front keeps both
         # answers from then on: the next lookups of either API are hits on the front
         more = list(range(30, 35))
         request = pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=more, groups=[GROUP])

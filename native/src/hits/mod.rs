@@ -277,8 +277,8 @@ impl Hits {
                         // to be read from Redis: none, or expired; not a fresh entry without
                         // this API's answer bytes (Python makes them from its values), nor an
                         // entity whose data Python found broken (Python answers it)
-                        // (the front's own entries keep no packed values: it reads them
-                        // again, and keeps both APIs' answer bytes then)
+                        // (the front's own entries are read again: Python holds nothing to
+                        // make the other API's bytes from, and the load keeps both then)
                         if found.map_or(true, |hit| now_ticks >= hit.expires || hit.own()) {
                             absent.push(key.clone());
                         }
