@@ -40,7 +40,7 @@ from feature_store.registry import (
     write_lock,
 )
 from feature_store.serialization import FeatureType, Value
-from feature_store.settings import Settings
+from feature_store.settings import Settings, default_data_dir
 from feature_store.store import AsyncFeatureStore, FeatureStore
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "StoreUnavailableError",
     "Value",
     "WriteStats",
+    "default_data_dir",
     "load_registry",
     "parse_registry",
     "write_lock",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from feature_store import sample
 from feature_store.batch import BatchResult, EntityId, Status
 from feature_store.embedded import EmbeddedRedis
 from feature_store.errors import RequestError
@@ -42,7 +43,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     get.add_argument("ids", nargs="+", help="entity ids")
     get.add_argument("-f", "--features", nargs="*", default=[], help="feature names")
     get.add_argument("-g", "--groups", nargs="*", default=[], help="feature groups")
-    get.add_argument("--registry", type=Path, help="registry file (default: features.yaml)")
+    get.add_argument(
+        "--registry",
+        type=Path,
+        help="registry file, or 'sample' for the built-in one "
+        "(default: FEATURE_STORE_REGISTRY or features.yaml)",
+    )
     get.add_argument(
         "--json", action="store_true", help="one JSON object per entity instead of a table"
     )
@@ -123,8 +129,6 @@ def redis_url(settings: Settings, *, quiet: bool = False) -> Iterator[str]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from feature_store import sample
-
     registry = sample.registry()
     settings = settings_from(args)
     with redis_url(settings) as url, FeatureStore.connect(url, registry) as store:
@@ -148,7 +152,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_get(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    registry = load_registry(settings.registry)
+    registry = load_registry(sample.resolve(settings.registry))
     entity = registry.entity(args.entity)
     ids: list[EntityId] = (
         [_int_id(i) for i in args.ids] if entity.id_type is IdType.INT else list(args.ids)
@@ -199,8 +203,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    from feature_store import sample
-
     print(sample.registry_text(), end="")
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -105,21 +105,15 @@ class RedisTarget:
             with translated_errors():  # a cluster client asks a node for the layout at once
                 return self._sync_cluster()
         return redis.Redis.from_url(
-            self.url,
-            socket_timeout=self.socket_timeout,
-            socket_connect_timeout=self.connect_timeout,
-            max_connections=self.max_connections,
-            retry=self._retry(),
+            self.url, max_connections=self.max_connections, **self.connection_options()
         )
 
     def _sync_cluster(self) -> redis.cluster.RedisCluster:
         return redis.cluster.RedisCluster.from_url(
             self.url,
             startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.seeds],  # type: ignore[no-untyped-call]
-            socket_timeout=self.socket_timeout,
-            socket_connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
-            retry=self._retry(),
+            **self.connection_options(),
         )
 
     def async_client(self) -> AsyncClient:
@@ -127,18 +121,21 @@ class RedisTarget:
             return redis.asyncio.cluster.RedisCluster.from_url(
                 self.url,
                 startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.seeds],
-                socket_timeout=self.socket_timeout,
-                socket_connect_timeout=self.connect_timeout,
                 max_connections=self.max_connections,
-                retry=self._retry(),
+                **self.connection_options(),
             )
         return redis.asyncio.Redis.from_url(
-            self.url,
-            socket_timeout=self.socket_timeout,
-            socket_connect_timeout=self.connect_timeout,
-            max_connections=self.max_connections,
-            retry=self._retry(),
+            self.url, max_connections=self.max_connections, **self.connection_options()
         )
+
+    def connection_options(self) -> dict[str, Any]:
+        """What every connection to this target is opened with (redis-py's keywords): its
+        socket and connect timeouts and its quick retries."""
+        return {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            "retry": self._retry(),
+        }
 
     def _retry(self) -> Retry:
         # redis-py 8 retries 10 times with exponential backoff by default: about 5 s before
@@ -148,6 +145,26 @@ class RedisTarget:
 
     def __str__(self) -> str:
         return _redact(self.url) + (" (cluster)" if self.cluster else "")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    """What a URL is opened with (``FEATURE_STORE_SOCKET_TIMEOUT``, ``…_CONNECT_TIMEOUT``,
+    ``…_MAX_CONNECTIONS``, ``…_REDIS_RETRIES``): sent to Spark's tasks beside the URL."""
+
+    socket_timeout: float = 1.0
+    connect_timeout: float = 1.0
+    max_connections: int = 64
+    retries: int = 1
+
+    def target(self, url: str) -> RedisTarget:
+        return RedisTarget.parse(
+            url,
+            socket_timeout=self.socket_timeout,
+            connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections,
+            retries=self.retries,
+        )
 
 
 def close_client(client: SyncClient) -> None:

@@ -78,7 +78,7 @@ from feature_store.batch import (
     plan_read,
     write_outcome,
 )
-from feature_store.connection import RedisTarget, SyncClient, close_client, translated_errors
+from feature_store.connection import SyncClient, close_client, translated_errors
 from feature_store.errors import RegistryError, RequestError
 from feature_store.feast_mapping import (
     DEFAULT_ENTITY_TTL,
@@ -91,6 +91,7 @@ from feature_store.ingest.spec import ColumnSpec, RetrySpec
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import IdType, feature_field, freshness_field
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
+from feature_store.settings import target_from_env
 from feature_store.store import read_plans
 
 log = logging.getLogger(__name__)
@@ -490,7 +491,7 @@ class FeatureStoreRedisOnlineStore(OnlineStore):
                 writer = self._writers.get(url)
                 if writer is None:
                     writer = self._writers[url] = ChunkWriter(
-                        RedisTarget.parse(url),
+                        target_from_env(url),
                         ttl_seconds=0,  # each entity's own, per call
                         chunk_size=WRITE_CHUNK,
                         retry=RetrySpec(),

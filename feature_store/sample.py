@@ -69,8 +69,22 @@ entities:
 {extra_groups}"""
 
 
+# what ``--registry`` (and FEATURE_STORE_REGISTRY) names this registry by, in every command
+NAME = "sample"
+
+
+def registry_path() -> Path:
+    """The packaged file of the sample registry."""
+    return Path(str(resources.files("feature_store").joinpath("sample_features.yaml")))
+
+
+def resolve(registry: str | Path) -> Path:
+    """A command's ``--registry``: a file, or ``sample`` for the built-in one."""
+    return registry_path() if str(registry) == NAME else Path(registry)
+
+
 def registry_text() -> str:
-    return resources.files("feature_store").joinpath("sample_features.yaml").read_text("utf-8")
+    return registry_path().read_text("utf-8")
 
 
 def registry() -> Registry:

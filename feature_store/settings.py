@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from feature_store.connection import RedisTarget
+from feature_store.connection import RedisOptions, RedisTarget
 from feature_store.errors import ConfigError
 
 ENV_PREFIX = "FEATURE_STORE_"
@@ -66,13 +66,26 @@ class Settings:
     def redis_target(self) -> RedisTarget:
         if self.redis_url is None:
             raise ConfigError("no Redis URL is configured")
-        return RedisTarget.parse(
-            self.redis_url,
+        return self.target(self.redis_url)
+
+    def target(self, url: str) -> RedisTarget:
+        """``url`` with these connection settings: timeouts, pool size, retries."""
+        return self.redis_options().target(url)
+
+    def redis_options(self) -> RedisOptions:
+        return RedisOptions(
             socket_timeout=self.socket_timeout,
             connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
             retries=self.redis_retries,
         )
+
+
+def target_from_env(url: str) -> RedisTarget:
+    """``url`` with the connection settings of the environment (``FEATURE_STORE_SOCKET_TIMEOUT``,
+    ``…_CONNECT_TIMEOUT``, ``…_MAX_CONNECTIONS``, ``…_REDIS_RETRIES``): what the library, the
+    Feast plugin and every command open their connections with."""
+    return Settings.from_env().target(url)
 
 
 def check_numbers(prefix: str, settings: Any, seconds: Collection[str]) -> None:

@@ -43,6 +43,7 @@ from feature_store.connection import (
 from feature_store.errors import StoreError
 from feature_store.layout import max_encoded_size, with_script
 from feature_store.registry import FeatureGroup, Registry
+from feature_store.settings import target_from_env
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class FeatureStore(_Base[SyncClient]):
         cls, url: str | RedisTarget, registry: Registry, *, notify: bool = True
     ) -> FeatureStore:
         """``notify``: tell serving instances about writes (``feature_store.notices``)."""
-        target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
+        target = url if isinstance(url, RedisTarget) else target_from_env(url)
         return cls(registry, target.sync_client(), notify=notify)
 
     def _pipeline(self, commands: list[Command]) -> list[object]:
@@ -274,7 +275,7 @@ class AsyncFeatureStore(_Base[AsyncClient]):
     def connect(
         cls, url: str | RedisTarget, registry: Registry, *, notify: bool = True
     ) -> AsyncFeatureStore:
-        target = url if isinstance(url, RedisTarget) else RedisTarget.parse(url)
+        target = url if isinstance(url, RedisTarget) else target_from_env(url)
         return cls(registry, target.async_client(), notify=notify)
 
     async def _pipeline(self, commands: list[Command]) -> list[object]:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from feature_store import sample
 from feature_store.batch import event_time_seconds
 from feature_store.commands import add_redis_args, redis_url, settings_from
 from feature_store.errors import FeatureStoreError, RequestError
@@ -158,7 +159,8 @@ def _add_registry(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--registry",
         type=Path,
-        help="registry file (default: FEATURE_STORE_REGISTRY or features.yaml)",
+        help="registry file, or 'sample' for the built-in one "
+        "(default: FEATURE_STORE_REGISTRY or features.yaml)",
     )
 
 
@@ -328,6 +330,7 @@ def run_stream_command(args: argparse.Namespace) -> int:
             bootstrap_servers=args.bootstrap_servers,
             redis_url=url,
             checkpoint=args.checkpoint,
+            redis=settings.redis_options(),
             format=fmt,
             avro_schema=avro_schema,
             proto_descriptor=descriptor,
@@ -495,7 +498,7 @@ def _add_spark_args(p: argparse.ArgumentParser, default_master: str | None) -> N
 
 
 def _registry_file(args: argparse.Namespace, default: Path) -> Path:
-    registry: Path = args.registry or default
+    registry = sample.resolve(args.registry or default)
     if not registry.exists():
         raise RequestError(f"registry file {str(registry)!r} does not exist")
     return registry
@@ -595,6 +598,9 @@ def run_ingest_command(args: argparse.Namespace) -> int:
             ignore_extra_columns=args.ignore_extra_columns,
             partitions=args.partitions,
             socket_timeout=args.socket_timeout,
+            connect_timeout=settings.connect_timeout,
+            max_connections=settings.max_connections,
+            redis_retries=settings.redis_retries,
             progress_interval=args.progress_interval,
             profile_dir=args.profile_dir,
             written_at=args.event_time,
@@ -608,7 +614,6 @@ def run_ingest_command(args: argparse.Namespace) -> int:
 
 
 def run_generate_command(args: argparse.Namespace) -> int:
-    from feature_store import sample
     from feature_store.ingest.generate import ID_COLUMN, write_sample
 
     with _session(args, _pairs(args.conf, "--conf"), "feature-store-generate") as spark:

@@ -91,10 +91,22 @@ class IngestJob:
     event_time_column: str | None = None  # each row's event time instead (ingest.encode)
     ordered: bool = True  # False: no ordering guard, last writer wins (a first load)
     partitions: int | None = None  # repartition the input first; None keeps Spark's split
-    socket_timeout: float = 5.0
-    connect_timeout: float = 2.0
+    socket_timeout: float = 5.0  # its own flag: a chunk's write takes longer than a read
+    connect_timeout: float = 1.0  # these three: FEATURE_STORE_CONNECT_TIMEOUT, ...
+    max_connections: int = 4
+    redis_retries: int = 1
     progress_interval: float = 10.0
     profile_dir: str | None = None  # cProfile dumps, one per task
+
+
+def job_target(job: IngestJob, url: str) -> RedisTarget:
+    return RedisTarget.parse(
+        url,
+        socket_timeout=job.socket_timeout,
+        connect_timeout=job.connect_timeout,
+        max_connections=job.max_connections,
+        retries=job.redis_retries,
+    )
 
 
 def spark_session(
@@ -173,9 +185,7 @@ def _run(
         raise RequestError("--chunk-size must be at least 1")
     registry = load_registry(job.registry)
     group = registry.group(job.group)
-    target = RedisTarget.parse(
-        job.redis_url, socket_timeout=job.socket_timeout, connect_timeout=job.connect_timeout
-    )
+    target = job_target(job, job.redis_url)
     base["target"] = str(target)
     df = read_input(spark, job)
     event_time_column = job.event_time_column
@@ -201,9 +211,7 @@ def _run(
     redis_url = job.redis_url
     if target.cluster:  # every node the driver sees, for tasks and for the end of the job
         redis_url = _with_cluster_nodes(target)
-        target = RedisTarget.parse(
-            redis_url, socket_timeout=job.socket_timeout, connect_timeout=job.connect_timeout
-        )
+        target = job_target(job, redis_url)
     written_at = cast(float, base["written_at"])
     spec = TaskSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
@@ -220,6 +228,8 @@ def _run(
         retry=job.retry,
         socket_timeout=job.socket_timeout,
         connect_timeout=job.connect_timeout,
+        max_connections=job.max_connections,
+        redis_retries=job.redis_retries,
         profile_dir=job.profile_dir,
         aggregated=group.aggregation is not None,
     )

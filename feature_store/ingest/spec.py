@@ -84,6 +84,8 @@ class TaskSpec:
     chunk_size: int = 500
     retry: RetrySpec = field(default_factory=RetrySpec)
     socket_timeout: float = 5.0
-    connect_timeout: float = 2.0
+    connect_timeout: float = 1.0
+    max_connections: int = 4
+    redis_retries: int = 1
     profile_dir: str | None = None  # if set, each task writes a cProfile dump there
     aggregated: bool = False  # window aggregations: the input is events (ingest.backfill)

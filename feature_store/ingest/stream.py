@@ -37,7 +37,7 @@ from pyspark.sql import types as T
 
 from feature_store import notices
 from feature_store.batch import write_outcome
-from feature_store.connection import RedisTarget
+from feature_store.connection import RedisOptions
 from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.ingest.records import (
     DEFAULT_EVENT_TIME_FIELD,
@@ -94,6 +94,7 @@ class StreamJob:
     bootstrap_servers: str
     redis_url: str
     checkpoint: str
+    redis: RedisOptions = field(default_factory=RedisOptions)
     format: Format = Format.JSON
     avro_schema: str | None = None  # the writer's schema (Avro JSON), for Format.AVRO
     proto_descriptor: bytes = b""  # a serialized FileDescriptorSet, for Format.PROTOBUF
@@ -143,6 +144,7 @@ class RecordSpec:
     redis_url: str
     chunk_size: int
     retry: RetrySpec
+    redis: RedisOptions
     origin: str
     aggregated: bool = False  # the group is window aggregations (its records are events)
 
@@ -152,7 +154,7 @@ def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     key, partition, offset, timestamp; ``decoded`` for Avro) in; the bad records and one
     statistics row out."""
     group = parse_registry(spec.registry_text, source="stream").group(spec.group)
-    target = RedisTarget.parse(spec.redis_url, max_connections=2)
+    target = spec.redis.target(spec.redis_url)
     writer = ChunkWriter(
         target, ttl_seconds=group.entity.ttl_seconds, chunk_size=spec.chunk_size, retry=spec.retry
     )
@@ -354,7 +356,7 @@ def run_stream(
     group = check_job(job, registry)
     from feature_store.ingest.job import check_redis
 
-    check_redis(RedisTarget.parse(job.redis_url), registry)
+    check_redis(job.redis.target(job.redis_url), registry)
     spec = RecordSpec(
         registry_text=job.registry.read_text(encoding="utf-8"),
         group=group.name,
@@ -362,6 +364,7 @@ def run_stream(
         redis_url=job.redis_url,
         chunk_size=job.chunk_size,
         retry=job.retry,
+        redis=job.redis,
         origin=notices.new_origin(),
         aggregated=group.aggregation is not None,
     )

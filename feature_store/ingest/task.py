@@ -80,7 +80,8 @@ def task_writer(spec: TaskSpec, group: FeatureGroup) -> ChunkWriter:
         spec.redis_url,
         socket_timeout=spec.socket_timeout,
         connect_timeout=spec.connect_timeout,
-        max_connections=4,
+        max_connections=spec.max_connections,
+        retries=spec.redis_retries,
     )
     return ChunkWriter(
         target,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from feature_store import sample
 from feature_store.commands import add_redis_args, redis_url, settings_from
 from feature_store.errors import ConfigError
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from feature_store.serving.api.fast import FastPath
     from feature_store.serving.config import ServingSettings
     from feature_store.settings import Settings
-
-SAMPLE = "sample"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--registry",
         help=f"the registry file (default: FEATURE_STORE_REGISTRY, else features.yaml); "
-        f"'{SAMPLE}' serves the built-in sample registry",
+        f"'{sample.NAME}' serves the built-in sample registry",
     )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="REST port (default 8000)")
@@ -162,6 +161,7 @@ def _serve(
             "socket_timeout": core.socket_timeout,
             "connect_timeout": core.connect_timeout,
             "max_connections": core.max_connections,
+            "redis_retries": core.redis_retries,
         }
         grpc_note = f", gRPC on {serving.host}:{serving.grpc_port}" if serving.grpc_port else ""
         scheme = "http" if serving.tls_cert is None else "https"
@@ -299,12 +299,9 @@ def check_port_free(host: str, port: int, what: str) -> None:
 
 
 def _load(path: str) -> Registry:
-    from feature_store import sample
     from feature_store.registry import load_registry
 
-    if path == SAMPLE:
-        return sample.registry()
-    return load_registry(Path(path))
+    return load_registry(sample.resolve(path))
 
 
 def _app_from_config(config: dict[str, object]) -> FastPath:
@@ -321,6 +318,7 @@ def _app_from_config(config: dict[str, object]) -> FastPath:
         socket_timeout=float(config["socket_timeout"]),  # type: ignore[arg-type]
         connect_timeout=float(config["connect_timeout"]),  # type: ignore[arg-type]
         max_connections=int(config["max_connections"]),  # type: ignore[call-overload]
+        retries=int(config["redis_retries"]),  # type: ignore[call-overload]
     )
     runtime = ServingRuntime(_load(str(config["registry"])), target, serving)
     if config.get("workers_dir"):

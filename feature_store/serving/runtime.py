@@ -237,8 +237,7 @@ def _client(target: RedisTarget) -> AsyncClient:
         target.url,
         max_connections=target.max_connections,
         timeout=CONNECTION_WAIT,
-        socket_timeout=target.socket_timeout,
-        socket_connect_timeout=target.connect_timeout,
+        **target.connection_options(),
     )
     return redis.asyncio.Redis.from_pool(pool)  # the client owns and closes the pool
 

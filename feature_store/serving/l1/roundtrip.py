@@ -491,8 +491,7 @@ class ClusterRoundTrip:
                 node_url(self.target.url, host, int(port)),
                 max_connections=self.target.max_connections,
                 timeout=CONNECTION_WAIT,
-                socket_timeout=self.target.socket_timeout,
-                socket_connect_timeout=self.target.connect_timeout,
+                **self.target.connection_options(),
             )
             master = self._masters[name] = NativeRoundTrip(redis.asyncio.Redis.from_pool(pool))
         return master
