@@ -431,7 +431,7 @@ def _add_ingest(
         "--event-time",
         type=parse_event_time,
         help="the snapshot's event time for every row, as unix seconds or RFC 3339 "
-        "(default: the job's start)",
+        "(default: the input files' newest modification time)",
     )
     p.add_argument(
         "--no-ordering",

@@ -87,7 +87,8 @@ class IngestJob:
     report_path: Path | None = None
     allow_missing_features: bool = False
     ignore_extra_columns: bool = False
-    written_at: float | None = None  # the snapshot's event time; default: the job's start
+    # the snapshot's event time; default: its input files' newest modification time
+    written_at: float | None = None
     event_time_column: str | None = None  # each row's event time instead (ingest.encode)
     ordered: bool = True  # False: no ordering guard, last writer wins (a first load)
     partitions: int | None = None  # repartition the input first; None keeps Spark's split
@@ -156,6 +157,7 @@ def run_ingest(
         "input": job.input,
         "target": "(not parsed)",
         "written_at": written_at,
+        "written_at_from": "job start" if job.written_at is None else "given",
         "event_time_column": job.event_time_column,
         "ordered": job.ordered,
         "chunk_size": job.chunk_size,
@@ -189,6 +191,10 @@ def _run(
     base["target"] = str(target)
     df = read_input(spark, job)
     event_time_column = job.event_time_column
+    if job.written_at is None and event_time_column is None and group.aggregation is None:
+        newest = newest_input_time(spark, df)
+        if newest is not None:
+            base["written_at"], base["written_at_from"] = newest, "input files"
     if group.aggregation is not None:
         # a backfill: the history of events, each with its time (ingest.backfill)
         event_time_column = event_time_column or DEFAULT_EVENT_TIME_COLUMN
@@ -247,6 +253,13 @@ def _run(
             "could not tell serving instances about this write (Redis pub/sub): their caches "
             "show the new values within their TTL",
         )
+    if base["written_at_from"] == "job start" and event_time_column is None:
+        report = _with_warning(
+            report,
+            "the snapshot's event time is the job's start (its input names no files): a push "
+            "or stream write older than that was overwritten; pass --event-time (the data's "
+            "cutoff) or --event-time-column",
+        )
     if run_ids and _run_ids(target) != run_ids:
         report = _with_warning(
             report,
@@ -269,6 +282,25 @@ def read_input(spark: SparkSession, job: IngestJob) -> DataFrame:
         raise RequestError(
             f"cannot read {job.format} input {job.input!r}: {_first_line(e)}"
         ) from None
+
+
+def newest_input_time(spark: SparkSession, df: DataFrame) -> float | None:
+    """The newest modification time of the files ``df`` reads (unix seconds, to the
+    millisecond), on any file system Hadoop reaches; None when it reads no files.
+
+    The default event time of a snapshot: no value in a file is newer than the file, so a
+    push or stream write made after the input was written is never overwritten by it.
+    """
+    files = df.inputFiles()
+    if not files:
+        return None
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    newest = 0
+    for name in files:
+        path = jvm.org.apache.hadoop.fs.Path(name)  # type: ignore[union-attr]
+        newest = max(newest, path.getFileSystem(conf).getFileStatus(path).getModificationTime())
+    return newest / 1000
 
 
 def _execute(

@@ -64,6 +64,9 @@ class IngestReport:
     values_per_second: float
     written_at: float  # the snapshot's event time: every row's without event_time_column
     event_time_column: str | None  # the column each row's event time came from
+    # where written_at came from: "given" (--event-time), "input files" (their newest
+    # modification time), "job start" (an input of no files, or a column's times instead)
+    written_at_from: str
     ordered: bool  # the ordering guard was on (off: last writer wins)
     chunk_size: int
     chunks: int

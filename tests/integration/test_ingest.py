@@ -561,3 +561,27 @@ def test_a_master_failover_mid_job_is_retried_and_every_value_lands(
         assert _read_back(live, registry, list(range(FAULT_N))) == _expected(
             registry, range(FAULT_N)
         )
+
+
+def test_by_default_a_snapshot_is_as_old_as_its_input_files(
+    spark: SparkSession, registry_file: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """Without --event-time, the snapshot's event time is the newest modification time of
+    its input files: a push made after the input was written (and before the job) stays; a
+    push older than the files is overwritten by them."""
+    path = tmp_path / "nightly.parquet"
+    sample_frame(spark, N, seed=7, partitions=2).write.parquet(str(path))
+    newest = max(f.stat().st_mtime for f in path.glob("*.parquet"))
+    registry = load_registry(registry_file)
+    with FeatureStore.connect(redis_url, registry, notify=False) as store:
+        store.write(sample.GROUP, [(5, {"int_0": -9})], event_time=newest + 0.5)
+        store.write(sample.GROUP, [(6, {"int_0": -8})], event_time=newest - 60)
+    time.sleep(1)  # the job's start is later than the newer push
+    report = run_ingest(spark, _job(registry_file, str(path), redis_url, written_at=None))
+    assert report.written_at_from == "input files"
+    assert abs(report.written_at - newest) < 0.002  # the file system's time, to the ms
+    assert (report.entities_written, report.entities_skipped) == (N - 1, 1)
+    got = _read_back(redis_url, registry, [5, 6])
+    assert got[5]["int_0"] == -9
+    assert got[6] == _expected(registry, range(6, 7))[6]
+    assert not report.warnings
