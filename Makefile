@@ -19,6 +19,7 @@ lint:
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
 	./scripts/lint_rust.sh
+	cd clients/go && test -z "$$(gofmt -l .)" && go vet ./...
 
 typecheck:
 	$(VENV)/mypy

@@ -1,9 +1,14 @@
-"""Generate the Python code for proto/ into feature_store/proto/.
+"""Generate the code for proto/: Python into feature_store/proto/, Go into clients/go/.
+
+The Go code needs protoc-gen-go and protoc-gen-go-grpc in the environment's bin directory
+(scripts/setup.sh installs the pinned versions there). The Java client generates its code
+from proto/ at every build (clients/java/pom.xml), so it is never stale.
 
     make proto                                     # regenerate
     .venv/bin/python scripts/gen_proto.py --check  # exit 1 if the committed code is stale
 
-The output depends only on the .proto sources and the grpcio-tools version, so
+The output depends only on the .proto sources and the pinned grpcio-tools and Go plugin
+versions, so
 tests/unit/test_package.py can run --check and catch a forgotten regeneration.
 """
 
@@ -27,6 +32,9 @@ PROTO_DIR = ROOT / "proto"
 OUT_PACKAGE = "feature_store/proto"
 GRPC_PROTOS = {"serving.proto"}
 WELL_KNOWN = Path(protoc.__file__).parent / "_proto"  # the files that declare a service
+GO_MODULE = "github.com/feature-store/feature-store/clients/go"  # clients/go/go.mod
+GO_OUT = "clients/go"
+BIN = Path(sys.executable).parent
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -44,13 +52,34 @@ def generate(out_root: Path) -> list[Path]:
             args.append(f"--grpc_python_out={out_root}")
         if protoc.main([*args, str(rel)]) != 0:
             raise SystemExit(f"protoc failed on {rel}")
+        if protoc.main([*go_args(out_root), str(rel)]) != 0:
+            raise SystemExit(f"protoc failed on {rel} (Go)")
     generated = sorted((out_root / OUT_PACKAGE).rglob("*_pb2*.py*"))
     for directory in {p.parent for p in generated} | {out_root / OUT_PACKAGE}:
         init = directory / "__init__.py"
         while init.parent != out_root and not init.exists():
             init.write_text("")
             init = init.parent.parent / "__init__.py"
-    return generated
+    return generated + sorted((out_root / GO_OUT).rglob("*.pb.go"))
+
+
+def go_args(out_root: Path) -> list[str]:
+    plugins = {name: BIN / name for name in ("protoc-gen-go", "protoc-gen-go-grpc")}
+    missing = [name for name, path in plugins.items() if not path.exists()]
+    if missing:
+        raise SystemExit(f"{', '.join(missing)} missing in {BIN}: run ./scripts/setup.sh")
+    out = out_root / GO_OUT
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        "grpc_tools.protoc",
+        f"-I{PROTO_DIR}",
+        f"-I{WELL_KNOWN}",
+        *(f"--plugin={name}={path}" for name, path in plugins.items()),
+        f"--go_out={out}",
+        f"--go_opt=module={GO_MODULE}",
+        f"--go-grpc_out={out}",
+        f"--go-grpc_opt=module={GO_MODULE}",
+    ]
 
 
 def main() -> int:

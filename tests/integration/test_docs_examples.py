@@ -282,3 +282,23 @@ def test_readme_python_client_prints_the_curl_answer(served: Served) -> None:
     lines = run.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["0", "1", "-1"]
     assert lines[2].endswith("['missing', 'missing', 'missing']")
+
+
+def test_readme_go_and_java_clients_print_what_is_shown(served: Served) -> None:
+    readme = blocks(ROOT / "README.md")
+    runs = [b for b in readme if b.lang == "sh" and b.text.startswith("cd clients/")]
+    assert [b.text.split()[1] for b in runs] == ["clients/go", "clients/java"]
+    shown = readme[readme.index(runs[-1]) + 1]
+    assert shown.lang == "json", f"{runs[-1].where}: the output should follow the commands"
+    expected = [orjson.loads(line) for line in shown.text.splitlines()]
+    for block in runs:
+        run = subprocess.run(
+            ["bash", "-c", served.localized(block.text)],
+            cwd=ROOT,
+            env=served.env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert run.returncode == 0, f"{block.where}: {run.stderr}"
+        assert [orjson.loads(line) for line in run.stdout.splitlines()] == expected, block.where

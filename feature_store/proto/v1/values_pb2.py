@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#feature_store/proto/v1/values.proto\x12\x10\x66\x65\x61ture_store.v1\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#feature_store/proto/v1/values.proto\x12\x10\x66\x65\x61ture_store.v1\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\x42l\n\x19\x64\x65v.featurestore.proto.v1B\x0bValuesProtoP\x01Z@github.com/feature-store/feature-store/clients/go/featurestorepbb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'feature_store.proto.v1.values_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\031dev.featurestore.proto.v1B\013ValuesProtoP\001Z@github.com/feature-store/feature-store/clients/go/featurestorepb'
   _globals['_FLOATLIST']._serialized_start=57
   _globals['_FLOATLIST']._serialized_end=84
   _globals['_INTLIST']._serialized_start=86

@@ -1,0 +1,233 @@
+"""The Go and Java clients (clients/go, clients/java), built and run against a real server.
+
+Each client's command line, ``feature-get``, looks up a batch over gRPC and prints a JSON
+line per entity; its values must equal what the REST API answers for the same lookup,
+for every feature type, for NaN and infinities, for missing entities and string ids. The
+server runs with read keys: the clients send theirs, and without one are refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from feature_store import FeatureStore, parse_registry
+from feature_store.serving.process import ServingProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "reader-key-1"
+REGISTRY = """
+version: 1
+entities:
+  consumer: {prefix: c, id_type: int, ttl: 7d}
+  store: {prefix: s, id_type: string, ttl: 7d}
+feature_groups:
+  consumer_features:
+    entity: consumer
+    features:
+      avg_order_value: float
+      orders_7d: int
+      is_active: bool
+      favourite_cuisine: string
+      rating_precise: double
+      cuisine_embedding: embedding(4)
+      recent_stores: int_list
+      prep_times: {type: float_list, description: "minutes, last 10 orders"}
+  store_features:
+    entity: store
+    features:
+      rating: float
+      name: string
+"""
+CONSUMERS = [
+    (
+        1,
+        {
+            "avg_order_value": 23.5,
+            "orders_7d": 12,
+            "is_active": True,
+            "favourite_cuisine": 'thai \u00e9"quoted"',
+            "rating_precise": 4.123456789012345,
+            "cuisine_embedding": [0.1, -0.25, 1e-7, 3.5e12],
+            "recent_stores": [5, 900000000000, -3],
+            "prep_times": [12.5, 7.25],
+        },
+    ),
+    (
+        2,
+        {
+            "avg_order_value": math.nan,
+            "orders_7d": -(2**63),
+            "is_active": False,
+            "favourite_cuisine": "",
+            "rating_precise": math.inf,
+            "cuisine_embedding": [math.nan, math.inf, -math.inf, 0.0],
+            "recent_stores": [],
+            "prep_times": [-math.inf],
+        },
+    ),
+    (3, {"avg_order_value": 0.1, "orders_7d": None, "rating_precise": -0.0}),
+]
+STORES = [("s-1", {"rating": 4.5, "name": "north"}), ("s-\u00fc", {"rating": 1e-3})]
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    assert found is not None, f"{name} is not installed: run ./scripts/setup.sh"
+    return found
+
+
+@pytest.fixture(scope="module")
+def go_client(tmp_path_factory: pytest.TempPathFactory) -> str:
+    binary = tmp_path_factory.mktemp("go") / "feature-get"
+    build = subprocess.run(
+        [_tool("go"), "build", "-o", str(binary), "./cmd/feature-get"],
+        cwd=ROOT / "clients" / "go",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr
+    return str(binary)
+
+
+@pytest.fixture(scope="module")
+def java_client() -> str:
+    build = subprocess.run(
+        [_tool("mvn"), "-B", "-q", "package"],
+        cwd=ROOT / "clients" / "java",
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    return str(ROOT / "clients" / "java" / "target" / "feature-get.jar")
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: object
+) -> Iterator[ServingProcess]:
+    url = redis_server.url  # type: ignore[attr-defined]
+    path = tmp_path_factory.mktemp("clients") / "features.yaml"
+    path.write_text(REGISTRY)
+    registry = parse_registry(REGISTRY)
+    with FeatureStore.connect(url, registry, notify=False) as store:
+        store.client.flushall()
+        store.write("consumer_features", CONSUMERS)
+        store.write("store_features", STORES)
+    env = {"FEATURE_SERVING_READ_KEYS": KEY}
+    with ServingProcess(url, registry=path, env=env) as served:
+        yield served
+
+
+CLIENTS = ["go", "java"]
+
+
+def _feature_get(client: str, request: pytest.FixtureRequest, *args: str) -> list[str]:
+    if client == "go":
+        argv = [request.getfixturevalue("go_client")]
+    else:
+        argv = [_tool("java"), "-jar", request.getfixturevalue("java_client")]
+    run = subprocess.run(
+        [*argv, *args], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
+
+
+def _rest(server: ServingProcess, body: dict[str, object]) -> list[dict[str, object]]:
+    answer = httpx.post(
+        f"{server.rest_url}/v1/features/get",
+        json=body,
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    data = orjson.loads(answer.content)
+    return [
+        {
+            "id": r["id"],
+            "values": dict(zip(data["features"], r["values"], strict=True)),
+            "statuses": dict(zip(data["features"], r["statuses"], strict=True)),
+        }
+        for r in data["results"]
+    ]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_group_of_every_type_prints_what_rest_answers(
+    client: str, server: ServingProcess, request: pytest.FixtureRequest
+) -> None:
+    lines = _feature_get(
+        client,
+        request,
+        *("-addr", server.grpc_target, "-key", KEY, "-entity-type", "consumer"),
+        *("-group", "consumer_features", "-ids", "1,2,3,4"),
+    )
+    expected = _rest(
+        server, {"entity_type": "consumer", "ids": [1, 2, 3, 4], "groups": ["consumer_features"]}
+    )
+    assert [orjson.loads(line) for line in lines] == expected
+    assert expected[1]["values"]["avg_order_value"] == "NaN"  # the cases are in the data
+    assert expected[3]["statuses"]["orders_7d"] == "missing"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_features_by_name_and_string_ids(
+    client: str, server: ServingProcess, request: pytest.FixtureRequest
+) -> None:
+    lines = _feature_get(
+        client,
+        request,
+        *("-addr", server.grpc_target, "-key", KEY, "-entity-type", "store"),
+        *("-features", "name,store_features:rating", "-ids", "s-1,s-\u00fc,s-9", "-string-ids"),
+    )
+    expected = _rest(
+        server,
+        {"entity_type": "store", "ids": ["s-1", "s-\u00fc", "s-9"], "features": ["name", "rating"]},
+    )
+    assert [orjson.loads(line) for line in lines] == expected
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_without_a_key_the_client_is_refused_and_says_why(
+    client: str, server: ServingProcess, request: pytest.FixtureRequest
+) -> None:
+    if client == "go":
+        argv = [request.getfixturevalue("go_client")]
+    else:
+        argv = [_tool("java"), "-jar", request.getfixturevalue("java_client")]
+    args = ["-addr", server.grpc_target, "-entity-type", "consumer", "-group", "x", "-ids", "1"]
+    run = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "UNAUTHENTICATED" in run.stderr.upper()
+    assert not run.stdout
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_bad_request_is_named(
+    client: str, server: ServingProcess, request: pytest.FixtureRequest
+) -> None:
+    if client == "go":
+        argv = [request.getfixturevalue("go_client")]
+    else:
+        argv = [_tool("java"), "-jar", request.getfixturevalue("java_client")]
+    args = ["-addr", server.grpc_target, "-key", KEY, "-entity-type", "consumer"]
+    run = subprocess.run(
+        [*argv, *args, "-features", "no_such_feature", "-ids", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1
+    assert "no_such_feature" in run.stderr
+    assert "INVALID" in run.stderr.upper()
