@@ -46,6 +46,11 @@ def call(
         ("POST", "/v1/features/write", WRITE, ADMIN, 200),
         ("GET", "/v1/registry", None, None, 401),
         ("GET", "/v1/registry", None, READ, 200),
+        # the OpenAPI document names every entity type and feature, as the registry does
+        ("GET", "/openapi.json", None, None, 401),
+        ("GET", "/openapi.json", None, READ, 200),
+        ("GET", "/docs", None, None, 404),  # a page that fetches the document without a key
+        ("GET", "/docs", None, READ, 404),
         ("GET", "/healthz", None, None, 200),
         ("GET", "/metrics", None, None, 200),
     ],

@@ -43,17 +43,34 @@ def api_app(
     """The FastAPI app of one worker (this API's routes, Feast's, their OpenAPI document;
     ``lifespan`` runs what answers beside it) and the POST routes ``FastPath`` and the
     native REST front answer first, with the same handlers."""
+    # The OpenAPI document lists every entity type and feature name, as /v1/registry does:
+    # with keys set it is a read key's too (below), and the pages that fetch it without
+    # one (/docs, /redoc) are off.
+    public = not auth.enabled
     app = FastAPI(
         title="Feature store serving API",
         version="1",
         description="Batch feature lookups behind an in-process cache, push writes, registry.",
         lifespan=lifespan,
         default_response_class=JSONBody,
+        openapi_url="/openapi.json" if public else None,
+        docs_url="/docs" if public else None,
+        redoc_url="/redoc" if public else None,
     )
     _api_routes(app, runtime, handlers, auth)
     feast = _feast_routes(app, runtime, auth, feast_front)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.openapi = _openapi(app, runtime)  # type: ignore[method-assign]
+    if not public:
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_document(request: Request) -> Response:
+            t0 = time.perf_counter()
+            try:
+                auth.require(request.headers.get("authorization"), Role.READ)
+            except AuthError as e:
+                return handlers.fail(e, "openapi", t0).response()
+            return JSONBody(orjson.dumps(app.openapi()))
     routes = {
         "/v1/features/get": Route(handlers.get, Role.READ),
         "/v1/features/write": Route(handlers.write, Role.ADMIN),
