@@ -10,11 +10,11 @@ ids x all 50 features.
 
 1. Feast's Python SDK, one client calling back to back for ``--seconds``:
    ``get_online_features`` on Feast's Redis online store (its own read path, in process)
-   against this project's online store plugin (``feature_store.feast_redis``: Feast's SDK
+   against this project's online store plugin (``feature_store.feast.online_store``: Feast's SDK
    on this project's layout, in process, loaded by ``feast materialize`` into a third
    redis-server), the same SDK with ``online_store: type: remote`` pointed at this server
    (``POST /get-online-features``), and with this project's typed store for Feast
-   (``feature_store.feast_online``: the same request, values made by declared type), L1
+   (``feature_store.feast.remote``: the same request, values made by declared type), L1
    off and on. ``feast materialize`` is timed into Feast's store and into the plugin's,
    and each Redis's memory per value is read (``used_memory`` after the load, less before).
    Then both in-process paths run under cProfile: where a call's time goes.
@@ -66,8 +66,8 @@ BATCH = 10
 NAMES = sample.FLOATS + sample.INTS + sample.INT_LISTS + sample.EMBEDDINGS
 REFS = [f"{sample.GROUP}:{n}" for n in NAMES]
 L1_TTL = "1"
-TYPED = "feature_store.feast_online.FeatureStoreOnlineStore"  # this project's Feast store
-PLUGIN = "feature_store.feast_redis.FeatureStoreRedisOnlineStore"  # in process, our layout
+TYPED = "feature_store.feast.remote.FeatureStoreOnlineStore"  # this project's Feast store
+PLUGIN = "feature_store.feast.online_store.FeatureStoreRedisOnlineStore"  # in process, our layout
 PLUGIN_CELL = "Feast SDK on this project's plugin (in process, this layout)"
 PROFILE_CALLS = 400
 MATERIALIZE_ROUNDS = 3
@@ -86,12 +86,12 @@ PHASES = {
     ],
     "plugin": [
         ("whole get_online_features + to_dict", "benchmarks/feast_compat.py", "call"),
-        ("request planned (cached per shape)", "feature_store/feast_redis.py", "_cached"),
+        ("request planned (cached per shape)", "feature_store/feast/online_store.py", "_cached"),
         ("Redis round trip (HGETALL pipeline, replies)", "redis/client.py", "execute"),
         ("values decoded (native core)", "feature_store/batch.py", "decode_read"),
-        ("the read in all (round trip, decode, columns, statuses)", "feature_store/feast_redis.py",
-         "_answer"),
-        ("to_dict (columns as they are)", "feature_store/feast_redis.py", "to_dict"),
+        ("the read in all (round trip, decode, columns, statuses)",
+         "feature_store/feast/online_store.py", "_answer"),
+        ("to_dict (columns as they are)", "feature_store/feast/answers.py", "to_dict"),
     ],
 }  # fmt: skip
 BOUND_US = 1_000_000  # requests slower than 1 s are counted

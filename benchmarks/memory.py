@@ -21,6 +21,11 @@ encoding costs at read time.
 
 The flat layout is loaded without TTLs, which favours it: a real flat layout needs an
 expiry per key, at about 50 more bytes each.
+
+And Feast's own Redis online store, in the same run, on the same data: a Feast repository
+of the standard shape (``sample.feast_repo``), ``feast apply``, then ``materialize`` of
+every row through Feast's SDK into a fresh embedded Redis, once with the listpack limit we
+ship and once with Redis's defaults (what a Feast deployment runs unless told otherwise).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -51,6 +57,7 @@ Rows = list[tuple[int, dict[str, object]]]
 REDIS_DEFAULTS = {"hash-max-listpack-value": "64", "hash-max-listpack-entries": "128"}
 CHUNK = 500
 READ_SAMPLE = 2000  # entities read back to measure the server's HMGET cost
+SUBSETS = (5, 10, 15, 20, 25, 30, 40, 50)  # fields of an HMGET, for the HGETALL crossover
 
 
 def naive(value: object) -> bytes:
@@ -119,6 +126,7 @@ class Layout:
     config: dict[str, str]
     companion: bool = False  # read back the embeddings from a second key
     read_back: bool = False  # measure the server's cost of reading entities
+    subsets: bool = False  # and of reading the first k fields, for k in SUBSETS
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,8 @@ class Result:
     load_s: float
     hmget_usec: float | None  # server time to read one entity's 50 values with HMGET
     hgetall_usec: float | None  # ... with HGETALL
+    # server time of an HMGET of the first k fields, by k: where HGETALL becomes cheaper
+    subsets: dict[int, float] | None = None
 
     @property
     def per_value(self) -> float:
@@ -189,6 +199,14 @@ def measure(layout: Layout, rows: Rows, group: FeatureGroup, workdir: Path) -> R
             hmget = server_usec(client, cmds, "hmget", n)
             cmds = [c for i in range(n) for c in read_commands(layout, group, i, whole=True)]
             hgetall = server_usec(client, cmds, "hgetall", n)
+        subsets = None
+        if layout.subsets:
+            fields = [f.field for f in group.features]
+            subsets = {}
+            for k in SUBSETS:
+                n = min(READ_SAMPLE, len(rows))
+                cmds = [("HMGET", f"c:{i}".encode(), *fields[:k]) for i in range(n)]
+                subsets[k] = server_usec(client, cmds, "hmget", n)
         client.close()
     return Result(
         layout=layout.name,
@@ -200,6 +218,53 @@ def measure(layout: Layout, rows: Rows, group: FeatureGroup, workdir: Path) -> R
         load_s=load_s,
         hmget_usec=hmget,
         hgetall_usec=hgetall,
+        subsets=subsets,
+    )
+
+
+def measure_feast(
+    name: str, config: dict[str, str], entities: int, seed: int, workdir: Path
+) -> Result:
+    """Feast's Redis online store, loaded by Feast's SDK (``materialize``)."""
+    from datetime import UTC, datetime
+
+    import feast
+
+    data_dir = workdir / name.replace(" ", "_").replace(",", "").replace("'", "")
+    with EmbeddedRedis(data_dir, persistence=False, extra_config=config) as server:
+        client = redis.Redis.from_url(server.url)
+        before = int(client.info("memory")["used_memory"])
+        address = server.url.split("//")[1]
+        repo = sample.feast_repo(
+            data_dir / "repo",
+            f'  type: redis\n  connection_string: "{address}"',
+            entities,
+            seed=seed,
+            event_time=time.time() - 3600,
+        )
+        feast_cli = Path(sys.executable).parent / "feast"
+        subprocess.run([str(feast_cli), "apply"], cwd=repo, check=True, capture_output=True)
+        t0 = time.perf_counter()
+        feast.FeatureStore(repo_path=str(repo)).materialize(
+            datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)
+        )
+        load_s = time.perf_counter() - t0
+        used = int(client.info("memory")["used_memory"]) - before
+        keys = int(client.dbsize())
+        encodings = {
+            client.object("encoding", k) for k in client.scan_iter(count=1000, _type="hash")
+        }
+        client.close()
+    return Result(
+        layout=name,
+        used_bytes=used,
+        values=entities * 50,
+        entities=entities,
+        keys=keys,
+        encodings=",".join(sorted(e.decode() for e in encodings if e)) or "-",
+        load_s=load_s,
+        hmget_usec=None,
+        hgetall_usec=None,
     )
 
 
@@ -223,9 +288,15 @@ def main() -> int:
         Layout("1 flat keys, readable names, naive values", flat, REDIS_DEFAULTS),
         Layout("2 hash, readable names, naive values", hash_readable, ours),
         Layout("3 hash, xxh32 names, naive values", hash_xxh32, ours),
-        Layout("4 full layout, shipped config", full, ours, read_back=True),
+        Layout("4 full layout, shipped config", full, ours, read_back=True, subsets=True),
         Layout("4a full, decimal-text fields", full_decimal_fields, ours),
-        Layout("4b full, Redis default listpack limit", full, REDIS_DEFAULTS, read_back=True),
+        Layout(
+            "4b full, Redis default listpack limit",
+            full,
+            REDIS_DEFAULTS,
+            read_back=True,
+            subsets=True,
+        ),
         Layout(
             "4c full, embeddings in a companion key, default limit",
             full_companion,
@@ -234,13 +305,22 @@ def main() -> int:
             read_back=True,
         ),
     ]
+    feast_layouts = [
+        ("5 Feast 0.67's Redis store, shipped config", ours),
+        ("5b Feast 0.67's Redis store, Redis default listpack limit", REDIS_DEFAULTS),
+    ]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for layout in layouts:
             r = measure(layout, rows, group, Path(tmp))
             results.append(r)
             print(f"  {r.layout}: {r.per_value:.1f} B/value ({r.encodings}), {r.load_s:.1f}s")
-    flat_r, full_r = results[0], results[3]
+        for name, config in feast_layouts:
+            r = measure_feast(name, config, args.entities, args.seed, Path(tmp))
+            results.append(r)
+            print(f"  {r.layout}: {r.per_value:.1f} B/value ({r.encodings}), {r.load_s:.1f}s")
+    flat_r, full_r, default_r = results[0], results[3], results[5]
+    feast_r, feast_default_r = results[-2], results[-1]
     lines = [
         f"Standard shape, {args.entities:,} entities x 50 features ({flat_r.values:,} values), "
         f"Redis {redis_version()}, `used_memory` delta after loading.",
@@ -255,21 +335,53 @@ def main() -> int:
             f"| {r.per_value / flat_r.per_value:.2f}x | {r.keys:,} | {r.encodings} "
             f"| {fmt(r.hmget_usec)} | {fmt(r.hgetall_usec)} |"
         )
+    lines += [
+        "",
+        "Server µs per entity of an HMGET of its first k fields, against HGETALL of the whole "
+        "hash (the store reads the whole hash when a request wants more than half of it):",
+        "",
+        "| layout | " + " | ".join(f"HMGET {k}" for k in SUBSETS) + " | HGETALL |",
+        "|---|" + "---:|" * (len(SUBSETS) + 1),
+    ]
+    for r in results:
+        if r.subsets:
+            lines.append(
+                f"| {r.layout} | "
+                + " | ".join(f"{r.subsets[k]:.2f}" for k in SUBSETS)
+                + f" | {fmt(r.hgetall_usec)} |"
+            )
     ratio = full_r.per_value / flat_r.per_value
     lines += [
         "",
         f"- Full layout vs flat: {ratio:.2f}x the bytes, {1 / ratio:.1f}x the capacity "
         "(target: at most 0.33x).",
-        f"- Full layout: {full_r.per_value:.1f} bytes/value (target: at most 24; "
-        "Feast 0.67 on this machine: 72).",
+        f"- Full layout: {full_r.per_value:.1f} bytes/value (target: at most 24).",
+        f"- Against Feast 0.67's Redis store on the same Redis settings (the shipped config): "
+        f"{full_r.per_value:.1f} against {feast_r.per_value:.1f} bytes/value, "
+        f"{full_r.per_value / feast_r.per_value:.2f}x.",
+        f"- Each at Redis's default listpack limit (Feast's deployments run it unless told "
+        f"otherwise): {default_r.per_value:.1f} against {feast_default_r.per_value:.1f} "
+        f"bytes/value, {default_r.per_value / feast_default_r.per_value:.2f}x; this layout "
+        f"with the shipped config against Feast's at the defaults: "
+        f"{full_r.per_value / feast_default_r.per_value:.2f}x.",
     ]
     table = "\n".join(lines)
     print()
     print(table)
     if args.out:
         command = " ".join(["python3 benchmarks/memory.py", *sys.argv[1:]])
-        args.out.write_text(f"# Memory per feature value\n\nCommand: `{command}`\n\n{table}\n")
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        args.out.write_text(
+            f"# Memory per feature value\n\nCommand: `{command}`\n\n{table}\n\n"
+            f"Load average at the end: {load}; {os.cpu_count()} cores. Feast {feast_version()}.\n"
+        )
     return 0
+
+
+def feast_version() -> str:
+    from importlib.metadata import version
+
+    return version("feast")
 
 
 def redis_version() -> str:

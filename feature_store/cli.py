@@ -19,7 +19,7 @@ COMMAND_MODULES = (
     "feature_store.commands",
     "feature_store.serving.cli",
     "feature_store.ingest.cli",
-    "feature_store.feast_import",
+    "feature_store.feast.importer",
 )
 
 

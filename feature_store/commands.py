@@ -1,4 +1,5 @@
-"""Core subcommands: ``demo`` and ``registry``."""
+"""The commands without Spark: ``demo``, ``get``, ``plan`` and ``registry`` (validate,
+lock, sample)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NATIVE_ENV = "FEATURE_STORE_NATIVE"
+# The serving APIs, as the extension numbers them (its fronts, served rows, the L1's forms)
+REST, GRPC, FEAST = 0, 1, 2
 _OFF = frozenset({"off", "0", "false", "no"})
 STATUS_PATTERNS = 256  # memoized statuses lists per group
 

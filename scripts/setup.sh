@@ -27,6 +27,22 @@ fi
 
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+# Debian and Ubuntu ship venv (and the pip it bootstraps) apart from python3: without it
+# `python3 -m venv` fails half-way, leaving a .venv with no pip.
+if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then
+  version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  echo "installing python$version-venv from Debian's packages"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "python$version-venv" >/dev/null
+fi
+# a .venv whose python or pip does not run (made half-way, or by another interpreter since
+# removed) is made again
+if [ -e .venv ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  echo ".venv is incomplete: making it again"
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -1,4 +1,6 @@
-"""``feature-store ingest`` and ``feature-store generate``, and the spark-submit entry point.
+"""The Spark commands: ``ingest`` (the nightly job; a backfill of window aggregations),
+``generate`` (sample data), ``stream`` (Kafka into Redis), ``training-set`` and
+``log-sink`` (the serving log), ``fetch-jars`` (their jars); and the spark-submit entry point.
 
 Only argparse-level code is imported here; Spark starts inside the run functions.
 ``python -m feature_store.ingest`` / ``spark-submit .../feature_store/ingest/__main__.py``

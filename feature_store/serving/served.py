@@ -59,7 +59,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from feature_store.errors import ConfigError
 from feature_store.layout import IdType
-from feature_store.native import native_enabled
+from feature_store.native import FEAST, GRPC, REST, native_enabled
 from feature_store.registry import EntityType, Registry
 from feature_store.serialization.codecs import FeatureType
 from feature_store.serialization.json_floats import from_json
@@ -72,7 +72,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them (fronts.hits)
 API_NAMES = ("rest", "grpc", "feast")
 FROM_L1, FROM_REDIS = 0, 1
 SOURCES = ("l1", "redis")

@@ -1,4 +1,4 @@
-"""Feast's own SDK with this project's online store plugin (``feature_store.feast_redis``).
+"""Feast's own SDK with this project's online store plugin (``feature_store.feast``).
 
 A Feast repository (two entities, int and string ids; three views of every mapped type,
 one with a short ttl; a feature service across entities; a push source) is applied and
@@ -33,12 +33,12 @@ from feature_store import sample
 from feature_store.client import FeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.errors import RegistryError
-from feature_store.feast_redis import (
+from feature_store.feast.answers import Response
+from feature_store.feast.online_store import (
     NAME,
     PINS_KEY,
     FeatureStoreRedisOnlineStore,
     FeatureStoreRedisOnlineStoreConfig,
-    Response,
     redis_url,
 )
 from feature_store.layout import entity_key, feature_field, freshness_field
@@ -377,7 +377,7 @@ def test_pushes_are_ordered_by_event_time_and_reach_servings_cache(
         while client.get("consumer", [11], ["orders"]).rows[0].values != [41]:
             assert time.monotonic() < deadline, "serving still answers the old value"
             time.sleep(0.1)
-        with caplog.at_level(logging.WARNING, logger="feature_store.feast_redis"):
+        with caplog.at_level(logging.WARNING, logger="feature_store.feast.online_store"):
             push(40, time.time() - 60)  # older than what Redis holds: skipped
         assert orders() == [41]
         assert any("1 of 1 row(s) skipped" in r.getMessage() for r in caplog.records)
@@ -492,3 +492,35 @@ def test_connection_strings_in_either_form() -> None:
     assert url("a:1,b:2", "redis_cluster") == "redis://a:1?cluster=true&nodes=b:2"
     with pytest.raises(RegistryError, match="no host"):
         url("password=x")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "feature_store.feast.online_store.FeatureStoreRedisOnlineStore",
+        "feature_store.feast_redis.FeatureStoreRedisOnlineStore",  # earlier releases' path
+        "feature_store.feast.remote.FeatureStoreOnlineStore",
+        "feature_store.feast_online.FeatureStoreOnlineStore",
+    ],
+)
+def test_feast_loads_each_store_by_its_documented_type(path: str) -> None:
+    """Feast resolves ``online_store.type`` to a class and its ``...Config`` by the dotted
+    path; a ``feature_store.yaml`` written for an earlier release keeps working."""
+    from feast.repo_config import RepoConfig
+
+    config = RepoConfig(
+        project="p",
+        provider="local",
+        registry="data/registry.db",
+        online_store={"type": path, "connection_string": "redis://127.0.0.1:6379"}
+        if "Redis" in path
+        else {"type": path, "path": "http://127.0.0.1:8000"},
+        entity_key_serialization_version=3,
+    )
+    from feast.infra.online_stores.helpers import get_online_store_from_config
+
+    store_class = path.rsplit(".", 1)[1]
+    assert type(config.online_store).__name__ == store_class + "Config"
+    assert config.online_store.type == path
+    # and the store itself, found as Feast finds it: beside its config class
+    assert type(get_online_store_from_config(config.online_store)).__name__ == store_class

@@ -320,13 +320,13 @@ def test_the_sdk_sends_an_api_key_as_a_static_bearer_token(
             fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])
 
 
-TYPED = "feature_store.feast_online.FeatureStoreOnlineStore"
+TYPED = "feature_store.feast.remote.FeatureStoreOnlineStore"
 
 
 def test_the_typed_online_store_answers_what_remote_answers(
     tmp_path: Path, store: feast.FeatureStore, server: ServingProcess
 ) -> None:
-    """feature_store.feast_online: the same request, values made from the declared types,
+    """feature_store.feast.remote: the same request, values made from the declared types,
     the server's event timestamps kept."""
     typed = feast_store(tmp_path, server.rest_url, kind=TYPED)
     rows = [{"consumer_id": i} for i in IDS]

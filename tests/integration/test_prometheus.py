@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -142,12 +142,6 @@ def load(rest_url: str, grpc_target: str, stop: threading.Event) -> None:
                     timeout=2,
                 )
             time.sleep(0.01)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis(tmp_path / "redis") as server:
-        yield server
 
 
 @pytest.mark.timeout(300)

@@ -9,8 +9,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -38,12 +36,6 @@ SERVER_ENV = {
     "FEATURE_SERVING_BREAKER_OPEN": "0.2",
     "FEATURE_SERVING_BREAKER_OPEN_MAX": "0.5",
 }
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis(tmp_path / "redis", persistence=True) as server:
-        yield server
 
 
 def metric(text: str, name: str) -> float:

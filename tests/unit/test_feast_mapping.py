@@ -1,4 +1,4 @@
-"""The Feast -> registry mapping (``feature_store.feast_mapping.to_registry``) on Feast's own
+"""The Feast -> registry mapping (``feature_store.feast.mapping.to_registry``) on Feast's own
 definition objects: what maps, and every entry that does not, named at once."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSo
 from feast.types import Array, Bool, Bytes, Float32, Float64, Int32, Int64, String, UnixTimestamp
 
 from feature_store.errors import RegistryError
-from feature_store.feast_mapping import short_prefixes, to_registry
+from feature_store.feast.mapping import short_prefixes, to_registry
 from feature_store.registry import parse_registry
 
 SOURCE = FileSource(name="src", path="x.parquet", timestamp_field="event_timestamp")

@@ -1,4 +1,4 @@
-"""The plugin's writes (``feast_redis.encode_rows``: Feast's rows as columns, the nightly
+"""The plugin's writes (``feast.answers.encode_rows``: Feast's rows as columns, the nightly
 job's encoder) send exactly the commands of the store client's reference path
 (``batch.plan_write``) for the same rows, whatever the values; a row that does not encode
 is named, the others kept."""
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feature_store.batch import plan_write
-from feature_store.feast_redis import _python, encode_rows
+from feature_store.feast.answers import _python, encode_rows
 from feature_store.registry import parse_registry
 
 REGISTRY = parse_registry(

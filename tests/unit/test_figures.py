@@ -5,7 +5,9 @@ file re-run without the docs (or a doc edited without a run) fails here.
 - ``feature_store.capacity.FIGURES``: each figure is the cell of its row and column in the
   table of its results file.
 - README.md and docs/*.md: a table row, a list item or a paragraph that links a results
-  file (``benchmarks/results/NAME``) quotes only figures found in the files it links. A
+  file (``benchmarks/results/NAME``, or a file in a folder of it), or a table or list
+  under a paragraph that does, quotes only figures found in the files it links (a table
+  row whose first cell is the label of a row there: in that row). A
   figure is a number followed by a space and a unit of measure (µs, ms, s, B, KB, MB, GiB,
   req/s, records/s, cores) or right after it by a ratio's or a share's sign (x, the
   multiplication sign, %), or a number in a run of them that ends in one ("26.4 to 28.2
@@ -32,13 +34,14 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 # after a space; a ratio or a share right after its number
 UNIT = (
-    r"(?: (?:µs|us|ms|s|B|KB|MB|GB|GiB|MiB|bytes|req/s|records/s|rows/s|values/s|cores)|[\u00d7x%])"
+    r"(?: (?:µs|us|ms|s|B|KB|MB|GB|GiB|MiB|bytes/value|B/value|bytes|req/s|requests/s|records/s"
+    r"|rows/s|values/s|events/s|lookups/s|entity reads|reads|cores)|[\u00d7x%])"
 )
 # a run of numbers joined by "to", "/", an en dash, "and" or commas, ending in a unit
 RUN = re.compile(
     rf"(?<![\w.,/#-])((?:{NUMBER})(?:\s*(?:to|/|\u2013|and|,|or)\s*(?:{NUMBER}))*){UNIT}(?![\w/])"
 )
-LINK = re.compile(r"benchmarks/results/([\w.-]+\.(?:md|json))")
+LINK = re.compile(r"benchmarks/results/([\w.-]+(?:/[\w.-]+)*\.(?:md|json))")
 
 
 def cell(path: str, row: tuple[str, ...], column: str) -> str:
@@ -104,11 +107,32 @@ def found(number: str, text: str) -> bool:
 
 
 def quoted() -> list[tuple[str, str, list[str]]]:
-    """(document, unit, results files it links) for every unit that links one."""
+    """(document, unit, results files it links) for every unit that links one, or that
+    belongs to a paragraph that does: a table's rows take the links of its caption (the
+    paragraph just before it), and a list's items those of the paragraph that introduces
+    it (one ending in a colon), when they link none of their own."""
     out = []
     for doc in DOCS:
+        caption: list[str] = []  # the links of the paragraph before, for a table
+        intro: list[str] = []  # ... for a list, when it ends in a colon
+        nested: list[tuple[int, list[str]]] = []  # items ending in a colon: (indent, links)
         for unit in units(doc.read_text()):
-            links = sorted(set(LINK.findall(unit)))
+            own = sorted(set(LINK.findall(unit)))
+            item = re.match(r"(\s*)(?:[-*]|\d+\.)\s", unit)
+            if unit.startswith("|"):
+                links = own or caption
+            elif item:
+                indent = len(item.group(1))
+                while nested and nested[-1][0] >= indent:
+                    nested.pop()
+                links = own or (nested[-1][1] if nested else intro)
+                if unit.rstrip().endswith(":"):  # it introduces the items under it
+                    nested.append((indent, links))
+            else:  # a paragraph (or a heading): its links go to what follows it
+                links = own
+                caption = own
+                intro = own if unit.rstrip().endswith(":") else []
+                nested = []
             if links:
                 out.append((doc.name, unit, links))
     return out
@@ -124,11 +148,29 @@ def test_the_docs_cite_results_files_that_exist() -> None:
     assert not missing, sorted(missing)
 
 
+def named_rows(unit: str, texts: list[str]) -> list[str]:
+    """A doc's table row whose first cell names a row of the results' tables (the same
+    label): those rows, where its figures must be; else the whole files."""
+    if not unit.startswith("|"):
+        return texts
+    label = unit.strip().strip("|").split("|")[0].strip()
+    if not label or not re.search(r"[A-Za-z]", label):
+        return texts
+    rows = [
+        line
+        for text in texts
+        for line in text.splitlines()
+        if line.startswith("|") and line.strip().strip("|").split("|")[0].strip() == label
+    ]
+    return rows or texts
+
+
 def test_each_quoted_figure_is_in_the_results_it_cites() -> None:
     wrong = []
     for doc, unit, links in quoted():
         # (a file that is not there is the test above's)
         texts = [(ROOT / RESULTS / n).read_text() for n in links if (ROOT / RESULTS / n).exists()]
+        texts = named_rows(unit, texts)
         for number in figures(unit):
             if not any(found(number, text) for text in texts):
                 wrong.append(f"{doc}: {number} not in {', '.join(links)}: {unit[:120]}")
@@ -151,6 +193,15 @@ def test_a_changed_figure_fails_the_check() -> None:
         "28.2",
         "1,471",
     ]
+
+
+def test_a_row_s_figures_come_from_the_row_it_names() -> None:
+    """A doc's table row that repeats a results row's label is checked against that row:
+    the same number elsewhere in the file does not pass it."""
+    results = "| a | 1.5 µs | 9 |\n| b | 2.5 µs | 9 |\n"
+    assert named_rows("| b | 2.5 µs |", [results]) == ["| b | 2.5 µs | 9 |"]
+    assert not any(found("1.5", row) for row in named_rows("| b | 1.5 µs |", [results]))
+    assert named_rows("| c | 1.5 µs |", [results]) == [results]  # no such row: the file
 
 
 def test_the_capacity_guide_shows_what_plan_prints() -> None:

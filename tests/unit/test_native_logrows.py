@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feature_store.native import native_enabled
+from feature_store.native import GRPC, REST, native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import values_pb2
 from feature_store.registry import parse_registry
-from feature_store.serving.served import GRPC, REST, AnswerRows, Served
+from feature_store.serving.served import AnswerRows, Served
 
 pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
 

@@ -203,7 +203,8 @@ def test_a_full_queue_drops_and_counts_without_waiting() -> None:
 
 
 def test_non_finite_floats_answered_as_text_are_logged_as_numbers() -> None:
-    from feature_store.serving.served import REST, Served
+    from feature_store.native import REST
+    from feature_store.serving.served import Served
 
     log = FeatureLog(sample.registry())
     answer = orjson.dumps(

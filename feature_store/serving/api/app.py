@@ -71,6 +71,7 @@ def api_app(
             except AuthError as e:
                 return handlers.fail(e, "openapi", t0).response()
             return JSONBody(orjson.dumps(app.openapi()))
+
     routes = {
         "/v1/features/get": Route(handlers.get, Role.READ),
         "/v1/features/write": Route(handlers.write, Role.ADMIN),

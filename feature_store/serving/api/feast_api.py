@@ -38,6 +38,7 @@ import orjson
 
 from feature_store.batch import EntityId, WriteRow, WriteStats
 from feature_store.errors import FeatureStoreError, RequestError
+from feature_store.native import FEAST as FEAST_CODE
 from feature_store.registry import EntityType, FeatureGroup, Registry
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.api.auth import Authenticator, Role
@@ -58,7 +59,6 @@ from feature_store.serving.api.service import (
     problem,
 )
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import FEAST as FEAST_CODE
 from feature_store.serving.served import REQUEST_ID
 
 log = logging.getLogger(__name__)

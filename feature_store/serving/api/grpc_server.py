@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from feature_store.batch import EntityId, WriteRow
 from feature_store.client import proto_value
 from feature_store.errors import FeatureStoreError
+from feature_store.native import GRPC as GRPC_CODE
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.api import wire
@@ -42,7 +43,6 @@ from feature_store.serving.api.service import (
 from feature_store.serving.config import ServingSettings, tls_pem
 from feature_store.serving.l1.cache import Entry, keeper
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import GRPC as GRPC_CODE
 from feature_store.serving.served import REQUEST_ID
 
 if TYPE_CHECKING:

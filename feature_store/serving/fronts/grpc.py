@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from feature_store.errors import ConfigError
-from feature_store.native import native_enabled
+from feature_store.native import GRPC, native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.api.auth import Role
 from feature_store.serving.api.grpc_server import (
@@ -32,7 +32,7 @@ from feature_store.serving.api.grpc_server import (
 )
 from feature_store.serving.config import ServingSettings, tls_pem
 from feature_store.serving.fronts.calls import QueuedCalls, listen
-from feature_store.serving.fronts.hits import GRPC, FrontLookups, NativeHits
+from feature_store.serving.fronts.hits import FrontLookups, NativeHits
 from feature_store.serving.fronts.reads import FrontReads
 from feature_store.serving.runtime import ServingRuntime
 

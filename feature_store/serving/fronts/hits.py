@@ -51,6 +51,7 @@ import orjson
 
 from feature_store.batch import reads_whole_hash
 from feature_store.layout import KEY_SEPARATOR, MAX_STRING_ID_BYTES, IdType
+from feature_store.native import FEAST, REST
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.api import wire
 from feature_store.serving.fronts.links import FrontLinks
@@ -78,7 +79,6 @@ log = logging.getLogger(__name__)
 MIRROR_ENTRY = 242
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
 MAX_FORMS = 1024  # request forms taught (the extension's bound, every API together)
-REST, GRPC, FEAST = 0, 1, 2  # the APIs, as the extension numbers them
 API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
 
 

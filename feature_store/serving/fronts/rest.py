@@ -24,11 +24,11 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING
 
-from feature_store.native import native_enabled
+from feature_store.native import FEAST, REST, native_enabled
 from feature_store.serving.api.feast_api import LOOKUP as FEAST_LOOKUP
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.fronts.calls import QueuedCalls
-from feature_store.serving.fronts.hits import FEAST, REST, NativeHits
+from feature_store.serving.fronts.hits import NativeHits
 from feature_store.serving.fronts.reads import Fail, FrontReads
 
 if TYPE_CHECKING:

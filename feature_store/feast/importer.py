@@ -1,8 +1,8 @@
 """``feature-store import-feast``: a Feast repository's definitions as this project's registry.
 
 Feast's SDK reads the repository (its ``feature_store.yaml`` and the registry that ``feast
-apply`` wrote); ``feature_store.feast_mapping`` maps what it declares. A repository whose
-online store is this project's plugin (``feature_store.feast_redis``) gets the plugin's
+apply`` wrote); ``feature_store.feast.mapping`` maps what it declares. A repository whose
+online store is this project's plugin (``feature_store.feast.online_store``) gets the plugin's
 mapping, with the key prefixes it pinned in Redis.
 
 Feast is an optional dependency (``pip install 'feature-store[feast]'``), imported only here
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from feature_store.errors import RegistryError
-from feature_store.feast_mapping import DEFAULT_ENTITY_TTL, short_prefixes, to_registry
+from feature_store.feast.mapping import DEFAULT_ENTITY_TTL, short_prefixes, to_registry
 from feature_store.registry import parse_registry
 
 __all__ = ["import_feast", "register", "run", "short_prefixes", "to_registry"]
@@ -34,9 +34,9 @@ def import_feast(repo_path: Path, entity_ttl: str = DEFAULT_ENTITY_TTL) -> str:
         raise RegistryError(f"{repo_path}: no feature_store.yaml; is this a Feast repository?")
     store = feast.FeatureStore(repo_path=str(repo_path))
     if type(store.config.online_store).__name__ == "FeatureStoreRedisOnlineStoreConfig":
-        # the repository writes this project's layout (feature_store.feast_redis): its
+        # the repository writes this project's layout (feature_store.feast.online_store): its
         # mapping, with the key prefixes pinned in its Redis, is the one to serve
-        from feature_store.feast_redis import FeatureStoreRedisOnlineStore
+        from feature_store.feast.online_store import FeatureStoreRedisOnlineStore
 
         return FeatureStoreRedisOnlineStore().layout(store.config, store.registry).text
     views = [*store.list_feature_views(), *store.list_stream_feature_views()]

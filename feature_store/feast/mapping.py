@@ -1,5 +1,5 @@
 """Feast's definitions as this project's registry: the mapping ``feature-store
-import-feast`` writes and the online store plugin (``feature_store.feast_redis``) uses.
+import-feast`` writes and the online store plugin (``feature_store.feast.online_store``) uses.
 
 Given Feast's objects (read by Feast's SDK from a repository's registry), it maps:
 
