@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from feature_store.connection import RedisTarget, translated_errors
+from feature_store.connection import RedisOptions, RedisTarget, translated_errors
 from feature_store.errors import FeatureStoreError, RequestError, StoreError, StoreUnavailableError
 from feature_store.ingest.backfill import DEFAULT_EVENT_TIME_COLUMN, backfill_partition, field_group
 from feature_store.ingest.report import IngestReport, Outcome, Thresholds, Timings
@@ -101,13 +101,10 @@ class IngestJob:
 
 
 def job_target(job: IngestJob, url: str) -> RedisTarget:
-    return RedisTarget.parse(
-        url,
-        socket_timeout=job.socket_timeout,
-        connect_timeout=job.connect_timeout,
-        max_connections=job.max_connections,
-        retries=job.redis_retries,
+    options = RedisOptions(
+        job.socket_timeout, job.connect_timeout, job.max_connections, job.redis_retries
     )
+    return options.target(url)
 
 
 def spark_session(

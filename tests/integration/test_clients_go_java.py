@@ -132,13 +132,20 @@ def server(
 CLIENTS = ["go", "java"]
 
 
-def _feature_get(client: str, request: pytest.FixtureRequest, *args: str) -> list[str]:
+def _command(client: str, request: pytest.FixtureRequest) -> list[str]:
+    """The client's feature-get, built once per module."""
     if client == "go":
-        argv = [request.getfixturevalue("go_client")]
-    else:
-        argv = [_tool("java"), "-jar", request.getfixturevalue("java_client")]
+        return [request.getfixturevalue("go_client")]
+    return [_tool("java"), "-jar", request.getfixturevalue("java_client")]
+
+
+def _feature_get(client: str, request: pytest.FixtureRequest, *args: str) -> list[str]:
     run = subprocess.run(
-        [*argv, *args], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+        [*_command(client, request), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
     )
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
@@ -202,12 +209,10 @@ def test_features_by_name_and_string_ids(
 def test_without_a_key_the_client_is_refused_and_says_why(
     client: str, server: ServingProcess, request: pytest.FixtureRequest
 ) -> None:
-    if client == "go":
-        argv = [request.getfixturevalue("go_client")]
-    else:
-        argv = [_tool("java"), "-jar", request.getfixturevalue("java_client")]
     args = ["-addr", server.grpc_target, "-entity-type", "consumer", "-group", "x", "-ids", "1"]
-    run = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [*_command(client, request), *args], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 1
     assert "UNAUTHENTICATED" in run.stderr.upper()
     assert not run.stdout
@@ -217,13 +222,9 @@ def test_without_a_key_the_client_is_refused_and_says_why(
 def test_a_bad_request_is_named(
     client: str, server: ServingProcess, request: pytest.FixtureRequest
 ) -> None:
-    if client == "go":
-        argv = [request.getfixturevalue("go_client")]
-    else:
-        argv = [_tool("java"), "-jar", request.getfixturevalue("java_client")]
     args = ["-addr", server.grpc_target, "-key", KEY, "-entity-type", "consumer"]
     run = subprocess.run(
-        [*argv, *args, "-features", "no_such_feature", "-ids", "1"],
+        [*_command(client, request), *args, "-features", "no_such_feature", "-ids", "1"],
         capture_output=True,
         text=True,
         timeout=120,
