@@ -111,30 +111,34 @@ def quoted() -> list[tuple[str, str, list[str]]]:
     belongs to a paragraph that does: a table's rows take the links of its caption (the
     paragraph just before it), and a list's items those of the paragraph that introduces
     it (one ending in a colon), when they link none of their own."""
+    return [(doc.name, unit, links) for doc in DOCS for unit, links in linked(doc.read_text())]
+
+
+def linked(text: str) -> list[tuple[str, list[str]]]:
+    """(unit, the results files it cites) for the units of a document that cite one."""
     out = []
-    for doc in DOCS:
-        caption: list[str] = []  # the links of the paragraph before, for a table
-        intro: list[str] = []  # ... for a list, when it ends in a colon
-        nested: list[tuple[int, list[str]]] = []  # items ending in a colon: (indent, links)
-        for unit in units(doc.read_text()):
-            own = sorted(set(LINK.findall(unit)))
-            item = re.match(r"(\s*)(?:[-*]|\d+\.)\s", unit)
-            if unit.startswith("|"):
-                links = own or caption
-            elif item:
-                indent = len(item.group(1))
-                while nested and nested[-1][0] >= indent:
-                    nested.pop()
-                links = own or (nested[-1][1] if nested else intro)
-                if unit.rstrip().endswith(":"):  # it introduces the items under it
-                    nested.append((indent, links))
-            else:  # a paragraph (or a heading): its links go to what follows it
-                links = own
-                caption = own
-                intro = own if unit.rstrip().endswith(":") else []
-                nested = []
-            if links:
-                out.append((doc.name, unit, links))
+    caption: list[str] = []  # the links of the paragraph before, for a table
+    intro: list[str] = []  # ... for a list, when it ends in a colon
+    nested: list[tuple[int, list[str]]] = []  # items ending in a colon: (indent, links)
+    for unit in units(text):
+        own = sorted(set(LINK.findall(unit)))
+        item = re.match(r"(\s*)(?:[-*]|\d+\.)\s", unit)
+        if unit.startswith("|"):
+            links = own or caption
+        elif item:
+            indent = len(item.group(1))
+            while nested and nested[-1][0] >= indent:
+                nested.pop()
+            links = own or (nested[-1][1] if nested else intro)
+            if unit.rstrip().endswith(":"):  # it introduces the items under it
+                nested.append((indent, links))
+        else:  # a paragraph (or a heading): its links go to what follows it
+            links = own
+            caption = own
+            intro = own if unit.rstrip().endswith(":") else []
+            nested = []
+        if links:
+            out.append((unit, links))
     return out
 
 
@@ -193,6 +197,23 @@ def test_a_changed_figure_fails_the_check() -> None:
         "28.2",
         "1,471",
     ]
+
+
+def test_a_changed_figure_in_a_caption_linked_table_fails() -> None:
+    """A table whose only link is its caption is checked against that file, row by row."""
+    results = (
+        "| cell | req/s | µs |\n|---|---:|---:|\n| rest | 8,149 | 8.8 |\n| grpc | 9,001 | 5.7 |\n"
+    )
+    doc = (
+        "Measured (`benchmarks/results/x.md`):\n\n"
+        "| cell | server CPU |\n|---|---:|\n| rest | {} µs |\n\nNext paragraph, 8.8 µs.\n"
+    )
+    for figure, passes in (("8.8", True), ("8.9", False), ("5.7", False)):
+        (row,) = [(u, links) for u, links in linked(doc.format(figure)) if u.startswith("| rest")]
+        assert row[1] == ["x.md"]  # the caption's link
+        assert any(found(figure, r) for r in named_rows(row[0], [results])) is passes
+    # the paragraph after the table cites nothing: its figure is not checked
+    assert not [u for u, _ in linked(doc.format("8.8")) if u.startswith("Next")]
 
 
 def test_a_row_s_figures_come_from_the_row_it_names() -> None:
