@@ -302,3 +302,16 @@ def test_readme_go_and_java_clients_print_what_is_shown(served: Served) -> None:
         )
         assert run.returncode == 0, f"{block.where}: {run.stderr}"
         assert [orjson.loads(line) for line in run.stdout.splitlines()] == expected, block.where
+
+
+def test_every_command_of_the_cli_is_documented() -> None:
+    """``feature-store --help`` and the docs agree: each command is shown in README.md or
+    docs/ (the lines that name them parse, above)."""
+    import argparse
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    text = " ".join(p.read_text(encoding="utf-8") for p in DOCS)
+    missing = [name for name in commands.choices if f"feature-store {name}" not in text]
+    assert not missing, f"commands no doc shows: {missing}"
+    assert len(commands.choices) >= 10
