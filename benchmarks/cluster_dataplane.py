@@ -66,7 +66,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save, worktree
+from _results import bars, header, save, worktree
 from cluster import Load
 from cost import cpu_seconds, h2load, wrk, wrk_script
 from dataplane import batch_bodies, grpc_request
@@ -457,13 +457,12 @@ def plot(path: Path, cells: list[Cell]) -> None:
     shown = [c for c in cells if c.l1 == "off" and c.batch == BATCH]
     labels = [f"{c.store}\n{c.path}\n{c.api}" for c in shown]
     fig, ax = plt.subplots(figsize=(max(7, len(shown) * 0.8), 4))
-    xs = range(len(shown))
-    ax.bar([x - 0.2 for x in xs], [c.server_us for c in shown], 0.4, label="server")
-    ax.bar([x + 0.2 for x in xs], [c.redis_us for c in shown], 0.4, label="Redis (summed)")
-    ax.set_xticks(list(xs), labels, fontsize=7)
-    ax.set_ylabel("CPU µs per entity looked up")
-    ax.set_title("L1 off, batch 10, 8 connections: one node and a 3-master cluster")
-    ax.legend()
+    bars(
+        ax,
+        labels,
+        {"server": [c.server_us for c in shown], "Redis (summed)": [c.redis_us for c in shown]},
+        title="L1 off, batch 10, 8 connections: one node and a 3-master cluster",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

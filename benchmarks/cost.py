@@ -44,7 +44,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import bars, header, save
 from serving import add_data_dir, ensure_data, id_batches
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -263,14 +263,17 @@ def plot(path: Path, cells: list[Cell]) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{c.api}{' TLS' if c.tls else ''}\nL1 {c.l1}\nbatch {c.batch}" for c in cells]
-    xs = range(len(cells))
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    ax.bar([x - 0.2 for x in xs], [c.server_us for c in cells], 0.4, label="serving worker")
-    ax.bar([x + 0.2 for x in xs], [c.redis_us for c in cells], 0.4, label="redis-server")
-    ax.set_xticks(list(xs), labels, fontsize=8)
-    ax.set_ylabel("CPU µs per entity looked up")
-    ax.set_title("Cost per lookup (standard shape, 8 connections)")
-    ax.legend()
+    bars(
+        ax,
+        labels,
+        {
+            "serving worker": [c.server_us for c in cells],
+            "redis-server": [c.redis_us for c in cells],
+        },
+        title="Cost per lookup (standard shape, 8 connections)",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

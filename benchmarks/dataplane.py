@@ -68,7 +68,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save, worktree
+from _results import bars, header, save, worktree
 from cost import children_cpu, cpu_seconds, h2load, wrk, wrk_script
 from native_hits import run_h2load
 from rest_front import (
@@ -559,17 +559,20 @@ def plot(path: Path, cells: list[Cell]) -> None:
     ax.legend()
     ax = axes[2]
     eight = [c for c in cells if c.connections == 8 and c.batch == 10]
-    xs2 = list(range(len(eight)))
-    ax.bar([x - 0.27 for x in xs2], [c.server_us for c in eight], 0.27, label="serving worker")
-    ax.bar(xs2, [c.redis_us for c in eight], 0.27, label="redis-server")
-    ax.bar([x + 0.27 for x in xs2], [c.loadgen_us for c in eight], 0.27, label="load generator")
     ax.axhline(TARGET_OFF_US, color="grey", ls="--", lw=0.8)
     ax.axhline(TARGET_ON_US, color="grey", ls=":", lw=0.8)
-    ax.set_xticks(xs2, [f"{c.path}\n{c.api} L1 {c.l1}" for c in eight], fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("CPU µs per entity (log)")
-    ax.set_title("CPU per entity against Redis's (batch 10, c=8; lines: targets 25 and 8 µs)")
-    ax.legend()
+    bars(
+        ax,
+        [f"{c.path}\n{c.api} L1 {c.l1}" for c in eight],
+        {
+            "serving worker": [c.server_us for c in eight],
+            "redis-server": [c.redis_us for c in eight],
+            "load generator": [c.loadgen_us for c in eight],
+        },
+        title="CPU per entity against Redis's (batch 10, c=8; lines: targets 25 and 8 µs)",
+        ylabel="CPU µs per entity (log)",
+        log=True,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -58,7 +58,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import bars, header, save
 from cost import TICK, _ms, cpu_seconds
 
 FEAST = str(Path(sys.executable).parent / "feast")
@@ -457,14 +457,14 @@ def plot(path: Path, sdk: list[SdkCell], http: list[HttpCell]) -> None:
     ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("requests/s (log)")
     ax.set_title("POST /get-online-features, wrk")
-    ax = axes[2]
-    ax.bar([x - 0.2 for x in xs], [c.server_us for c in http], 0.4, label="server")
-    ax.bar([x + 0.2 for x in xs], [c.redis_us for c in http], 0.4, label="redis-server")
-    ax.set_yscale("log")
-    ax.set_xticks(list(xs), labels, fontsize=7)
-    ax.set_ylabel("CPU µs per entity (log)")
-    ax.set_title("Cost per entity looked up")
-    ax.legend()
+    bars(
+        axes[2],
+        labels,
+        {"server": [c.server_us for c in http], "redis-server": [c.redis_us for c in http]},
+        title="Cost per entity looked up",
+        ylabel="CPU µs per entity (log)",
+        log=True,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
