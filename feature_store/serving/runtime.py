@@ -17,7 +17,6 @@ import redis.asyncio
 from feature_store.connection import AsyncClient, RedisTarget
 from feature_store.errors import StoreError, StorePermissionError
 from feature_store.registry import Registry
-from feature_store.serving.api.service import FeatureService, Writer
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.l1.cache import LRUCache
@@ -32,6 +31,7 @@ from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, ClusterRoundTrip
 from feature_store.serving.l1.warm import WarmStart
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
 from feature_store.serving.served import FeatureLog
+from feature_store.serving.service import FeatureService, Writer
 from feature_store.serving.siblings import Siblings
 from feature_store.store import AsyncFeatureStore
 

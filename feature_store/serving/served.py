@@ -68,7 +68,7 @@ from feature_store.serving.config import parse_target
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    from feature_store.serving.api.service import Lookup
+    from feature_store.serving.service import Lookup
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from fastapi import FastAPI
 
 from feature_store.native import FEAST, REST
 from feature_store.serving.api.app import api_app
-from feature_store.serving.api.auth import Authenticator
 from feature_store.serving.api.fast import FastPath
 from feature_store.serving.api.feast_api import LOOKUP as FEAST_LOOKUP
 from feature_store.serving.api.feast_api import FeastFront
 from feature_store.serving.api.rest_api import RestHandlers
+from feature_store.serving.auth import Authenticator
 from feature_store.serving.fronts.hits import NativeHits
 from feature_store.serving.fronts.reads import FrontReads, planned_reads
 from feature_store.serving.runtime import ServingRuntime, tune_gc

@@ -19,9 +19,9 @@ from feature_store.connection import RedisTarget
 from feature_store.errors import StoreTimeoutError
 from feature_store.layout import entity_key
 from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.serving.api.auth import Authenticator
 from feature_store.serving.api.grpc_server import FeatureServicer
 from feature_store.serving.api.rest_api import RestHandlers
+from feature_store.serving.auth import Authenticator
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.l1.cache import BYTES_OBJECT, CacheKey, entry_size
 from feature_store.serving.l1.loader import settled

@@ -14,9 +14,9 @@ import redis
 from feature_store.connection import RedisTarget
 from feature_store.registry import Registry, parse_registry
 from feature_store.serving.api.rest_api import _picked_rows
-from feature_store.serving.api.service import Lookup
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.service import Lookup
 from feature_store.store import FeatureStore
 
 REGISTRY_TEXT = """

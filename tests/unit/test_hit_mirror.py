@@ -25,10 +25,10 @@ from feature_store.layout import encode_timestamp
 from feature_store.native import FEAST, GRPC, REST, native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.registry import parse_registry
-from feature_store.serving.api.auth import Authenticator
 from feature_store.serving.api.feast_api import LOOKUP, FeastFront, feast_routes
 from feature_store.serving.api.grpc_server import FeatureServicer
 from feature_store.serving.api.rest_api import RestHandlers
+from feature_store.serving.auth import Authenticator
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.fronts.hits import NativeHits
 from feature_store.serving.l1.cache import Entry, LRUCache

@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from feature_store import _native
-from feature_store.serving.api.auth import Authenticator, Role
+from feature_store.serving.auth import Authenticator, Role
 
 KEY = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12)
 HEADER_CHARS = st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.just("\t")

@@ -34,9 +34,9 @@ from feature_store.serialization.answers import TYPE_CODES, PureGroupCodec, pack
 from feature_store.serialization.codecs import encode_float32
 from feature_store.serving.api import grpc_server
 from feature_store.serving.api.rest_api import _picked_rows, _whole_group_rows, picked_rows
-from feature_store.serving.api.service import Lookup, Projection
 from feature_store.serving.l1.cache import Entry
 from feature_store.serving.l1.loader import Resolved
+from feature_store.serving.service import Lookup, Projection
 
 CODECS = {
     "float": codec_for(FeatureType.FLOAT),

@@ -27,11 +27,11 @@ from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.api import grpc_server, wire
 from feature_store.serving.api.feast_api import Shapes, answer_json, answer_plan, parse_read
 from feature_store.serving.api.rest_api import _picked_rows, _whole_group_rows
-from feature_store.serving.api.service import Lookup, Projection
 from feature_store.serving.fronts.hits import picks_layout
 from feature_store.serving.l1.reads import Resolved
 from feature_store.serving.l1.roundtrip import pack, whole
 from feature_store.serving.l1.spec import GroupSpec
+from feature_store.serving.service import Lookup, Projection
 
 pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
 

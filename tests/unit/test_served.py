@@ -188,7 +188,7 @@ def test_every_feature_type_has_a_column_type() -> None:
 
 
 def test_a_full_queue_drops_and_counts_without_waiting() -> None:
-    from feature_store.serving.api.service import Lookup
+    from feature_store.serving.service import Lookup
 
     registry = CollectorRegistry()
     log = FeatureLog(sample.registry(), "file:///nonexistent", queue_bytes=10, metrics=registry)

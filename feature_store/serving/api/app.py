@@ -22,12 +22,12 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_store.serving.api import schemas
-from feature_store.serving.api.auth import Authenticator, AuthError, Role
 from feature_store.serving.api.feast_api import FeastFront, feast_routes
 from feature_store.serving.api.json_answer import JSON, Handler, JSONBody, Route, error_answer
 from feature_store.serving.api.rest_api import RestHandlers
-from feature_store.serving.api.service import Problem
+from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.service import Problem
 
 # what FastAPI runs around the app's life (``worker.Fronts.lifespan``)
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]

@@ -10,9 +10,9 @@ import asyncio
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from feature_store.serving.api.auth import AUTH_MESSAGES, Authenticator, AuthError
 from feature_store.serving.api.json_answer import JSON, Answer, Route
-from feature_store.serving.api.service import Problem, problem
+from feature_store.serving.auth import AUTH_MESSAGES, Authenticator, AuthError
+from feature_store.serving.service import Problem, problem
 
 _JSON_HEADER = (b"content-type", JSON.encode())
 

@@ -41,7 +41,6 @@ from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.native import FEAST as FEAST_CODE
 from feature_store.registry import EntityType, FeatureGroup, Registry
 from feature_store.serialization.json_floats import from_json_value, json_int
-from feature_store.serving.api.auth import Authenticator, Role
 from feature_store.serving.api.json_answer import (
     Answer,
     Handler,
@@ -49,7 +48,10 @@ from feature_store.serving.api.json_answer import (
     error_headers,
     parse_object,
 )
-from feature_store.serving.api.service import (
+from feature_store.serving.auth import Authenticator, Role
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.served import REQUEST_ID
+from feature_store.serving.service import (
     BatchTooLargeError,
     Learn,
     Lookup,
@@ -58,8 +60,6 @@ from feature_store.serving.api.service import (
     is_stale,
     problem,
 )
-from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import REQUEST_ID
 
 log = logging.getLogger(__name__)
 API = "feast"

@@ -32,18 +32,18 @@ from feature_store.native import GRPC as GRPC_CODE
 from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.api import wire
-from feature_store.serving.api.auth import Authenticator, AuthError, Role
-from feature_store.serving.api.service import (
+from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.config import ServingSettings, tls_pem
+from feature_store.serving.l1.cache import Entry, keeper
+from feature_store.serving.runtime import ServingRuntime
+from feature_store.serving.served import REQUEST_ID
+from feature_store.serving.service import (
     Learn,
     Lookup,
     MalformedRequestError,
     group_states,
     problem,
 )
-from feature_store.serving.config import ServingSettings, tls_pem
-from feature_store.serving.l1.cache import Entry, keeper
-from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import REQUEST_ID
 
 if TYPE_CHECKING:
     pass

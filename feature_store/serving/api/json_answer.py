@@ -10,8 +10,8 @@ from typing import NamedTuple
 import orjson
 from fastapi.responses import Response
 
-from feature_store.serving.api.auth import Role
-from feature_store.serving.api.service import MalformedRequestError, Problem
+from feature_store.serving.auth import Role
+from feature_store.serving.service import MalformedRequestError, Problem
 
 JSON = "application/json"
 

@@ -20,7 +20,6 @@ from grpc_reflection.v1alpha import reflection
 from feature_store.errors import ConfigError
 from feature_store.native import GRPC, native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.serving.api.auth import Role
 from feature_store.serving.api.grpc_server import (
     MAX_MESSAGE,
     REFLECTION_V1,
@@ -30,6 +29,7 @@ from feature_store.serving.api.grpc_server import (
     reflection_v1,
     server_credentials,
 )
+from feature_store.serving.auth import Role
 from feature_store.serving.config import ServingSettings, tls_pem
 from feature_store.serving.fronts.calls import QueuedCalls, listen
 from feature_store.serving.fronts.hits import FrontLookups, NativeHits

@@ -60,9 +60,9 @@ from feature_store.serving.l1.roundtrip import ClusterRoundTrip, NativeRoundTrip
 
 if TYPE_CHECKING:
     from feature_store._native import FrontRedis
-    from feature_store.serving.api.service import Layout, Learn, Projection
     from feature_store.serving.l1.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
+    from feature_store.serving.service import Layout, Learn, Projection
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from feature_store.errors import (
 )
 from feature_store.layout import SKIPPED, entity_key, with_script
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
-from feature_store.serving.api.auth import AuthError
+from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.l1.invalidation import Publisher
 from feature_store.serving.l1.loader import CachedReader, Resolved
