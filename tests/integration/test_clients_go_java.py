@@ -170,39 +170,40 @@ def _rest(server: ServingProcess, body: dict[str, object]) -> list[dict[str, obj
     ]
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-def test_a_group_of_every_type_prints_what_rest_answers(
-    client: str, server: ServingProcess, request: pytest.FixtureRequest
-) -> None:
-    lines = _feature_get(
-        client,
-        request,
-        *("-addr", server.grpc_target, "-key", KEY, "-entity-type", "consumer"),
-        *("-group", "consumer_features", "-ids", "1,2,3,4"),
-    )
-    expected = _rest(
-        server, {"entity_type": "consumer", "ids": [1, 2, 3, 4], "groups": ["consumer_features"]}
-    )
-    assert [orjson.loads(line) for line in lines] == expected
-    assert expected[1]["values"]["avg_order_value"] == "NaN"  # the cases are in the data
-    assert expected[3]["statuses"]["orders_7d"] == "missing"
-
-
-@pytest.mark.parametrize("client", CLIENTS)
-def test_features_by_name_and_string_ids(
-    client: str, server: ServingProcess, request: pytest.FixtureRequest
-) -> None:
-    lines = _feature_get(
-        client,
-        request,
-        *("-addr", server.grpc_target, "-key", KEY, "-entity-type", "store"),
-        *("-features", "name,store_features:rating", "-ids", "s-1,s-\u00fc,s-9", "-string-ids"),
-    )
-    expected = _rest(
-        server,
+# (feature-get's arguments after -addr and -key, the same lookup's REST body)
+LOOKUPS = {
+    "a group of every type, NaN and infinities, a missing entity": (
+        ["-entity-type", "consumer", "-group", "consumer_features", "-ids", "1,2,3,4"],
+        {"entity_type": "consumer", "ids": [1, 2, 3, 4], "groups": ["consumer_features"]},
+    ),
+    "features by name, string ids": (
+        [
+            *("-entity-type", "store", "-features", "name,store_features:rating"),
+            *("-ids", "s-1,s-\u00fc,s-9", "-string-ids"),
+        ],
         {"entity_type": "store", "ids": ["s-1", "s-\u00fc", "s-9"], "features": ["name", "rating"]},
-    )
+    ),
+}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("lookup", sorted(LOOKUPS))
+def test_feature_get_prints_what_rest_answers(
+    client: str, lookup: str, server: ServingProcess, request: pytest.FixtureRequest
+) -> None:
+    args, body = LOOKUPS[lookup]
+    lines = _feature_get(client, request, "-addr", server.grpc_target, "-key", KEY, *args)
+    expected = _rest(server, body)
     assert [orjson.loads(line) for line in lines] == expected
+
+
+def test_the_lookups_hold_the_cases_they_name(server: ServingProcess) -> None:
+    expected = _rest(
+        server, LOOKUPS["a group of every type, NaN and infinities, a missing entity"][1]
+    )
+    assert expected[1]["values"]["avg_order_value"] == "NaN"
+    assert expected[1]["values"]["rating_precise"] == "Infinity"
+    assert expected[3]["statuses"]["orders_7d"] == "missing"
 
 
 @pytest.mark.parametrize("client", CLIENTS)
