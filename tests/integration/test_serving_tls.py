@@ -25,43 +25,6 @@ from feature_store.store import FeatureStore
 GROUP, ENTITY = sample.GROUP, sample.ENTITY
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def make_ca(d: Path, name: str) -> None:
-    openssl(
-        *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-        *("-keyout", f"{name}.key", "-out", f"{name}.pem", "-subj", f"/CN={name}"),
-        cwd=d,
-    )
-
-
-def make_cert(d: Path, name: str, ca: str, san: str) -> None:
-    openssl(
-        *("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key"),
-        *("-out", f"{name}.csr", "-subj", f"/CN={name}"),
-        cwd=d,
-    )
-    (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-    openssl(
-        *("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key"),
-        *("-CAcreateserial", "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext"),
-        cwd=d,
-    )
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("pki")
-    make_ca(d, "ca")
-    make_ca(d, "other-ca")
-    make_cert(d, "server", "ca", "IP:127.0.0.1,DNS:localhost")
-    make_cert(d, "client", "ca", "DNS:model-server")
-    make_cert(d, "stranger", "other-ca", "DNS:stranger")
-    return d
-
-
 def _server_args(pki: Path) -> list[str]:
     return ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
 

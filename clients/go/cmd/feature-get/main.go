@@ -30,6 +30,8 @@ func main() {
 	stringIDs := flag.Bool("string-ids", false, "the ids are strings (default: int64)")
 	timeout := flag.Duration("timeout", time.Second, "deadline of the call, retries included")
 	ca := flag.String("tls-ca", "", "TLS: the CA's PEM file (plaintext without -tls-ca)")
+	cert := flag.String("tls-cert", "", "mutual TLS: this client's certificate, PEM")
+	certKey := flag.String("tls-key", "", "mutual TLS: its private key, PEM")
 	flag.Parse()
 	if *entityType == "" || *ids == "" || (*group == "" && *features == "") {
 		fmt.Fprintln(os.Stderr, "feature-get: give -entity-type, -ids, and -group or -features")
@@ -38,7 +40,7 @@ func main() {
 	}
 	options := featurestore.Options{APIKey: *key, Timeout: *timeout}
 	if *ca != "" {
-		options.TLS = &featurestore.TLSOptions{CA: *ca}
+		options.TLS = &featurestore.TLSOptions{CA: *ca, Cert: *cert, Key: *certKey}
 	}
 	lookup := featurestore.Lookup{
 		EntityType: *entityType,

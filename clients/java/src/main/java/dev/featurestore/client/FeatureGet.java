@@ -27,7 +27,8 @@ import java.util.Map;
 public final class FeatureGet {
   private static final String USAGE =
       "usage: feature-get -addr HOST:PORT [-key KEY] -entity-type T (-group G | -features a,b)"
-          + " -ids 1,2,3 [-string-ids] [-timeout-ms 1000] [-tls-ca ca.pem]";
+          + " -ids 1,2,3 [-string-ids] [-timeout-ms 1000] [-tls-ca ca.pem"
+          + " [-tls-cert client.pem -tls-key client.key]]";
 
   public static void main(String[] args) throws IOException {
     Map<String, String> flags = new HashMap<>();
@@ -69,6 +70,9 @@ public final class FeatureGet {
             .timeout(Duration.ofMillis(Long.parseLong(flags.getOrDefault("timeout-ms", "1000"))));
     if (flags.containsKey("tls-ca")) {
       options.tls(new File(flags.get("tls-ca")));
+      if (flags.containsKey("tls-cert")) {
+        options.clientCertificate(new File(flags.get("tls-cert")), new File(flags.get("tls-key")));
+      }
     }
     FeatureClient.Result result;
     try (FeatureClient client =
