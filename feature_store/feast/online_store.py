@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from urllib.parse import quote
 
 from feast import Entity, FeatureService, FeatureView, RepoConfig
@@ -95,7 +95,7 @@ from feature_store.store import read_plans
 
 log = logging.getLogger(__name__)
 
-NAME = "feature_store.feast.online_store.FeatureStoreRedisOnlineStore"
+NAME: Final = "feature_store.feast.online_store.FeatureStoreRedisOnlineStore"
 
 
 class FeatureStoreRedisOnlineStoreConfig(FeastConfigBaseModel):
@@ -105,7 +105,7 @@ class FeatureStoreRedisOnlineStoreConfig(FeastConfigBaseModel):
     type: Literal[
         "feature_store.feast.online_store.FeatureStoreRedisOnlineStore",
         "feature_store.feast_redis.FeatureStoreRedisOnlineStore",  # earlier releases' path
-    ] = "feature_store.feast.online_store.FeatureStoreRedisOnlineStore"
+    ] = NAME
     # this project's Redis URL (redis://, rediss://, unix://, ?cluster=true), or Feast's
     # form: host:port[,host:port...][,password=...][,ssl=true]
     connection_string: StrictStr = "redis://127.0.0.1:6379"

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from feast import FeatureService, RepoConfig
 from feast.infra.online_stores.remote import (
@@ -99,7 +99,7 @@ def _timestamp(text: str) -> Timestamp:
     return Timestamp(seconds=int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()))
 
 
-NAME = "feature_store.feast.remote.FeatureStoreOnlineStore"
+NAME: Final = "feature_store.feast.remote.FeatureStoreOnlineStore"
 TypeName = Literal[  # both (the base class's is Literal["remote"])
     "feature_store.feast.remote.FeatureStoreOnlineStore",
     "feature_store.feast_online.FeatureStoreOnlineStore",
@@ -110,7 +110,7 @@ class FeatureStoreOnlineStoreConfig(RemoteOnlineStoreConfig):
     """The ``remote`` store's settings (``path``, ``cert``, connection pool, retries)."""
 
     # Feast finds the store by this dotted name, and the config class by its name + Config
-    type: TypeName = "feature_store.feast.remote.FeatureStoreOnlineStore"  # type: ignore[assignment]
+    type: TypeName = NAME  # type: ignore[assignment]
 
 
 class FeatureStoreOnlineStore(RemoteOnlineStore):

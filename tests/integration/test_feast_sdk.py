@@ -30,6 +30,7 @@ from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 from feature_store import sample
 from feature_store.client import FeatureClient
 from feature_store.embedded import EmbeddedRedis
+from feature_store.feast import remote
 from feature_store.layout import entity_key
 from feature_store.registry import Registry, load_registry
 from feature_store.serving.process import ServingProcess
@@ -320,7 +321,7 @@ def test_the_sdk_sends_an_api_key_as_a_static_bearer_token(
             fs.get_online_features(features=refs(["int_0"]), entity_rows=[{"consumer_id": 1}])
 
 
-TYPED = "feature_store.feast.remote.FeatureStoreOnlineStore"
+TYPED = remote.NAME
 
 
 def test_the_typed_online_store_answers_what_remote_answers(
