@@ -41,8 +41,8 @@ from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
 from feature_store.native import REST
 from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.serving.feature_log import FeatureLog, Served
 from feature_store.serving.process import ServingProcess
-from feature_store.serving.served import FeatureLog, Served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save

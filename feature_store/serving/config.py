@@ -108,7 +108,7 @@ class ServingSettings:
     read_keys: tuple[str, ...] = ()
     admin_keys: tuple[str, ...] = ()  # writes and cache bypass; also allowed to read
 
-    # the serving log (serving/served.py): file:///DIR or kafka://HOST:PORT/TOPIC; a row
+    # the serving log (serving/feature_log/): file:///DIR or kafka://HOST:PORT/TOPIC; a row
     # per served entity of the sampled lookups (by request id), rolled every so many
     # seconds or bytes; at most so many bytes of answers queued per worker (more are
     # dropped, and counted)

@@ -18,6 +18,7 @@ from feature_store.connection import AsyncClient, RedisTarget
 from feature_store.errors import StoreError, StorePermissionError
 from feature_store.registry import Registry
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.feature_log import FeatureLog
 from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
 from feature_store.serving.l1.cache import LRUCache
 from feature_store.serving.l1.invalidation import (
@@ -30,7 +31,6 @@ from feature_store.serving.l1.loader import CachedReader
 from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, ClusterRoundTrip, round_trip_for
 from feature_store.serving.l1.warm import WarmStart
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
-from feature_store.serving.served import FeatureLog
 from feature_store.serving.service import FeatureService, Writer
 from feature_store.serving.siblings import Siblings
 from feature_store.store import AsyncFeatureStore
@@ -106,7 +106,7 @@ class ServingRuntime:
         self._publisher = publisher
         self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
         self.metrics = ServingMetrics(self.reader)
-        # request ids, and with FEATURE_SERVING_FEATURE_LOG the serving log (served.py)
+        # request ids, and with FEATURE_SERVING_FEATURE_LOG the serving log (feature_log/)
         self.served = FeatureLog(
             registry,
             settings.feature_log,

@@ -2,7 +2,7 @@
 //! gRPC's protobuf read straight into Arrow's buffers (values, validity bitmaps, offsets),
 //! which Python wraps as arrays without a Python object per value.
 //!
-//! The reference is `feature_store/serving/served.py` (`Part`, `AnswerRows`); the property
+//! The reference is `feature_store/serving/feature_log/rows.py` (`Part`, `AnswerRows`); the property
 //! tests in `tests/unit/test_native_logrows.py` assert the same tables. An answer this code
 //! does not read (a form it was not written for) raises `ValueError` and leaves the columns
 //! as they were; the caller reads that answer with the reference.
@@ -13,7 +13,7 @@ use pyo3::types::PyBytes;
 
 use crate::codecs::{read_varint, Fallback, Native};
 
-// the column kinds, as Python numbers them (served.py, NATIVE_KINDS)
+// the column kinds, as Python numbers them (feature_log/rows.py, NATIVE_KINDS)
 const F64: u8 = 0;
 const I64: u8 = 1;
 const BOOL: u8 = 2;

@@ -31,8 +31,8 @@ from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.registry import parse_registry
+from feature_store.serving.feature_log import sampled, threshold
 from feature_store.serving.process import ServingProcess
-from feature_store.serving.served import sampled, threshold
 from feature_store.store import FeatureStore
 
 GROUP = sample.GROUP

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from feature_store import sample
 from feature_store.errors import RequestError
 from feature_store.ingest.job import spark_session
-from feature_store.serving.served import arrow_schema
+from feature_store.serving.feature_log import arrow_schema
 from feature_store.training import TrainingSetJob, build_training_set
 
 GROUP = sample.GROUP

@@ -1,5 +1,5 @@
 """The serving log's native row reader (native/src/logrows.rs) against its reference
-(served.py's ``Part``): the same table from the same answers, REST's JSON and gRPC's
+(feature_log/rows.py's ``Part``): the same table from the same answers, REST's JSON and gRPC's
 protobuf, over every feature type, nulls, non-finite floats, escapes and both id types;
 and an answer it does not read leaves its columns as they were."""
 
@@ -17,7 +17,7 @@ from feature_store.native import GRPC, REST, native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1 import values_pb2
 from feature_store.registry import parse_registry
-from feature_store.serving.served import AnswerRows, Served
+from feature_store.serving.feature_log import AnswerRows, Served
 
 pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is off")
 
@@ -144,7 +144,7 @@ def tables(api: int, answer: bytes, entity: str) -> tuple[list[dict], list[dict]
         rows.add(served, parts)
         kinds = {type(p).__name__ for p in parts.values()}
         assert kinds == ({"NativePart"} if native else {"Part"}), kinds
-        from feature_store.serving.served import arrow_schema
+        from feature_store.serving.feature_log import arrow_schema
 
         schema = arrow_schema(REGISTRY, REGISTRY.entities[entity])
         out.append([r for p in parts.values() for r in p.table(schema).to_pylist()])

@@ -1,4 +1,4 @@
-"""The serving log's pure parts (feature_store/serving/served.py): request ids, sampling
+"""The serving log's pure parts (feature_store/serving/feature_log/): request ids, sampling
 (Python's and the extension's the same), the sink URL, and the file sink's rolling with
 real parquet files: nothing visible before a file is complete, then all of it."""
 
@@ -21,17 +21,9 @@ from feature_store import sample
 from feature_store.errors import ConfigError
 from feature_store.native import native_enabled
 from feature_store.serving.config import ServingSettings, parse_target
-from feature_store.serving.served import (
-    EVERY,
-    ROW_GROUP,
-    FeatureLog,
-    FileSink,
-    LogMetrics,
-    arrow_schema,
-    given_id,
-    sampled,
-    threshold,
-)
+from feature_store.serving.feature_log import FeatureLog, arrow_schema
+from feature_store.serving.feature_log.ids import EVERY, given_id, sampled, threshold
+from feature_store.serving.feature_log.sinks import ROW_GROUP, FileSink, LogMetrics
 
 GROUP = sample.GROUP
 
@@ -204,7 +196,7 @@ def test_a_full_queue_drops_and_counts_without_waiting() -> None:
 
 def test_non_finite_floats_answered_as_text_are_logged_as_numbers() -> None:
     from feature_store.native import REST
-    from feature_store.serving.served import Served
+    from feature_store.serving.feature_log import Served
 
     log = FeatureLog(sample.registry())
     answer = orjson.dumps(

@@ -49,8 +49,8 @@ from feature_store.serving.api.json_answer import (
     parse_object,
 )
 from feature_store.serving.auth import Authenticator, Role
+from feature_store.serving.feature_log import REQUEST_ID
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import REQUEST_ID
 from feature_store.serving.service import (
     BatchTooLargeError,
     Learn,

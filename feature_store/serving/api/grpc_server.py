@@ -34,9 +34,9 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.api import wire
 from feature_store.serving.auth import Authenticator, AuthError, Role
 from feature_store.serving.config import ServingSettings, tls_pem
+from feature_store.serving.feature_log import REQUEST_ID
 from feature_store.serving.l1.cache import Entry, keeper
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import REQUEST_ID
 from feature_store.serving.service import (
     Learn,
     Lookup,

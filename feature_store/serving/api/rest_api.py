@@ -23,9 +23,9 @@ from feature_store.native import native_enabled
 from feature_store.serialization.json_floats import from_json_value, json_int
 from feature_store.serving.api.json_answer import Answer, error_answer, parse_object
 from feature_store.serving.auth import Authenticator, AuthError, Role
+from feature_store.serving.feature_log import REQUEST_ID
 from feature_store.serving.l1.cache import Entry, entry_json, keeper
 from feature_store.serving.runtime import ServingRuntime
-from feature_store.serving.served import REQUEST_ID
 from feature_store.serving.service import (
     Learn,
     Lookup,
