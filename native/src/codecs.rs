@@ -685,6 +685,12 @@ impl<'a> Iterator for Packed<'a> {
     }
 }
 
+/// Whether `raw` is the packed form (`pack_value`) of `values`, read without packing them.
+pub(crate) fn packs<'v>(raw: &[u8], values: impl IntoIterator<Item = Option<&'v [u8]>>) -> bool {
+    let mut packed = Packed { data: raw, pos: 0 };
+    values.into_iter().all(|value| packed.next() == Some(value)) && packed.next().is_none()
+}
+
 /// The values of a packed list of `count`; None when `raw` is not one.
 pub(crate) fn packed_values(raw: &[u8], count: usize) -> Option<Vec<Option<&[u8]>>> {
     let values: Vec<Option<&[u8]>> = Packed { data: raw, pos: 0 }.collect();

@@ -128,8 +128,7 @@ async fn load_here(
             return None;
         }
     }
-    let stored = claim.mine.clone(); // sorted, as `missing.absent` is
-    drop(claim); // its loads are stored: their waiters go on
+    let stored = claim.end(); // sorted, as `missing.absent` is; their waiters go on
     if !waiting.is_empty() {
         let others = async {
             for mut rx in waiting {

@@ -16,6 +16,11 @@
 //!   it); an aggregated group's answer holds until its next tile boundary. A key whose
 //!   reply is an error, or holds a value or write time the native core does not read, is
 //!   not stored: the lookup then takes Python's path, which names the fault.
+//! - **A reload that finds what the entry held.** An entry of the front's own, expired and
+//!   read again, whose stored values are those it packed (compared in place: `packs`), is
+//!   kept as it is, with its new lifetime and write time: no answer bytes are made, copied
+//!   or freed. Between a group's writes (a nightly job's, say) that is every reload; a
+//!   value changed in Redis, noticed or not, makes a new entry.
 //! - **Bounds.** The front's entries count against what Python's own entries leave of the
 //!   cache's bounds in bytes and entries (`Loading`, set again by Python as its cache
 //!   changes), evicted by CLOCK (second chance): a hit marks its entry, and the hand passes
@@ -37,8 +42,15 @@ use super::entry::{Held, Hit, NOT_WRITTEN};
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
 use super::{Hits, GRPC};
+use crate::codecs::packs;
 use crate::group::write_values;
 use crate::time::unix_now_ms;
+
+thread_local! {
+    /// What a load writes each entry's bytes into before they are boxed (`HitCache::entry`):
+    /// its answer bytes, packed values, present pattern, and the other API's answer bytes.
+    static SCRATCH: std::cell::RefCell<[Vec<u8>; 4]> = std::cell::RefCell::new(Default::default());
+}
 
 /// What an entry the front loaded costs besides its key and bytes: the entry and its key's
 /// box in the table's slot (a table that grows by doubling is up to half empty), the
@@ -88,15 +100,50 @@ pub struct Claim<'h> {
     pub waiting: Vec<watch::Receiver<()>>,
 }
 
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
-        for key in &self.mine {
-            flights.remove(key.as_slice());
+impl Claim<'_> {
+    /// End the claims (their loads are stored: the waiters go on), and give back the keys
+    /// this lookup loaded.
+    pub fn end(mut self) -> Vec<Vec<u8>> {
+        self.release();
+        std::mem::take(&mut self.mine)
+    }
+
+    fn release(&mut self) {
+        if !self.mine.is_empty() {
+            let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+            for key in &self.mine {
+                flights.remove(key.as_slice());
+            }
         }
-        drop(flights);
         self.senders.clear(); // the waiters wake: their `changed()` ends
     }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// What a load made of one key's reply: a new entry, or the same as the front's own entry
+/// there (its stored values read again), kept with a new lifetime and write time (`at` and
+/// `was`: where its packed values are and its write time, so that an entry that replaced it
+/// meanwhile is told apart).
+pub(super) enum Made {
+    New(Hit),
+    Same { at: usize, was: i64, written: i64 },
+}
+
+/// An entry loaded now is fresh for `ttl` seconds, and noted for a refresh in the last
+/// `refresh_ahead` share of them.
+fn live(hit: &mut Hit, ttl: f64, loading: &Loading, after: &impl Fn(f64) -> u64) {
+    hit.expires = after(ttl);
+    let window = if hit.negative {
+        0.0
+    } else {
+        ttl * loading.refresh_ahead
+    };
+    hit.notice_at = after(ttl - window);
 }
 
 impl Hits {
@@ -194,8 +241,10 @@ impl Hits {
         let mut made = Vec::with_capacity(keys.len());
         let (mut slots, mut order, mut answered) = (Vec::new(), Vec::new(), Vec::new());
         let mut pos = 0;
-        let others = self.hold_other_form(keys, api);
-        for (i, (key, &disowned)) in keys.iter().zip(&disowned).enumerate() {
+        // the entries there: a load keeps the other API's answer bytes an entry had, and an
+        // entry of its own whose stored values are those read again is kept as it is
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        for (key, &disowned) in keys.iter().zip(&disowned) {
             let read = match reads.get(&u16::from_be_bytes([key[0], key[1]])) {
                 Some(read) => read,
                 None => return false,
@@ -208,11 +257,14 @@ impl Hits {
             if error.is_some() || disowned {
                 continue; // a key of another type (Python names it), or invalidated
             }
-            let both = others[i];
-            if let Some(hit) = self.entry(read, &slots, now_ms, &mut answered, api, both, loading) {
-                made.push((key.as_slice(), hit));
+            let there = entries.get(key.as_slice());
+            if let Some(made_one) =
+                self.entry(read, &slots, now_ms, &mut answered, api, there, loading)
+            {
+                made.push((key.as_slice(), made_one));
             }
         }
+        drop(entries);
         if pos != buf.len() {
             return false;
         }
@@ -226,29 +278,9 @@ impl Hits {
         true
     }
 
-    /// Per key, whether its entry holds the answer bytes of another API than `api`'s: a
-    /// load for `api` then writes both, so that lookups of both keep hitting.
-    fn hold_other_form(&self, keys: &[Vec<u8>], api: u8) -> Vec<bool> {
-        if self.compact {
-            return vec![false; keys.len()];
-        }
-        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
-        keys.iter()
-            .map(|key| {
-                entries.get(key.as_slice()).map_or(false, |hit| {
-                    if api == GRPC {
-                        hit.values.is_some()
-                    } else {
-                        hit.wire.is_some()
-                    }
-                })
-            })
-            .collect()
-    }
-
     /// An entry of group read `read` from one reply's `slots`, with its lifetime (as
-    /// `HitCache::put_many` takes one) not yet set: None where the native core does not
-    /// read it, or (a TTL of 0) it is not to be kept.
+    /// `HitCache::put_many` takes one) not yet set, or (`Made::Same`) the entry `there`
+    /// again: None where the native core does not read it.
     #[allow(clippy::too_many_arguments)]
     fn entry<'a>(
         &self,
@@ -257,9 +289,9 @@ impl Hits {
         now_ms: i64,
         answered: &'a mut Vec<Option<Vec<u8>>>,
         api: u8,
-        both: bool,
+        there: Option<&Hit>,
         loading: &Loading,
-    ) -> Option<(Hit, f64)> {
+    ) -> Option<(Made, f64)> {
         let refs: Vec<Option<&[u8]>>;
         let (types, stored, written, negative, until) = if read.windowed(0) {
             let negative = slots.first()?.is_none();
@@ -286,74 +318,116 @@ impl Hits {
         if let Some(until) = until {
             ttl = ttl.min(until);
         }
-        let stored = stored.iter().copied();
-        let mut present = Vec::with_capacity(types.len());
-        let (mut values, mut wire, mut raw) = (None, None, None);
-        if self.compact {
-            let (mut raw, mut scratch) = (Vec::new(), Vec::new());
-            write_values(
-                types,
-                stored,
-                false,
-                &mut scratch,
-                &mut present,
-                Some(&mut raw),
-            )
-            .ok()?;
-            values = Some(if negative { Vec::new() } else { raw });
-        } else {
-            let mut out = Vec::with_capacity(types.len() * 32);
-            let mut packed = Vec::with_capacity(types.len() * 32);
-            let keep = Some(&mut packed);
-            write_values(
-                types,
-                stored.clone(),
-                api == GRPC,
-                &mut out,
-                &mut present,
-                keep,
-            )
-            .ok()?;
-            if !negative {
-                raw = Some(packed);
-            }
-            // a negative entry's bytes are a few: both APIs' are kept
-            if both || negative {
-                let (mut other, mut scratch) = (Vec::new(), Vec::new());
-                write_values(types, stored, api != GRPC, &mut other, &mut scratch, None).ok()?;
-                if api == GRPC {
-                    values = Some(other);
+        // the entry there is the front's own, of the values read again (an entry expired
+        // between a group's writes: most reloads) and holds this API's answer bytes: it is
+        // kept, with no bytes made, copied or freed (an aggregated group's answer changes
+        // with time: always made again)
+        if let Some(hit) = there.filter(|hit| hit.own() && until.is_none()) {
+            let held = if self.compact { &hit.values } else { &hit.raw };
+            let answers = self.compact
+                || if api == GRPC {
+                    hit.wire.is_some()
                 } else {
-                    wire = Some(other);
-                }
-            }
-            if api == GRPC {
-                wire = Some(out);
+                    hit.values.is_some()
+                };
+            let same = if negative {
+                hit.negative
             } else {
-                values = Some(out);
+                !hit.negative
+                    && held
+                        .as_ref()
+                        .map_or(false, |raw| packs(raw.bytes(), stored.iter().copied()))
+            };
+            if same && answers {
+                let at = held.as_ref().map_or(0, |raw| raw.bytes().as_ptr() as usize);
+                let written = written.unwrap_or(NOT_WRITTEN);
+                let was = hit.written;
+                return Some((Made::Same { at, was, written }, ttl));
             }
         }
-        let own = |bytes: Vec<u8>| Held::Own(bytes.into_boxed_slice());
-        let hit = Hit {
-            values: values.map(own),
-            wire: wire.map(own),
-            raw: raw.map(own),
-            present: own(present),
-            written: written.unwrap_or(NOT_WRITTEN),
-            negative,
-            fault: false,
-            expires: 0,
-            notice_at: 0,
-            noticed: AtomicBool::new(false),
-            visited: AtomicBool::new(false),
-            ends: OnceBox::new(),
-        };
-        Some((hit, ttl))
+        // a load for one API keeps the other API's answer bytes the entry there had, so that
+        // lookups of both keep hitting
+        let both = !self.compact
+            && there.map_or(false, |hit| {
+                if api == GRPC {
+                    hit.values.is_some()
+                } else {
+                    hit.wire.is_some()
+                }
+            });
+        let stored = stored.iter().copied();
+        // written into buffers kept per thread, then boxed at their size: one allocation each
+        // (a Vec grown then shrunk to a box took three)
+        SCRATCH
+            .with(|scratch| {
+                let scratch = &mut *scratch.borrow_mut();
+                for buffer in scratch.iter_mut() {
+                    buffer.clear();
+                }
+                let [out, packed, present, other] = scratch;
+                let own = |bytes: &Vec<u8>| Held::Own(Box::from(bytes.as_slice()));
+                let (mut values, mut wire, mut raw) = (None, None, None);
+                if self.compact {
+                    write_values(types, stored, false, other, present, Some(packed)).ok()?;
+                    values = Some(if negative {
+                        Held::Own(Box::default())
+                    } else {
+                        own(packed)
+                    });
+                } else {
+                    write_values(
+                        types,
+                        stored.clone(),
+                        api == GRPC,
+                        out,
+                        present,
+                        Some(packed),
+                    )
+                    .ok()?;
+                    if !negative {
+                        raw = Some(own(packed));
+                    }
+                    // a negative entry's bytes are a few: both APIs' are kept
+                    if both || negative {
+                        let ignored = packed; // the present pattern is the same: written once
+                        ignored.clear();
+                        write_values(types, stored, api != GRPC, other, ignored, None).ok()?;
+                        if api == GRPC {
+                            values = Some(own(other));
+                        } else {
+                            wire = Some(own(other));
+                        }
+                    }
+                    if api == GRPC {
+                        wire = Some(own(out));
+                    } else {
+                        values = Some(own(out));
+                    }
+                }
+                Some((values, wire, raw, own(present)))
+            })
+            .map(|(values, wire, raw, present)| {
+                let hit = Hit {
+                    values,
+                    wire,
+                    raw,
+                    present,
+                    written: written.unwrap_or(NOT_WRITTEN),
+                    negative,
+                    fault: false,
+                    expires: 0,
+                    notice_at: 0,
+                    noticed: AtomicBool::new(false),
+                    visited: AtomicBool::new(false),
+                    ends: OnceBox::new(),
+                };
+                (Made::New(hit), ttl)
+            })
     }
 
     /// Store entries the front loaded `now`, each fresh for its TTL and noted for a refresh
     /// in the last `refresh_ahead` share of it; then evict past the bounds.
-    fn insert_own(&self, made: Vec<(&[u8], (Hit, f64))>, now: Instant, loading: &Loading) {
+    fn insert_own(&self, made: Vec<(&[u8], (Made, f64))>, now: Instant, loading: &Loading) {
         if made.is_empty() {
             return;
         }
@@ -362,17 +436,34 @@ impl Hits {
         let mut pythons = Vec::new();
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        for (key, (mut hit, ttl)) in made {
-            hit.expires = after(ttl);
-            let window = if hit.negative {
-                0.0
-            } else {
-                ttl * loading.refresh_ahead
+        for (key, (made, ttl)) in made {
+            let mut hit = match made {
+                Made::New(hit) => hit,
+                Made::Same { at, was, written } => {
+                    // the same entry, if it is still there (else: not stored; the lookup
+                    // finds it missing, and Python's path loads it)
+                    if let Some(hit) = entries.get_mut(key).filter(|hit| {
+                        let held = if self.compact { &hit.values } else { &hit.raw };
+                        hit.own()
+                            && hit.written == was
+                            && held.as_ref().map_or(0, |b| b.bytes().as_ptr() as usize) == at
+                    }) {
+                        hit.written = written;
+                        live(hit, ttl, loading, &after);
+                        hit.noticed.store(false, Ordering::Relaxed);
+                    }
+                    continue;
+                }
             };
-            hit.notice_at = after(ttl - window);
+            live(&mut hit, ttl, loading, &after);
             owned.bytes += OWN_ENTRY + key.len() + hit.held_bytes();
             owned.count += 1;
-            match entries.insert(key.into(), hit) {
+            // an entry of the key's replaced in place: its key is not boxed again
+            let replaced = match entries.get_mut(key) {
+                Some(slot) => Some(std::mem::replace(slot, hit)),
+                None => entries.insert(key.into(), hit),
+            };
+            match replaced {
                 Some(replaced) if replaced.own() => {
                     owned.bytes -= OWN_ENTRY + key.len() + replaced.held_bytes();
                     owned.count -= 1;
