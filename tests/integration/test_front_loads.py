@@ -245,6 +245,39 @@ def test_the_fronts_entries_stay_within_the_bounds(redis_server: object) -> None
         assert _counter(server, "evictions") >= _counter(server, "keys_loaded") - 100 > 0
 
 
+def test_a_bound_smaller_than_the_loads_in_flight_still_reads_each_miss_once(
+    redis_server: object,
+) -> None:
+    """A cache bounded to 20 entries, eight threads looking up 10 random entities of 600 at
+    once (80 keys in flight): each lookup's load is answered from before the next evicts it,
+    so each missed entity is read from Redis once, not again by Python's path behind it."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(600))
+    env = {**ENV, "FEATURE_SERVING_CACHE_TTL": "60", "FEATURE_SERVING_CACHE_MAX_ENTRIES": "20"}
+    with ServingProcess(url, env=env, grpc=False) as server:
+        _rest(server, {"entity_type": ENTITY, "ids": [0], "groups": [GROUP]})  # the form
+        reads = _reads(url)
+
+        def ask(seed: int) -> None:
+            rng = random.Random(seed)
+            with httpx.Client(timeout=10) as client:
+                for _ in range(60):
+                    ids = rng.sample(range(600), 10)
+                    body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
+                    r = client.post(f"{server.rest_url}/v1/features/get", json=body)
+                    assert r.status_code == 200
+
+        threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        read = _reads(url) - reads
+    looked_up = 8 * 60 * 10
+    assert read <= looked_up * 1.05, (read, looked_up)  # Python's path behind: about 2x
+
+
 def test_python_adopts_the_fronts_entries_when_redis_is_down(tmp_path: Path) -> None:
     """Entries the front loaded are served stale by Python's handler (a form the front has
     not learned: gRPC here) once Redis is gone, as Python's own entries are."""

@@ -1,7 +1,8 @@
 //! A lookup on a front, decided once for both protocols: a hit in the L1 is answered at
 //! once; a lookup with keys missing loads them on the front's own Redis connections
 //! (`hits/load.rs`: single flight, decoded and stored here) and is answered from the L1
-//! (replayed); where the front cannot load them all (no connection or the circuit open,
+//! (replayed; an entry it found, evicted by another load before it answered, is loaded
+//! once more); where the front cannot load them all (no connection or the circuit open,
 //! a round trip failed, a reply only Python reads), Python loads those left, through its
 //! policy (stale on error, the fault named), then the front replays. Without the L1, a
 //! planned lookup is read on the front's own Redis connections, or (none usable) its
@@ -95,7 +96,9 @@ where
 /// The lookup's `missing` keys to be read from Redis loaded on the front's connections
 /// (those another lookup is loading: waited for), and its answer from the L1; None where
 /// the front does not load misses, or they did not all load, or others are Python's to
-/// complete (Python's path then takes those left).
+/// complete (Python's path then takes those left). An entry the lookup found fresh but
+/// another load evicted before it answered (a bound smaller than the loads in flight) is
+/// loaded once more, with what it loaded first still pinned.
 async fn load_here(
     hits: &Hits,
     direct: &Direct,
@@ -104,38 +107,57 @@ async fn load_here(
     missing: &Missing,
 ) -> Option<Vec<u8>> {
     let loading = hits.loading()?;
-    if missing.absent.is_empty() {
-        return None; // entries Python completes (answer bytes, a cached fault)
-    }
-    let mut claim = hits.claim(&missing.absent);
-    let waiting = std::mem::take(&mut claim.waiting);
-    if !claim.mine.is_empty() {
-        let commands = hits.load_commands(&claim.mine)?;
-        let replies = match direct.read(&commands).await {
-            Some(replies) => replies,
-            None => {
-                drop(claim);
-                if direct.routed() {
-                    // a cluster: a moved slot or a master down whose replica took over, which
-                    // Python's cluster client follows (and serves stale if it cannot)
-                    return None;
-                }
-                // one Redis failing (or no connection, or the circuit open): stale will do
-                return hits.stale(request, api, missing, loading.max_stale);
-            }
-        };
-        if !hits.store_loaded(&claim, &replies, api) {
-            return None;
+    let mut pins = Vec::new(); // what this lookup loaded, pinned until it answers
+    let mut stored: Vec<Vec<u8>> = Vec::new(); // their keys, sorted
+    let mut left: Option<Missing> = None;
+    for again in [true, false] {
+        let missing = left.as_ref().unwrap_or(missing);
+        if missing.absent.is_empty() {
+            return None; // entries Python completes (answer bytes, a cached fault)
         }
-    }
-    let stored = claim.end(); // sorted, as `missing.absent` is; their waiters go on
-    if !waiting.is_empty() {
-        let others = async {
-            for mut rx in waiting {
-                let _ = rx.changed().await; // ends when that load's claim does
+        let mut claim = hits.claim(&missing.absent);
+        let waiting = std::mem::take(&mut claim.waiting);
+        if !claim.mine.is_empty() {
+            let commands = hits.load_commands(&claim.mine)?;
+            let replies = match direct.read(&commands).await {
+                Some(replies) => replies,
+                None => {
+                    drop(claim);
+                    if direct.routed() {
+                        // a cluster: a moved slot or a master down whose replica took over,
+                        // which Python's cluster client follows (and serves stale if it cannot)
+                        return None;
+                    }
+                    // one Redis failing (or no connection, or the circuit open): stale will do
+                    return hits.stale(request, api, missing, loading.max_stale);
+                }
+            };
+            if !hits.store_loaded(&claim, &replies, api) {
+                return None;
             }
+        }
+        let pinned = claim.end(); // their waiters go on; pinned until answered below
+        stored.extend(pinned.keys.iter().cloned());
+        stored.sort_unstable();
+        pins.push(pinned);
+        if !waiting.is_empty() {
+            let others = async {
+                for mut rx in waiting {
+                    let _ = rx.changed().await; // ends when that load's claim does
+                }
+            };
+            let _ = tokio::time::timeout(loading.wait, others).await;
+        }
+        if let Some(answer) = hits.replay(request, api, missing, Some(&stored)) {
+            return Some(answer);
+        }
+        if !again {
+            break;
+        }
+        left = match hits.answer(api, request)? {
+            Looked::Missing(now) => Some(now),
+            Looked::Answer(answer) => return Some(answer),
         };
-        let _ = tokio::time::timeout(loading.wait, others).await;
     }
-    hits.replay(request, api, missing, Some(&stored))
+    None
 }

@@ -24,8 +24,10 @@
 //! - **Bounds.** The front's entries count against what Python's own entries leave of the
 //!   cache's bounds in bytes and entries (`Loading`, set again by Python as its cache
 //!   changes), evicted by CLOCK (second chance): a hit marks its entry, and the hand passes
-//!   over marked entries once before evicting them. Python's entries are bounded by
-//!   Python's cache, which drops them here when it evicts them.
+//!   over marked entries once before evicting them, and over the keys of loads whose
+//!   lookups have not yet answered from them (`Pinned`): under a bound smaller than the
+//!   loads in flight, a load is not evicted by the next one before it is served. Python's
+//!   entries are bounded by Python's cache, which drops them here when it evicts them.
 //! - The policy stays Python's: which nodes the front may read (the circuit), each round
 //!   trip's timeout, the TTLs, and what counts (drained with what the front served). A
 //!   round trip that fails serves the lookup's expired entries stale (`Hits::stale`).
@@ -87,41 +89,72 @@ pub(super) struct Owned {
 pub(super) struct Flight {
     done: watch::Receiver<()>,
     disowned: bool,
+    pins: usize, // the lookups that load or wait for it and have not answered yet
 }
 
 pub(super) type Flights = Mutex<HashMap<Box<[u8]>, Flight>>;
 
 /// The keys of one lookup's misses: those it loads (`mine`), and the loads of others it
-/// waits for. Dropping it ends its own claims, whatever happened to the load.
+/// waits for (`waited`, `waiting`). Dropping it ends its own claims, whatever happened to
+/// the load.
 pub struct Claim<'h> {
     flights: &'h Flights,
     pub mine: Vec<Vec<u8>>,
     senders: Vec<watch::Sender<()>>,
     pub waiting: Vec<watch::Receiver<()>>,
+    waited: Vec<Vec<u8>>,
 }
 
-impl Claim<'_> {
-    /// End the claims (their loads are stored: the waiters go on), and give back the keys
-    /// this lookup loaded.
-    pub fn end(mut self) -> Vec<Vec<u8>> {
-        self.release();
-        std::mem::take(&mut self.mine)
-    }
-
-    fn release(&mut self) {
-        if !self.mine.is_empty() {
-            let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
-            for key in &self.mine {
-                flights.remove(key.as_slice());
-            }
-        }
+impl<'h> Claim<'h> {
+    /// The claims' loads are stored: their waiters go on, and the keys stay pinned (the
+    /// eviction passes over them) until every lookup that loaded them or waited for them
+    /// has answered from them (`Pinned`'s `Drop`), so that under a small bound a load is
+    /// not evicted by the next before it is served.
+    pub fn end(mut self) -> Pinned<'h> {
         self.senders.clear(); // the waiters wake: their `changed()` ends
+        Pinned {
+            flights: self.flights,
+            keys: std::mem::take(&mut self.mine),
+            waited: std::mem::take(&mut self.waited),
+        }
     }
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        self.release();
+        unpin(self.flights, &self.mine, &self.waited);
+        self.senders.clear(); // the waiters wake: their `changed()` ends
+    }
+}
+
+/// The keys a lookup loaded and stored, and those it waited for, pinned until it has
+/// answered (`Claim::end`).
+pub struct Pinned<'h> {
+    flights: &'h Flights,
+    pub keys: Vec<Vec<u8>>, // sorted
+    waited: Vec<Vec<u8>>,
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        unpin(self.flights, &self.keys, &self.waited);
+    }
+}
+
+/// A lookup is done with `mine` and `waited`: a key no other lookup still pins is no
+/// longer in flight.
+fn unpin(flights: &Flights, mine: &[Vec<u8>], waited: &[Vec<u8>]) {
+    if mine.is_empty() && waited.is_empty() {
+        return;
+    }
+    let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
+    for key in mine.iter().chain(waited) {
+        if let Some(flight) = flights.get_mut(key.as_slice()) {
+            flight.pins -= 1;
+            if flight.pins == 0 {
+                flights.remove(key.as_slice());
+            }
+        }
     }
 }
 
@@ -164,17 +197,23 @@ impl Hits {
             mine: Vec::with_capacity(keys.len()),
             senders: Vec::new(),
             waiting: Vec::new(),
+            waited: Vec::new(),
         };
         // one channel for the claim's keys: their load ends together
         let (tx, done) = watch::channel(());
         let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
         for key in keys {
-            match flights.get(key.as_slice()) {
-                Some(flight) => claim.waiting.push(flight.done.clone()),
+            match flights.get_mut(key.as_slice()) {
+                Some(flight) => {
+                    flight.pins += 1;
+                    claim.waiting.push(flight.done.clone());
+                    claim.waited.push(key.clone());
+                }
                 None => {
                     let flight = Flight {
                         done: done.clone(),
                         disowned: false,
+                        pins: 1,
                     };
                     flights.insert(key.clone().into_boxed_slice(), flight);
                     claim.mine.push(key.clone());
@@ -478,7 +517,7 @@ impl Hits {
                 }
             }
         }
-        let evicted = evict(&mut entries, &mut owned, loading);
+        let evicted = evict(&mut entries, &mut owned, loading, &self.flights);
         drop(owned);
         drop(entries);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
@@ -515,7 +554,7 @@ impl Hits {
         loading.max_entries.store(max_entries, Ordering::Relaxed);
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        let evicted = evict(&mut entries, &mut owned, loading);
+        let evicted = evict(&mut entries, &mut owned, loading, &self.flights);
         drop(owned);
         drop(entries);
         if evicted > 0 {
@@ -565,9 +604,17 @@ fn evict<E: Evictable>(
     entries: &mut HashMap<Box<[u8]>, E>,
     owned: &mut Owned,
     loading: &Loading,
+    flights: &Flights,
 ) -> u64 {
     let mut evicted = 0;
     let mut passes = 0usize;
+    let mut pinned = None;
+    // a key being loaded or just loaded (its lookup not yet answered) is passed over
+    let mut loaded = |key: &[u8]| {
+        pinned
+            .get_or_insert_with(|| flights.lock().unwrap_or_else(|e| e.into_inner()))
+            .contains_key(key)
+    };
     let max_bytes = loading.max_bytes.load(Ordering::Relaxed);
     let max_entries = loading.max_entries.load(Ordering::Relaxed);
     while (owned.bytes > max_bytes || owned.count > max_entries)
@@ -580,7 +627,7 @@ fn evict<E: Evictable>(
         };
         match entries.get(&key) {
             Some(hit) if hit.own() => {
-                if hit.visited().swap(false, Ordering::Relaxed) {
+                if hit.visited().swap(false, Ordering::Relaxed) || loaded(&key) {
                     owned.ring.push_back(key); // a second chance
                     continue;
                 }
@@ -648,6 +695,7 @@ mod tests {
     fn clock_evicts_the_oldest_unvisited_and_keeps_the_count() {
         let mut entries = HashMap::new();
         let mut owned = Owned::default();
+        let flights = Flights::default();
         let per = OWN_ENTRY + 4 + 100;
         for i in 0u8..10 {
             owned.bytes += per;
@@ -656,7 +704,7 @@ mod tests {
             let visited = AtomicBool::new([0, 2, 4].contains(&i));
             entries.insert(key(i), Entry { visited, own: true });
         }
-        assert_eq!(evict(&mut entries, &mut owned, &loading(5)), 5);
+        assert_eq!(evict(&mut entries, &mut owned, &loading(5), &flights), 5);
         let mut kept: Vec<u8> = entries.keys().map(|k| k[3]).collect();
         kept.sort_unstable();
         // 1, 3, 5, 6 and 7 were the oldest not hit: they go; 0, 2 and 4 had a second chance
@@ -673,7 +721,7 @@ mod tests {
         );
         owned.count -= 2;
         owned.bytes -= 2 * per;
-        assert_eq!(evict(&mut entries, &mut owned, &loading(1)), 2);
+        assert_eq!(evict(&mut entries, &mut owned, &loading(1), &flights), 2);
         assert_eq!(owned.count, 1);
         assert_eq!(entries.len(), 2); // the one kept, and Python's
     }
