@@ -89,7 +89,8 @@ pub(super) struct Owned {
 pub(super) struct Flight {
     done: watch::Receiver<()>,
     disowned: bool,
-    pins: usize, // the lookups that load or wait for it and have not answered yet
+    loading: bool, // its load runs (else: loaded or failed, and pinned only)
+    pins: usize,   // the lookups that load or wait for it and have not answered yet
 }
 
 pub(super) type Flights = Mutex<HashMap<Box<[u8]>, Flight>>;
@@ -111,6 +112,7 @@ impl<'h> Claim<'h> {
     /// has answered from them (`Pinned`'s `Drop`), so that under a small bound a load is
     /// not evicted by the next before it is served.
     pub fn end(mut self) -> Pinned<'h> {
+        loaded(self.flights, &self.mine);
         self.senders.clear(); // the waiters wake: their `changed()` ends
         Pinned {
             flights: self.flights,
@@ -122,6 +124,7 @@ impl<'h> Claim<'h> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
+        loaded(self.flights, &self.mine); // (failed: `end` takes them when stored)
         unpin(self.flights, &self.mine, &self.waited);
         self.senders.clear(); // the waiters wake: their `changed()` ends
     }
@@ -138,6 +141,20 @@ pub struct Pinned<'h> {
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
         unpin(self.flights, &self.keys, &self.waited);
+    }
+}
+
+/// The loads of `mine` ended (stored, or failed): a lookup that misses them now loads them
+/// again rather than wait.
+fn loaded(flights: &Flights, mine: &[Vec<u8>]) {
+    if mine.is_empty() {
+        return;
+    }
+    let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
+    for key in mine {
+        if let Some(flight) = flights.get_mut(key.as_slice()) {
+            flight.loading = false;
+        }
     }
 }
 
@@ -204,15 +221,25 @@ impl Hits {
         let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
         for key in keys {
             match flights.get_mut(key.as_slice()) {
-                Some(flight) => {
+                Some(flight) if flight.loading => {
                     flight.pins += 1;
                     claim.waiting.push(flight.done.clone());
                     claim.waited.push(key.clone());
+                }
+                // its load ended, and the lookups it answers pin it still: this one loads it
+                // again (its entry expired since, or went)
+                Some(flight) => {
+                    flight.pins += 1;
+                    flight.loading = true;
+                    flight.disowned = false;
+                    flight.done = done.clone();
+                    claim.mine.push(key.clone());
                 }
                 None => {
                     let flight = Flight {
                         done: done.clone(),
                         disowned: false,
+                        loading: true,
                         pins: 1,
                     };
                     flights.insert(key.clone().into_boxed_slice(), flight);
