@@ -377,7 +377,7 @@ def test_protobuf_records_and_a_replayed_batch_quarantines_once(
     message is quarantined; then the last micro-batch is replayed (its commit removed, as
     after a crash between the write and Spark's commit): the same values, the bad records
     quarantined once, not twice."""
-    from feature_store.ingest.cli import _proto_descriptor
+    from feature_store.ingest.cli_stream import proto_descriptor as _proto_descriptor
     from feature_store.ingest.records import proto_message_class
 
     (tmp_path / "order.proto").write_text(PROTO)

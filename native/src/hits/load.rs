@@ -49,7 +49,7 @@ use crate::group::write_values;
 use crate::time::unix_now_ms;
 
 thread_local! {
-    /// What a load writes each entry's bytes into before they are boxed (`HitCache::entry`):
+    /// What a load writes each entry's bytes into before they are boxed (`Hits::entry`):
     /// its answer bytes, packed values, present pattern, and the other API's answer bytes.
     static SCRATCH: std::cell::RefCell<[Vec<u8>; 4]> = std::cell::RefCell::new(Default::default());
 }

@@ -1,0 +1,139 @@
+"""The serving log's Spark commands: ``training-set`` (label rows joined to the vectors
+served) and ``log-sink`` (the log's Kafka topic written as parquet)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from feature_store.commands import settings_from
+from feature_store.ingest.cli_spark import (
+    add_registry,
+    add_spark_args,
+    kafka_conf,
+    pairs,
+    registry_file,
+    session,
+    stderr,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+def add_training_set(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], default_master: str | None
+) -> None:
+    p = sub.add_parser(
+        "training-set",
+        help="join label rows to the feature vectors the serving log holds (Spark)",
+        description="Join each label row to the vector of its entity that was served: the "
+        "request it names (a request_id column), or the newest served at or before its "
+        "time (point in time). Writes parquet and reports rows with no vector and "
+        "features served stale or missing (see docs/logging.md).",
+    )
+    add_registry(p)
+    p.add_argument("--labels", required=True, help="label rows: parquet, or CSV with a header")
+    p.add_argument("--labels-format", choices=("parquet", "csv"), help="default: by its name")
+    p.add_argument("--log", required=True, help="the serving log's directory (--feature-log)")
+    p.add_argument("--output", required=True, help="where the training set goes (parquet)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--entity-type", help="the labels' entity type (default: by its join key)")
+    p.add_argument("--id-column", help="the labels' entity id column (default: the join key)")
+    p.add_argument(
+        "--time-column",
+        default="event_timestamp",
+        help="the labels' time column (default event_timestamp, as Feast's entity frames)",
+    )
+    p.add_argument(
+        "--request-id-column",
+        default="request_id",
+        help="where the labels have this column, a row that names a request is joined to "
+        "that request's vector (default request_id)",
+    )
+    p.add_argument("--report", type=Path, help="write the report as JSON here")
+    add_spark_args(p, default_master)
+    p.set_defaults(func=run_training_set_command)
+
+
+def add_log_sink(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], default_master: str | None
+) -> None:
+    p = sub.add_parser(
+        "log-sink",
+        help="write the serving log's Kafka topic as parquet (Spark Structured Streaming)",
+        description="Read the records `serve --feature-log kafka://...` produces and "
+        "append them, checkpointed, in the layout of the file log (see docs/logging.md).",
+    )
+    add_registry(p)
+    p.add_argument("--topic", required=True, help="the serving log's Kafka topic")
+    p.add_argument("--bootstrap-servers", required=True, help="Kafka's host:port[,host:port]")
+    p.add_argument("--output", required=True, help="the log's directory (parquet)")
+    p.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory")
+    p.add_argument(
+        "--starting-offsets", default="earliest", help="earliest (default) or latest, first run"
+    )
+    p.add_argument("--trigger-seconds", type=float, default=10.0, help="micro-batch interval (10)")
+    p.add_argument(
+        "--available-now", action="store_true", help="write what the topic holds, then stop"
+    )
+    p.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of Spark's Kafka source (kafka.security.protocol=SSL, ...)",
+    )
+    add_spark_args(p, default_master)
+    p.set_defaults(func=run_log_sink_command)
+
+
+def run_training_set_command(args: argparse.Namespace) -> int:
+    import json
+
+    from feature_store.training import TrainingSetJob, build_training_set
+
+    settings = settings_from(args)
+    registry = registry_file(args, settings.registry)
+    job = TrainingSetJob(
+        registry=registry,
+        labels=args.labels,
+        log=args.log,
+        output=args.output,
+        id_column=args.id_column,
+        time_column=args.time_column,
+        entity_type=args.entity_type,
+        request_id_column=args.request_id_column,
+        labels_format=args.labels_format,
+        overwrite=args.overwrite,
+    )
+    conf = {"spark.sql.session.timeZone": "UTC", **pairs(args.conf, "--conf")}
+    with session(args, conf, "feature-store-training-set") as spark:
+        report = build_training_set(spark, job, progress=print)
+    if args.report is not None:
+        args.report.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+    return 0
+
+
+def run_log_sink_command(args: argparse.Namespace) -> int:
+    from feature_store.training import LogSinkJob, run_log_sink
+
+    settings = settings_from(args)
+    registry = registry_file(args, settings.registry)
+    conf = kafka_conf(args, settings.kafka_jars)  # UTC: the partitions' dates and hours
+    job = LogSinkJob(
+        registry=registry,
+        topic=args.topic,
+        bootstrap_servers=args.bootstrap_servers,
+        output=args.output,
+        checkpoint=args.checkpoint,
+        starting_offsets=args.starting_offsets,
+        trigger_seconds=args.trigger_seconds,
+        available_now=args.available_now,
+        kafka_options=pairs(args.kafka_option, "--kafka-option"),
+    )
+    with session(args, conf, "feature-store-log-sink") as spark:
+        run_log_sink(spark, job, progress=stderr)
+    return 0
