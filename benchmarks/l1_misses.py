@@ -1,7 +1,7 @@
 """What the L1 costs at every hit rate: server CPU per entity with the L1 on, against the L1
 off (the fronts' planned reads), measured in the same run.
 
-    python3 benchmarks/l1_misses.py [--seconds 8] [--rounds 3] [--out FILE]
+    python3 benchmarks/l1_misses.py [--seconds 8] [--rounds 3] [--cluster] [--out FILE]
 
 One `feature-store serve` worker at a time on one embedded Redis holding 100,000 entities
 of the standard shape; batches of 10 ids x all 50 features, ids drawn at random from a
@@ -31,6 +31,10 @@ a PNG plots CPU per entity against it. REST's ``off`` and ``miss`` also run at 5
 connections. Each cell's figure is the median of ``--rounds`` rounds. Targets: every lookup
 a miss, CPU per entity <= 1.15x the L1 off and req/s >= 0.9x; at no hit rate more than the
 L1 off; all hits <= 3 µs per entity.
+
+With ``--cluster``, the same on a 3-master Redis Cluster (the loads route by slot, as the
+planned reads do): the cells ``off``, ``miss``, ``miss, cold``, ``bounded 10000`` and
+``hot``, REST and gRPC.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the pr
 
 import argparse
 import asyncio
+import contextlib
 import random
 import re
 import statistics
@@ -54,10 +59,11 @@ import httpx
 import orjson
 
 from feature_store import sample
-from feature_store.embedded import EmbeddedRedis
+from feature_store.embedded import EmbeddedCluster, EmbeddedRedis
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
@@ -70,6 +76,10 @@ HOT_SET = 1_000
 BATCH = 10
 BODIES = 4_000
 MISS_TARGET, RATE_TARGET, HIT_TARGET = 1.15, 0.9, 3.0
+STORES = {
+    False: "one embedded Redis",
+    True: "a 3-master Redis Cluster (no replicas; Redis CPU: its masters' summed)",
+}
 
 
 @dataclass
@@ -154,7 +164,8 @@ def counters(server: ServingProcess) -> tuple[float, float]:
 
 
 def measure(
-    redis: EmbeddedRedis,
+    url: str,
+    redis: list[EmbeddedRedis],  # its nodes (masters): their CPU is summed
     api: str,
     name: str,
     env: dict[str, str],
@@ -166,8 +177,8 @@ def measure(
     work: Path,
 ) -> Cell:
     base = {"FEATURE_SERVING_WARM_START_KEYS": "0", **env}
-    assert redis.process is not None
-    with ServingProcess(redis.url, args=args, env=base, grpc=api == "grpc") as server:
+    pids = [node.process.pid for node in redis if node.process is not None]
+    with ServingProcess(url, args=args, env=base, grpc=api == "grpc") as server:
         assert server.process is not None
         script = wrk_script(
             work / "post.lua",
@@ -187,11 +198,11 @@ def measure(
         load(2.0)  # the forms learned; the cache in its steady state
         cache = "--no-cache" not in args
         h0, m0 = counters(server) if cache else (0.0, 0.0)
-        s0, r0 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+        s0, r0 = cpu_seconds(server.process.pid), sum(cpu_seconds(p) for p in pids)
         t0 = time.monotonic()
         requests, errors = load(seconds)
         elapsed = time.monotonic() - t0
-        s1, r1 = cpu_seconds(server.process.pid), cpu_seconds(redis.process.pid)
+        s1, r1 = cpu_seconds(server.process.pid), sum(cpu_seconds(p) for p in pids)
         h1, m1 = counters(server) if cache else (0.0, 0.0)
     looked = (h1 - h0) + (m1 - m0)
     hit_rate = (h1 - h0) / looked if cache and looked else None
@@ -203,6 +214,23 @@ def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], l
     miss = {"FEATURE_SERVING_CACHE_TTL": "0.001"}
     steady = {"FEATURE_SERVING_CACHE_TTL": "2"}
     out: list[tuple[str, str, dict[str, str], list[str], int]] = []
+    if args.cluster:
+        for api in ("rest", "grpc"):
+            c = args.connections if api == "rest" else args.grpc_concurrency
+            out += [
+                (api, "off", {}, ["--no-cache"], c),
+                (api, "miss", miss, [], c),
+                (api, "miss, cold", {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": "100"}, [], c),
+                (
+                    api,
+                    "bounded 10000",
+                    {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": "10000"},
+                    [],
+                    c,
+                ),
+                (api, "hot", steady, [], c),
+            ]
+        return out
     for api in ("rest", "grpc"):
         c = args.connections if api == "rest" else args.grpc_concurrency
         out += [
@@ -232,6 +260,12 @@ def main() -> int:
     parser.add_argument(
         "--bounds", type=int, nargs="*", default=[5_000, 10_000, 16_000], help="cache entries"
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a 3-master Redis Cluster (no replicas; its masters' CPU summed), the cells "
+        "of misses, one bound and hits",
+    )
     parser.add_argument("--out", type=Path)
     add_data_dir(parser)
     args = parser.parse_args()
@@ -239,13 +273,22 @@ def main() -> int:
     results: dict[tuple[str, str, int], list[Cell]] = {}
     work_ids = batches(WORKING_SET, 1)
     hot_ids = batches(HOT_SET, 2)
-    with EmbeddedRedis(args.data_dir) as redis, tempfile.TemporaryDirectory() as tmp:
-        ensure_data(redis.url, ENTITIES)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        if args.cluster:
+            cluster = stack.enter_context(EmbeddedCluster(Path(tmp) / "cluster"))
+            url, nodes = cluster.url, cluster.master_nodes()
+            with FeatureStore.connect(url, sample.registry()) as store:
+                store.write(sample.GROUP, sample.rows(ENTITIES))
+        else:
+            one = stack.enter_context(EmbeddedRedis(args.data_dir))
+            url, nodes = one.url, [one]
+            ensure_data(url, ENTITIES)
         for r in range(args.rounds):
             for api, name, env, serve_args, conns in plan:
                 ids = hot_ids if name == "hot" else work_ids
                 cell = measure(
-                    redis, api, name, env, serve_args, ids, args.seconds, conns,
+                    url, nodes, api, name, env, serve_args, ids, args.seconds, conns,
                     conns if api == "grpc" else args.grpc_concurrency, Path(tmp),
                 )  # fmt: skip
                 results.setdefault((api, name, conns), []).append(cell)
@@ -270,7 +313,7 @@ def median_cell(cells: list[Cell]) -> Cell:
 
 def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Namespace) -> list[str]:
     lines = header(
-        f"One worker; one embedded Redis of {ENTITIES:,} standard entities; batches of "
+        f"One worker; {STORES[args.cluster]} of {ENTITIES:,} standard entities; batches of "
         f"{BATCH} x 50 features, ids at random from {WORKING_SET:,} ({HOT_SET:,} for `hot`); "
         f"{args.seconds:g} s per cell after 2 s of warm-up; the median of {args.rounds} "
         f"rounds (by server CPU); REST by wrk, gRPC by a closed loop of grpc.aio calls."

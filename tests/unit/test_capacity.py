@@ -17,13 +17,13 @@ def test_a_plan_adds_up() -> None:
     redis = FIGURES["cluster_redis_us_per_entity"].value
     assert p.redis_cores == pytest.approx(misses * redis / 1e6)
     assert p.shards == max(p.shards_for_memory, p.shards_for_cpu) == 6
-    cost = 0.8 * FIGURES["cluster_rest_hit_us"].value + 0.2 * FIGURES["miss_us"].value
+    cost = 0.8 * FIGURES["cluster_rest_hit_us"].value + 0.2 * FIGURES["cluster_miss_us"].value
     assert p.serving_cores == pytest.approx(1_000_000 * cost / 1e6 / 0.6)
     assert p.figures == (
         "bytes_per_value",
         "cluster_redis_us_per_entity",
         "cluster_rest_hit_us",
-        "miss_us",
+        "cluster_miss_us",
     )
 
 
