@@ -155,7 +155,12 @@ async fn load_here(
             break;
         }
         left = match hits.answer(api, request)? {
-            Looked::Missing(now) => Some(now),
+            // what it loaded is pinned: one of those missing was not stored (a reply only
+            // Python reads, a write meanwhile), and Python's path takes it
+            Looked::Missing(mut now) => {
+                now.absent.retain(|key| stored.binary_search(key).is_err());
+                Some(now)
+            }
             Looked::Answer(answer) => return Some(answer),
         };
     }
