@@ -214,39 +214,27 @@ def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], l
     miss = {"FEATURE_SERVING_CACHE_TTL": "0.001"}
     steady = {"FEATURE_SERVING_CACHE_TTL": "2"}
     out: list[tuple[str, str, dict[str, str], list[str], int]] = []
-    if args.cluster:
-        for api in ("rest", "grpc"):
-            c = args.connections if api == "rest" else args.grpc_concurrency
-            out += [
-                (api, "off", {}, ["--no-cache"], c),
-                (api, "miss", miss, [], c),
-                (api, "miss, cold", {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": "100"}, [], c),
-                (
-                    api,
-                    "bounded 10000",
-                    {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": "10000"},
-                    [],
-                    c,
-                ),
-                (api, "hot", steady, [], c),
-            ]
-        return out
+    # on a cluster: no Python loads, one bound, no many-connection cells
+    bounds = [10_000] if args.cluster else args.bounds
     for api in ("rest", "grpc"):
         c = args.connections if api == "rest" else args.grpc_concurrency
         out += [
             (api, "off", {}, ["--no-cache"], c),
             (api, "miss", miss, [], c),
             (api, "miss, cold", {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": "100"}, [], c),
-            (api, "miss, Python loads", {**miss, "FEATURE_SERVING_NATIVE_LOADS": "off"}, [], c),
         ]
-        for bound in args.bounds:
+        if not args.cluster:
+            python = {**miss, "FEATURE_SERVING_NATIVE_LOADS": "off"}
+            out.append((api, "miss, Python loads", python, [], c))
+        for bound in bounds:
             env = {**steady, "FEATURE_SERVING_CACHE_MAX_ENTRIES": str(bound)}
             out.append((api, f"bounded {bound}", env, [], c))
         out.append((api, "hot", steady, [], c))
-    out += [
-        ("rest", "off", {}, ["--no-cache"], args.many),
-        ("rest", "miss", miss, [], args.many),
-    ]
+    if not args.cluster:
+        out += [
+            ("rest", "off", {}, ["--no-cache"], args.many),
+            ("rest", "miss", miss, [], args.many),
+        ]
     return out
 
 
