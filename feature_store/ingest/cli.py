@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from feature_store import sample
 from feature_store.batch import event_time_seconds
@@ -32,9 +31,6 @@ from feature_store.ingest.cli_spark import (
     stderr,
 )
 from feature_store.ingest.cli_stream import add_fetch_jars, add_stream
-
-if TYPE_CHECKING:
-    pass
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from feature_store.commands import settings_from
 from feature_store.ingest.cli_spark import (
@@ -18,9 +17,6 @@ from feature_store.ingest.cli_spark import (
     session,
     stderr,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_training_set(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from feature_store.commands import add_redis_args, redis_url, settings_from
 from feature_store.errors import RequestError
@@ -20,9 +19,6 @@ from feature_store.ingest.cli_spark import (
     stderr,
 )
 from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_stream(

@@ -4,12 +4,7 @@ the native fronts)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import xxhash
-
-if TYPE_CHECKING:
-    pass
 
 REQUEST_ID = "x-request-id"
 MAX_REQUEST_ID = 128
