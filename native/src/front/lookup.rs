@@ -108,7 +108,6 @@ async fn load_here(
 ) -> Option<Vec<u8>> {
     let loading = hits.loading()?;
     let mut pins = Vec::new(); // what this lookup loaded, pinned until it answers
-    let mut stored: Vec<Vec<u8>> = Vec::new(); // their keys, sorted
     let mut left: Option<Missing> = None;
     for again in [true, false] {
         let missing = left.as_ref().unwrap_or(missing);
@@ -136,10 +135,18 @@ async fn load_here(
                 return None;
             }
         }
-        let pinned = claim.end(); // their waiters go on; pinned until answered below
-        stored.extend(pinned.keys.iter().cloned());
-        stored.sort_unstable();
-        pins.push(pinned);
+        pins.push(claim.end()); // their waiters go on; pinned until answered below
+                                // the keys it loaded, sorted: its one load's (most lookups), or both rounds'
+        let union;
+        let stored: &[Vec<u8>] = match pins.as_slice() {
+            [only] => &only.keys,
+            all => {
+                let mut keys: Vec<Vec<u8>> = all.iter().flat_map(|p| p.keys.clone()).collect();
+                keys.sort_unstable();
+                union = keys;
+                &union
+            }
+        };
         if !waiting.is_empty() {
             let others = async {
                 for mut rx in waiting {
@@ -148,7 +155,7 @@ async fn load_here(
             };
             let _ = tokio::time::timeout(loading.wait, others).await;
         }
-        if let Some(answer) = hits.replay(request, api, missing, Some(&stored)) {
+        if let Some(answer) = hits.replay(request, api, missing, Some(stored)) {
             return Some(answer);
         }
         if !again {
