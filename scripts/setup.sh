@@ -53,6 +53,8 @@ sources=$(find native/src -name "*.rs" | sort | xargs cat pyproject.toml native/
 if [ "$sources" != "$(cat "$stamp" 2>/dev/null)" ] || ! ls feature_store/_native*.so >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --upgrade pip
   echo "building the package and its Rust extension (cargo, release profile)"
+  # an older build of another ABI tag (cpython-311 before abi3) would be imported first
+  rm -f feature_store/_native*.so
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$sources" > "$stamp"
 fi

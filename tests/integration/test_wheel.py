@@ -7,10 +7,16 @@ environment: `feature-store --help`, a `feature-store serve`, and the REST and g
 clients against it, with the native extension loaded, answering what the library reads.
 Then, with its spark extra, `feature-store fetch-jars` (Maven) and a `feature-store stream`
 from a Kafka topic, with the documented FEATURE_STORE_KAFKA_JARS set.
+
+The wheel is built for the stable ABI (abi3), so the one wheel serves every Python from
+3.11 on: it is installed into Python 3.12's and 3.13's environments too, and serves the
+same answers there (found on PATH or under pyenv's versions; a machine without one skips
+it, saying so).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -53,31 +59,55 @@ def _path_without_rust() -> str:
     return os.pathsep.join(dirs)
 
 
-@pytest.mark.timeout(900)
-def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
-    redis_url: str, tmp_path: Path
-) -> None:
+def _interpreter(version: str) -> str | None:
+    """A Python ``version`` (e.g. "3.12") that runs: on PATH, or one of pyenv's versions."""
+    root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    found = [shutil.which(f"python{version}")]
+    found += sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"), reverse=True)
+    for candidate in filter(None, found):
+        ran = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if ran.returncode == 0 and ran.stdout.strip() == version:
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``make wheel``'s wheel, built once for this module's tests."""
+    dist = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
         [str(ROOT / "scripts" / "wheel.sh")],
-        env={**os.environ, "WHEEL_DIR": str(tmp_path / "dist")},
+        env={**os.environ, "WHEEL_DIR": str(dist)},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert built.returncode == 0, built.stderr[-4000:]
-    (wheel,) = (tmp_path / "dist").glob("*.whl")
-    assert "-cp311-cp311-manylinux2014_x86_64" in wheel.name, wheel  # glibc 2.17 on
+    (found,) = dist.glob("*.whl")
+    # the stable ABI from 3.11 on, glibc 2.17 on
+    assert "-cp311-abi3-manylinux2014_x86_64" in found.name, found
+    return found
 
+
+def _installed(python: str, wheel: Path, tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
+    """A fresh environment of ``python`` with the wheel and its gRPC extra installed from
+    binaries alone, and a PATH without cargo or rustc: the environment, its python, its env."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
     path = os.pathsep.join([str(venv / "bin"), _path_without_rust()])
     assert shutil.which("cargo", path=path) is None
     assert shutil.which("rustc", path=path) is None
     env = {**os.environ, "PATH": path, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("VIRTUAL_ENV", None)
-    python = str(venv / "bin" / "python")
+    env.pop("PYENV_VERSION", None)
+    venv_python = str(venv / "bin" / "python")
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--only-binary", ":all:", f"{wheel}[grpc]"],
+        [venv_python, "-m", "pip", "install", "-q", "--only-binary", ":all:", f"{wheel}[grpc]"],
         env=env,
         capture_output=True,
         text=True,
@@ -85,6 +115,72 @@ def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
         cwd=tmp_path,
     )
     assert installed.returncode == 0, installed.stderr[-4000:]
+    return venv, venv_python, env
+
+
+def _serves_what_the_library_reads(
+    redis_url: str, venv: Path, python: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A server run from ``venv`` answers the REST and gRPC clients of ``venv`` with what
+    this checkout's library reads, the native extension loaded from ``venv``."""
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(5))
+        expected = store.read(ENTITY, [1, 2, 999], ["int_0", "float_00", "embedding_0"])
+    # the server runs from the wheel's environment, away from this checkout
+    with ServingProcess(
+        redis_url, python=python, cwd=tmp_path, env={"PATH": env["PATH"]}
+    ) as server:
+        done = subprocess.run(
+            [python, "-c", CLIENTS, server.rest_url, server.grpc_target],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout)
+    assert got["package"].startswith(str(venv))
+    assert got["native"].startswith(str(venv))
+    assert got["native"].endswith(".abi3.so"), got["native"]
+
+    def rounded(rows: list[list[list[object]]]) -> list[object]:
+        """Values with embeddings' elements to 5 places (float32 through JSON and protobuf)."""
+        return [
+            [[[round(x, 5) for x in v] if isinstance(v, list) else v for v in values], statuses]
+            for values, statuses in rows
+        ]
+
+    want = [[r.values, [s.value for s in r.statuses]] for r in expected.rows]
+    for api in ("rest", "grpc"):
+        assert rounded(got[api]) == rounded(want), api  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+def test_the_one_wheel_serves_on_later_pythons(
+    version: str, wheel: Path, redis_url: str, tmp_path: Path
+) -> None:
+    python = _interpreter(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine (PATH or pyenv)")
+    venv, venv_python, env = _installed(python, wheel, tmp_path)
+    ran = subprocess.run(
+        [venv_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.stdout.strip() == version
+    _serves_what_the_library_reads(redis_url, venv, venv_python, env, tmp_path)
+
+
+@pytest.mark.timeout(900)
+def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
+    wheel: Path, redis_url: str, tmp_path: Path
+) -> None:
+    venv, python, env = _installed(sys.executable, wheel, tmp_path)
     # the spark extra: pyspark is published as a source distribution only (pure Python)
     spark_extra = subprocess.run(
         [python, "-m", "pip", "install", "-q", f"{wheel}[spark]"],
@@ -119,34 +215,7 @@ def test_the_wheel_installs_and_serves_without_a_rust_toolchain(
     assert no_feast.returncode == 2
     assert "pip install 'feature-store[feast]'" in no_feast.stderr
 
-    with FeatureStore.connect(redis_url, sample.registry()) as store:
-        store.write(GROUP, sample.rows(5))
-        expected = store.read(ENTITY, [1, 2, 999], ["int_0", "float_00", "embedding_0"])
-    # the server runs from the wheel's environment, away from this checkout
-    with ServingProcess(redis_url, python=python, cwd=tmp_path, env={"PATH": path}) as server:
-        done = subprocess.run(
-            [python, "-c", CLIENTS, server.rest_url, server.grpc_target],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-        )
-    assert done.returncode == 0, done.stderr[-4000:]
-    got = json.loads(done.stdout)
-    assert got["package"].startswith(str(venv))
-    assert got["native"].startswith(str(venv))
-
-    def rounded(rows: list[list[list[object]]]) -> list[object]:
-        """Values with embeddings' elements to 5 places (float32 through JSON and protobuf)."""
-        return [
-            [[[round(x, 5) for x in v] if isinstance(v, list) else v for v in values], statuses]
-            for values, statuses in rows
-        ]
-
-    want = [[r.values, [s.value for s in r.statuses]] for r in expected.rows]
-    for api in ("rest", "grpc"):
-        assert rounded(got[api]) == rounded(want), api  # type: ignore[arg-type]
+    _serves_what_the_library_reads(redis_url, venv, python, env, tmp_path)
 
     # the stream writer, from the wheel: its jars fetched by the documented command
     fetched = subprocess.run(

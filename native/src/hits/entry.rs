@@ -2,7 +2,7 @@
 //! bytes objects held without copies, or bytes of its own (an entry the front loaded), its
 //! write time, expiry and refresh notice.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use once_cell::race::OnceBox;
 use pyo3::ffi;
@@ -20,8 +20,16 @@ pub(super) enum Held {
     Own(Box<[u8]>),
 }
 
+/// Where a bytes object's contents start, from the object's address: `ob_sval`'s offset
+/// in `PyBytesObject`, which the stable ABI the extension is built for (abi3) does not
+/// name. Found by `Held::new` (with the GIL) from `PyBytes_AsString`, before any `Held` of
+/// Python's exists to be read; it is the same for every bytes object of the interpreter.
+static CONTENTS_AT: AtomicUsize = AtomicUsize::new(0);
+
 impl Held {
     pub(super) fn new(object: &Bound<'_, PyBytes>) -> Self {
+        let start = object.as_bytes().as_ptr() as usize;
+        CONTENTS_AT.store(start - object.as_ptr() as usize, Ordering::Relaxed);
         Held::Python(object.clone().unbind())
     }
 
@@ -30,13 +38,15 @@ impl Held {
             Held::Own(bytes) => return bytes,
             Held::Python(object) => object.as_ptr(),
         };
-        // SAFETY: the `Py` keeps the object alive while it is read, and neither its size nor its
-        // contents (`ob_sval`, inline in the object) ever change; no reference count or
-        // other interpreter state is touched, so the GIL is not needed
+        // SAFETY: the `Py` keeps the object alive while it is read, and neither its size
+        // (`ob_size`: a `PyVarObject`'s, which the stable ABI fixes) nor its contents
+        // (inline in the object, at `CONTENTS_AT`, set when this `Held` was made) ever
+        // change; no reference count or other interpreter state is touched, so the GIL is
+        // not needed
         unsafe {
             let len = usize::try_from(ffi::Py_SIZE(object)).unwrap_or(0);
-            let data = std::ptr::addr_of!((*object.cast::<ffi::PyBytesObject>()).ob_sval);
-            std::slice::from_raw_parts(data.cast::<u8>(), len)
+            let data = object.cast::<u8>().add(CONTENTS_AT.load(Ordering::Relaxed));
+            std::slice::from_raw_parts(data, len)
         }
     }
 
