@@ -15,6 +15,41 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class PerEntity:
+    """What a serving benchmark's cell derives from its measured window, defined once for
+    every benchmark: ``requests`` answered in ``seconds``, of ``batch`` entities each (a
+    field of the cell, or a constant of its class), while the server and Redis spent
+    ``server_cpu`` and ``redis_cpu`` seconds (read from /proc)."""
+
+    requests: int
+    seconds: float
+    server_cpu: float
+    redis_cpu: float
+    batch: int
+
+    @property
+    def rate(self) -> float:
+        """Requests per second."""
+        return self.requests / self.seconds
+
+    @property
+    def entities(self) -> int:
+        """Entities looked up in the window (at least one, to divide by)."""
+        return max(1, self.requests * self.batch)
+
+    def per_entity(self, cpu: float) -> float:
+        """``cpu`` seconds as µs per entity looked up."""
+        return cpu / self.entities * 1e6
+
+    @property
+    def server_us(self) -> float:
+        return self.per_entity(self.server_cpu)
+
+    @property
+    def redis_us(self) -> float:
+        return self.per_entity(self.redis_cpu)
+
+
 def header(setup: str) -> list[str]:
     """The command that made the results and the machine's load, then ``setup``."""
     load = os.getloadavg()

@@ -66,7 +66,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import bars, header, save, worktree
+from _results import PerEntity, bars, header, save, worktree
 from cluster import Load
 from cost import cpu_seconds, h2load, wrk, wrk_script
 from dataplane import batch_bodies, grpc_request
@@ -80,7 +80,7 @@ TAIL_CONNECTIONS = 1000
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     store: str  # "one" or "cluster"
     path: str
     api: str
@@ -96,21 +96,6 @@ class Cell:
     batch: int = BATCH
     cluster_calls: int = 0  # CLUSTER commands the masters ran in the window
     connections: int = 0  # connections the masters accepted in the window
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
-
-    def per_entity(self, cpu: float) -> float:
-        return cpu / max(1, self.requests * self.batch) * 1e6
-
-    @property
-    def server_us(self) -> float:
-        return self.per_entity(self.server_cpu)
-
-    @property
-    def redis_us(self) -> float:
-        return self.per_entity(self.redis_cpu)
 
     @property
     def ratio(self) -> float:

@@ -44,7 +44,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import bars, header, save
+from _results import PerEntity, bars, header, save
 from serving import add_data_dir, ensure_data, id_batches
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -57,7 +57,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     api: str
     l1: str
     tls: bool
@@ -69,18 +69,6 @@ class Cell:
     errors: int
     server_cpu: float
     redis_cpu: float
-
-    @property
-    def entities(self) -> int:
-        return max(1, self.requests * self.batch)
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / self.entities * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / self.entities * 1e6
 
 
 def _ms(text: str) -> float:

@@ -68,7 +68,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import bars, header, save, worktree
+from _results import PerEntity, bars, header, save, worktree
 from cost import children_cpu, cpu_seconds, h2load, wrk, wrk_script
 from native_hits import run_h2load
 from rest_front import (
@@ -109,7 +109,7 @@ COMPACT = "compact"
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     # "native", "reference" (the Python reference), "grpcio", PYTHON_READS, COMPACT, "before"
     path: str
     api: str
@@ -125,21 +125,6 @@ class Cell:
     redis_cpu: float
     loadgen_cpu: float
     redis_reads: int = 0  # HMGET + HGETALL calls in the window, as Redis counts them
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
-
-    def per_entity(self, cpu: float) -> float:
-        return cpu / max(1, self.requests * self.batch) * 1e6
-
-    @property
-    def server_us(self) -> float:
-        return self.per_entity(self.server_cpu)
-
-    @property
-    def redis_us(self) -> float:
-        return self.per_entity(self.redis_cpu)
 
     @property
     def loadgen_us(self) -> float:

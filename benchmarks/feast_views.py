@@ -53,12 +53,13 @@ from argparse import Namespace
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save, worktree
+from _results import PerEntity, header, save, worktree
 from cost import cpu_seconds, h2load, wrk, wrk_script
 from native_hits import run_h2load
 from rest_front import SLOW, run_wrk
@@ -123,7 +124,7 @@ def split_rows(entities: int, view: str) -> Iterator[tuple[int, dict[str, object
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     name: str
     requests: int
     seconds: float
@@ -132,14 +133,7 @@ class Cell:
     errors: int
     server_cpu: float
     redis_cpu: float
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / max(1, self.requests * 10) * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / max(1, self.requests * 10) * 1e6
+    batch: ClassVar[int] = 10  # entities per request
 
 
 def measure(

@@ -33,6 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import orjson
@@ -45,7 +46,7 @@ from feature_store.serving.feature_log import FeatureLog, Served
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import PerEntity, header, save
 from cost import cpu_seconds, h2load, wrk
 from serving import add_data_dir, ensure_data, id_batches
 
@@ -54,7 +55,7 @@ SAMPLES = (None, 0.01, 1.0)  # no log, then the two fractions
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     api: str
     l1: str
     shape: str
@@ -69,18 +70,7 @@ class Cell:
     rows: float = 0.0
     dropped: float = 0.0
     bytes: float = 0.0
-
-    @property
-    def entities(self) -> int:
-        return max(1, self.requests * 10)
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / self.entities * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / self.entities * 1e6
+    batch: ClassVar[int] = 10  # entities per request
 
     @property
     def label(self) -> str:

@@ -53,6 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 import httpx
@@ -66,7 +67,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import PerEntity, header, save
 from cost import cpu_seconds, wrk_script
 from serving import add_data_dir, ensure_data
 
@@ -83,7 +84,7 @@ STORES = {
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     api: str
     name: str
     connections: int
@@ -93,18 +94,7 @@ class Cell:
     server_cpu: float
     redis_cpu: float
     hit_rate: float | None
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
+    batch: ClassVar[int] = BATCH  # entities per request
 
 
 def batches(working_set: int, seed: int) -> list[list[int]]:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import orjson
 
@@ -40,7 +41,7 @@ from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import PerEntity, header, save
 from cost import cpu_seconds, h2load_log, percentile, wrk_script
 from rest_front import SLOW, run_wrk
 from serving import add_data_dir, ensure_data, id_batches
@@ -52,7 +53,7 @@ WORKERS_CONNECTIONS = 8
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     api: str
     hits: str  # "front" (NATIVE_HITS on) or "loop" (off: hits answered in Python)
     workers: int
@@ -67,18 +68,7 @@ class Cell:
     errors: int
     server_cpu: float
     redis_cpu: float
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
+    batch: ClassVar[int] = BATCH  # entities per request
 
 
 def tree_cpu(pid: int) -> float:

@@ -40,6 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import orjson
 import redis as redis_py
@@ -49,7 +50,7 @@ from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import header, save
+from _results import PerEntity, header, save
 from cost import _ms, cpu_seconds, wrk_script
 from serving import add_data_dir, ensure_data, id_batches
 
@@ -71,7 +72,7 @@ STAMPEDE_CONNECTIONS, STAMPEDE_KEYS, STAMPEDE_TTL, STAMPEDE_SECONDS = 400, 100, 
 
 
 @dataclass
-class Cell:
+class Cell(PerEntity):
     front: str
     l1: str
     connections: int
@@ -84,18 +85,7 @@ class Cell:
     errors: int  # non-2xx answers and socket errors other than timeouts
     server_cpu: float
     redis_cpu: float
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
+    batch: ClassVar[int] = BATCH  # entities per request
 
 
 def run_wrk(url: str, script: Path, seconds: float, connections: int) -> dict[str, float]:
