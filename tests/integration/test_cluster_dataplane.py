@@ -34,6 +34,7 @@ import redis.asyncio
 import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scrape import metric
 
 from feature_store import sample
 from feature_store.batch import plan_write
@@ -81,13 +82,6 @@ feature_groups:
       clicks: int
       score: float
 """
-
-
-def metric(server: ServingProcess, name: str) -> float:
-    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
-    )
 
 
 def direct(server: ServingProcess, api: str = "rest") -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from scrape import metric
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedCluster
@@ -97,13 +98,6 @@ def _load(url: str, stop: threading.Event, answers: Answers, clients: int = 4) -
         t.start()
     for t in threads:
         t.join()
-
-
-def front_metric(server: ServingProcess, name: str) -> float:
-    """A counter of the worker's (summed over its labels)."""
-    text = httpx.get(f"{server.rest_url}/metrics", timeout=5).text
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
-    return sum(float(v) for v in pattern.findall(text))
 
 
 def read_direct(server: ServingProcess) -> float:
@@ -218,7 +212,7 @@ def test_resharding_under_load_fails_no_request(
         direct_before = read_direct(server)
         time.sleep(1.0)
         direct_after = read_direct(server)
-        redirects = front_metric(server, "feature_serving_cluster_redirects_total")
+        redirects = metric(server, "feature_serving_cluster_redirects_total")
         stop.set()
         load.join()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -23,6 +23,7 @@ import httpx
 import orjson
 import pytest
 import redis
+from scrape import metric
 
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import entity_key
@@ -62,14 +63,6 @@ BROKEN = 4  # its key holds a string, not a hash: the handler answers INVALID
 UNTIMED = 8  # a value without the write time that this project's writers write with it
 LOOKUPS = "feature_serving_front_lookups_total"
 DAILY = [f"consumer_daily:{f}" for f in ("orders", "score", "tags", "note", "vec")]
-
-
-def metric(server: ServingProcess, name: str) -> float:
-    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def front(server: ServingProcess, at_least: float = 0.0, api: str = "feast") -> float:

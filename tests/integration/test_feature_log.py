@@ -23,6 +23,7 @@ import orjson
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
+from scrape import metric
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -149,14 +150,6 @@ def _check_row(
     for column, value, status in zip(columns, values, statuses, strict=True):
         assert _same(row[column], value), (column, row[column], value)
         assert row[f"{column}__status"] == status, (column, row[f"{column}__status"], status)
-
-
-def metric(server: ServingProcess, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(server.rest_url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def _grpc_value(v: pb.Value) -> object:

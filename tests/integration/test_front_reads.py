@@ -21,6 +21,7 @@ import httpx
 import orjson
 import pytest
 import redis
+from scrape import metric
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -46,14 +47,6 @@ GRPC_READS = "grpc"
 LOOKUPS = "feature_serving_front_lookups_total"
 CONNECTIONS = "feature_serving_front_redis_connections"
 WRONG_TYPE, BAD_VALUE, BAD_TIME = 9001, 9002, 9003
-
-
-def metric(server: ServingProcess, name: str) -> float:
-    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def planned(server: ServingProcess, api: str, how: str | None = None) -> float:

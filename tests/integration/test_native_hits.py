@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 import redis
+from scrape import metric
 
 from feature_store import sample
 from feature_store.layout import entity_key
@@ -39,15 +40,6 @@ ENV = {
 AGES = re.compile(rb'"ages":\{[^}]*\}')
 N = 50
 ALL = [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
-
-
-def metric(server: ServingProcess, name: str) -> float:
-    """A metric's value; ``name`` may end in its labels, as /metrics writes them."""
-    text = httpx.get(server.rest_url + "/metrics", timeout=5).text
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
 
 
 SERVED = [

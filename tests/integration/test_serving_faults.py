@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from scrape import metric
 
 from feature_store import sample
 from feature_store.client import (
@@ -36,13 +37,6 @@ SERVER_ENV = {
     "FEATURE_SERVING_BREAKER_OPEN": "0.2",
     "FEATURE_SERVING_BREAKER_OPEN_MAX": "0.5",
 }
-
-
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
 
 
 def test_redis_killed_gives_stale_values_or_503_then_recovers(own_redis: EmbeddedRedis) -> None:

@@ -22,6 +22,7 @@ import httpx
 import orjson
 import pytest
 import redis
+from scrape import metric
 
 from feature_store import sample
 from feature_store.client import FeatureClient
@@ -51,13 +52,6 @@ INT_0 = next(f for f in REGISTRY.groups[GROUP].features if f.name == "int_0")
 
 def key(i: int) -> bytes:
     return entity_key(REGISTRY.entities[ENTITY].prefix, REGISTRY.entities[ENTITY].id_type, i)
-
-
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
 
 
 def _post(url: str, body: object, timeout: float = 5.0) -> httpx.Response:

@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 import redis
+from scrape import metric
 
 from feature_store import sample
 from feature_store.batch import ERROR, EntityError, FaultReason
@@ -33,6 +34,8 @@ from feature_store.serving.config import ServingSettings
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import AsyncFeatureStore, FeatureStore
+
+ERRORS = "feature_serving_entity_errors_total"
 
 GROUP, ENTITY = sample.GROUP, sample.ENTITY
 REGISTRY = sample.registry()
@@ -101,14 +104,6 @@ def library(url: str, features: list[str]) -> FeatureResult:
     )
 
 
-def metric(text: str, labels: str) -> float:
-    name = f"feature_serving_entity_errors_total{{{labels}}}"
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 SERVERS = {
     "native, L1 on": {},
     "native, L1 off": {"FEATURE_SERVING_CACHE": "off"},
@@ -173,9 +168,9 @@ def test_a_broken_entity_fails_only_itself_on_every_path(
 
         text = httpx.get(f"{server.rest_url}/metrics").text
         for reason in ("corrupt_write_time", "undecodable_value"):
-            assert metric(text, f'api="rest",reason="{reason}"') == 5
-            assert metric(text, f'api="grpc",reason="{reason}"') == 5
-        assert metric(text, 'api="rest",reason="wrong_type"') == 6
+            assert metric(text, f'{ERRORS}{{api="rest",reason="{reason}"}}') == 5
+            assert metric(text, f'{ERRORS}{{api="grpc",reason="{reason}"}}') == 5
+        assert metric(text, f'{ERRORS}{{api="rest",reason="wrong_type"}}') == 6
 
         # a push write mends entity 5: served at once (its cached fault entry is dropped)
         rest.write(GROUP, [(5, {"int_0": 55})])
