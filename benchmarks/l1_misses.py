@@ -5,10 +5,12 @@ off (the fronts' planned reads), measured in the same run.
 
 One `feature-store serve` worker at a time on one embedded Redis holding 100,000 entities
 of the standard shape; batches of 10 ids x all 50 features, ids drawn at random from a
-working set of 20,000. REST's load is ``wrk`` (compiled; a Lua script draws one of 4,000
-bodies at random for each request), gRPC's a closed loop of ``--grpc-concurrency`` calls in
-this process (h2load sends one body only: its ids would always hit). CPU is read from
-/proc/<pid>/stat of the server and of redis-server over the measured window.
+working set of 20,000. Both loads are compiled, so they leave the cores to the server:
+REST's is ``wrk`` (a Lua script draws one of 4,000 bodies at random for each request),
+gRPC's ``feature-load`` (``clients/go/cmd/feature-load``, built here with ``go build``: the
+same 4,000 batches drawn at random, on as many connections; h2load sends one body only,
+whose ids would always hit). CPU is read from /proc/<pid>/stat of the server and of
+redis-server over the measured window.
 
 Cells, for each API:
 
@@ -27,10 +29,10 @@ Cells, for each API:
 - ``hot``: a TTL of 2 s, ids from a working set of 1,000: nearly every lookup a hit.
 
 The hit rate of each cell is measured (the worker's cache counters over the window), and
-a PNG plots CPU per entity against it. REST's ``off`` and ``miss`` also run at 500
-connections. Each cell's figure is the median of ``--rounds`` rounds. Targets: every lookup
-a miss, CPU per entity <= 1.15x the L1 off and req/s >= 0.9x; at no hit rate more than the
-L1 off; all hits <= 3 µs per entity.
+a PNG plots CPU per entity against it. ``off`` and ``miss`` also run at 500 connections
+(``--many``), REST and gRPC. Each cell's figure is the median of ``--rounds`` rounds.
+Targets: every lookup a miss, CPU per entity <= 1.15x the L1 off and req/s >= 0.9x; at no
+hit rate more than the L1 off; all hits <= 3 µs per entity.
 
 With ``--cluster``, the same on a 3-master Redis Cluster (the loads route by slot, as the
 planned reads do): the cells ``off``, ``miss``, ``miss, cold``, ``bounded 10000`` and
@@ -42,7 +44,6 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
-import asyncio
 import contextlib
 import random
 import re
@@ -55,19 +56,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import grpc
 import httpx
 import orjson
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis
-from feature_store.proto.v1 import serving_pb2 as pb
-from feature_store.proto.v1.serving_pb2_grpc import FeatureServiceStub
 from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import PerEntity, header, save
+from _results import ROOT, PerEntity, header, save
 from cost import cpu_seconds, wrk_script
 from serving import add_data_dir, ensure_data
 
@@ -119,30 +117,31 @@ def rest_load(url: str, script: Path, seconds: float, connections: int) -> tuple
     return requests, failed
 
 
-async def grpc_load(
-    target: str, ids: list[list[int]], seconds: float, concurrency: int
+def build_feature_load(into: Path) -> Path:
+    """``feature-load``, the Go client's load generator, built into ``into``."""
+    binary = into / "feature-load"
+    subprocess.run(
+        ["go", "build", "-o", str(binary), "./cmd/feature-load"],
+        cwd=ROOT / "clients" / "go",
+        check=True,
+    )
+    return binary
+
+
+def grpc_load(
+    tool: Path, target: str, batch_file: Path, seconds: float, connections: int
 ) -> tuple[int, int]:
-    requests = [
-        pb.GetFeaturesRequest(entity_type=sample.ENTITY, int_ids=b, groups=[sample.GROUP])
-        for b in ids
-    ]
-    done = failed = 0
-    end = time.monotonic() + seconds
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = FeatureServiceStub(channel)
-
-        async def loop(seed: int) -> None:
-            nonlocal done, failed
-            rng = random.Random(seed)
-            while time.monotonic() < end:
-                try:
-                    await stub.GetFeatures(requests[rng.randrange(len(requests))], timeout=5)
-                    done += 1
-                except grpc.aio.AioRpcError:
-                    failed += 1
-
-        await asyncio.gather(*(loop(i) for i in range(concurrency)))
-    return done, failed
+    out = subprocess.run(
+        [
+            str(tool), "-addr", target, "-entity-type", sample.ENTITY, "-group", sample.GROUP,
+            "-batches", str(batch_file), "-c", str(connections), "-d", f"{seconds:g}s",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    done = orjson.loads(out)
+    return int(done["requests"]), int(done["errors"])
 
 
 def counters(server: ServingProcess) -> tuple[float, float]:
@@ -163,7 +162,7 @@ def measure(
     ids: list[list[int]],
     seconds: float,
     connections: int,
-    grpc_concurrency: int,
+    tool: Path,
     work: Path,
 ) -> Cell:
     base = {"FEATURE_SERVING_WARM_START_KEYS": "0", **env}
@@ -179,11 +178,13 @@ def measure(
             at_random=True,
         )
         url = f"{server.rest_url}/v1/features/get"
+        batch_file = work / "batches.txt"
+        batch_file.write_text("".join(",".join(map(str, b)) + "\n" for b in ids))
 
         def load(window: float) -> tuple[int, int]:
             if api == "rest":
                 return rest_load(url, script, window, connections)
-            return asyncio.run(grpc_load(server.grpc_target, ids, window, grpc_concurrency))
+            return grpc_load(tool, server.grpc_target, batch_file, window, connections)
 
         load(2.0)  # the forms learned; the cache in its steady state
         cache = "--no-cache" not in args
@@ -207,7 +208,7 @@ def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], l
     # on a cluster: no Python loads, one bound, no many-connection cells
     bounds = [10_000] if args.cluster else args.bounds
     for api in ("rest", "grpc"):
-        c = args.connections if api == "rest" else args.grpc_concurrency
+        c = args.connections
         out += [
             (api, "off", {}, ["--no-cache"], c),
             (api, "miss", miss, [], c),
@@ -221,10 +222,8 @@ def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], l
             out.append((api, f"bounded {bound}", env, [], c))
         out.append((api, "hot", steady, [], c))
     if not args.cluster:
-        out += [
-            ("rest", "off", {}, ["--no-cache"], args.many),
-            ("rest", "miss", miss, [], args.many),
-        ]
+        for api in ("rest", "grpc"):
+            out += [(api, "off", {}, ["--no-cache"], args.many), (api, "miss", miss, [], args.many)]
     return out
 
 
@@ -234,7 +233,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--many", type=int, default=500, help="connections of the many cells")
-    parser.add_argument("--grpc-concurrency", type=int, default=8)
     parser.add_argument(
         "--bounds", type=int, nargs="*", default=[5_000, 10_000, 16_000], help="cache entries"
     )
@@ -253,6 +251,7 @@ def main() -> int:
     hot_ids = batches(HOT_SET, 2)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        tool = build_feature_load(Path(tmp))
         if args.cluster:
             cluster = stack.enter_context(EmbeddedCluster(Path(tmp) / "cluster"))
             url, nodes = cluster.url, cluster.master_nodes()
@@ -266,8 +265,8 @@ def main() -> int:
             for api, name, env, serve_args, conns in plan:
                 ids = hot_ids if name == "hot" else work_ids
                 cell = measure(
-                    url, nodes, api, name, env, serve_args, ids, args.seconds, conns,
-                    conns if api == "grpc" else args.grpc_concurrency, Path(tmp),
+                    url, nodes, api, name, env, serve_args, ids, args.seconds, conns, tool,
+                    Path(tmp),
                 )  # fmt: skip
                 results.setdefault((api, name, conns), []).append(cell)
                 print(
@@ -294,7 +293,8 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
         f"One worker; {STORES[args.cluster]} of {ENTITIES:,} standard entities; batches of "
         f"{BATCH} x 50 features, ids at random from {WORKING_SET:,} ({HOT_SET:,} for `hot`); "
         f"{args.seconds:g} s per cell after 2 s of warm-up; the median of {args.rounds} "
-        f"rounds (by server CPU); REST by wrk, gRPC by a closed loop of grpc.aio calls."
+        f"rounds (by server CPU); REST by wrk, gRPC by feature-load (clients/go), both "
+        f"drawing the same batches at random."
     )
     lines += [
         "",

@@ -4,6 +4,9 @@ Each client's command line, ``feature-get``, looks up a batch over gRPC and prin
 line per entity; its values must equal what the REST API answers for the same lookup,
 for every feature type, for NaN and infinities, for missing entities and string ids. The
 server runs with read keys: the clients send theirs, and without one are refused.
+
+The Go client's load generator, ``feature-load`` (the benchmarks' gRPC load), must count
+what the server answered: its calls equal the server's own count of gRPC lookups.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import math
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
+from scrape import metric
 
 from feature_store import EmbeddedRedis, FeatureStore, parse_registry
 from feature_store.client import TlsConfig
@@ -234,6 +239,51 @@ def test_a_bad_request_is_named(
     assert run.returncode == 1
     assert "no_such_feature" in run.stderr
     assert "INVALID" in run.stderr.upper()
+
+
+def test_feature_load_counts_what_the_server_answered(
+    server: ServingProcess, tmp_path: Path
+) -> None:
+    binary = tmp_path / "feature-load"
+    build = subprocess.run(
+        [_tool("go"), "build", "-o", str(binary), "./cmd/feature-load"],
+        cwd=ROOT / "clients" / "go",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr
+    batches = tmp_path / "batches.txt"
+    batches.write_text("1,2,3\n4\n2,2,9\n")
+    answered = 'feature_serving_request_seconds_count{api="grpc",method="get",code="200"}'
+    before = metric(server, answered, default=0.0)
+    args = ["-addr", server.grpc_target, "-entity-type", "consumer", "-group", "consumer_features"]
+    run = subprocess.run(
+        [str(binary), *args, "-key", KEY, "-batches", str(batches), "-c", "2", "-d", "1s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    done = orjson.loads(run.stdout)
+    assert done["requests"] > 10, done
+    assert done["errors"] == 0, done
+    assert 0 < done["p50_ms"] <= done["p99_ms"] <= done["max_ms"], done
+    deadline = time.monotonic() + 10  # the fronts' counts reach the metrics every 20 ms
+    while metric(server, answered, default=0.0) - before < done["requests"]:
+        assert time.monotonic() < deadline, "the server counted fewer lookups than were sent"
+        time.sleep(0.05)
+    assert metric(server, answered) - before == done["requests"]
+    # without the key every call fails, and is counted as an error
+    refused = subprocess.run(
+        [str(binary), *args, "-batches", str(batches), "-c", "1", "-d", "0.3s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 0, refused.stderr
+    assert orjson.loads(refused.stdout)["requests"] == 0
+    assert orjson.loads(refused.stdout)["errors"] > 0
 
 
 @pytest.fixture(scope="module")
