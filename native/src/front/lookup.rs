@@ -135,8 +135,9 @@ async fn load_here(
                 return None;
             }
         }
-        pins.push(claim.end()); // their waiters go on; pinned until answered below
-                                // the keys it loaded, sorted: its one load's (most lookups), or both rounds'
+        // their waiters go on; pinned until answered below
+        pins.push(claim.end());
+        // the keys it loaded, sorted: its one load's (most lookups), or both rounds'
         let union;
         let stored: &[Vec<u8>] = match pins.as_slice() {
             [only] => &only.keys,
