@@ -738,3 +738,36 @@ pub(crate) fn float64_json<'py>(py: Python<'py>, x: f64) -> Bound<'py, PyBytes> 
     json_f64(&mut out, x);
     PyBytes::new(py, &out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packs_tells_the_packed_form_of_values() {
+        let values: [Option<&[u8]>; 4] = [
+            Some(b"0.25"),
+            None,
+            Some(b"a longer stored value"),
+            Some(b""),
+        ];
+        let mut raw = Vec::new();
+        for v in values {
+            pack_value(&mut raw, v);
+        }
+        assert!(packs(&raw, values));
+        assert!(!packs(
+            &raw,
+            [Some(&b"0.26"[..]), None, values[2], values[3]]
+        ));
+        assert!(!packs(
+            &raw,
+            [values[0], Some(&b""[..]), values[2], values[3]]
+        ));
+        assert!(!packs(&raw, [values[0], values[1], values[2]]));
+        assert!(!packs(
+            &raw,
+            [values[0], values[1], values[2], values[3], None]
+        ));
+    }
+}
