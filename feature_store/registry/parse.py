@@ -1,32 +1,21 @@
-"""The registry: entity types and feature groups, loaded from one YAML file.
-
-Loading validates everything and every error names the file and the offending entry, e.g.
+"""Loading a registry from YAML: every error names the file and the offending entry, e.g.
 ``features.yaml: feature_groups.consumer.features.emb: unknown type 'embeding(32)'``.
-The checks are small and specific (xxh32 collisions, the lock file), so they are written
-out here rather than in a schema library whose messages would need translating anyway.
-
-A lock file beside the registry (``features.lock`` for ``features.yaml``) records what has
-been deployed: each entity type's prefix and id type, and each feature's type. Redis keeps
-the bytes of the old type until they expire, so changing a deployed feature's type in place
-is refused at load; rename the feature instead (see README "Changing a feature").
-"""
+The checks are small and specific (xxh32 collisions, names, durations, windows), so they
+are written out here rather than in a schema library whose messages would need
+translating anyway."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-import orjson
 import yaml
 
-from feature_store.errors import EncodingError, RegistryError, RegistryLockError, RequestError
+from feature_store.errors import EncodingError, RegistryError
 from feature_store.layout import (
     PREFIX_PATTERN,
     RESERVED_NAME_PREFIX,
@@ -35,63 +24,28 @@ from feature_store.layout import (
     freshness_field,
     windows_field,
 )
+from feature_store.registry.lock import check_against_lock, default_lock_path
+from feature_store.registry.model import (
+    DEFAULT_LATENESS,
+    DEFAULT_TILE,
+    FEATURE_NAME_PATTERN,
+    MAX_DURATION,
+    MAX_LAST_N,
+    MAX_TILES,
+    NAME_PATTERN,
+    Aggregate,
+    Aggregation,
+    EntityType,
+    Feature,
+    FeatureGroup,
+    Function,
+    Registry,
+)
 from feature_store.serialization import Codec, FeatureType, codec_for
 
-NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-FEATURE_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")
 TYPE_PATTERN = re.compile(r"^\s*([a-z_0-9]+)\s*(?:\(\s*(\d+)\s*\))?\s*$")
 DURATION_PATTERN = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-LOCK_VERSION = 1
-
-UNKNOWN_NAMED = 10  # unknown names an error message lists; the rest are counted
-MAX_DURATION = 100 * 365 * 86400  # seconds: TTLs and max ages
-MAX_TILES = 50_000  # tiles in one window: a window of 7d in tiles of 15s
-MAX_LAST_N = 1000
-DEFAULT_TILE = 60  # seconds, or the largest divisor of 60 that divides every window
-DEFAULT_LATENESS = 300  # seconds
-
-
-@dataclass(frozen=True, slots=True)
-class EntityType:
-    name: str
-    prefix: str
-    id_type: IdType
-    ttl_seconds: int
-    description: str = ""
-    # the column that names this entity type's ids in Feast-shaped requests (Feast's join
-    # key); the entity type's name unless the registry says otherwise, as in Feast
-    join_key: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Feature:
-    name: str
-    group: str
-    entity: str
-    codec: Codec
-    field: bytes
-    description: str = ""
-
-    @property
-    def type(self) -> FeatureType:
-        return self.codec.type
-
-    @property
-    def dim(self) -> int | None:
-        return self.codec.dim
-
-
-class Function(StrEnum):
-    """What a window aggregation computes over the events in its window."""
-
-    COUNT = "count"
-    SUM = "sum"
-    MEAN = "mean"
-    MIN = "min"
-    MAX = "max"
-    LAST_N = "last_n"  # the n most recent values by event time, newest first
-
 
 # what each function answers (last_n: the list type the registry gives, int_list by default)
 _ANSWERS = {
@@ -101,142 +55,6 @@ _ANSWERS = {
     Function.MIN: "double",
     Function.MAX: "double",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Aggregate:
-    """One aggregated feature: ``function`` of the records' field ``of`` over the events
-    of the last ``window_seconds`` (``of`` None: count counts events)."""
-
-    function: Function
-    of: str | None
-    window_seconds: int
-    n: int = 0  # last_n only
-
-
-@dataclass(frozen=True, slots=True)
-class Aggregation:
-    """A group computed from events: its features are window aggregates (``aggregates``,
-    in the order of the group's features), kept per tile of ``tile_seconds``; an event
-    older than its entity's newest by more than ``lateness_seconds`` is not counted."""
-
-    tile_seconds: int
-    lateness_seconds: int
-    aggregates: tuple[Aggregate, ...]
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """The record fields the aggregates read, sorted."""
-        return tuple(sorted({a.of for a in self.aggregates if a.of is not None}))
-
-    @property
-    def longest_seconds(self) -> int:
-        return max(a.window_seconds for a in self.aggregates)
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureGroup:
-    name: str
-    entity: EntityType
-    features: tuple[Feature, ...]
-    max_age_seconds: int | None
-    freshness_field: bytes
-    description: str = ""
-    push_source: str = ""  # the name Feast's /push uses for this group ("": the group's name)
-    # a group of window aggregations (docs/aggregations.md): written from events by the
-    # stream and the backfill, read by combining tiles at the time of the request
-    aggregation: Aggregation | None = None
-    windows_field: bytes = b""  # the field of its tiles (aggregated groups only)
-
-    def feature(self, name: str) -> Feature:
-        for f in self.features:
-            if f.name == name:
-                return f
-        raise RequestError(f"feature group {self.name!r} has no feature {name!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Registry:
-    source: str
-    entities: Mapping[str, EntityType]
-    groups: Mapping[str, FeatureGroup]
-    _by_entity: Mapping[str, Mapping[str, Feature]] = field(repr=False)
-    # named lists of "group:feature" (or "group") references, Feast's feature services
-    services: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
-
-    def entity(self, name: str) -> EntityType:
-        try:
-            return self.entities[name]
-        except KeyError:
-            raise RequestError(
-                f"unknown entity type {name!r}; known: {', '.join(sorted(self.entities))}"
-            ) from None
-
-    def group(self, name: str) -> FeatureGroup:
-        try:
-            return self.groups[name]
-        except KeyError:
-            raise RequestError(
-                f"unknown feature group {name!r}; known: {', '.join(sorted(self.groups))}"
-            ) from None
-
-    def features_of(self, entity: str) -> Mapping[str, Feature]:
-        """Every feature of an entity type, by name (names are unique per entity type)."""
-        self.entity(entity)
-        return self._by_entity[entity]
-
-    def by_join_key(self, join_key: str) -> EntityType | None:
-        for e in self.entities.values():
-            if e.join_key == join_key:
-                return e
-        return None
-
-    def pushed_groups(self, source: str) -> tuple[FeatureGroup, ...]:
-        """The groups a Feast push source feeds: those that declare it, else the group of
-        that name."""
-        declared = tuple(g for g in self.groups.values() if g.push_source == source)
-        if declared:
-            return declared
-        group = self.groups.get(source)
-        return (group,) if group is not None else ()
-
-    def resolve(
-        self, entity: str, features: Iterable[str] = (), groups: Iterable[str] = ()
-    ) -> tuple[Feature, ...]:
-        """The features a request names, in order, without repeats.
-
-        ``features`` are feature names, or ``group:feature``; ``groups`` add all of a group's
-        features. Raises RequestError naming every unknown or foreign entry.
-        """
-        known = self.features_of(entity)
-        out: dict[str, Feature] = {}
-        unknown: list[str] = []
-        for g in groups:
-            group = self.groups.get(g)
-            if group is None or group.entity.name != entity:
-                unknown.append(f"group {g!r}")
-                continue
-            for f in group.features:
-                out.setdefault(f.name, f)
-        for ref in features:
-            group_name, _, name = ref.rpartition(":")
-            feature = known.get(name)
-            if feature is None or (group_name and feature.group != group_name):
-                unknown.append(f"feature {ref!r}")
-                continue
-            out.setdefault(feature.name, feature)
-        if unknown:
-            named = ", ".join(unknown[:UNKNOWN_NAMED])
-            if len(unknown) > UNKNOWN_NAMED:
-                named += f" and {len(unknown) - UNKNOWN_NAMED} more"
-            raise RequestError(f"entity type {entity!r} has no {named}")
-        if not out:
-            raise RequestError("the request names no features")
-        return tuple(out.values())
-
-    def fingerprint(self) -> str:
-        """A hash of what the lock file records; equal fingerprints mean compatible data."""
-        return _fingerprint(_lock_entries(self))
 
 
 def parse_duration(value: object, where: str) -> int:
@@ -706,106 +524,3 @@ def _check_keys(spec: Mapping[str, object], allowed: set[str], where: str) -> No
             f"{where}: unknown key(s) {', '.join(map(repr, extra))}; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
-
-
-# --- lock file ---------------------------------------------------------------------------
-
-
-def default_lock_path(registry_path: str | Path) -> Path:
-    return Path(registry_path).with_suffix(".lock")
-
-
-def _lock_entries(registry: Registry) -> dict[str, dict[str, object]]:
-    return {
-        e.name: {
-            "prefix": e.prefix,
-            "id_type": e.id_type.value,
-            "features": {
-                f.name: f.codec.signature
-                for f in sorted(registry.features_of(e.name).values(), key=lambda f: f.name)
-            },
-        }
-        for e in sorted(registry.entities.values(), key=lambda e: e.name)
-    }
-
-
-def _fingerprint(entries: Mapping[str, object]) -> str:
-    return hashlib.sha256(orjson.dumps(entries, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _read_lock(lock_path: Path) -> dict[str, dict[str, object]]:
-    try:
-        doc = orjson.loads(lock_path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as e:
-        raise RegistryLockError(f"{lock_path}: cannot read the lock file: {e}") from None
-    if not isinstance(doc, dict) or doc.get("version") != LOCK_VERSION:
-        raise RegistryLockError(f"{lock_path}: not a version {LOCK_VERSION} lock file")
-    entities = doc.get("entities")
-    if not isinstance(entities, dict):
-        raise RegistryLockError(f"{lock_path}: 'entities' is missing")
-    return entities
-
-
-def lock_conflicts(registry: Registry, lock_path: Path) -> list[str]:
-    """Every way the registry contradicts what the lock file says is deployed."""
-    deployed = _read_lock(lock_path)
-    conflicts = []
-    for name, now in _lock_entries(registry).items():
-        before = deployed.get(name)
-        if not isinstance(before, dict):
-            continue  # a new entity type
-        for key in ("prefix", "id_type"):
-            if before.get(key) != now[key]:
-                conflicts.append(
-                    f"entities.{name}.{key}: changed from {before.get(key)!r} to {now[key]!r}"
-                )
-        old_features = before.get("features", {})
-        new_features = now["features"]
-        assert isinstance(old_features, dict)
-        assert isinstance(new_features, dict)
-        for fname, sig in new_features.items():
-            old = old_features.get(fname)
-            if old is not None and old != sig:
-                f = registry.features_of(name)[fname]
-                conflicts.append(
-                    f"feature_groups.{f.group}.features.{fname}: type changed from {old} to {sig}"
-                )
-    return conflicts
-
-
-def check_against_lock(registry: Registry, lock_path: Path) -> None:
-    conflicts = lock_conflicts(registry, lock_path)
-    if conflicts:
-        raise RegistryLockError(
-            f"{registry.source}: incompatible with what {lock_path} says is deployed:\n  "
-            + "\n  ".join(conflicts)
-            + "\nRedis still holds values in the old format. Rename the feature (e.g. add _v2)"
-            " so it gets a new field, or, once no old values remain, accept the change with"
-            " 'feature-store registry lock --accept-changes'."
-        )
-
-
-def write_lock(registry: Registry, lock_path: Path, *, accept_changes: bool = False) -> str:
-    """Record the registry as deployed and return its fingerprint.
-
-    Features that left the registry stay in the lock, so bringing a name back with another
-    type is still caught. Refuses conflicts unless ``accept_changes``.
-    """
-    entries = _lock_entries(registry)
-    if lock_path.exists():
-        if not accept_changes:
-            check_against_lock(registry, lock_path)
-        for name, before in _read_lock(lock_path).items():
-            now = entries.get(name)
-            if now is None:
-                entries[name] = before
-                continue
-            old_features = before.get("features", {})
-            new_features = now["features"]
-            assert isinstance(old_features, dict)
-            assert isinstance(new_features, dict)
-            now["features"] = {**old_features, **new_features}
-    fp = _fingerprint(entries)
-    doc = {"version": LOCK_VERSION, "fingerprint": fp, "entities": entries}
-    lock_path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-    return fp
