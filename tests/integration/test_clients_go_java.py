@@ -91,18 +91,23 @@ def _tool(name: str) -> str:
     return found
 
 
-@pytest.fixture(scope="module")
-def go_client(tmp_path_factory: pytest.TempPathFactory) -> str:
-    binary = tmp_path_factory.mktemp("go") / "feature-get"
+def _go_build(command: str, into: Path) -> Path:
+    """The Go client's ``cmd/<command>``, built into ``into``."""
+    binary = into / command
     build = subprocess.run(
-        [_tool("go"), "build", "-o", str(binary), "./cmd/feature-get"],
+        [_tool("go"), "build", "-o", str(binary), f"./cmd/{command}"],
         cwd=ROOT / "clients" / "go",
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert build.returncode == 0, build.stderr
-    return str(binary)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def go_client(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(_go_build("feature-get", tmp_path_factory.mktemp("go")))
 
 
 @pytest.fixture(scope="module")
@@ -244,15 +249,7 @@ def test_a_bad_request_is_named(
 def test_feature_load_counts_what_the_server_answered(
     server: ServingProcess, tmp_path: Path
 ) -> None:
-    binary = tmp_path / "feature-load"
-    build = subprocess.run(
-        [_tool("go"), "build", "-o", str(binary), "./cmd/feature-load"],
-        cwd=ROOT / "clients" / "go",
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert build.returncode == 0, build.stderr
+    binary = _go_build("feature-load", tmp_path)
     batches = tmp_path / "batches.txt"
     batches.write_text("1,2,3\n4\n2,2,9\n")
     answered = 'feature_serving_request_seconds_count{api="grpc",method="get",code="200"}'
