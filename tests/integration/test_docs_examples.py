@@ -304,6 +304,22 @@ def test_readme_go_and_java_clients_print_what_is_shown(served: Served) -> None:
         assert [orjson.loads(line) for line in run.stdout.splitlines()] == expected, block.where
 
 
+def test_the_documented_load_generator_runs_against_the_served_data(served: Served) -> None:
+    (block,) = [
+        b
+        for b in blocks(ROOT / "docs" / "serving.md")
+        if b.lang == "sh" and "go run ./cmd/feature-load" in b.text
+    ]
+    text = served.localized(block.text).replace("/tmp/batches.txt", str(served.work / "b.txt"))
+    run = subprocess.run(
+        ["bash", "-c", text], cwd=ROOT, env=served.env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, f"{block.where}: {run.stderr}"
+    done = orjson.loads(run.stdout)
+    assert done["requests"] > 0, done
+    assert done["errors"] == 0, done
+
+
 def test_every_command_of_the_cli_is_documented() -> None:
     """``feature-store --help`` and the docs agree: each command is shown in README.md or
     docs/ (the lines that name them parse, above)."""
