@@ -61,10 +61,15 @@ def test_two_minutes_under_faults_lose_nothing(tmp_path: Path) -> None:
     # no leak: RSS flat after warm-up; open fds flat once the faults have settled. A
     # failover makes a worker's pools open connections to the promoted master: a step of
     # about ten descriptors across the run (12.8 seen in a two-minute run), not a trend,
-    # so fds are compared within the stretch after the last fault that moves connections
+    # so fds are compared within the stretch after the last fault that moves connections:
+    # the most open in its first half against the most in its second. Redis pools also grow
+    # by a connection when concurrency reaches a new peak, up to their bound (`ss` on a
+    # worker: 7 to 10 connections to one master over 100 s, one at a time), which read as
+    # 5.0 to 5.4 fds of growth in two of four runs: allowed up to 8 (about 6,000 requests
+    # go through the stretch, so a leak of one fd per thousand of them still shows)
     for name in ("A", "B"):
         res = r["resources"][name]
         assert res["rss_drift"] <= 0.10, r["resources"]
         assert res["fds_settled"] is not None, r["resources"]
         first, second = res["fds_settled"]
-        assert second - first <= max(4.0, 0.03 * first), r["resources"]
+        assert second - first <= max(8.0, 0.05 * first), r["resources"]
