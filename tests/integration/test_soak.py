@@ -66,7 +66,7 @@ def test_two_minutes_under_faults_lose_nothing(tmp_path: Path) -> None:
     # by a connection when concurrency reaches a new peak, up to their bound (`ss` on a
     # worker: 7 to 10 connections to one master over 100 s, one at a time), which read as
     # 5.0 to 5.4 fds of growth in two of four runs: allowed up to 8 (about 6,000 requests
-    # go through the stretch, so a leak of one fd per thousand of them still shows)
+    # go through the stretch, so a leak of one fd per 500 of them still shows)
     for name in ("A", "B"):
         res = r["resources"][name]
         assert res["rss_drift"] <= 0.10, r["resources"]
