@@ -47,6 +47,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -58,7 +59,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import bars, header, save
+from _results import PerEntity, bars, header, save
 from cost import TICK, _ms, cpu_seconds
 
 FEAST = str(Path(sys.executable).parent / "feast")
@@ -329,7 +330,7 @@ end
 
 
 @dataclass
-class HttpCell:
+class HttpCell(PerEntity):
     server: str
     connections: int
     requests: int
@@ -342,18 +343,7 @@ class HttpCell:
     errors: int
     server_cpu: float
     redis_cpu: float
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds
-
-    @property
-    def server_us(self) -> float:
-        return self.server_cpu / max(1, self.requests * BATCH) * 1e6
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_cpu / max(1, self.requests * BATCH) * 1e6
+    batch: ClassVar[int] = BATCH  # entities per request
 
 
 @dataclass(frozen=True)
@@ -451,7 +441,9 @@ def plot(path: Path, sdk: list[SdkCell], http: list[HttpCell]) -> None:
     xs = range(len(http))
     ax = axes[1]
     ax.bar(
-        list(xs), [c.rps for c in http], color=["C3" if "feast" in c.server else "C0" for c in http]
+        list(xs),
+        [c.rate for c in http],
+        color=["C3" if "feast" in c.server else "C0" for c in http],
     )
     ax.set_yscale("log")
     ax.set_xticks(list(xs), labels, fontsize=7)
@@ -603,7 +595,7 @@ def main() -> int:
                 for t in servers:
                     cell = wrk_cell(t, c, args.seconds, work)
                     print(
-                        f"{t.name}, {c} connections: {cell.rps:,.0f} req/s, p99 "
+                        f"{t.name}, {c} connections: {cell.rate:,.0f} req/s, p99 "
                         f"{cell.p99_ms:.1f} ms, max {cell.max_ms:.0f} ms, past 1 s "
                         f"{cell.past_1s}, server {cell.server_us:.1f} us/entity, Redis "
                         f"{cell.redis_us:.1f}",
@@ -704,9 +696,9 @@ def report(
     for c in http:
         base = next(b for b in http if b.connections == c.connections and "feast" in b.server)
         lines.append(
-            f"| {c.server} | {c.connections} | {c.rps:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.1f} "
+            f"| {c.server} | {c.connections} | {c.rate:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.1f} "
             f"| {c.max_ms:.0f} | {c.past_1s} | {c.timeouts} | {c.errors} | {c.server_us:.1f} "
-            f"| {c.redis_us:.1f} | {c.rps / base.rps:.1f}x |"
+            f"| {c.redis_us:.1f} | {c.rate / base.rate:.1f}x |"
         )
     return lines
 
