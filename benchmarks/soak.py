@@ -13,11 +13,16 @@ expire and refresh many times inside the run), B with the L1 off. For the whole 
   that entity (the initial value, a push write's, or the nightly job's), never another
   entity's or one never written. Every answer's status is recorded: no 500 and no gRPC
   INTERNAL anywhere.
-- **Push writes** from a writer process (alternately through A and B): each acknowledged
-  write is then read back from both deployments on fresh connections (so from either
-  worker) until three reads in a row serve it or something newer; the time from the
-  acknowledgement to the first of those is its freshness.
-- **Faults on a schedule**: a master SIGKILLed (its replica takes over), one of A's
+- **Push writes** from a writer process (alternately through A and B), with
+  ``--write-durability replicas=1,timeout=500`` on both deployments by default: each
+  acknowledged write is then read back from both deployments on fresh connections (so
+  from either worker) until three reads in a row serve it or something newer; the time
+  from the acknowledgement to the first of those is its freshness, and one never served
+  within 10 s is lost. Without durability (``--write-durability ''``) a write that the
+  SIGSTOPped master takes as it resumes, before it learns its replica took over, is
+  acknowledged and then dropped (Redis's asynchronous replication): the test saw it.
+- **Faults on a schedule**: a master SIGKILLed (its replica takes over; the killed node
+  is then started again and rejoins as the new master's replica), one of A's
   workers SIGKILLed (uvicorn starts another), a master SIGSTOPped for 5 s, and the nightly
   Spark job (local[2]) writing the group for every entity.
 - **Resources**: RSS and open file descriptors of each deployment (supervisor and workers)
@@ -50,6 +55,7 @@ from pathlib import Path
 import grpc
 import httpx
 import orjson
+import redis
 from _results import header, save
 
 from feature_store import sample
@@ -68,6 +74,9 @@ STOP_SECONDS = 5.0  # how long a master is SIGSTOPped
 SETTLE_SECONDS = 10.0  # after a fault's end, pools have reopened what they need
 SAMPLE_EVERY = 2.0  # seconds between RSS / fd samples
 BURST_GAP = 2.0  # seconds without a failure that end a fault's burst of failures
+# push writes wait for a replica: without it, a write a SIGSTOPped master takes as it
+# resumes, before it learns its replica took over, is acknowledged and then lost
+DURABILITY = "replicas=1,timeout=500"
 
 
 def value(entity: int, seq: int) -> int:
@@ -277,10 +286,34 @@ class Fault:
 
 
 def kill_master(cluster: EmbeddedCluster, keep: EmbeddedRedis) -> str:
+    """SIGKILL a master; once its replica has taken over, start it again (as a deployment's
+    supervisor would), so that it rejoins as the new master's replica: durable writes to
+    that shard need one."""
     victim = next(n for n in cluster.master_nodes() if n is not keep)
     victim.kill()
     took = cluster.wait_ok()
-    return f"port {victim.port}; the cluster was ok again after {took:.1f} s"
+    t0 = time.monotonic()
+    victim.restart()
+    wait_replica(victim)
+    return (
+        f"port {victim.port}; the cluster was ok again after {took:.1f} s; restarted, a "
+        f"synced replica {time.monotonic() - t0:.1f} s later"
+    )
+
+
+def wait_replica(node: EmbeddedRedis, timeout: float = 60.0) -> float:
+    """Seconds until ``node`` is a replica whose link to its master is up."""
+    t0 = time.monotonic()
+    with redis.Redis(port=node.port, socket_timeout=2) as r:
+        while time.monotonic() - t0 < timeout:
+            try:
+                info = r.info("replication")
+            except redis.RedisError:
+                info = {}
+            if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                return time.monotonic() - t0
+            time.sleep(0.1)
+    raise TimeoutError(f"port {node.port} was not a synced replica within {timeout:.0f} s")
 
 
 def kill_worker(server: ServingProcess) -> str:
@@ -345,7 +378,7 @@ def nightly(cluster: EmbeddedCluster, tmp: Path, entities: int, log: Path) -> st
 # --- the run ------------------------------------------------------------------------------
 
 
-def run(minutes: float, entities: int, tmp: Path) -> dict[str, object]:
+def run(minutes: float, entities: int, tmp: Path, durability: str) -> dict[str, object]:
     seconds = minutes * 60
     schedule = [
         ("master SIGKILLed (failover)", 0.15),
@@ -359,6 +392,8 @@ def run(minutes: float, entities: int, tmp: Path) -> dict[str, object]:
             rows = [(e, {**sample.features(e), "int_0": value(e, 0)}) for e in range(entities)]
             store.write(sample.GROUP, rows)
         common = ["--workers", "2", "--log-level", "warning"]
+        if durability:  # push writes acknowledged once a replica holds them
+            common += ["--write-durability", durability]
         env = {"FEATURE_SERVING_CACHE_TTL": "5"}
         with (
             ServingProcess(cluster.url, args=common, env=env, log_path=tmp / "a.log") as a,
@@ -444,7 +479,8 @@ def run(minutes: float, entities: int, tmp: Path) -> dict[str, object]:
             for t in (*readers, *threads):
                 t.join(timeout=700)
             writer_proc.wait(timeout=60)
-    return analyse(obs, faults, samples, write_log, wall0, nightly_started, seconds)
+    result = analyse(obs, faults, samples, write_log, wall0, nightly_started, seconds)
+    return {"write_durability": durability or "asynchronous", **result}
 
 
 def analyse(
@@ -691,7 +727,9 @@ def markdown(result: dict[str, object]) -> list[str]:
         "",
         "## Push writes: acknowledged to served by every worker",
         "",
-        f"Writes by outcome: {result['writes']}.",
+        f"Writes by outcome: {result['writes']}; write durability: "
+        f"{result['write_durability']} (a 503 is a write not confirmed by a replica, or "
+        "refused while its master was down: never acknowledged).",
         "",
         "| deployment | writes read back | p50 (s) | p99 (s) | max (s) |",
         "|---|---:|---:|---:|---:|",
@@ -702,7 +740,7 @@ def markdown(result: dict[str, object]) -> list[str]:
     assert isinstance(unserved, list)
     lines += [
         "",
-        f"Acknowledged writes not served within {FRESH_TIMEOUT:.0f} s: {len(unserved)}"
+        f"Acknowledged writes not served within {FRESH_TIMEOUT:.0f} s (lost): {len(unserved)}"
         + (f" ({unserved[:5]})" if unserved else ""),
         "",
         "## Resources (mean of the last fifth of the run against the fifth after warm-up)",
@@ -732,6 +770,12 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=5000)
     parser.add_argument("--out", type=Path, help="write the results as markdown here (+ .png)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument(
+        "--write-durability",
+        default=DURABILITY,
+        help=f"the deployments' --write-durability ({DURABILITY}); '' for asynchronous "
+        "replication, where a failover may lose acknowledged writes",
+    )
     parser.add_argument("--writer", help=argparse.SUPPRESS)  # the writer process: its URLs
     parser.add_argument("--write-log", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -739,7 +783,7 @@ def main() -> int:
         writer(json.loads(args.writer), args.entities, args.write_log, args.minutes * 60, seed=7)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.minutes, args.entities, Path(tmp))
+        result = run(args.minutes, args.entities, Path(tmp), args.write_durability)
     lines = markdown(result)
     print("\n".join(lines), flush=True)
     if args.json:
@@ -751,7 +795,8 @@ def main() -> int:
         head = header(
             f"A Redis Cluster of 3 masters + 3 replicas on loopback; {args.entities:,} entities "
             "of the standard shape; two `serve --workers 2` deployments (A: L1 on, TTL 5 s; "
-            "B: L1 off), REST and gRPC readers at about 40 requests/s each, a writer process."
+            "B: L1 off), REST and gRPC readers at about 40 requests/s each, a writer process; "
+            f"push writes with --write-durability {args.write_durability or '(none)'}."
         )
         save(args.out, "Soak under faults", [*head, "", f"![timeline]({png.name})", "", *lines])
     return 0

@@ -109,11 +109,22 @@ def add_redis_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_durability_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--write-durability",
+        metavar="replicas=N[,timeout=MS]",
+        help=f"{what} is acknowledged only once N replicas hold it (Redis's WAIT, default "
+        "timeout 500 ms); default: FEATURE_STORE_WRITE_DURABILITY, else none (asynchronous "
+        "replication: a failover may lose an acknowledged write). See docs/reliability.md",
+    )
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings.from_env(
         redis_url=getattr(args, "redis_url", None),
         data_dir=getattr(args, "data_dir", None),
         registry=getattr(args, "registry", None),
+        write_durability=getattr(args, "write_durability", None),
     )
 
 

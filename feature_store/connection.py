@@ -24,6 +24,7 @@ import redis.exceptions
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
+from feature_store.durability import ASYNCHRONOUS, Durability
 from feature_store.errors import (
     ConfigError,
     EntityDataError,
@@ -53,6 +54,8 @@ class RedisTarget:
     # more cluster nodes to start from (``?nodes=host:port,...``): the URL's own node may
     # be the one that died
     seeds: tuple[tuple[str, int], ...] = ()
+    # replicas each write waits for (``feature_store.durability``); default none
+    durability: Durability = ASYNCHRONOUS
 
     @classmethod
     def parse(
@@ -63,6 +66,7 @@ class RedisTarget:
         connect_timeout: float = 1.0,
         max_connections: int = 64,
         retries: int = 1,
+        durability: Durability = ASYNCHRONOUS,
     ) -> RedisTarget:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
@@ -89,8 +93,16 @@ class RedisTarget:
         clean = (
             url if len(kept) == len(query) else urlunsplit(parts._replace(query=urlencode(kept)))
         )
+        durability.fits(socket_timeout)
         return cls(
-            clean, cluster, socket_timeout, connect_timeout, max_connections, retries, tuple(seeds)
+            clean,
+            cluster,
+            socket_timeout,
+            connect_timeout,
+            max_connections,
+            retries,
+            tuple(seeds),
+            durability,
         )
 
     def with_seeds(self, nodes: Iterable[tuple[str, int]]) -> str:
@@ -150,12 +162,14 @@ class RedisTarget:
 @dataclass(frozen=True, slots=True)
 class RedisOptions:
     """What a URL is opened with (``FEATURE_STORE_SOCKET_TIMEOUT``, ``…_CONNECT_TIMEOUT``,
-    ``…_MAX_CONNECTIONS``, ``…_REDIS_RETRIES``): sent to Spark's tasks beside the URL."""
+    ``…_MAX_CONNECTIONS``, ``…_REDIS_RETRIES``, ``…_WRITE_DURABILITY``): sent to Spark's
+    tasks beside the URL."""
 
     socket_timeout: float = 1.0
     connect_timeout: float = 1.0
     max_connections: int = 64
     retries: int = 1
+    durability: Durability = ASYNCHRONOUS
 
     def target(self, url: str) -> RedisTarget:
         return RedisTarget.parse(
@@ -164,6 +178,7 @@ class RedisOptions:
             connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
             retries=self.retries,
+            durability=self.durability,
         )
 
 

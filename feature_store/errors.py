@@ -13,7 +13,8 @@ the project, so callers catch these and never a library's own types::
     └── StoreError                  Redis answered with an error
         ├── StorePermissionError    the Redis (ACL) user may not run a command
         ├── StoreUnavailableError   Redis cannot be reached (connection refused, reset, down)
-        │   └── StoreTimeoutError   Redis did not answer in time
+        │   ├── StoreTimeoutError   Redis did not answer in time
+        │   └── NotDurableError     a write was not confirmed by the replicas asked for
         └── EmbeddedRedisError      the embedded redis-server could not be started
 """
 
@@ -72,6 +73,11 @@ class StoreUnavailableError(StoreError):
 
 class StoreTimeoutError(StoreUnavailableError):
     """Redis did not answer within the timeout."""
+
+
+class NotDurableError(StoreUnavailableError):
+    """A write was applied by a master, but fewer replicas than asked confirmed it in time
+    (``feature_store.durability``): a failover may lose it. Sending it again is safe."""
 
 
 class EmbeddedRedisError(StoreError):

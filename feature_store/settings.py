@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from feature_store.connection import RedisOptions, RedisTarget
+from feature_store.durability import Durability
 from feature_store.errors import ConfigError
 
 ENV_PREFIX = "FEATURE_STORE_"
@@ -36,6 +37,9 @@ class Settings:
     connect_timeout: float = 1.0
     max_connections: int = 64
     redis_retries: int = 1  # quick retries of a failed Redis call, before it is an error
+    # replicas every write waits for: "replicas=N[,timeout=MS]" (feature_store.durability);
+    # empty: Redis's asynchronous replication
+    write_durability: str = ""
     native: str = "on"  # "off": answers by the Python reference (read by feature_store.native)
     # where `feature-store stream` and the embedded Kafka broker find their jars (a directory
     # with spark/ and broker/); None: the environment's kafka/ (feature_store.kafka)
@@ -59,9 +63,16 @@ class Settings:
             raise ConfigError(f"{ENV_PREFIX}NATIVE must be on or off, not {self.native!r}")
         if self.max_connections < 1:
             raise ConfigError(f"{ENV_PREFIX}MAX_CONNECTIONS must be at least 1")
+        self.durability().fits(self.socket_timeout)
         if self.redis_url is not None:
             self.redis_target()  # fails now on a malformed URL
         return self
+
+    def durability(self) -> Durability:
+        try:
+            return Durability.parse(self.write_durability)
+        except ConfigError as e:
+            raise ConfigError(f"{ENV_PREFIX}WRITE_DURABILITY: {e}") from None
 
     def redis_target(self) -> RedisTarget:
         if self.redis_url is None:
@@ -78,12 +89,14 @@ class Settings:
             connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
             retries=self.redis_retries,
+            durability=self.durability(),
         )
 
 
 def target_from_env(url: str) -> RedisTarget:
     """``url`` with the connection settings of the environment (``FEATURE_STORE_SOCKET_TIMEOUT``,
-    ``…_CONNECT_TIMEOUT``, ``…_MAX_CONNECTIONS``, ``…_REDIS_RETRIES``): what the library, the
+    ``…_CONNECT_TIMEOUT``, ``…_MAX_CONNECTIONS``, ``…_REDIS_RETRIES``,
+    ``…_WRITE_DURABILITY``): what the library, the
     Feast plugin and every command open their connections with."""
     return Settings.from_env().target(url)
 

@@ -40,9 +40,11 @@ from feature_store.connection import (
     read_replies,
     translated_errors,
 )
+from feature_store.durability import ASYNCHRONOUS, Durability
 from feature_store.errors import StoreError
 from feature_store.layout import max_encoded_size, with_script
 from feature_store.registry import FeatureGroup, Registry
+from feature_store.sending import raised, send_durable, send_durable_async
 from feature_store.settings import target_from_env
 
 log = logging.getLogger(__name__)
@@ -126,10 +128,14 @@ class _Base(Generic[C]):
         *,
         max_entities: int | None = None,
         notify: bool = True,
+        durability: Durability = ASYNCHRONOUS,
     ) -> None:
         self.registry = registry
         self.client = client
         self.max_entities = max_entities
+        # replicas each write waits for (feature_store.durability): FEATURE_STORE_WRITE_
+        # DURABILITY, or the RedisTarget's
+        self.durability = durability
         # tell serving instances about writes (feature_store.notices), so that their caches
         # do not serve the old values until their TTL
         self.notify = notify
@@ -179,7 +185,7 @@ class FeatureStore(_Base[SyncClient]):
     ) -> FeatureStore:
         """``notify``: tell serving instances about writes (``feature_store.notices``)."""
         target = url if isinstance(url, RedisTarget) else target_from_env(url)
-        return cls(registry, target.sync_client(), notify=notify)
+        return cls(registry, target.sync_client(), notify=notify, durability=target.durability)
 
     def _pipeline(self, commands: list[Command]) -> list[object]:
         pipe = self.client.pipeline(transaction=False)
@@ -189,8 +195,11 @@ class FeatureStore(_Base[SyncClient]):
 
     def _run(self, commands: list[Command]) -> list[object]:
         """Each command's reply; sent again with the write script's text if Redis lost it
-        (a restart, SCRIPT FLUSH, a promoted replica)."""
+        (a restart, SCRIPT FLUSH, a promoted replica). With write durability, each master's
+        share confirmed by its replicas (NotDurableError if not)."""
         with translated_errors():
+            if self.durability.asked:
+                return raised(send_durable(self.client, commands, self.durability))
             try:
                 return self._pipeline(commands)
             except NoScriptError:  # idempotent: the whole chunk again, with the script
@@ -276,7 +285,7 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         cls, url: str | RedisTarget, registry: Registry, *, notify: bool = True
     ) -> AsyncFeatureStore:
         target = url if isinstance(url, RedisTarget) else target_from_env(url)
-        return cls(registry, target.async_client(), notify=notify)
+        return cls(registry, target.async_client(), notify=notify, durability=target.durability)
 
     async def _pipeline(self, commands: list[Command]) -> list[object]:
         pipe = self.client.pipeline(transaction=False)
@@ -287,6 +296,8 @@ class AsyncFeatureStore(_Base[AsyncClient]):
     async def _run(self, commands: list[Command]) -> list[object]:
         """As ``FeatureStore._run``."""
         with translated_errors():
+            if self.durability.asked:
+                return raised(await send_durable_async(self.client, commands, self.durability))
             try:
                 return await self._pipeline(commands)
             except NoScriptError:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from feature_store import sample
 from feature_store.batch import event_time_seconds
-from feature_store.commands import add_redis_args, redis_url, settings_from
+from feature_store.commands import add_durability_arg, add_redis_args, redis_url, settings_from
 from feature_store.errors import FeatureStoreError, RequestError
 from feature_store.ingest.cli_log import add_log_sink, add_training_set
 from feature_store.ingest.cli_spark import (
@@ -126,6 +126,7 @@ def _add_ingest(
     p.add_argument("--profile-dir", help="write a cProfile dump of every task here")
     add_spark_args(p, default_master)
     add_redis_args(p)
+    add_durability_arg(p, "each chunk")
     p.set_defaults(func=run_ingest_command)
 
 
@@ -198,6 +199,7 @@ def run_ingest_command(args: argparse.Namespace) -> int:
             connect_timeout=settings.connect_timeout,
             max_connections=settings.max_connections,
             redis_retries=settings.redis_retries,
+            durability=settings.durability(),
             progress_interval=args.progress_interval,
             profile_dir=args.profile_dir,
             written_at=args.event_time,

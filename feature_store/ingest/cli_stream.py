@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from feature_store.commands import add_redis_args, redis_url, settings_from
+from feature_store.commands import add_durability_arg, add_redis_args, redis_url, settings_from
 from feature_store.errors import RequestError
 from feature_store.ingest.cli_spark import (
     add_registry_group,
@@ -130,6 +130,7 @@ def add_stream(
     )
     add_spark_args(p, default_master)
     add_redis_args(p)
+    add_durability_arg(p, "each micro-batch's write")
     p.set_defaults(func=run_stream_command)
 
 

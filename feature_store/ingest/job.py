@@ -31,6 +31,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from feature_store.connection import RedisOptions, RedisTarget, translated_errors
+from feature_store.durability import ASYNCHRONOUS, Durability
 from feature_store.errors import FeatureStoreError, RequestError, StoreError, StoreUnavailableError
 from feature_store.ingest.backfill import DEFAULT_EVENT_TIME_COLUMN, backfill_partition, field_group
 from feature_store.ingest.report import IngestReport, Outcome, Thresholds, Timings
@@ -96,13 +97,18 @@ class IngestJob:
     connect_timeout: float = 1.0  # these three: FEATURE_STORE_CONNECT_TIMEOUT, ...
     max_connections: int = 4
     redis_retries: int = 1
+    durability: Durability = ASYNCHRONOUS  # FEATURE_STORE_WRITE_DURABILITY, --write-durability
     progress_interval: float = 10.0
     profile_dir: str | None = None  # cProfile dumps, one per task
 
 
 def job_target(job: IngestJob, url: str) -> RedisTarget:
     options = RedisOptions(
-        job.socket_timeout, job.connect_timeout, job.max_connections, job.redis_retries
+        job.socket_timeout,
+        job.connect_timeout,
+        job.max_connections,
+        job.redis_retries,
+        job.durability,
     )
     return options.target(url)
 
@@ -233,6 +239,7 @@ def _run(
         connect_timeout=job.connect_timeout,
         max_connections=job.max_connections,
         redis_retries=job.redis_retries,
+        durability=job.durability,
         profile_dir=job.profile_dir,
         aggregated=group.aggregation is not None,
     )

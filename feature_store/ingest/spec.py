@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from feature_store.durability import ASYNCHRONOUS, Durability
+
 
 class Source(StrEnum):
     """How a column's cells reach the codec."""
@@ -87,5 +89,6 @@ class TaskSpec:
     connect_timeout: float = 1.0
     max_connections: int = 4
     redis_retries: int = 1
+    durability: Durability = ASYNCHRONOUS  # replicas each chunk waits for
     profile_dir: str | None = None  # if set, each task writes a cProfile dump there
     aggregated: bool = False  # window aggregations: the input is events (ingest.backfill)

@@ -82,6 +82,7 @@ def task_writer(spec: TaskSpec, group: FeatureGroup) -> ChunkWriter:
         connect_timeout=spec.connect_timeout,
         max_connections=spec.max_connections,
         retries=spec.redis_retries,
+        durability=spec.durability,
     )
     return ChunkWriter(
         target,

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 import redis.cluster
@@ -34,11 +34,12 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from feature_store import notices
 from feature_store.batch import Command, WriteStats, write_outcome
-from feature_store.connection import RedisTarget, SyncClient, missing_script, translated_errors
-from feature_store.errors import StoreError, StoreUnavailableError
+from feature_store.connection import RedisTarget, SyncClient, translated_errors
+from feature_store.errors import ConfigError, StoreError, StoreUnavailableError
 from feature_store.ingest.encode import EncodedBatch
 from feature_store.ingest.spec import RetrySpec
 from feature_store.layout import WRITTEN, with_script
+from feature_store.sending import raised, scripts_resent, send_by_master, send_packed
 
 log = logging.getLogger(__name__)
 
@@ -138,16 +139,30 @@ class ChunkWriter:
     def _attempt(self, commands: list[Command]) -> list[object]:
         """The chunk's replies; commands Redis answered NOSCRIPT (a restart, SCRIPT FLUSH, a
         promoted replica) go again with the script's text. The first error reply is raised."""
+        durability = self.target.durability
         with translated_errors():
             client = self.client
             if isinstance(client, redis.Redis) and HIREDIS_AVAILABLE:
-                return _raised(_scripts_resent(lambda c: _send_packed(client, c), commands))
+                one = partial(send_packed, client, durability=durability)
+                return raised(scripts_resent(one, commands))
             if isinstance(client, redis.RedisCluster) and HIREDIS_AVAILABLE:
-                send = _scripts_resent(lambda c: _send_by_master(client, c), commands)
+                each = partial(send_by_master, client, durability=durability)
+                replies = scripts_resent(each, commands)
                 redirected = (redis.exceptions.MovedError, redis.exceptions.AskError)
-                if not any(isinstance(reply, redirected) for reply in send):
-                    return _raised(send)
+                if not any(isinstance(reply, redirected) for reply in replies):
+                    return raised(replies)
                 self.redirected += 1
+                if durability.asked:
+                    # the pipeline below follows the redirect, but no WAIT can follow it
+                    # on the connections it used: the layout is learnt again and the whole
+                    # chunk (idempotent) retried on the new owners
+                    raise StoreUnavailableError(
+                        "the cluster's slots moved under a durable write; sending it again"
+                    )
+            if durability.asked:
+                raise ConfigError(
+                    "write durability needs hiredis (redis[hiredis]) for its per-master WAIT"
+                )
             try:
                 return _pipeline(client, commands)
             except redis.exceptions.NoScriptError:  # idempotent: the whole chunk again
@@ -186,98 +201,3 @@ def _pipeline(client: SyncClient, commands: list[Command]) -> list[object]:
     for cmd in commands:
         pipe.execute_command(*cmd)
     return pipe.execute()
-
-
-def _scripts_resent(
-    send: Callable[[list[Command]], list[object]], commands: list[Command]
-) -> list[object]:
-    """``send(commands)``'s replies, the commands Redis answered NOSCRIPT sent again with
-    the script's text."""
-    replies = send(commands)
-    if missing := missing_script(replies):
-        again = send([with_script(commands[i]) for i in missing])
-        for i, reply in zip(missing, again, strict=True):
-            replies[i] = reply
-    return replies
-
-
-def _raised(replies: list[object]) -> list[object]:
-    """The replies, or the first error reply raised."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
-
-
-def _key(command: Command) -> bytes | str | int:
-    """The key a write command is about: the guard's (EVALSHA/EVAL sha|script 1 key ...),
-    or a plain command's first argument."""
-    return command[3] if command[0] in ("EVALSHA", "EVAL") else command[1]
-
-
-def _send_by_master(client: redis.RedisCluster, commands: list[Command]) -> list[object]:
-    """``_send_packed`` on a cluster: each master's share of ``commands`` (by the slot of
-    each one's key, as the client knows the slots) on one of its pooled connections, every
-    share written before any reply is read. Every reply is read, an error reply (MOVED,
-    ASK, NOSCRIPT among them) in its command's place."""
-    import hiredis  # present: HIREDIS_AVAILABLE
-
-    pack = hiredis.pack_command
-    manager = client.nodes_manager
-    shares: dict[str, tuple[redis.cluster.ClusterNode, list[int]]] = {}
-    for i, command in enumerate(commands):
-        node = manager.get_node_from_slot(client.keyslot(_key(command)))  # type: ignore[no-untyped-call]
-        shares.setdefault(node.name, (node, []))[1].append(i)
-    replies: list[object] = [None] * len(commands)
-    held: list[tuple[redis.ConnectionPool, redis.Connection, list[int]]] = []
-    try:
-        for node, share in shares.values():
-            pool = client.get_redis_connection(node).connection_pool
-            conn = pool.get_connection()
-            held.append((pool, conn, share))
-            payload = b"".join([pack(commands[i]) for i in share])  # type: ignore[arg-type]
-            conn.send_packed_command([payload], check_health=False)  # type: ignore[no-untyped-call]
-        for _, conn, share in held:
-            for i in share:
-                try:
-                    replies[i] = conn.read_response()
-                except redis.exceptions.ResponseError as e:
-                    replies[i] = e
-    except BaseException:
-        for _, conn, _ in held:
-            conn.disconnect()  # type: ignore[no-untyped-call]  # a half-read reply stream
-        raise
-    finally:
-        for pool, conn, _ in held:
-            pool.release(conn)
-    return replies
-
-
-def _send_packed(client: redis.Redis, commands: list[Command]) -> list[object]:
-    """One pipeline round trip on one pooled connection, packed by hiredis.
-
-    What redis-py's ``Pipeline`` does for a non-transactional pipeline (send every packed
-    command, then read every reply), without its per-argument Python checks, which cost
-    more than the packing itself for calls of ~100 arguments. Every reply is read, an
-    error reply in its command's place, so the connection stays in step.
-    """
-    import hiredis  # present: HIREDIS_AVAILABLE
-
-    pack = hiredis.pack_command
-    payload = b"".join([pack(cmd) for cmd in commands])  # type: ignore[arg-type]
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    replies: list[object] = []
-    try:
-        conn.send_packed_command([payload], check_health=False)  # type: ignore[no-untyped-call]
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except redis.exceptions.ResponseError as e:
-                replies.append(e)
-    except BaseException:
-        conn.disconnect()  # type: ignore[no-untyped-call]  # a half-read reply stream
-        raise
-    finally:
-        pool.release(conn)
-    return replies

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from feature_store import sample
-from feature_store.commands import add_redis_args, redis_url, settings_from
+from feature_store.commands import add_durability_arg, add_redis_args, redis_url, settings_from
 from feature_store.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     add_redis_args(p)
+    add_durability_arg(p, "a push write")
     p.set_defaults(func=run_serve)
 
 
@@ -162,6 +163,7 @@ def _serve(
             "connect_timeout": core.connect_timeout,
             "max_connections": core.max_connections,
             "redis_retries": core.redis_retries,
+            "write_durability": core.write_durability,
         }
         grpc_note = f", gRPC on {serving.host}:{serving.grpc_port}" if serving.grpc_port else ""
         scheme = "http" if serving.tls_cert is None else "https"
@@ -306,6 +308,7 @@ def _load(path: str) -> Registry:
 
 def _app_from_config(config: dict[str, object]) -> FastPath:
     from feature_store.connection import RedisTarget
+    from feature_store.durability import Durability
     from feature_store.serving.api.http import HeaderDeadlineProtocol
     from feature_store.serving.config import ServingSettings
     from feature_store.serving.runtime import ServingRuntime
@@ -319,6 +322,7 @@ def _app_from_config(config: dict[str, object]) -> FastPath:
         connect_timeout=float(config["connect_timeout"]),  # type: ignore[arg-type]
         max_connections=int(config["max_connections"]),  # type: ignore[call-overload]
         retries=int(config["redis_retries"]),  # type: ignore[call-overload]
+        durability=Durability.parse(str(config.get("write_durability", ""))),
     )
     runtime = ServingRuntime(_load(str(config["registry"])), target, serving)
     if config.get("workers_dir"):

@@ -31,8 +31,9 @@ from feature_store.serving.l1.loader import CachedReader
 from feature_store.serving.l1.roundtrip import CONNECTION_WAIT, ClusterRoundTrip, round_trip_for
 from feature_store.serving.l1.warm import WarmStart
 from feature_store.serving.metrics import SYNC_EVERY, ServingMetrics
-from feature_store.serving.service import FeatureService, Writer
+from feature_store.serving.service import FeatureService
 from feature_store.serving.siblings import Siblings
+from feature_store.serving.writer import Writer
 from feature_store.store import AsyncFeatureStore
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,9 @@ class ServingRuntime:
                     self.reader.new_write,
                 )
         self._publisher = publisher
-        self.service = FeatureService(registry, self.reader, Writer(client), settings, publisher)
+        self.service = FeatureService(
+            registry, self.reader, Writer(client, target.durability), settings, publisher
+        )
         self.metrics = ServingMetrics(self.reader)
         # request ids, and with FEATURE_SERVING_FEATURE_LOG the serving log (feature_log/)
         self.served = FeatureLog(

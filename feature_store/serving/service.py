@@ -22,20 +22,21 @@ from feature_store.batch import (
     WriteStats,
     plan_write,
 )
-from feature_store.connection import is_key_error, missing_script, translated_errors
 from feature_store.errors import (
     EncodingError,
+    NotDurableError,
     RequestError,
     StoreError,
     StorePermissionError,
     StoreUnavailableError,
 )
-from feature_store.layout import SKIPPED, entity_key, with_script
+from feature_store.layout import SKIPPED, entity_key
 from feature_store.registry import EntityType, Feature, FeatureGroup, Registry
 from feature_store.serving.auth import AuthError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.l1.invalidation import Publisher
 from feature_store.serving.l1.loader import CachedReader, Resolved
+from feature_store.serving.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ def problem(error: BaseException, *, writing: bool = False) -> Problem:
         )
     if isinstance(error, StorePermissionError):  # configuration, not an outage: no retry
         return Problem(500, "redis_permission_denied", str(error))
+    if isinstance(error, NotDurableError):
+        return Problem(503, "not_durable", str(error))
     if isinstance(error, StoreError) and writing:
         return Problem(
             503,
@@ -446,35 +449,6 @@ def _describe_group(g: FeatureGroup) -> dict[str, object]:
                 "n": a.n or None,
             }
     return out
-
-
-class Writer:
-    """Runs write commands through the store client's connection pool, errors translated."""
-
-    def __init__(self, client: object) -> None:
-        self.client = client
-
-    async def _pipeline(self, commands: list[tuple[bytes | str | int, ...]]) -> list[object]:
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
-        for cmd in commands:
-            pipe.execute_command(*cmd)
-        result: list[object] = await pipe.execute(raise_on_error=False)
-        return result
-
-    async def run(self, commands: list[tuple[bytes | str | int, ...]]) -> list[object]:
-        """Each command's reply, an error reply (WRONGTYPE) in its place; raises StoreError
-        when Redis fails or refuses for another reason than one key's data. The write
-        script's text goes with the commands where Redis lost it (a restart, SCRIPT FLUSH)."""
-        with translated_errors():
-            result = await self._pipeline(commands)
-            if missing := missing_script(result):
-                again = await self._pipeline([with_script(commands[i]) for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    result[i] = reply
-            for reply in result:
-                if isinstance(reply, Exception) and not is_key_error(reply):
-                    raise reply
-            return result
 
 
 def _failed_rows(

@@ -26,6 +26,7 @@ from feature_store import sample
 from feature_store.batch import plan_write
 from feature_store.cli import main
 from feature_store.client import FeatureClient
+from feature_store.durability import Durability
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port
 from feature_store.errors import FeatureStoreError, RequestError, StoreUnavailableError
 from feature_store.ingest.generate import ID_COLUMN, sample_frame, write_sample
@@ -561,6 +562,38 @@ def test_a_master_failover_mid_job_is_retried_and_every_value_lands(
         assert _read_back(live, registry, list(range(FAULT_N))) == _expected(
             registry, range(FAULT_N)
         )
+
+
+@pytest.mark.cluster
+def test_write_durability_reaches_every_task_and_a_shortfall_fails_the_job(
+    spark: SparkSession, sample_input: str, registry_file: Path, tmp_path: Path
+) -> None:
+    """``--write-durability`` (here the job's field) reaches the Spark tasks' writers:
+    every chunk is followed by a WAIT on each master it wrote to, and a chunk fewer
+    replicas confirmed than asked is retried, then fails the job, never reported written."""
+    registry = load_registry(registry_file)
+    with EmbeddedCluster(tmp_path / "cluster", replicas=1) as cluster:
+        report = run_ingest(
+            spark, _job(registry_file, sample_input, cluster.url, durability=Durability(1, 200))
+        )
+        assert report.outcome is Outcome.SUCCEEDED
+        assert _read_back(cluster.url, registry, list(range(N))) == _expected(registry, range(N))
+        waits = 0
+        for node in cluster.master_nodes():
+            with redis.Redis(port=node.port) as r:
+                waits += int(r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+        assert waits >= report.chunks  # one WAIT per master of each chunk
+        short = _job(
+            registry_file,
+            sample_input,
+            cluster.url,
+            durability=Durability(2, 50),  # one replica per master: never enough
+            retry=RetrySpec(retries=1, base_delay=0.05, max_delay=0.1),
+            report_path=tmp_path / "report.json",
+        )
+        with pytest.raises(StoreUnavailableError, match="confirmed by 1 of 2 replica"):
+            run_ingest(spark, short)
+    assert "not durable" in json.loads((tmp_path / "report.json").read_text())["message"]
 
 
 def test_by_default_a_snapshot_is_as_old_as_its_input_files(

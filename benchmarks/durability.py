@@ -1,0 +1,316 @@
+"""Acknowledged push writes lost when a master dies behind its replica, and what waiting
+for the replica costs: `serve` without and with `--write-durability replicas=1`.
+
+    python3 benchmarks/durability.py [--steady 8] [--concurrency 8] [--batch 100] [--out FILE]
+
+Both settings run the same procedure in the same run, each on a fresh Redis Cluster of 3
+masters and 3 replicas on loopback (cluster-node-timeout 2 s) behind one `feature-store
+serve` worker (L1 off, REST), written by ``--concurrency`` clients in this process, each
+write ``--batch`` entities of the standard shape, every entity written once (so a write
+is either in Redis afterwards or lost):
+
+1. **Steady** (``--steady`` seconds, no fault): writes/s, entities/s, latency, and CPU
+   µs per entity written of the worker and of the three masters (/proc/<pid>/stat).
+2. **The master dies behind its replica**: one master's replica is paused (SIGSTOP) for
+   ``PAUSE`` seconds while writes go on, then the master is SIGKILLed and the replica
+   resumed: it is promoted holding what had reached it. Redis's replication is
+   asynchronous: without durability, what the master acknowledged meanwhile and its
+   replica never received is gone. The killed node is then started again (it rejoins as
+   the new master's replica) and the writes go on to the end.
+   Afterwards every acknowledged write's entities are read back from the cluster: an
+   entity without its value is an **acknowledged write lost**.
+
+What reaches the paused replica depends on the kernel's socket buffers (a replica paused
+is not a replica partitioned: the master's stream waits in the buffers, a few MB, and is
+applied when it resumes): writes are made large enough (``--batch`` entities of ~1.6 KB)
+that the pause outlasts them.
+
+Load generator and server share the machine's two cores: writes/s compare the two
+settings in this run, not a server's capacity.
+"""
+
+from __future__ import annotations
+
+import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
+
+import argparse
+import asyncio
+import itertools
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+from _results import header, save
+
+from feature_store import sample
+from feature_store.embedded import EmbeddedCluster, EmbeddedRedis
+from feature_store.serving.process import ServingProcess
+from feature_store.store import FeatureStore
+
+SETTINGS = {"asynchronous": "", "replicas=1": "replicas=1,timeout=500"}
+PAUSE = 3.0  # seconds the replica is paused before its master is killed
+AFTER = 8.0  # seconds of writes after the kill (failover, the node back, writes again)
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def value(entity: int) -> int:
+    return entity * 7 + 1
+
+
+@dataclass
+class Writes:
+    """Every write's (start, end, status, first id) since ``t0``; ids are consecutive."""
+
+    batch: int
+    t0: float = field(default_factory=time.monotonic)
+    log: list[tuple[float, float, str, int]] = field(default_factory=list)
+
+    def acked_ids(self) -> list[int]:
+        return [
+            i for _, _, s, first in self.log if s == "200" for i in range(first, first + self.batch)
+        ]
+
+    def between(self, a: float, b: float) -> list[tuple[float, float, str, int]]:
+        return [w for w in self.log if a <= w[0] < b]
+
+
+async def write_for(
+    url: str, seconds: float, clients: int, ids: itertools.count[int], w: Writes
+) -> None:
+    """``clients`` writers, each one write at a time, for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=clients)) as http:
+
+        async def one() -> None:
+            while time.monotonic() < deadline:
+                first = next(ids) * w.batch
+                rows = [
+                    {"id": i, "values": {**sample.features(i), "int_0": value(i)}}
+                    for i in range(first, first + w.batch)
+                ]
+                start = time.monotonic()
+                try:
+                    r = await http.post(
+                        f"{url}/v1/features/write", json={"group": sample.GROUP, "rows": rows}
+                    )
+                    status = str(r.status_code)
+                    if r.status_code == 503:
+                        status += " " + r.json()["error"]["code"]
+                except httpx.HTTPError as e:
+                    status = type(e).__name__
+                w.log.append((start - w.t0, time.monotonic() - w.t0, status, first))
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+
+
+def replica_of(cluster: EmbeddedCluster, master: EmbeddedRedis) -> EmbeddedRedis:
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port) as r:
+            info = r.info("replication")
+        if info.get("role") == "slave" and int(info["master_port"]) == master.port:
+            return node
+    raise AssertionError(f"no replica of port {master.port}")
+
+
+def wait_replica(node: EmbeddedRedis, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with redis.Redis(port=node.port, socket_timeout=2) as r:
+        while time.monotonic() < deadline:
+            try:
+                info = r.info("replication")
+                if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                    return
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"port {node.port} was not a synced replica within {timeout:.0f} s")
+
+
+def run_setting(
+    name: str, durability: str, tmp: Path, steady: float, clients: int, batch: int
+) -> dict[str, object]:
+    with EmbeddedCluster(tmp / name, replicas=1, node_timeout_ms=2000) as cluster:
+        args = ["--no-cache", "--no-grpc", "--log-level", "warning"]
+        if durability:
+            args += ["--write-durability", durability]
+        with ServingProcess(
+            cluster.url, args=args, grpc=False, log_path=tmp / f"{name}.log"
+        ) as server:
+            assert server.process is not None
+            masters = [n for n in cluster.master_nodes()]
+            pids = [server.process.pid, *(m.process.pid for m in masters if m.process)]
+            ids = itertools.count()
+            asyncio.run(write_for(server.rest_url, 1.0, clients, ids, Writes(batch)))  # warm-up
+            # 1. steady
+            w = Writes(batch)
+            cpu0 = [cpu_seconds(p) for p in pids]
+            t0 = time.monotonic()
+            asyncio.run(write_for(server.rest_url, steady, clients, ids, w))
+            took = time.monotonic() - t0
+            cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+            ok = [x for x in w.log if x[2] == "200"]
+            lat = sorted(e - s for s, e, _, _ in ok)
+            entities = max(1, len(ok) * batch)
+            steady_out = {
+                "writes_per_s": round(len(ok) / took, 1),
+                "entities_per_s": round(entities / took),
+                "p50_ms": round(lat[len(lat) // 2] * 1000, 1) if lat else None,
+                "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 1) if lat else None,
+                "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+                "failed": len(w.log) - len(ok),
+                "server_us_per_entity": round(cpu[0] / entities * 1e6, 2),
+                "redis_us_per_entity": round(sum(cpu[1:]) / entities * 1e6, 2),
+            }
+            # 2. the master dies behind its paused replica
+            victim = next(m for m in masters if m is not cluster.nodes[0])  # the URL's node stays
+            replica = replica_of(cluster, victim)
+            assert replica.process is not None
+            f = Writes(batch)
+            events: dict[str, float] = {}
+
+            def fault() -> None:
+                time.sleep(1.0)
+                events["paused"] = time.monotonic() - f.t0
+                os.kill(replica.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+                time.sleep(PAUSE)
+                victim.kill()
+                os.kill(replica.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+                events["killed"] = time.monotonic() - f.t0
+                cluster.wait_ok()
+                events["ok"] = time.monotonic() - f.t0
+                victim.restart()
+                wait_replica(victim)
+                events["rejoined"] = time.monotonic() - f.t0
+
+            chaos = threading.Thread(target=fault)
+            chaos.start()
+            asyncio.run(write_for(server.rest_url, 1.0 + PAUSE + AFTER, clients, ids, f))
+            chaos.join()
+            # read back with the cluster as it is now: every node up again
+            with FeatureStore.connect(cluster.url, sample.registry()) as store:
+                acked = f.acked_ids()
+                stored: list[object] = []
+                for i in range(0, len(acked), 500):
+                    part = acked[i : i + 500]
+                    rows = store.read(sample.ENTITY, part, features=["int_0"]).rows
+                    stored += [r.values[0] for r in rows]
+            lost = [i for i, v in zip(acked, stored, strict=True) if v != value(i)]
+    window = f.between(events["paused"], events["killed"])
+    after_ok = [x for x in f.log if x[0] >= events["killed"] and x[2] == "200"]
+    statuses: dict[str, int] = {}
+    for x in f.log:
+        statuses[x[2]] = statuses.get(x[2], 0) + 1
+    return {
+        "setting": name,
+        "steady": steady_out,
+        "fault": {
+            "events_s": {k: round(v, 2) for k, v in events.items()},
+            "writes": len(f.log),
+            "statuses": statuses,
+            "acked_while_replica_paused": sum(1 for x in window if x[2] == "200"),
+            "refused_while_replica_paused": sum(1 for x in window if x[2] != "200"),
+            "acked_entities": len(acked),
+            "acked_entities_lost": len(lost),
+            "acked_writes_lost": len({(i // batch) for i in lost}),
+            "first_ack_after_kill_s": round(min(x[1] for x in after_ok) - events["killed"], 2)
+            if after_ok
+            else None,
+        },
+    }
+
+
+def markdown(results: list[dict[str, object]], clients: int, batch: int) -> list[str]:
+    base = results[0]["steady"]
+    lines = [
+        "## Steady writes (no fault)",
+        "",
+        f"{clients} clients, one write of {batch} entities at a time each.",
+        "",
+        "| write durability | writes/s | entities/s | vs asynchronous | p50 ms | p99 ms | max ms "
+        "| failed | server µs/entity | Redis µs/entity |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        s = r["steady"]
+        assert isinstance(s, dict)
+        assert isinstance(base, dict)
+        lines.append(
+            f"| {r['setting']} | {s['writes_per_s']} | {s['entities_per_s']:,} "
+            f"| {s['entities_per_s'] / base['entities_per_s']:.2f}x "
+            f"| {s['p50_ms']} | {s['p99_ms']} "
+            f"| {s['max_ms']} | {s['failed']} | {s['server_us_per_entity']} "
+            f"| {s['redis_us_per_entity']} |"
+        )
+    lines += [
+        "",
+        f"## A master killed after its replica was paused {PAUSE:.0f} s",
+        "",
+        "| write durability | writes | acked while the replica was paused | refused meanwhile "
+        "| acked entities | **acked entities lost** | acked writes lost "
+        "| first ack after the kill (s) | outcomes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        f = r["fault"]
+        assert isinstance(f, dict)
+        outcomes = ", ".join(f"{k}: {n}" for k, n in sorted(f["statuses"].items()))
+        lines.append(
+            f"| {r['setting']} | {f['writes']} | {f['acked_while_replica_paused']} "
+            f"| {f['refused_while_replica_paused']} | {f['acked_entities']:,} "
+            f"| **{f['acked_entities_lost']:,}** | {f['acked_writes_lost']} "
+            f"| {f['first_ack_after_kill_s']} | {outcomes} |"
+        )
+    lines += [
+        "",
+        "Times of the fault (s from the start of its writes): "
+        + "; ".join(f"{r['setting']}: {r['fault']['events_s']}" for r in results),  # type: ignore[index]
+        "",
+        "A write refused (503 `not_durable`) was applied by its master but not confirmed by "
+        "the replica: the client was told it may be lost, and sending it again is safe. "
+        "With `replicas=1`, writes to the shard whose replica was paused wait for WAIT's "
+        "timeout (500 ms) and are refused; after the failover they are refused until the "
+        "killed node is back as the new master's replica.",
+    ]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steady", type=float, default=8.0, help="seconds of steady writes")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=100, help="entities per write")
+    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, durability in SETTINGS.items():
+            print(f"{name} ...", flush=True)
+            results.append(
+                run_setting(name, durability, Path(tmp), args.steady, args.concurrency, args.batch)
+            )
+    lines = markdown(results, args.concurrency, args.batch)
+    head = header(
+        "A Redis Cluster of 3 masters + 3 replicas on loopback (node timeout 2 s), fresh for "
+        "each setting; one `serve` worker, L1 off, REST push writes of the standard shape."
+    )
+    save(
+        args.out,
+        "Write durability: acknowledged writes lost across a failover",
+        [*head, "", *lines],
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

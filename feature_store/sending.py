@@ -1,0 +1,283 @@
+"""Write commands sent to Redis as packed round trips, per master on a cluster, and, when
+asked (``feature_store.durability``), confirmed by replicas with ``WAIT``.
+
+WAIT speaks for the connection it is sent on (everything that connection wrote before
+it), so each master's share of a write and its WAIT go on one connection: one round trip
+on one node, one per master on Redis Cluster (redis-py's cluster client's slot map and its
+nodes' pools), every share written before any reply is read. The senders read every
+reply, an error reply (MOVED, ASK, NOSCRIPT, WRONGTYPE) in its command's place, so that a
+connection stays in step; the callers decide what an error reply means:
+
+- the Spark job's ``ChunkWriter`` (``feature_store.ingest.writer``) retries the whole
+  chunk with backoff: its commands are idempotent (the ordering guard);
+- the library (``FeatureStore.write``) and the serving API's push writes
+  (``feature_store.serving.writer``) send a durable write again, up to
+  ``DURABLE_ATTEMPTS``, after a slot moved or a master's connection failed, the cluster's
+  layout learnt again; a write not confirmed raises ``NotDurableError``.
+
+redis-py's pipeline, which the writers use when no durability is asked, checks and packs
+every argument in Python; packing with hiredis costs a fraction of it on calls of ~100
+arguments, and redis-py's cluster pipeline cannot put a WAIT on the connection that wrote
+a master's share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions
+
+from feature_store.batch import Command
+from feature_store.connection import AsyncClient, SyncClient, missing_script
+from feature_store.durability import ASYNCHRONOUS, Durability
+from feature_store.errors import StoreUnavailableError
+from feature_store.layout import with_script
+
+DURABLE_ATTEMPTS = 3  # a durable write whose slot moved or whose master went, sent again
+REDIRECTED = (redis.exceptions.MovedError, redis.exceptions.AskError)
+
+
+def scripts_resent(
+    send: Callable[[list[Command]], list[object]], commands: list[Command]
+) -> list[object]:
+    """``send(commands)``'s replies, the commands Redis answered NOSCRIPT sent again with
+    the script's text."""
+    replies = send(commands)
+    if missing := missing_script(replies):
+        again = send([with_script(commands[i]) for i in missing])
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    return replies
+
+
+def raised(replies: list[object]) -> list[object]:
+    """The replies, or the first error reply raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def key_of(command: Command) -> bytes | str | int:
+    """The key a write command is about: the guard's (EVALSHA/EVAL sha|script 1 key ...),
+    or a plain command's first argument."""
+    return command[3] if command[0] in ("EVALSHA", "EVAL") else command[1]
+
+
+def send_by_master(
+    client: redis.RedisCluster, commands: list[Command], durability: Durability = ASYNCHRONOUS
+) -> list[object]:
+    """``send_packed`` on a cluster: each master's share of ``commands`` (by the slot of
+    each one's key, as the client knows the slots) on one of its pooled connections, every
+    share written before any reply is read. Every reply is read, an error reply (MOVED,
+    ASK, NOSCRIPT among them) in its command's place; then each master's WAIT is checked
+    (``durability``)."""
+    import hiredis  # present: HIREDIS_AVAILABLE
+
+    pack = hiredis.pack_command
+    manager = client.nodes_manager
+    shares: dict[str, tuple[redis.cluster.ClusterNode, list[int]]] = {}
+    for i, command in enumerate(commands):
+        node = manager.get_node_from_slot(client.keyslot(key_of(command)))  # type: ignore[no-untyped-call]
+        shares.setdefault(node.name, (node, []))[1].append(i)
+    replies: list[object] = [None] * len(commands)
+    waited: list[tuple[str, object]] = []
+    wait = pack(durability.command) if durability.asked else b""  # type: ignore[arg-type]
+    held: list[tuple[redis.ConnectionPool, redis.Connection, list[int]]] = []
+    try:
+        for node, share in shares.values():
+            pool = client.get_redis_connection(node).connection_pool
+            conn = pool.get_connection()
+            held.append((pool, conn, share))
+            payload = b"".join([pack(commands[i]) for i in share])  # type: ignore[arg-type]
+            conn.send_packed_command([payload + wait], check_health=False)  # type: ignore[no-untyped-call]
+        for (_, conn, share), node_name in zip(held, shares, strict=True):
+            for i in share:
+                replies[i] = reply_of(conn)
+            if wait:
+                waited.append((node_name, reply_of(conn)))
+    except BaseException:
+        for _, conn, _ in held:
+            conn.disconnect()  # type: ignore[no-untyped-call]  # a half-read reply stream
+        raise
+    finally:
+        for pool, conn, _ in held:
+            pool.release(conn)
+    for node_name, reply in waited:
+        durability.check(reply, f"master {node_name}")
+    return replies
+
+
+def reply_of(conn: redis.Connection) -> object:
+    """The next reply on ``conn``, an error reply as its exception."""
+    try:
+        return conn.read_response()
+    except redis.exceptions.ResponseError as e:
+        return e
+
+
+def send_packed(
+    client: redis.Redis, commands: list[Command], durability: Durability = ASYNCHRONOUS
+) -> list[object]:
+    """One pipeline round trip on one pooled connection, packed by hiredis.
+
+    What redis-py's ``Pipeline`` does for a non-transactional pipeline (send every packed
+    command, then read every reply), without its per-argument Python checks, which cost
+    more than the packing itself for calls of ~100 arguments. Every reply is read, an
+    error reply in its command's place, so the connection stays in step.
+    """
+    import hiredis  # present: HIREDIS_AVAILABLE
+
+    pack = hiredis.pack_command
+    payload = b"".join([pack(cmd) for cmd in commands])  # type: ignore[arg-type]
+    if durability.asked:
+        payload += pack(durability.command)  # type: ignore[arg-type]
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    replies: list[object] = []
+    try:
+        conn.send_packed_command([payload], check_health=False)  # type: ignore[no-untyped-call]
+        replies = [reply_of(conn) for _ in commands]
+        waited = reply_of(conn) if durability.asked else None
+    except BaseException:
+        conn.disconnect()  # type: ignore[no-untyped-call]  # a half-read reply stream
+        raise
+    finally:
+        pool.release(conn)
+    if durability.asked:
+        durability.check(waited, "the master")
+    return replies
+
+
+def redirected(replies: Sequence[object]) -> bool:
+    """Whether a reply says a slot moved (MOVED, ASK: a reshard, a failover)."""
+    return any(isinstance(r, REDIRECTED) for r in replies)
+
+
+def _layout_changed() -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"the cluster's layout kept changing under a durable write ({DURABLE_ATTEMPTS} "
+        "attempts): send it again"
+    )
+
+
+def send_durable(
+    client: SyncClient, commands: list[Command], durability: Durability
+) -> list[object]:
+    """``commands`` confirmed by ``durability.replicas`` replicas (NotDurableError if not);
+    their replies, the write script's text sent where Redis lost it. On a cluster a slot
+    that moved or a master gone makes the client learn the layout and the write go again."""
+    if isinstance(client, redis.Redis):
+        return scripts_resent(lambda c: send_packed(client, c, durability), commands)
+    for attempt in range(DURABLE_ATTEMPTS):
+        if attempt:
+            time.sleep(0.05 * attempt)
+            client.nodes_manager.initialize()
+        try:
+            replies = scripts_resent(lambda c: send_by_master(client, c, durability), commands)
+        except (redis.exceptions.ConnectionError, OSError):
+            continue
+        if not redirected(replies):
+            return replies
+    raise _layout_changed()
+
+
+async def send_durable_async(
+    client: AsyncClient, commands: list[Command], durability: Durability
+) -> list[object]:
+    """``send_durable`` on an asyncio client."""
+    if not isinstance(client, redis.asyncio.cluster.RedisCluster):
+        pipe = client.pipeline(transaction=False)  # one connection: the WAIT goes last
+        for cmd in [*commands, durability.command]:
+            pipe.execute_command(*cmd)
+        replies: list[object] = await pipe.execute(raise_on_error=False)
+        durability.check(replies.pop(), "the master")
+        return await _scripts_resent_async(client, commands, replies, durability)
+    for attempt in range(DURABLE_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(0.05 * attempt)
+        if client._initialize:  # redis-py's flag: the layout is to be learnt
+            await client.initialize()
+        got: list[object] | None
+        try:
+            got = await _by_master_async(client, commands, durability)
+            if missing := missing_script(got):
+                again = await _by_master_async(
+                    client, [with_script(commands[i]) for i in missing], durability
+                )
+                for i, reply in zip(missing, again, strict=True):
+                    got[i] = reply
+        except (redis.exceptions.ConnectionError, OSError):
+            got = None
+        if got is not None and not redirected(got):
+            return got
+        client._initialize = True  # a master gone or a slot moved: learn the layout
+    raise _layout_changed()
+
+
+async def _scripts_resent_async(
+    client: AsyncClient, commands: list[Command], replies: list[object], durability: Durability
+) -> list[object]:
+    if missing := missing_script(replies):
+        again = await send_durable_async(
+            client, [with_script(commands[i]) for i in missing], durability
+        )
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    return replies
+
+
+async def _by_master_async(
+    client: redis.asyncio.cluster.RedisCluster, commands: list[Command], durability: Durability
+) -> list[object]:
+    """Each master's share of ``commands`` and its WAIT on one of its connections, all at
+    once; the replies in the commands' order."""
+    shares: dict[str, tuple[redis.asyncio.cluster.ClusterNode, list[int]]] = {}
+    for i, command in enumerate(commands):
+        node = client.get_node_from_key(key_of(command))  # type: ignore[arg-type]
+        if node is None:  # a slot no known master owns: learn the layout again
+            raise redis.exceptions.ConnectionError("a slot without a known master")
+        shares.setdefault(node.name, (node, []))[1].append(i)
+    answers = await asyncio.gather(
+        *(
+            _share_async(node, [commands[i] for i in share], durability)
+            for node, share in shares.values()
+        )
+    )
+    replies: list[object] = [None] * len(commands)
+    for (_, share), got in zip(shares.values(), answers, strict=True):
+        for i, reply in zip(share, got, strict=True):
+            replies[i] = reply
+    return replies
+
+
+async def _share_async(
+    node: redis.asyncio.cluster.ClusterNode, commands: list[Command], durability: Durability
+) -> list[object]:
+    conn = node.acquire_connection()
+    try:
+        await conn.send_packed_command(
+            conn.pack_commands([*commands, durability.command]), check_health=False
+        )
+        replies = [await _reply_async(conn) for _ in commands]
+        waited = await _reply_async(conn)
+    except BaseException:
+        await conn.disconnect()  # a half-read reply stream
+        raise
+    finally:
+        node.release(conn)
+    durability.check(waited, f"master {node.name}")
+    return replies
+
+
+async def _reply_async(conn: redis.asyncio.Connection) -> object:
+    try:
+        return await conn.read_response()
+    except redis.exceptions.ResponseError as e:
+        return e
