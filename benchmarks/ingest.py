@@ -101,7 +101,7 @@ ENTRY_POINTS = (
     ("    entity keys", "ingest/encode.py", "_keys"),
     ("  redis: ChunkWriter.write", "ingest/writer.py", "write"),
     ("    command tuples (EncodedBatch.commands)", "ingest/encode.py", "commands"),
-    ("    one pipeline round trip (_send_packed)", "ingest/writer.py", "_send_packed"),
+    ("    one pipeline round trip (send_packed)", "sending.py", "send_packed"),
     ("      of which hiredis.pack_command", "~", "<built-in method hiredis.hiredis.pack_command>"),
     ("      of which sendall", "~", "<method 'sendall' of '_socket.socket' objects>"),
     (

@@ -204,6 +204,14 @@ class ServingMetrics:
             ["api", "reason"],
             registry=self.registry,
         )
+        self.invalidation_gaps = Counter(
+            f"{PREFIX}_invalidation_gaps",
+            "times the invalidation subscription was lost and the L1 expired, by kind: error "
+            "(the connection failed) or silent (nothing heard, not even a PONG, within the "
+            "health deadline: a partition)",
+            ["kind"],
+            registry=self.registry,
+        )
         reader.on_round_trip = self._round_trip
         reader.on_shadow_mismatch = self.shadow_age.observe
         # what brings counters kept elsewhere up to date before a scrape (the serving log's)

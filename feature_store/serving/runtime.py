@@ -109,6 +109,8 @@ class ServingRuntime:
             registry, self.reader, Writer(client, target.durability), settings, publisher
         )
         self.metrics = ServingMetrics(self.reader)
+        if self.listener is not None:
+            self.listener.on_gap = lambda kind: self.metrics.invalidation_gaps.labels(kind).inc()
         # request ids, and with FEATURE_SERVING_FEATURE_LOG the serving log (feature_log/)
         self.served = FeatureLog(
             registry,

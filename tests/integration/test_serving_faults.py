@@ -6,6 +6,7 @@ The server gets its own redis-server, which the test kills and restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -226,3 +227,97 @@ async def test_losing_the_invalidation_channel_expires_the_cache(own_redis: Embe
         assert again.entries[0][0].entry.expires_at > cache.clock() + 500  # reloaded
     finally:
         await rt.stop()
+
+
+class FreezingProxy:
+    """A TCP proxy to Redis whose open connections can be frozen: bytes stop flowing both
+    ways without a close or an error, as across a partition (packets dropped). Connections
+    made after the freeze flow again: the partition healed for them."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.frozen: set[asyncio.Event] = set()
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def freeze(self) -> None:
+        for cut in self.frozen:
+            cut.set()
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        cut = asyncio.Event()
+        self.frozen.add(cut)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                if cut.is_set():
+                    await asyncio.sleep(3600)  # dropped: nothing more passes, nothing closes
+                dst.write(data)
+                await dst.drain()
+
+        try:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            writer.close()
+            up_writer.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def test_a_silent_partition_of_the_subscription_is_detected_and_expires_the_cache(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """A partition does not drop the subscribed connection: it hangs, and a notice published
+    meanwhile never arrives. The listener PINGs a quiet subscription and, hearing nothing
+    by its deadline, subscribes again and expires the cache, as after any drop; the gap is
+    counted (feature_serving_invalidation_gaps_total{kind="silent"})."""
+    from feature_store.serving.l1.invalidation import HEALTH_DEADLINE
+
+    with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(3))
+    proxy = FreezingProxy(own_redis.port or 0)
+    url = await proxy.start()
+    rt = ServingRuntime(sample.registry(), RedisTarget.parse(url), ServingSettings(cache_ttl=600))
+    await rt.start()
+    try:
+        assert rt.listener is not None
+        await rt.service.lookup(ENTITY, [1, 2], ["int_0"])
+        cache = rt.reader.cache
+        assert cache is not None
+        assert all(e.expires_at > cache.clock() + 500 for e in cache._entries.values())
+        await asyncio.sleep(HEALTH_DEADLINE)  # quiet, but healthy: PONGs keep it
+        assert rt.listener.gaps == {}
+        received = rt.listener.received
+        proxy.freeze()
+        frozen_at = time.monotonic()
+        with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+            store.write(GROUP, [(1, {"int_0": 4242})])  # its notice is lost in the partition
+        for _ in range(100):  # bounded: the deadline and a ping interval, then a new subscription
+            if rt.listener.gaps.get("silent") and rt.listener.subscribed.is_set():
+                break
+            await asyncio.sleep(0.1)
+        detected = time.monotonic() - frozen_at
+        assert rt.listener.gaps == {"silent": 1}
+        assert rt.listener.received == received  # the notice never came
+        assert detected < HEALTH_DEADLINE + 3.0
+        # every entry expired: the next lookup reloads what the lost notice was about
+        assert all(e.expires_at <= cache.clock() for e in cache._entries.values())
+        gaps = 'feature_serving_invalidation_gaps_total{kind="silent"}'
+        assert metric(rt.metrics.render().decode(), gaps) == 1
+    finally:
+        await rt.stop()
+        await proxy.stop()

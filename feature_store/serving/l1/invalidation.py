@@ -7,6 +7,13 @@ drops the named entries, or marks the group's older entries for a background ref
 Pub/sub delivers at most once: while the subscription is down (Redis restarting, a network
 blip) messages are lost, so after every (re)subscription the instance expires its whole
 cache. Entries then reload on next use, and stay available for stale-on-error meanwhile.
+
+A partition does not drop the subscription: the connection hangs without an error, and
+notices published meanwhile are lost without a sign. So the listener PINGs its subscribed
+connection whenever it has heard nothing for ``HEALTH_INTERVAL``; nothing heard for
+``HEALTH_DEADLINE`` (no notice, no PONG) is a gap: the connection is dropped and the
+subscription made again, which expires the cache as after any drop. Gaps are counted by
+kind (``gaps``: ``error``, the connection failed; ``silent``, it hung).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,6 +46,12 @@ class Publisher:
 
 
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
+HEALTH_INTERVAL = 1.0  # seconds without a message before the listener PINGs
+HEALTH_DEADLINE = 3.0  # seconds without a message or a PONG: the subscription is lost
+
+
+class SilentGap(redis.exceptions.ConnectionError):
+    """The subscribed connection answered nothing, not even a PING, within the deadline."""
 
 
 def pubsub_client(target: RedisTarget) -> redis.asyncio.Redis:
@@ -106,6 +120,8 @@ class InvalidationListener:
         self.new_write = new_write
         self.subscribed = asyncio.Event()
         self.received = 0
+        self.gaps: Counter[str] = Counter()  # subscriptions lost, by kind: error, silent
+        self.on_gap: Callable[[str], object] | None = None  # metrics
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -137,19 +153,41 @@ class InvalidationListener:
                 first = False
                 self.subscribed.set()
                 delay = RETRY_MIN
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
-                    if message is not None and message.get("type") == "message":
-                        self._apply(message["data"])
+                await self._follow(pubsub)
             except (redis.exceptions.RedisError, OSError) as e:
                 self.subscribed.clear()
                 first = False
+                kind = "silent" if isinstance(e, SilentGap) else "error"
+                self.gaps[kind] += 1
+                if self.on_gap is not None:
+                    self.on_gap(kind)
                 log.warning("invalidation channel lost (%s); retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _follow(self, pubsub: PubSub) -> None:
+        """Apply notices until the connection fails or falls silent (``SilentGap``)."""
+        loop = asyncio.get_running_loop()
+        heard = pinged = loop.time()
+        while True:
+            message = await pubsub.get_message(timeout=HEALTH_INTERVAL)
+            now = loop.time()
+            if message is not None:
+                heard = now
+                if message.get("type") == "message":
+                    self._apply(message["data"])
+                continue
+            if now - heard >= HEALTH_DEADLINE:
+                raise SilentGap(
+                    f"nothing heard on the subscription for {now - heard:.1f} s, not even a "
+                    "PONG (a partition?)"
+                )
+            if now - pinged >= HEALTH_INTERVAL:
+                await pubsub.ping()
+                pinged = now
 
     def _apply(self, data: bytes) -> None:
         doc = notices.parse(data)
