@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import redis
 import redis.asyncio
@@ -162,8 +162,8 @@ def redirected(replies: Sequence[object]) -> bool:
 
 def _layout_changed() -> StoreUnavailableError:
     return StoreUnavailableError(
-        f"the cluster's layout kept changing under a durable write ({DURABLE_ATTEMPTS} "
-        "attempts): send it again"
+        f"a durable write could not be confirmed on the cluster's masters in "
+        f"{DURABLE_ATTEMPTS} attempts (slots moved, or a master failed): send it again"
     )
 
 
@@ -193,43 +193,46 @@ async def send_durable_async(
 ) -> list[object]:
     """``send_durable`` on an asyncio client."""
     if not isinstance(client, redis.asyncio.cluster.RedisCluster):
-        pipe = client.pipeline(transaction=False)  # one connection: the WAIT goes last
-        for cmd in [*commands, durability.command]:
-            pipe.execute_command(*cmd)
-        replies: list[object] = await pipe.execute(raise_on_error=False)
-        durability.check(replies.pop(), "the master")
-        return await _scripts_resent_async(client, commands, replies, durability)
+        one = client
+        return await _scripts_resent_async(lambda c: _one_node_async(one, c, durability), commands)
     for attempt in range(DURABLE_ATTEMPTS):
         if attempt:
             await asyncio.sleep(0.05 * attempt)
         if client._initialize:  # redis-py's flag: the layout is to be learnt
             await client.initialize()
-        got: list[object] | None
         try:
-            got = await _by_master_async(client, commands, durability)
-            if missing := missing_script(got):
-                again = await _by_master_async(
-                    client, [with_script(commands[i]) for i in missing], durability
-                )
-                for i, reply in zip(missing, again, strict=True):
-                    got[i] = reply
+            replies = await _scripts_resent_async(
+                lambda c: _by_master_async(client, c, durability), commands
+            )
         except (redis.exceptions.ConnectionError, OSError):
-            got = None
-        if got is not None and not redirected(got):
-            return got
+            replies = None
+        if replies is not None and not redirected(replies):
+            return replies
         client._initialize = True  # a master gone or a slot moved: learn the layout
     raise _layout_changed()
 
 
 async def _scripts_resent_async(
-    client: AsyncClient, commands: list[Command], replies: list[object], durability: Durability
+    send: Callable[[list[Command]], Awaitable[list[object]]], commands: list[Command]
 ) -> list[object]:
+    """``scripts_resent`` for an async ``send``."""
+    replies = await send(commands)
     if missing := missing_script(replies):
-        again = await send_durable_async(
-            client, [with_script(commands[i]) for i in missing], durability
-        )
+        again = await send([with_script(commands[i]) for i in missing])
         for i, reply in zip(missing, again, strict=True):
             replies[i] = reply
+    return replies
+
+
+async def _one_node_async(
+    client: redis.asyncio.Redis, commands: list[Command], durability: Durability
+) -> list[object]:
+    """``commands`` and a WAIT in redis-py's pipeline, which holds one connection."""
+    pipe = client.pipeline(transaction=False)
+    for cmd in [*commands, durability.command]:
+        pipe.execute_command(*cmd)
+    replies: list[object] = await pipe.execute(raise_on_error=False)
+    durability.check(replies.pop(), "the master")
     return replies
 
 
