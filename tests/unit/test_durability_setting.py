@@ -49,7 +49,7 @@ def test_a_malformed_setting_says_what_is_wrong(text: str, says: str) -> None:
 
 
 def test_the_environment_names_the_variable_and_the_timeouts_must_fit() -> None:
-    with pytest.raises(ConfigError, match="FEATURE_STORE_WRITE_DURABILITY: .*'replica=1'"):
+    with pytest.raises(ConfigError, match=r"FEATURE_STORE_WRITE_DURABILITY: .*'replica=1'"):
         Settings.from_env({"FEATURE_STORE_WRITE_DURABILITY": "replica=1"})
     # WAIT's timeout inside the socket's, or every slow replica reads as Redis gone
     with pytest.raises(ConfigError, match="shorter than the Redis socket timeout"):

@@ -39,7 +39,7 @@ class CircuitBreaker:
         failures: int = 5,
         window: float = 10.0,
         open_for: float = 0.5,
-        open_max: float = 10.0,
+        open_max: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold = failures
@@ -75,6 +75,11 @@ class CircuitBreaker:
             self._open_for = self.base_open
             self._probing = False
         self._failures.clear()
+
+    def release(self) -> None:
+        """A read that ended without saying anything of Redis (``LayoutPending``): if it
+        was the half-open probe, the next read may probe."""
+        self._probing = False
 
     def failure(self) -> None:
         now = self.clock()
