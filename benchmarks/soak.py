@@ -595,6 +595,12 @@ def analyse(
             "p99": round(_pct(latencies, 0.99) * 1000, 2),
             "max": round(latencies[-1] * 1000, 1) if latencies else None,
             "over_1s": sum(1 for x in latencies if x > 1.0),
+            # each request over 1 s: when (s from the start), whose, its outcome, how long
+            "over_1s_requests": [
+                (round(t, 2), who, outcome, round(s * 1000, 1))
+                for t, who, outcome, s in requests
+                if s > 1.0
+            ],
         },
         "faults": windows,
         "writes": dict(writes),
@@ -701,7 +707,14 @@ def markdown(result: dict[str, object]) -> list[str]:
         f"{result['never_written_values']} never written",
         f"- HTTP 500: {result['http_500']}; gRPC INTERNAL/UNKNOWN: {result['grpc_internal']}",
         f"- latency over the whole run: p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
-        f"max {lat['max']} ms, {lat['over_1s']} requests over 1 s",
+        f"max {lat['max']} ms, {lat['over_1s']} requests over 1 s"
+        + (
+            " ("
+            + "; ".join(f"{w} at {t} s: {o} in {ms} ms" for t, w, o, ms in lat["over_1s_requests"])
+            + ")"
+            if lat["over_1s_requests"]
+            else ""
+        ),
         "",
         "## Faults",
         "",

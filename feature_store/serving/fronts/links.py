@@ -191,6 +191,11 @@ class FrontLinks:
                     front.route(table)
             nodes = list(routes.nodes.values())
         observe = self.reads.on_round_trip
+        # on a cluster, Python's reads learn their timeout from the fronts' round trips to
+        # every master too: with the fronts answering, Python reads only what they hand
+        # over, too rarely to learn a timeout of its own, and it stayed at its cap (1 s):
+        # a lookup handed over while a master hung took 1.1 s
+        also = self.reads.timeout if routes is not None else None
         short = []
         connections = 0
         for node in nodes:
@@ -200,6 +205,8 @@ class FrontLinks:
                 connections += live
                 for seconds, keys in trips:
                     timeout.observe(seconds, keys)
+                    if also is not None:
+                        also.observe(seconds, keys)
                     if observe is not None:
                         observe(seconds, keys)
                 if trips:
