@@ -16,13 +16,7 @@ from feature_store.embedded import EmbeddedCluster
 from feature_store.errors import StoreTimeoutError
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.l1 import roundtrip
-from feature_store.serving.l1.roundtrip import (
-    ClusterRoundTrip,
-    LayoutPending,
-    PipelineRoundTrip,
-    Read,
-    Reply,
-)
+from feature_store.serving.l1.roundtrip import ClusterRoundTrip, PipelineRoundTrip, Read, Reply
 from feature_store.serving.l1.spec import GroupSpec
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
@@ -182,38 +176,14 @@ def _read_after_a_forgotten_layout(
         return runner.run(run())
 
 
-def test_a_read_waits_for_the_layout_within_its_budget_and_the_learning_goes_on(
+def test_a_read_is_not_cut_by_the_time_the_layout_takes_to_learn(
     cluster_url: str, slow_layout: float
 ) -> None:
-    """After a failover redis-py learns the cluster's layout again. A read waits for it
-    only within its own budget: it fails (LayoutPending, a 503 or a stale answer) instead
-    of answering past its deadline (a lookup took 1.1 s at a failover, LAYOUT_WAIT and its
-    timeout), and the learning goes on in its own task, so the next read answers."""
-    with FeatureStore.connect(cluster_url, sample.registry()) as store:
-        store.write(sample.GROUP, sample.rows(30))
-    budget = slow_layout / 5
-
-    async def run() -> tuple[list[Reply], float, list[Reply]]:
-        client = RedisTarget.parse(cluster_url).async_client()
-        assert isinstance(client, redis.asyncio.RedisCluster)
-        try:
-            round_trip = PipelineRoundTrip(client)
-            first = await round_trip(_reads(30), 5.0)
-            await client.aclose()  # as after a connection error: the layout is forgotten
-            t0 = asyncio.get_running_loop().time()
-            with pytest.raises(LayoutPending, match="being learnt again"):
-                await round_trip(_reads(30), budget)
-            took = asyncio.get_running_loop().time() - t0
-            await asyncio.sleep(slow_layout + 0.5)  # the learning, not restarted, ends
-            assert not client._initialize
-            return first, took, await round_trip(_reads(30), budget)
-        finally:
-            await client.aclose()
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        first, took, again = runner.run(run())
+    """The first read after a failover learns the new layout. With the circuit open it is
+    the one probe that decides whether Redis is back: cut because learning took longer
+    than its budget, it reopened the circuit for twice as long, with the cluster fine."""
+    first, again = _read_after_a_forgotten_layout(cluster_url, slow_layout / 2)
     assert all(isinstance(r, list) and r[0] is not None for r in first)
-    assert took < budget + 0.05  # its budget, not the layout's time
     assert again == first
 
 

@@ -68,23 +68,6 @@ def test_a_failed_probe_reopens_for_longer_up_to_the_max() -> None:
     assert b.retry_after == 1
 
 
-def test_a_probe_released_without_an_answer_lets_the_next_read_probe() -> None:
-    """A probe cut while the cluster's layout is learnt again (LayoutPending) says nothing
-    of Redis: the circuit neither reopens for longer nor stays shut to the next read."""
-    clock = Clock()
-    b = CircuitBreaker(failures=1, window=10, open_for=1, open_max=8, clock=clock)
-    b.failure()
-    clock.now = 1.0
-    assert b.allow()  # the probe
-    assert not b.allow()
-    b.release()
-    assert b.state is CircuitState.HALF_OPEN
-    assert b.allow()  # the next read probes at once
-    b.success()
-    assert b.state is CircuitState.CLOSED
-    assert b.opened == 1
-
-
 def test_success_clears_counted_failures() -> None:
     b = CircuitBreaker(failures=2, window=10, open_for=1, open_max=8, clock=Clock())
     b.failure()

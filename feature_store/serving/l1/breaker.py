@@ -76,11 +76,6 @@ class CircuitBreaker:
             self._probing = False
         self._failures.clear()
 
-    def release(self) -> None:
-        """A read that ended without saying anything of Redis (``LayoutPending``): if it
-        was the half-open probe, the next read may probe."""
-        self._probing = False
-
     def failure(self) -> None:
         now = self.clock()
         if self.state is CircuitState.HALF_OPEN:

@@ -38,7 +38,6 @@ from feature_store.serving.l1.cache import CacheKey, Entry
 from feature_store.serving.l1.roundtrip import (
     ConnectionWaitTimeout,
     KeyDataError,
-    LayoutPending,
     NativeRoundTrip,
     Read,
     Reply,
@@ -173,9 +172,6 @@ class StoreReads:
         try:
             replies = await exchange(timeout)
         except ConnectionWaitTimeout:
-            raise
-        except LayoutPending:
-            self.breaker.release()  # not Redis failing: a probe it cut was no answer
             raise
         except TimeoutError:
             self.breaker.failure()

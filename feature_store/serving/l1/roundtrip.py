@@ -36,7 +36,7 @@ import redis.exceptions
 
 from feature_store.batch import align_hash, reads_whole_hash
 from feature_store.connection import AsyncClient, RedisTarget, is_key_error, translated_errors
-from feature_store.errors import EntityDataError, StoreTimeoutError, StoreUnavailableError
+from feature_store.errors import EntityDataError, StoreTimeoutError
 from feature_store.native import native_enabled
 from feature_store.serving.l1.spec import GroupSpec
 
@@ -48,12 +48,6 @@ Read = tuple[bytes, Sequence[GroupSpec]]  # an entity key and the groups to read
 CONNECTION_WAIT = 1.0  # seconds a read may wait for a free pooled connection
 CLUSTER_RETRIES = 2  # quick retries of a cluster round trip whose connection was closed
 LAYOUT_WAIT = 1.0  # seconds a cluster read may wait for the layout to be learnt
-
-
-class LayoutPending(StoreUnavailableError):
-    """A cluster read's budget passed while the cluster's layout was being learnt again
-    (after a failover): the read fails, the learning goes on for the next reads. Not
-    Redis failing: the circuit breaker does not count it (``ReadPath._bounded``)."""
 
 
 class ConnectionWaitTimeout(StoreTimeoutError):
@@ -310,8 +304,7 @@ class PipelineRoundTrip:
     a connection in use can be closed under a read: the reads are idempotent, so such a
     round trip is retried (``CLUSTER_RETRIES`` times, within the same time budget).
 
-    The layout is learnt in a task of its own, which a read waits for within its budget
-    (``known_layout``).
+    The layout is learnt outside the reads' budget (``known_layout``).
     """
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
@@ -323,7 +316,9 @@ class PipelineRoundTrip:
         deadline = loop.time() + answer_within
         with translated_errors():
             for attempt in range(CLUSTER_RETRIES + 1):
-                await self.known_layout(deadline)
+                waited = loop.time()
+                await self.known_layout()
+                deadline += loop.time() - waited  # learning the layout is not the read's time
                 try:
                     async with asyncio.timeout_at(deadline):
                         if attempt:
@@ -335,27 +330,23 @@ class PipelineRoundTrip:
                         raise
         return align(reads, replies)
 
-    async def known_layout(self, deadline: float | None = None) -> None:
-        """Return once the client knows the cluster's layout: within ``LAYOUT_WAIT``, and
-        before ``deadline`` (the loop's time: the read's budget) if given.
+    async def known_layout(self) -> None:
+        """Return once the client knows the cluster's layout (at most ``LAYOUT_WAIT``).
 
         After a connection error (a node died), redis-py forgets the layout and learns it
         again at the next command: CLUSTER SLOTS, then COMMAND, tens of milliseconds, more
-        on a loaded host, up to a socket timeout when the node it asks is the one that
-        hangs. Two things follow:
+        on a loaded host. That wait is not counted in a read's budget (the adaptive
+        timeout, 100 ms at its floor), for two reasons:
 
         - A refresh cut by a read's timeout started over at the next read, and when each
           took longer than the budget none ever ended: serving stayed down after a
           failover until the load stopped. So it runs in a task of its own, shared by the
           reads that wait for it and shielded from them; a read cut meanwhile leaves it to
           finish for the next.
-        - A read waits for it within its own budget only: it fails (``LayoutPending``,
-          served stale where the L1 has the entry) rather than answer past its deadline.
-          Waited for outside the budget, a lookup took up to ``LAYOUT_WAIT`` plus its
-          timeout (1.1 s) at a failover. ``LayoutPending`` is not Redis failing: the
-          circuit breaker does not count it, and a probe it cuts is not a failed probe
-          (the first probe after a failover is often the read that learns the layout;
-          counted, it kept the circuit open twice as long).
+        - While the circuit is open, one probe read at a time decides whether Redis is
+          back, and the first probe after a failover is the read that learns the new
+          layout. Cut by its budget, it failed although the cluster was fine, and the
+          circuit stayed open twice as long (4 s after a 3 s failover, by default).
         """
         if not self.client._initialize:  # redis-py's flag: the layout is to be learnt
             return
@@ -364,17 +355,10 @@ class PipelineRoundTrip:
             learning = asyncio.ensure_future(self.client.initialize())
             learning.add_done_callback(consume)
             self._learning = learning
-        loop = asyncio.get_running_loop()
-        wait = LAYOUT_WAIT if deadline is None else min(LAYOUT_WAIT, deadline - loop.time())
         try:
-            async with asyncio.timeout(max(0.0, wait)):
+            async with asyncio.timeout(LAYOUT_WAIT):
                 await asyncio.shield(learning)
         except TimeoutError:
-            if wait < LAYOUT_WAIT:
-                raise LayoutPending(
-                    "the Redis Cluster's layout is being learnt again (a failover?); not "
-                    "within this read's budget"
-                ) from None
             raise StoreTimeoutError(
                 f"the Redis Cluster's layout was not learnt within {LAYOUT_WAIT:.0f} s"
             ) from None
@@ -442,8 +426,10 @@ class ClusterRoundTrip:
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + answer_within
+        waited = loop.time()
         with translated_errors():
-            await self.pipeline.known_layout(deadline)
+            await self.pipeline.known_layout()
+        deadline += loop.time() - waited  # learning the layout is not the read's time
         slots = self.client.nodes_manager.slots_cache
         shares: dict[str, list[int]] = {}
         for i, (key, _) in enumerate(reads):
