@@ -39,7 +39,13 @@ from feature_store.errors import ConfigError, StoreError, StoreUnavailableError
 from feature_store.ingest.encode import EncodedBatch
 from feature_store.ingest.spec import RetrySpec
 from feature_store.layout import WRITTEN, with_script
-from feature_store.sending import raised, scripts_resent, send_by_master, send_packed
+from feature_store.sending import (
+    raised,
+    redirected,
+    scripts_resent,
+    send_by_master,
+    send_packed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +154,7 @@ class ChunkWriter:
             if isinstance(client, redis.RedisCluster) and HIREDIS_AVAILABLE:
                 each = partial(send_by_master, client, durability=durability)
                 replies = scripts_resent(each, commands)
-                redirected = (redis.exceptions.MovedError, redis.exceptions.AskError)
-                if not any(isinstance(reply, redirected) for reply in replies):
+                if not redirected(replies):
                     return raised(replies)
                 self.redirected += 1
                 if durability.asked:
