@@ -127,20 +127,6 @@ def replica_of(cluster: EmbeddedCluster, master: EmbeddedRedis) -> EmbeddedRedis
     raise AssertionError(f"no replica of port {master.port}")
 
 
-def wait_replica(node: EmbeddedRedis, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    with redis.Redis(port=node.port, socket_timeout=2) as r:
-        while time.monotonic() < deadline:
-            try:
-                info = r.info("replication")
-                if info.get("role") == "slave" and info.get("master_link_status") == "up":
-                    return
-            except redis.RedisError:
-                pass
-            time.sleep(0.1)
-    raise TimeoutError(f"port {node.port} was not a synced replica within {timeout:.0f} s")
-
-
 def steady_window(
     server: ServingProcess,
     masters: list[EmbeddedRedis],
@@ -235,7 +221,7 @@ def run_fault(name: str, durability: str, tmp: Path, clients: int, batch: int) -
                 cluster.wait_ok()
                 events["ok"] = time.monotonic() - f.t0
                 victim.restart()
-                wait_replica(victim)
+                victim.wait_replica()
                 events["rejoined"] = time.monotonic() - f.t0
 
             chaos = threading.Thread(target=fault)

@@ -55,7 +55,6 @@ from pathlib import Path
 import grpc
 import httpx
 import orjson
-import redis
 from _results import header, save
 
 from feature_store import sample
@@ -294,26 +293,11 @@ def kill_master(cluster: EmbeddedCluster, keep: EmbeddedRedis) -> str:
     took = cluster.wait_ok()
     t0 = time.monotonic()
     victim.restart()
-    wait_replica(victim)
+    victim.wait_replica()
     return (
         f"port {victim.port}; the cluster was ok again after {took:.1f} s; restarted, a "
         f"synced replica {time.monotonic() - t0:.1f} s later"
     )
-
-
-def wait_replica(node: EmbeddedRedis, timeout: float = 60.0) -> float:
-    """Seconds until ``node`` is a replica whose link to its master is up."""
-    t0 = time.monotonic()
-    with redis.Redis(port=node.port, socket_timeout=2) as r:
-        while time.monotonic() - t0 < timeout:
-            try:
-                info = r.info("replication")
-            except redis.RedisError:
-                info = {}
-            if info.get("role") == "slave" and info.get("master_link_status") == "up":
-                return time.monotonic() - t0
-            time.sleep(0.1)
-    raise TimeoutError(f"port {node.port} was not a synced replica within {timeout:.0f} s")
 
 
 def kill_worker(server: ServingProcess) -> str:

@@ -197,6 +197,21 @@ class EmbeddedRedis:
         self.port = port
         self.start()
 
+    def wait_replica(self, timeout: float = 60.0) -> None:
+        """Return once this server is a replica whose link to its master is up (a killed
+        cluster master restarted rejoins as its replacement's replica)."""
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=self.port or 0, socket_timeout=2) as r:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    info = r.info("replication")
+                    if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                        return
+                time.sleep(0.1)
+        raise EmbeddedRedisError(
+            f"port {self.port} was not a synced replica within {timeout:.0f} s"
+        )
+
     def _live_port(self) -> int | None:
         try:
             port = int(self._state.read_text())
