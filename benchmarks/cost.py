@@ -79,16 +79,53 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk_script(path: Path, bodies: list[bytes], at_random: bool = False) -> Path:
+TAIL_BOUND_US = 1_000_000  # requests slower than 1 s are counted (``tail_lua``)
+
+
+def tail_lua(bound_us: int = TAIL_BOUND_US) -> str:
+    """wrk's ``done``: the slowest request and how many took longer than ``bound_us``
+    (found by bisecting wrk's percentiles; its timeouts are counted apart), printed as
+    ``MAX_US``, ``PAST_BOUND`` and ``TIMEOUTS`` lines (``tail_of``)."""
+    return f"""
+done = function(summary, latency, requests)
+  local past = 0
+  if latency.max > {bound_us} then
+    local lo, hi = 0.0, 100.0
+    for _ = 1, 50 do
+      local mid = (lo + hi) / 2
+      if latency:percentile(mid) > {bound_us} then hi = mid else lo = mid end
+    end
+    past = math.floor((100 - hi) / 100 * summary.requests + 0.5)
+  end
+  io.write(string.format("MAX_US %d\\nPAST_BOUND %d\\nTIMEOUTS %d\\n",
+    latency.max, past, summary.errors.timeout))
+end
+"""
+
+
+def tail_of(out: str) -> tuple[float, int, int]:
+    """The slowest request (ms), the count past the bound and wrk's timeouts, from the output
+    of a script ending in ``tail_lua``."""
+    found = [re.search(rf"{name} (\d+)", out) for name in ("MAX_US", "PAST_BOUND", "TIMEOUTS")]
+    if any(m is None for m in found):
+        raise SystemExit(f"unexpected wrk output:\n{out}")
+    max_us, past, timeouts = (int(m.group(1)) for m in found if m is not None)
+    return max_us / 1000, past, timeouts
+
+
+def wrk_script(
+    path: Path, bodies: list[bytes], at_random: bool = False, tail: bool = False
+) -> Path:
     """A wrk Lua script that POSTs the JSON ``bodies`` in turn (or one drawn at random for
-    each request)."""
+    each request); with ``tail``, ending with the slowest request and the count past 1 s
+    (``tail_lua``)."""
     table = ",\n".join("[[" + b.decode() + "]]" for b in bodies)
     pick = "math.random(#bodies)" if at_random else "i"
     path.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"local bodies = {{\n{table}\n}}\nlocal i = 0\n"
         "request = function()\n  i = i % #bodies + 1\n"
-        f"  return wrk.format(nil, nil, nil, bodies[{pick}])\nend\n"
+        f"  return wrk.format(nil, nil, nil, bodies[{pick}])\nend\n" + (tail_lua() if tail else "")
     )
     return path
 

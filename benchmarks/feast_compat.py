@@ -60,7 +60,7 @@ from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import PerEntity, bars, header, save
-from cost import TICK, _ms, cpu_seconds
+from cost import TAIL_BOUND_US, TICK, _ms, cpu_seconds, tail_lua, tail_of
 
 FEAST = str(Path(sys.executable).parent / "feast")
 BATCH = 10
@@ -95,7 +95,7 @@ PHASES = {
         ("to_dict (columns as they are)", "feature_store/feast/answers.py", "to_dict"),
     ],
 }  # fmt: skip
-BOUND_US = 1_000_000  # requests slower than 1 s are counted
+BOUND_US = TAIL_BOUND_US  # requests slower than 1 s are counted
 ENV = {"FEATURE_SERVING_SHADOW_FRACTION": "0", "FEATURE_SERVING_WARM_START_KEYS": "0"}
 
 
@@ -312,22 +312,6 @@ def used_memory(url: str) -> int:
 
 # --- 2. HTTP under wrk -----------------------------------------------------------------------
 
-DONE_LUA = f"""
-done = function(summary, latency, requests)
-  local past = 0
-  if latency.max > {BOUND_US} then
-    local lo, hi = 0.0, 100.0
-    for _ = 1, 50 do
-      local mid = (lo + hi) / 2
-      if latency:percentile(mid) > {BOUND_US} then hi = mid else lo = mid end
-    end
-    past = math.floor((100 - hi) / 100 * summary.requests + 0.5)
-  end
-  io.write(string.format("MAX_US %d\\nPAST_BOUND %d\\nTIMEOUTS %d\\n",
-    latency.max, past, summary.errors.timeout))
-end
-"""
-
 
 @dataclass
 class HttpCell(PerEntity):
@@ -364,7 +348,7 @@ def wrk_cell(target: Target, connections: int, seconds: float, work: Path) -> Ht
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"local bodies = {{\n{table}\n}}\nlocal i = 0\n"
         "request = function()\n  i = i % #bodies + 1\n"
-        "  return wrk.format(nil, nil, nil, bodies[i])\nend\n" + DONE_LUA
+        "  return wrk.format(nil, nil, nil, bodies[i])\nend\n" + tail_lua(BOUND_US)
     )
     command = ["wrk", "-t2", f"-c{connections}", "--latency", "--timeout", "10s", "-s", str(script)]
     subprocess.run(
@@ -396,9 +380,7 @@ def wrk_cell(target: Target, connections: int, seconds: float, work: Path) -> Ht
         elapsed,
         _ms(find(r"\s50%\s+(\S+)", latency)),
         _ms(find(r"\s99%\s+(\S+)", latency)),
-        int(find(r"MAX_US (\d+)")) / 1000,
-        int(find(r"PAST_BOUND (\d+)")),
-        int(find(r"TIMEOUTS (\d+)")),
+        *tail_of(out),
         int(bad.group(1)) if bad else 0,
         s1 - s0,
         r1 - r0,

@@ -30,7 +30,8 @@ Cells, for each API:
 
 The hit rate of each cell is measured (the worker's cache counters over the window), and
 a PNG plots CPU per entity against it. ``off`` and ``miss`` also run at 500 connections
-(``--many``), REST and gRPC. Each cell's figure is the median of ``--rounds`` rounds.
+(``--many``), REST and gRPC. Each cell's figure is the median of ``--rounds`` rounds; its
+tail (the slowest request, and the count slower than 1 s) is taken over every round.
 Targets: every lookup a miss, CPU per entity <= 1.15x the L1 off and req/s >= 0.9x; at no
 hit rate more than the L1 off; all hits <= 3 µs per entity.
 
@@ -66,7 +67,7 @@ from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import ROOT, PerEntity, header, save
-from cost import cpu_seconds, wrk_script
+from cost import cpu_seconds, tail_of, wrk_script
 from serving import add_data_dir, ensure_data
 
 ENTITIES = 100_000
@@ -92,6 +93,8 @@ class Cell(PerEntity):
     server_cpu: float
     redis_cpu: float
     hit_rate: float | None
+    max_ms: float  # the slowest request
+    past_1s: int  # requests slower than 1 s (wrk's timeouts among them)
     batch: ClassVar[int] = BATCH  # entities per request
 
 
@@ -100,7 +103,11 @@ def batches(working_set: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(working_set) for _ in range(BATCH)] for _ in range(BODIES)]
 
 
-def rest_load(url: str, script: Path, seconds: float, connections: int) -> tuple[int, int]:
+# what a load reports: requests, failed, the slowest (ms), and how many took longer than 1 s
+Load = tuple[int, int, float, int]
+
+
+def rest_load(url: str, script: Path, seconds: float, connections: int) -> Load:
     threads = 2 if connections > 100 else 1
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), url],
@@ -114,7 +121,8 @@ def rest_load(url: str, script: Path, seconds: float, connections: int) -> tuple
     failed = int(bad.group(1)) if bad else 0
     if errors:
         failed += sum(int(g) for g in errors.groups())
-    return requests, failed
+    max_ms, past, timeouts = tail_of(out)  # (wrk's timeout is 2 s: those took longer)
+    return requests, failed, max_ms, past + timeouts
 
 
 def build_feature_load(into: Path) -> Path:
@@ -128,20 +136,19 @@ def build_feature_load(into: Path) -> Path:
     return binary
 
 
-def grpc_load(
-    tool: Path, target: str, batch_file: Path, seconds: float, connections: int
-) -> tuple[int, int]:
+def grpc_load(tool: Path, target: str, batch_file: Path, seconds: float, connections: int) -> Load:
     out = subprocess.run(
         [
             str(tool), "-addr", target, "-entity-type", sample.ENTITY, "-group", sample.GROUP,
             "-batches", str(batch_file), "-c", str(connections), "-d", f"{seconds:g}s",
+            "-slow", "1s",
         ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout  # fmt: skip
     done = orjson.loads(out)
-    return int(done["requests"]), int(done["errors"])
+    return int(done["requests"]), int(done["errors"]), float(done["max_ms"]), int(done["slow"])
 
 
 def counters(server: ServingProcess) -> tuple[float, float]:
@@ -176,12 +183,13 @@ def measure(
                 for b in ids
             ],
             at_random=True,
+            tail=True,
         )
         url = f"{server.rest_url}/v1/features/get"
         batch_file = work / "batches.txt"
         batch_file.write_text("".join(",".join(map(str, b)) + "\n" for b in ids))
 
-        def load(window: float) -> tuple[int, int]:
+        def load(window: float) -> Load:
             if api == "rest":
                 return rest_load(url, script, window, connections)
             return grpc_load(tool, server.grpc_target, batch_file, window, connections)
@@ -191,13 +199,15 @@ def measure(
         h0, m0 = counters(server) if cache else (0.0, 0.0)
         s0, r0 = cpu_seconds(server.process.pid), sum(cpu_seconds(p) for p in pids)
         t0 = time.monotonic()
-        requests, errors = load(seconds)
+        requests, errors, max_ms, past = load(seconds)
         elapsed = time.monotonic() - t0
         s1, r1 = cpu_seconds(server.process.pid), sum(cpu_seconds(p) for p in pids)
         h1, m1 = counters(server) if cache else (0.0, 0.0)
     looked = (h1 - h0) + (m1 - m0)
     hit_rate = (h1 - h0) / looked if cache and looked else None
-    return Cell(api, name, connections, requests, elapsed, errors, s1 - s0, r1 - r0, hit_rate)
+    return Cell(
+        api, name, connections, requests, elapsed, errors, s1 - s0, r1 - r0, hit_rate, max_ms, past
+    )
 
 
 def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], list[str], int]]:
@@ -299,8 +309,8 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
     lines += [
         "",
         "| api | cell | connections | hit rate | server µs/entity | x L1 off | req/s | "
-        "x L1 off req/s | Redis µs/entity | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "x L1 off req/s | Redis µs/entity | errors | max ms | past 1 s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     verdicts: list[str] = []
     for (api, name, conns), cells in results.items():
@@ -309,10 +319,18 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
         ratio, rate = cell.server_us / base.server_us, cell.rate / base.rate
         hit = "-" if cell.hit_rate is None else f"{cell.hit_rate:.2f}"
         errors = sum(c.errors for c in cells)
+        # the tail over every round: the slowest request and the count past 1 s
+        slowest, past = max(c.max_ms for c in cells), sum(c.past_1s for c in cells)
         lines.append(
             f"| {api} | {name} | {conns} | {hit} | {cell.server_us:.2f} | {ratio:.2f}x | "
-            f"{cell.rate:,.0f} | {rate:.2f}x | {cell.redis_us:.2f} | {errors} |"
+            f"{cell.rate:,.0f} | {rate:.2f}x | {cell.redis_us:.2f} | {errors} | "
+            f"{slowest:,.1f} | {past} |"
         )
+        if conns > 100:
+            verdicts.append(
+                f"- {api}, {name}, c{conns}: slowest request {slowest:,.1f} ms, {past} past 1 s "
+                f"in {len(cells)} rounds"
+            )
         if name.startswith("miss") and "Python" not in name:
             met = ratio <= MISS_TARGET and rate >= RATE_TARGET
             what = "every lookup a miss" + (", cold" if "cold" in name else "")

@@ -16,7 +16,7 @@ use std::future::Future;
 use super::queue::{Reply, Waited, Work};
 use super::redis::Direct;
 use super::served::{FROM_L1, FROM_REDIS};
-use crate::hits::{Hits, Looked, Missing};
+use crate::hits::{Hits, Key, Looked, Missing};
 
 /// How a lookup on a front ended.
 pub(crate) enum Outcome<A> {
@@ -56,7 +56,11 @@ where
                 Some(Looked::Answer(answer)) => return Outcome::Here(answer, FROM_REDIS),
                 None => return Outcome::Handler,
             };
-            return match python(Work::Load(missing.keys.clone())).await {
+            return match python(Work::Load(
+                missing.keys.iter().map(|k| k.to_vec()).collect(),
+            ))
+            .await
+            {
                 Waited::Reply(Reply::Loaded) => match hits.replay(request, api, &missing, None) {
                     Some(answer) => Outcome::Here(answer, FROM_REDIS),
                     None => Outcome::Handler, // evicted or dropped again
@@ -139,10 +143,10 @@ async fn load_here(
         pins.push(claim.end());
         // the keys it loaded, sorted: its one load's (most lookups), or both rounds'
         let union;
-        let stored: &[Vec<u8>] = match pins.as_slice() {
+        let stored: &[Key] = match pins.as_slice() {
             [only] => &only.keys,
             all => {
-                let mut keys: Vec<Vec<u8>> = all.iter().flat_map(|p| p.keys.clone()).collect();
+                let mut keys: Vec<Key> = all.iter().flat_map(|p| p.keys.clone()).collect();
                 keys.sort_unstable();
                 union = keys;
                 &union

@@ -12,7 +12,9 @@ use pyo3::types::PyBytes;
 
 use super::entry::{Held, Hit, NOT_WRITTEN};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
-use super::{form_key, Hits, Loading, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST};
+use super::{
+    form_key, Hits, Key, Loading, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
+};
 use crate::windows::WindowSpec;
 
 /// An aggregated group's share of a read, from Python: tile ms, longest window ms, each
@@ -241,7 +243,7 @@ impl HitCache {
         let now = Instant::now();
         let after = |s: f64| self.hits.ticks(now + crate::time::seconds(s));
         let mut old = Vec::with_capacity(items.len());
-        let hits: Vec<(Box<[u8]>, Hit)> = items
+        let hits: Vec<(Key, Hit)> = items
             .into_iter()
             .map(
                 |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
@@ -259,14 +261,14 @@ impl HitCache {
                         visited: AtomicBool::new(false),
                         ends: OnceBox::new(),
                     };
-                    (Box::<[u8]>::from(key.as_bytes()), hit)
+                    (Key::new(key.as_bytes()), hit)
                 },
             )
             .collect();
         {
             let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
             for (key, hit) in hits {
-                if let Some(replaced) = entries.get(&key) {
+                if let Some(replaced) = entries.get(key.as_slice()) {
                     self.hits.forget_own(&key, replaced);
                 }
                 old.push(entries.insert(key, hit));
@@ -510,7 +512,7 @@ impl HitCache {
     fn missing(&self, body: &[u8], grpc: bool, feast: bool) -> Option<Vec<Vec<u8>>> {
         match self.hits.answer(api_of(grpc, feast), body)? {
             Looked::Answer(_) => None,
-            Looked::Missing(missing) => Some(missing.keys),
+            Looked::Missing(missing) => Some(missing.keys.iter().map(|k| k.to_vec()).collect()),
         }
     }
 
@@ -526,7 +528,7 @@ impl HitCache {
     ) -> Option<Bound<'py, PyBytes>> {
         keys.sort_unstable();
         let missing = Missing {
-            keys,
+            keys: keys.iter().map(|k| Key::new(k)).collect(),
             absent: Vec::new(),
             started: Instant::now(),
         };

@@ -43,7 +43,7 @@ use tokio::sync::watch;
 use super::entry::{Held, Hit, NOT_WRITTEN};
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
-use super::{Hits, GRPC};
+use super::{Hits, Key, GRPC};
 use crate::codecs::packs;
 use crate::group::write_values;
 use crate::time::unix_now_ms;
@@ -80,7 +80,7 @@ pub struct Loading {
 pub(super) struct Owned {
     bytes: usize,
     count: usize,
-    ring: VecDeque<Box<[u8]>>,
+    ring: VecDeque<Key>,
 }
 
 /// A key being loaded: what its waiters watch (its sender is dropped when the load ends),
@@ -93,17 +93,17 @@ pub(super) struct Flight {
     pins: usize,   // the lookups that load or wait for it and have not answered yet
 }
 
-pub(super) type Flights = Mutex<HashMap<Box<[u8]>, Flight>>;
+pub(super) type Flights = Mutex<HashMap<Key, Flight>>;
 
 /// The keys of one lookup's misses: those it loads (`mine`), and the loads of others it
 /// waits for (`waited`, `waiting`). Dropping it ends its own claims, whatever happened to
 /// the load.
 pub struct Claim<'h> {
     flights: &'h Flights,
-    pub mine: Vec<Vec<u8>>,
+    pub mine: Vec<Key>,
     senders: Vec<watch::Sender<()>>,
     pub waiting: Vec<watch::Receiver<()>>,
-    waited: Vec<Vec<u8>>,
+    waited: Vec<Key>,
 }
 
 impl<'h> Claim<'h> {
@@ -134,8 +134,8 @@ impl Drop for Claim<'_> {
 /// answered (`Claim::end`).
 pub struct Pinned<'h> {
     flights: &'h Flights,
-    pub keys: Vec<Vec<u8>>, // sorted
-    waited: Vec<Vec<u8>>,
+    pub keys: Vec<Key>, // sorted
+    waited: Vec<Key>,
 }
 
 impl Drop for Pinned<'_> {
@@ -146,7 +146,7 @@ impl Drop for Pinned<'_> {
 
 /// The loads of `mine` ended (stored, or failed): a lookup that misses them now loads them
 /// again rather than wait.
-fn loaded(flights: &Flights, mine: &[Vec<u8>]) {
+fn loaded(flights: &Flights, mine: &[Key]) {
     if mine.is_empty() {
         return;
     }
@@ -160,7 +160,7 @@ fn loaded(flights: &Flights, mine: &[Vec<u8>]) {
 
 /// A lookup is done with `mine` and `waited`: a key no other lookup still pins is no
 /// longer in flight.
-fn unpin(flights: &Flights, mine: &[Vec<u8>], waited: &[Vec<u8>]) {
+fn unpin(flights: &Flights, mine: &[Key], waited: &[Key]) {
     if mine.is_empty() && waited.is_empty() {
         return;
     }
@@ -208,7 +208,7 @@ impl Hits {
 
     /// Claim the `keys` (sorted, each once) of a lookup's misses: the ones no other lookup
     /// is loading are this one's to load.
-    pub fn claim(&self, keys: &[Vec<u8>]) -> Claim<'_> {
+    pub fn claim(&self, keys: &[Key]) -> Claim<'_> {
         let mut claim = Claim {
             flights: &self.flights,
             mine: Vec::with_capacity(keys.len()),
@@ -242,7 +242,7 @@ impl Hits {
                         loading: true,
                         pins: 1,
                     };
-                    flights.insert(key.clone().into_boxed_slice(), flight);
+                    flights.insert(key.clone(), flight);
                     claim.mine.push(key.clone());
                 }
             }
@@ -259,7 +259,7 @@ impl Hits {
 
     /// The commands reading `keys` (a group index, 2 bytes, then the Redis key): each
     /// group's whole read, one command per key. None where a group's read is not defined.
-    pub fn load_commands(&self, keys: &[Vec<u8>]) -> Option<Commands> {
+    pub fn load_commands(&self, keys: &[Key]) -> Option<Commands> {
         let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
         let mut commands = Commands::with_capacity(keys.len());
         for key in keys {
@@ -628,7 +628,7 @@ impl Evictable for Hit {
 /// Keys in the ring whose entry went (or is now Python's) are dropped as the hand meets
 /// them. The count of entries evicted.
 fn evict<E: Evictable>(
-    entries: &mut HashMap<Box<[u8]>, E>,
+    entries: &mut HashMap<Key, E>,
     owned: &mut Owned,
     loading: &Loading,
     flights: &Flights,
@@ -712,8 +712,8 @@ mod tests {
         }
     }
 
-    fn key(i: u8) -> Box<[u8]> {
-        vec![0, 0, b'k', i].into_boxed_slice()
+    fn key(i: u8) -> Key {
+        Key::new(&[0, 0, b'k', i])
     }
 
     /// Ten entries, the bound five: the hand evicts the oldest not hit since it passed,

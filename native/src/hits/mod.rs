@@ -31,6 +31,7 @@ mod cache;
 mod cells;
 mod entry;
 mod form;
+mod key;
 mod load;
 mod plan;
 mod split;
@@ -46,6 +47,7 @@ use std::time::Instant;
 use self::asked::{Asked, Id};
 use self::entry::Hit;
 use self::form::{Form, GroupRead};
+pub(crate) use self::key::Key;
 use self::writer::HitWriter;
 use crate::codecs::json_i64;
 use crate::time::unix_now;
@@ -94,9 +96,9 @@ pub enum Looked {
 
 /// The keys (group index and Redis key, sorted, each once) a lookup found missing.
 pub struct Missing {
-    pub keys: Vec<Vec<u8>>,
+    pub keys: Vec<Key>,
     /// of them, those to be read from Redis (no entry, or an expired one; sorted)
-    pub absent: Vec<Vec<u8>>,
+    pub absent: Vec<Key>,
     started: Instant,
 }
 
@@ -106,7 +108,7 @@ pub struct Hits {
     /// entries hold their packed values only (`CACHE_FORM=compact`)
     compact: bool,
     reads: RwLock<HashMap<u16, Arc<GroupRead>>>,
-    entries: RwLock<HashMap<Box<[u8]>, Hit>>,
+    entries: RwLock<HashMap<Key, Hit>>,
     base: Instant, // `ticks` count from here
     forms: RwLock<HashMap<Vec<u8>, Arc<Form>>>,
     served: Mutex<Served>,
@@ -132,6 +134,11 @@ fn form_key(api: u8, entity: &str, features: &[&str], groups: &[&str]) -> Vec<u8
         }
     }
     key
+}
+
+/// Whether `keys` (sorted) hold `key`.
+fn holds(keys: &[Key], key: &[u8]) -> bool {
+    keys.binary_search_by(|k| k.as_slice().cmp(key)).is_ok()
 }
 
 fn cache_key(out: &mut Vec<u8>, group: u16, prefix: &[u8], id: &Id<'_>) {
@@ -182,7 +189,7 @@ impl Hits {
         request: &[u8],
         api: u8,
         missing: &Missing,
-        stored: Option<&[Vec<u8>]>,
+        stored: Option<&[Key]>,
     ) -> Option<Vec<u8>> {
         let mut asked = Asked::parse(api, request)?;
         asked.started = missing.started; // the answer's time includes the load
@@ -212,7 +219,7 @@ impl Hits {
     }
 
     /// `loaded`: a replay, after Python loaded these keys (sorted).
-    fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Vec<u8>]>) -> Option<Looked> {
+    fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Key]>) -> Option<Looked> {
         self.lookup_within(asked, loaded, None, 0)
     }
 
@@ -221,16 +228,23 @@ impl Hits {
     fn lookup_within(
         &self,
         asked: &Asked<'_>,
-        loaded: Option<&[Vec<u8>]>,
-        stored: Option<&[Vec<u8>]>,
+        loaded: Option<&[Key]>,
+        stored: Option<&[Key]>,
         grace: u64,
     ) -> Option<Looked> {
         let (api, ids, started) = (asked.api, &asked.ids, asked.started);
         let form = self.form(asked)?;
         let now = unix_now();
         let now_ticks = self.ticks(started);
-        let mut out = Vec::with_capacity(form.head.len() + ids.len() * 1300 + 2);
-        out.extend_from_slice(&form.head);
+        // the answer's buffer, made at its first entity: a lookup that finds keys missing
+        // (a miss, before its load) writes none
+        let mut out = Vec::new();
+        let start = |out: &mut Vec<u8>| {
+            if out.is_empty() {
+                out.reserve(form.head.len() + ids.len() * 1300 + 2);
+                out.extend_from_slice(&form.head);
+            }
+        };
         let mut key = Vec::with_capacity(form.prefix.len() + 24);
         let mut writer = if self.compact {
             let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
@@ -240,8 +254,8 @@ impl Hits {
         };
         let compact = self.compact;
         let (mut hits, mut negative, mut stale_serves) = (0u64, 0u64, 0u64);
-        let mut missing: Vec<Vec<u8>> = Vec::new();
-        let mut absent: Vec<Vec<u8>> = Vec::new();
+        let mut missing: Vec<Key> = Vec::new();
+        let mut absent: Vec<Key> = Vec::new();
         let mut refresh = Vec::new();
         let mut shadow = Vec::new();
         {
@@ -261,7 +275,7 @@ impl Hits {
                     // kept (a negative TTL of 0)
                     Some(hit)
                         if (now_ticks < hit.expires.saturating_add(grace)
-                            || stored.map_or(false, |l| l.binary_search(&key).is_ok()))
+                            || stored.map_or(false, |l| holds(l, &key)))
                             && !hit.fault
                             && (compact
                                 || if api == GRPC {
@@ -280,9 +294,9 @@ impl Hits {
                         // (the front's own entries are read again: Python holds nothing to
                         // make the other API's bytes from, and the load keeps both then)
                         if found.map_or(true, |hit| now_ticks >= hit.expires || hit.own()) {
-                            absent.push(key.clone());
+                            absent.push(Key::new(&key));
                         }
-                        missing.push(key.clone());
+                        missing.push(Key::new(&key));
                         continue;
                     }
                 };
@@ -290,13 +304,14 @@ impl Hits {
                     continue; // no answer before the load: only what is missing matters
                 }
                 let stale = now_ticks >= hit.expires && grace > 0;
+                start(&mut out);
                 writer.entity(&mut out, i, id, p, hit, stale)?;
                 if stale {
                     stale_serves += 1;
                     continue;
                 }
                 if let Some(loaded) = loaded {
-                    if loaded.binary_search(&key).is_ok() {
+                    if holds(loaded, &key) {
                         continue; // counted by Python's load
                     }
                 }
@@ -332,6 +347,7 @@ impl Hits {
                 }
             }
         }
+        start(&mut out);
         writer.finish(&mut out, ids)?;
         let mut served = self.served(api, started, ids.len());
         served.loaded[api as usize] += u64::from(loaded.is_some());
