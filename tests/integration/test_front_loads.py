@@ -1,7 +1,9 @@
 """The L1's misses loaded by the native fronts themselves (native/src/hits/load.rs) against
-a server that loads them through Python (``NATIVE_LOADS=off``): the same answers over random
-lookups, writes and expiries, REST and gRPC; the fronts' entries within the cache's bounds;
-their single flight; and Python adopting them (a handler's answer, stale on error).
+a server that loads them through Python (``NATIVE_LOADS=off``) and the pure-Python
+reference (``FEATURE_STORE_NATIVE=off``: Python's cache, handlers and codecs alone): the
+same answers over random lookups, writes and expiries, REST and gRPC; the fronts' entries
+within the cache's bounds; their single flight; and Python adopting them (a handler's
+answer, stale on error).
 """
 
 from __future__ import annotations
@@ -69,14 +71,18 @@ def _rest(server: ServingProcess, body: dict[str, object]) -> tuple[int, bytes]:
     return r.status_code, AGES.sub(b"", r.content)
 
 
-def _grpc(server: ServingProcess, ids: list[int]) -> bytes:
+def _grpc_answer(server: ServingProcess, ids: list[int]) -> pb.GetFeaturesResponse:
     with grpc.insecure_channel(server.grpc_target) as channel:
         answer = FeatureServiceStub(channel).GetFeatures(
             pb.GetFeaturesRequest(entity_type=ENTITY, int_ids=ids, groups=[GROUP]), timeout=10
         )
     for row in answer.rows:
         row.ages.clear()  # whole seconds: one may turn between two answers
-    return bytes(answer.SerializeToString())
+    return answer
+
+
+def _grpc(server: ServingProcess, ids: list[int]) -> bytes:
+    return bytes(_grpc_answer(server, ids).SerializeToString())
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +96,14 @@ def pair(redis_server: object) -> Iterator[tuple[ServingProcess, ServingProcess,
         ServingProcess(url, env={**ENV, "FEATURE_SERVING_NATIVE_LOADS": "off"}) as python,
     ):
         yield native, python, url
+
+
+@pytest.fixture(scope="module")
+def reference(pair: tuple[ServingProcess, ServingProcess, str]) -> Iterator[ServingProcess]:
+    """The pure-Python reference on the same Redis: no extension at all (its gRPC server is
+    grpcio's, its answers orjson's and protobuf's)."""
+    with ServingProcess(pair[2], env={**ENV, "FEATURE_STORE_NATIVE": "off"}) as python:
+        yield python
 
 
 lookups = st.lists(st.integers(min_value=0, max_value=N + 10), min_size=1, max_size=12)
@@ -108,13 +122,17 @@ steps = st.lists(
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=steps)
 def test_the_fronts_loads_answer_as_pythons_do(
-    pair: tuple[ServingProcess, ServingProcess, str], steps: list[tuple[object, ...]]
+    pair: tuple[ServingProcess, ServingProcess, str],
+    reference: ServingProcess,
+    steps: list[tuple[object, ...]],
 ) -> None:
     """Random lookups (ids repeated, missing, cached or expired), push writes (announced:
     every cache drops the entry) and waits past the TTL: each lookup's answer is the same
-    from both servers, byte for byte but the ages. (A write without a notice is not among
-    the steps: the two servers' entries expire apart, so they may answer apart meanwhile;
-    `test_a_reload_serves_values_changed_without_notice` takes it.)"""
+    from the three servers, byte for byte but the ages (the reference's gRPC answer: the
+    same message; grpcio and the front may order a message's bytes apart). (A write
+    without a notice is not among the steps: the servers' entries expire apart, so they
+    may answer apart meanwhile; `test_a_reload_serves_values_changed_without_notice` takes
+    it.)"""
     native, python, _ = pair
     for step in steps:
         if step[0] == "write":
@@ -130,10 +148,13 @@ def test_the_fronts_loads_answer_as_pythons_do(
         elif step[0] == "rest":
             ids = list(step[1])  # type: ignore[call-overload]
             body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
-            assert _rest(native, body) == _rest(python, body), ids
+            answer = _rest(native, body)
+            assert answer == _rest(python, body), ids
+            assert answer == _rest(reference, body), ids
         else:
             ids = list(step[1])  # type: ignore[call-overload]
             assert _grpc(native, ids) == _grpc(python, ids), ids
+            assert _grpc_answer(native, ids) == _grpc_answer(reference, ids), ids
 
 
 def _copy(url: str, entity: int, source: int) -> None:
@@ -224,6 +245,53 @@ def test_concurrent_misses_of_one_key_are_one_read(redis_server: object) -> None
     windows = 2.0 / 0.5 + 1  # TTL windows in the run, and the one it started in
     assert requests > 10 * windows  # many more requests than reads
     assert read <= 10 * windows * 1.2, (read, requests)
+
+
+@pytest.mark.parametrize("api", ["rest", "grpc"])
+def test_a_hot_entry_is_refreshed_ahead_by_the_front(redis_server: object, api: str) -> None:
+    """Entities the front loaded, asked every 50 ms for three TTLs with refresh ahead on:
+    each is read again by the front inside its refresh window, so no lookup misses after
+    the first load, and the entries stay the front's own (none handed to Python, which
+    refreshed them before and held them from then on): one read per key per refresh."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(N))
+    ttl, ahead = 1.0, 0.2  # refreshed 0.8 s after each load
+    env = {
+        **ENV,
+        "FEATURE_SERVING_CACHE_TTL": str(ttl),
+        "FEATURE_SERVING_CACHE_REFRESH_AHEAD": str(ahead),
+    }
+    ids = list(range(5))
+    body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
+    with ServingProcess(url, env=env, grpc=api == "grpc") as server:
+
+        def ask() -> None:
+            if api == "grpc":
+                _grpc(server, ids)
+            else:
+                assert _rest(server, body)[0] == 200
+
+        ask()  # the form learned (Python's answer, its entries)
+        time.sleep(ttl + 0.2)  # expired: the next lookup's load is the front's
+        ask()
+        time.sleep(0.1)  # the fronts' counters are drained every 20 ms
+        before, reads = _cache(server), _reads(url)
+        end = time.monotonic() + 3 * ttl
+        while time.monotonic() < end:
+            ask()
+            time.sleep(0.05)
+        time.sleep(0.1)
+        after, read = _cache(server), _reads(url) - reads
+    counters, counted = after["counters"], before["counters"]
+    assert isinstance(counters, dict)
+    assert isinstance(counted, dict)
+    assert counters["misses"] == counted["misses"]  # every lookup a hit
+    refreshed = counters["early_refreshes"] - counted["early_refreshes"]
+    assert refreshed >= 2 * len(ids), counters
+    assert after["front_entries"] == len(ids), after  # not one handed to Python
+    # one read per key per refresh (0.8 s), and the one begun
+    assert read <= len(ids) * (3 * ttl / (ttl * (1 - ahead)) + 1), read
 
 
 def test_the_fronts_entries_stay_within_the_bounds(redis_server: object) -> None:

@@ -167,6 +167,10 @@ class CacheSummary(BaseModel):
     enabled: bool
     entries: int
     bytes: int
+    front_entries: int = Field(
+        description="of the entries, those the native fronts loaded and hold alone (no "
+        "Python object): a miss or a refresh ahead they read themselves"
+    )
     counters: dict[str, int] = Field(description="the cache counters of /metrics, this worker")
     shadow: ShadowSummary
     generations: dict[str, float] = Field(

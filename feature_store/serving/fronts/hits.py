@@ -23,7 +23,10 @@ What a hit decides besides its answer stays here, decided by the code that decid
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
 the cache's counters, answer times for the request histogram, entities served) and the keys
 hit inside their refresh window or sampled for a shadow check, which go through
-``CachedReader.noted_hit`` and ``ShadowChecker.sample``. Differences from a hit in Python:
+``CachedReader.noted_hit`` and ``ShadowChecker.sample``; but an entry the fronts loaded
+themselves is refreshed ahead by them (read again on their connections, ``lookup.rs``), so
+that a hot entry stays theirs and never reaches Python (only a batch write's notice sends
+it here). Differences from a hit in Python:
 
 - the front notes an entry once per load, when it is first hit inside its refresh window:
   refresh ahead's last share of the TTL, or, when it is longer, XFetch's window drawn once
@@ -162,7 +165,16 @@ class FrontLookups:
         # the fronts' own Redis connections, where they read on them (planned reads, loads)
         self.links: FrontLinks | None = None
         # the misses the fronts loaded themselves since the last drain (``HitCache.drain``)
-        self.loads: tuple[int, int, int, int, int, int, list[bytes]] = (0, 0, 0, 0, 0, 0, [])
+        self.loads: tuple[int, int, int, int, int, int, list[bytes], int] = (
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            [],
+            0,
+        )
 
     # --- the handler's side ----------------------------------------------------------
 
@@ -499,7 +511,7 @@ class NativeHits(FrontLookups):
         stats.hits += hits
         stats.negative_hits += negative
         stats.front_hits += hits + negative
-        misses, deduplicated, loaded, round_trips, evicted, stale, replaced = self.loads
+        misses, deduplicated, loaded, round_trips, evicted, stale, replaced, refreshed = self.loads
         for tagged in replaced:  # the fronts hold a newer entry of their own: one copy
             cache.forget((self.names[tagged[:2]], tagged[2:]))
         stats.misses += misses
@@ -508,6 +520,7 @@ class NativeHits(FrontLookups):
         stats.round_trips += round_trips
         stats.evictions += evicted
         stats.stale_serves += stale
+        stats.early_refreshes += refreshed  # refreshed ahead by the fronts themselves
         if self.links is not None:  # the fronts' own entries: what Python's leave
             bounds = (
                 max(0, cache.max_bytes - cache.bytes),

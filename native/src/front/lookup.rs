@@ -12,6 +12,7 @@
 //! the cache's policy are decided.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use super::queue::{Reply, Waited, Work};
 use super::redis::Direct;
@@ -34,6 +35,44 @@ pub(crate) enum Outcome<A> {
 /// the front's Redis connections (`direct`); `python` queues work for Python and waits
 /// for its reply.
 pub(crate) async fn lookup<A, Q, F>(
+    hits: &Arc<Hits>,
+    direct: &Arc<Direct>,
+    api: u8,
+    request: &[u8],
+    python: Q,
+) -> Outcome<A>
+where
+    Q: Fn(Work) -> F,
+    F: Future<Output = Waited<A>>,
+{
+    let outcome = look(hits, direct, api, request, python).await;
+    if hits.has_due() {
+        // entries hit inside their refresh window: read again now, off this lookup's way
+        tokio::spawn(refresh(Arc::clone(hits), Arc::clone(direct)));
+    }
+    outcome
+}
+
+/// Refresh ahead, on the front: the entries of its own hit inside their refresh window
+/// (`Hits::take_due`) are read again on its connections while they still answer, and
+/// stored as a miss's load is (most find the values they hold: the entry is kept, with a
+/// new lifetime). A read that fails stores nothing: the entries expire as they would have,
+/// and their next lookups load them (stale on error).
+async fn refresh(hits: Arc<Hits>, direct: Arc<Direct>) {
+    for (api, claim) in hits.take_due() {
+        let commands = match hits.load_commands(&claim.mine) {
+            Some(commands) => commands,
+            None => continue,
+        };
+        if let Some(replies) = direct.read(&commands).await {
+            if hits.store_loaded(&claim, &replies, api) {
+                hits.refreshed(claim.mine.len());
+            }
+        }
+    }
+}
+
+async fn look<A, Q, F>(
     hits: &Hits,
     direct: &Direct,
     api: u8,

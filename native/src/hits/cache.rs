@@ -10,7 +10,7 @@ use once_cell::race::OnceBox;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::entry::{Held, Hit, NOT_WRITTEN};
+use super::entry::{Held, Hit, BATCH_NOTICE, NOT_WRITTEN};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
 use super::{
     form_key, Hits, Key, Loading, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
@@ -58,8 +58,9 @@ pub(super) type Drained = (
 
 /// The misses the front loaded itself since the last drain: keys missed, of them those that
 /// waited for another lookup's load, keys stored, round trips, entries evicted, entries served
-/// stale; and the keys of Python's entries its loads replaced (Python drops its own copy).
-pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>);
+/// stale; the keys of Python's entries its loads replaced (Python drops its own copy); and
+/// its own entries it refreshed ahead of their expiry.
+pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>, u64);
 
 /// The mirror of one worker's L1 (see the module's text), shared with its REST front.
 #[pyclass(frozen, module = "feature_store._native")]
@@ -100,6 +101,8 @@ impl HitCache {
                 loading: once_cell::sync::OnceCell::new(),
                 owned: Mutex::new(Default::default()),
                 flights: Mutex::new(HashMap::new()),
+                due: Mutex::new(Vec::new()),
+                has_due: AtomicBool::new(false),
             }),
         }
     }
@@ -441,14 +444,14 @@ impl HitCache {
             .collect()
     }
 
-    /// Note every entry of `group` on its next hit (a batch write was announced).
+    /// Note every entry of `group` on its next hit, for Python's policy (a batch write was
+    /// announced).
     fn notice_group(&self, group: u16) {
-        let now = self.hits.ticks(Instant::now());
         let prefix = group.to_be_bytes();
         let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
         for (key, hit) in entries.iter_mut() {
             if key.starts_with(&prefix) {
-                hit.notice_at = now;
+                hit.notice_at = BATCH_NOTICE;
                 *hit.noticed.get_mut() = false;
             }
         }
@@ -485,6 +488,7 @@ impl HitCache {
                 s.evictions,
                 s.stale_serves,
                 s.replaced,
+                s.refreshed,
             ),
         )
     }

@@ -89,6 +89,11 @@ pub(super) struct Hit {
 // of what the table costs per entity (MIRROR_ENTRY in serving/fronts/hits.py; OWN_ENTRY).
 const _: () = assert!(std::mem::size_of::<Hit>() <= 136);
 
+/// `Hit::notice_at` of an entry whose group's batch write was announced (`notice_group`):
+/// its next hit is noted for Python's policy (which reloads it if it was read before the
+/// write), never refreshed by the front on its own.
+pub(super) const BATCH_NOTICE: u64 = 0;
+
 /// `Hit::written` of a group without a stored write time: an Option took 16 bytes. Stored
 /// write times are never negative (`layout.decode_timestamp` reads digits only).
 pub(super) const NOT_WRITTEN: i64 = i64::MIN;

@@ -43,7 +43,7 @@ use tokio::sync::watch;
 use super::entry::{Held, Hit, NOT_WRITTEN};
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
-use super::{Hits, Key, GRPC};
+use super::{Hits, Key, GRPC, REST};
 use crate::codecs::packs;
 use crate::group::write_values;
 use crate::time::unix_now_ms;
@@ -209,6 +209,60 @@ impl Hits {
     /// Claim the `keys` (sorted, each once) of a lookup's misses: the ones no other lookup
     /// is loading are this one's to load.
     pub fn claim(&self, keys: &[Key]) -> Claim<'_> {
+        let claim = self.claim_keys(keys);
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.misses += keys.len() as u64;
+        served.deduplicated += claim.waiting.len() as u64;
+        claim
+    }
+
+    /// Whether entries of the front's own were hit inside their refresh window since the
+    /// last `take_due`.
+    pub fn has_due(&self) -> bool {
+        self.has_due.load(Ordering::Acquire)
+    }
+
+    /// The front's own entries hit inside their refresh window, to be read again while they
+    /// still answer (refresh ahead: a hot entry never expires), per API whose answer bytes
+    /// they hold, each claimed: those another load has in flight are left to it (a refresh
+    /// waits for nothing). Not misses: counted as refreshed once stored.
+    pub fn take_due(&self) -> Vec<(u8, Claim<'_>)> {
+        let mut due = {
+            let mut queued = self.due.lock().unwrap_or_else(|e| e.into_inner());
+            self.has_due.store(false, Ordering::Release);
+            std::mem::take(&mut *queued)
+        };
+        due.sort_unstable_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        due.dedup();
+        let mut claims = Vec::new();
+        for api in [REST, GRPC] {
+            let keys: Vec<Key> = due
+                .iter()
+                .filter(|(_, a)| *a == api)
+                .map(|(k, _)| k.clone())
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            let mut claim = self.claim_keys(&keys);
+            // (not waited for: dropping them unpins them)
+            claim.waiting.clear();
+            if !claim.mine.is_empty() {
+                claims.push((api, claim));
+            }
+        }
+        claims
+    }
+
+    /// A refresh's load stored (`take_due`): counted.
+    pub fn refreshed(&self, keys: usize) {
+        self.served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refreshed += keys as u64;
+    }
+
+    fn claim_keys(&self, keys: &[Key]) -> Claim<'_> {
         let mut claim = Claim {
             flights: &self.flights,
             mine: Vec::with_capacity(keys.len()),
@@ -251,9 +305,6 @@ impl Hits {
             claim.senders.push(tx);
         }
         drop(flights);
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-        served.misses += keys.len() as u64;
-        served.deduplicated += claim.waiting.len() as u64;
         claim
     }
 

@@ -22,7 +22,8 @@
 //! The policy stays Python's: a hit here on an entry inside its refresh window (refresh
 //! ahead, XFetch, an announced batch write) and a sample of hits (shadow checks) are noted
 //! for Python, which runs the same `Refresher.on_hit` and `ShadowChecker.sample` a hit in
-//! Python would. A form is learned from Python's own answer to it: the head of the answer
+//! Python would; but the front's own entries, hit inside their refresh-ahead window, it
+//! reads again itself (`front/lookup.rs`: `take_due`), so that a hot entry stays its own. A form is learned from Python's own answer to it: the head of the answer
 //! and how an id becomes a key are Python's bytes, not rebuilt here.
 
 mod answer;
@@ -38,14 +39,14 @@ mod split;
 mod writer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use once_cell::sync::OnceCell;
 use std::time::Instant;
 
 use self::asked::{Asked, Id};
-use self::entry::Hit;
+use self::entry::{Hit, BATCH_NOTICE};
 use self::form::{Form, GroupRead};
 pub(crate) use self::key::Key;
 use self::writer::HitWriter;
@@ -81,6 +82,7 @@ struct Served {
     evictions: u64,
     stale_serves: u64,      // expired entries served stale: Redis failing on a load
     replaced: Vec<Vec<u8>>, // keys of Python's entries the front's loads replaced
+    refreshed: u64,         // the front's own entries it refreshed ahead of their expiry
 }
 
 const MAX_FORMS: usize = 1024;
@@ -120,6 +122,10 @@ pub struct Hits {
     loading: OnceCell<Loading>,
     owned: Mutex<load::Owned>,
     flights: load::Flights,
+    /// the front's own entries hit inside their refresh window, to be read again by the
+    /// front (`take_due`), each with the API whose answer bytes it holds
+    due: Mutex<Vec<(Key, u8)>>,
+    has_due: AtomicBool,
 }
 
 /// The key of a form: the API, and the request's entity type, features and groups as sent.
@@ -257,10 +263,14 @@ impl Hits {
         let mut missing: Vec<Key> = Vec::new();
         let mut absent: Vec<Key> = Vec::new();
         let mut refresh = Vec::new();
+        let mut due = Vec::new();
         let mut shadow = Vec::new();
         {
             let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
             let mut noted: Vec<(&Hit, Vec<u8>)> = Vec::new();
+            // the front refreshes its own entries itself (it loads misses); a batch write's
+            // notice (`BATCH_NOTICE`) and Python's entries go to Python's policy
+            let refreshes = self.loading.get().is_some();
             // each entity's entry of each of the form's groups (one, but for Feast's lookups
             // over several views)
             let keyed = ids
@@ -342,8 +352,16 @@ impl Hits {
                 }));
             }
             for (hit, key) in noted {
-                if !hit.noticed.swap(true, Ordering::Relaxed) {
-                    refresh.push(key); // once per load, by whichever answer comes first
+                if hit.noticed.swap(true, Ordering::Relaxed) {
+                    continue; // once per load, by whichever answer comes first
+                }
+                if refreshes && hit.own() && hit.notice_at != BATCH_NOTICE {
+                    due.push((
+                        Key::new(&key),
+                        if hit.values.is_some() { REST } else { GRPC },
+                    ));
+                } else {
+                    refresh.push(key);
                 }
             }
         }
@@ -359,6 +377,14 @@ impl Hits {
         }
         if served.shadow.len() < MAX_NOTED {
             served.shadow.append(&mut shadow);
+        }
+        drop(served);
+        if !due.is_empty() {
+            let mut queued = self.due.lock().unwrap_or_else(|e| e.into_inner());
+            if queued.len() < MAX_NOTED {
+                queued.append(&mut due);
+                self.has_due.store(true, Ordering::Release);
+            }
         }
         Some(Looked::Answer(out))
     }
