@@ -12,6 +12,7 @@
 //! front speaks TLS (ALPN h2; `tls.rs`).
 
 use std::os::unix::io::RawFd;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ use pyo3::types::PyBytes;
 use tokio::net::TcpStream;
 
 use super::auth::Keys;
+use super::coalesce::{Coalesce, Turns};
 use super::lookup::{lookup, Outcome};
 use super::queue::{call_class, wait, Pending, Queue, Reply, Waited, Work};
 use super::redis::{Direct, FrontRedis};
@@ -164,7 +166,14 @@ impl GrpcFront {
     }
 }
 
-async fn connection(socket: Socket, shared: Arc<Shared>, mut closed: Closing) {
+async fn connection(socket: Socket, shared: Arc<Shared>, closed: Closing) {
+    // the task's polls, counted for the socket's gathered writes (`Coalesce`)
+    let turn = Arc::new(AtomicU64::new(0));
+    let socket = Coalesce::new(socket, Arc::clone(&turn));
+    Turns::new(serve_connection(socket, shared, closed), turn).await;
+}
+
+async fn serve_connection(socket: Coalesce<Socket>, shared: Arc<Shared>, mut closed: Closing) {
     let mut conn = match h2::server::Builder::new()
         .max_concurrent_streams(1000)
         .initial_window_size(1 << 20)

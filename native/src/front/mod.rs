@@ -8,10 +8,12 @@
 //! Python server (grpc.aio, uvicorn) on a loopback port. What the two protocols share lives
 //! here once: the queue and its calls, the thread's life and the accept loop (`serve.rs`),
 //! TLS (`tls.rs`), API keys (`auth.rs`), the lookup's decision chain and the front's Redis
-//! connections (`redis.rs`) and a cluster's hash slots (`slots.rs`). The protocol files keep only their framing, routes and
+//! connections (`redis.rs`), a cluster's hash slots (`slots.rs`) and the gRPC front's
+//! gathered writes (`coalesce.rs`). The protocol files keep only their framing, routes and
 //! statuses.
 
 pub(crate) mod auth;
+pub(crate) mod coalesce;
 pub(crate) mod grpc;
 pub(crate) mod lookup;
 pub(crate) mod queue;
