@@ -92,11 +92,11 @@ FIGURES = {
     # REST, entries evicted before their next lookup): a reload that finds the values its
     # expired entry holds keeps that entry and costs less (the row rest | miss | 8)
     "miss_us": Figure(
-        10.10, "µs CPU per entity read", MISSES, ("rest", "miss, cold", "8"), "server µs/entity"
+        10.49, "µs CPU per entity read", MISSES, ("rest", "miss, cold", "8"), "server µs/entity"
     ),
     # the same on a 3-master Redis Cluster (the loads route by slot)
     "cluster_miss_us": Figure(
-        12.99,
+        13.10,
         "µs CPU per entity read",
         CLUSTER_MISSES,
         ("rest", "miss, cold", "8"),
