@@ -72,6 +72,7 @@ async fn refresh(hits: Arc<Hits>, direct: Arc<Direct>) {
     }
 }
 
+/// `lookup`'s decision chain (the module's text), before any refresh it leaves due.
 async fn look<A, Q, F>(
     hits: &Hits,
     direct: &Direct,
