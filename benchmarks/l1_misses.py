@@ -30,8 +30,16 @@ Cells, for each API:
 
 The hit rate of each cell is measured (the worker's cache counters over the window), and
 a PNG plots CPU per entity against it. ``off`` and ``miss`` also run at 500 connections
-(``--many``), REST and gRPC. Each cell's figure is the median of ``--rounds`` rounds; its
-tail (the slowest request, and the count slower than 1 s) is taken over every round.
+(``--many``), REST and gRPC.
+
+The L1 off is measured beside every cell, so that a ratio compares windows seconds apart,
+not minutes (this machine is shared, and its speed drifts by 10% over a round): a worker
+with the L1 off runs through each block of cells (one API, one count of connections), idle
+while a cell is measured, and is measured in a window before and after each cell; the
+cell's ratio is against the mean of those two. Each cell's figure is the median of
+``--rounds`` rounds (every other round runs the cells in the reverse order), its ratio the
+median of the rounds' ratios; its tail (the slowest request, and the count slower than
+1 s) is taken over every round.
 Targets: every lookup a miss, CPU per entity <= 1.15x the L1 off and req/s >= 0.9x; at no
 hit rate more than the L1 off; all hits <= 3 µs per entity.
 
@@ -54,8 +62,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
 
 import httpx
 import orjson
@@ -95,7 +104,19 @@ class Cell(PerEntity):
     hit_rate: float | None
     max_ms: float  # the slowest request
     past_1s: int  # requests slower than 1 s (wrk's timeouts among them)
+    # the L1 off's µs per entity and req/s in the windows just before and after (``paired``)
+    off_us: float = 0.0
+    off_rate: float = 0.0
     batch: ClassVar[int] = BATCH  # entities per request
+
+    @property
+    def ratio(self) -> float:
+        """Server CPU per entity against the L1 off measured beside it."""
+        return self.server_us / self.off_us if self.off_us else 1.0
+
+    @property
+    def rate_ratio(self) -> float:
+        return self.rate / self.off_rate if self.off_rate else 1.0
 
 
 def batches(working_set: int, seed: int) -> list[list[int]]:
@@ -159,24 +180,29 @@ def counters(server: ServingProcess) -> tuple[float, float]:
     )
 
 
-def measure(
-    url: str,
-    redis: list[EmbeddedRedis],  # its nodes (masters): their CPU is summed
-    api: str,
-    name: str,
-    env: dict[str, str],
-    args: list[str],
-    ids: list[list[int]],
-    seconds: float,
-    connections: int,
-    tool: Path,
-    work: Path,
-) -> Cell:
-    base = {"FEATURE_SERVING_WARM_START_KEYS": "0", **env}
-    pids = [node.process.pid for node in redis if node.process is not None]
-    with ServingProcess(url, args=args, env=base, grpc=api == "grpc") as server:
-        assert server.process is not None
-        script = wrk_script(
+class Rig:
+    """One `feature-store serve` worker with its load, kept running so that it can be measured
+    in several windows (the L1 off's between the cells it is compared with)."""
+
+    def __init__(
+        self,
+        url: str,
+        redis: list[EmbeddedRedis],  # its nodes (masters): their CPU is summed
+        api: str,
+        env: dict[str, str],
+        args: list[str],
+        ids: list[list[int]],
+        connections: int,
+        tool: Path,
+        work: Path,
+    ) -> None:
+        self.api, self.connections, self.tool = api, connections, tool
+        self.pids = [node.process.pid for node in redis if node.process is not None]
+        self.cache = "--no-cache" not in args
+        base = {"FEATURE_SERVING_WARM_START_KEYS": "0", **env}
+        self.server = ServingProcess(url, args=args, env=base, grpc=api == "grpc")
+        work.mkdir(parents=True, exist_ok=True)
+        self.script = wrk_script(
             work / "post.lua",
             [
                 orjson.dumps({"entity_type": sample.ENTITY, "ids": b, "groups": [sample.GROUP]})
@@ -185,29 +211,49 @@ def measure(
             at_random=True,
             tail=True,
         )
-        url = f"{server.rest_url}/v1/features/get"
-        batch_file = work / "batches.txt"
-        batch_file.write_text("".join(",".join(map(str, b)) + "\n" for b in ids))
+        self.batch_file = work / "batches.txt"
+        self.batch_file.write_text("".join(",".join(map(str, b)) + "\n" for b in ids))
 
-        def load(window: float) -> Load:
-            if api == "rest":
-                return rest_load(url, script, window, connections)
-            return grpc_load(tool, server.grpc_target, batch_file, window, connections)
+    def __enter__(self) -> Rig:
+        self.server.__enter__()
+        self.load(2.0)  # the forms learned; the cache in its steady state
+        return self
 
-        load(2.0)  # the forms learned; the cache in its steady state
-        cache = "--no-cache" not in args
-        h0, m0 = counters(server) if cache else (0.0, 0.0)
-        s0, r0 = cpu_seconds(server.process.pid), sum(cpu_seconds(p) for p in pids)
+    def __exit__(self, *exc: object) -> None:
+        self.server.__exit__(None, None, None)
+
+    def load(self, window: float) -> Load:
+        if self.api == "rest":
+            url = f"{self.server.rest_url}/v1/features/get"
+            return rest_load(url, self.script, window, self.connections)
+        return grpc_load(
+            self.tool, self.server.grpc_target, self.batch_file, window, self.connections
+        )
+
+    def window(self, name: str, seconds: float) -> Cell:
+        process = self.server.process
+        assert process is not None
+        h0, m0 = counters(self.server) if self.cache else (0.0, 0.0)
+        s0, r0 = cpu_seconds(process.pid), sum(cpu_seconds(p) for p in self.pids)
         t0 = time.monotonic()
-        requests, errors, max_ms, past = load(seconds)
+        requests, errors, max_ms, past = self.load(seconds)
         elapsed = time.monotonic() - t0
-        s1, r1 = cpu_seconds(server.process.pid), sum(cpu_seconds(p) for p in pids)
-        h1, m1 = counters(server) if cache else (0.0, 0.0)
-    looked = (h1 - h0) + (m1 - m0)
-    hit_rate = (h1 - h0) / looked if cache and looked else None
-    return Cell(
-        api, name, connections, requests, elapsed, errors, s1 - s0, r1 - r0, hit_rate, max_ms, past
-    )
+        s1, r1 = cpu_seconds(process.pid), sum(cpu_seconds(p) for p in self.pids)
+        h1, m1 = counters(self.server) if self.cache else (0.0, 0.0)
+        looked = (h1 - h0) + (m1 - m0)
+        hit_rate = (h1 - h0) / looked if self.cache and looked else None
+        return Cell(
+            self.api, name, self.connections, requests, elapsed, errors, s1 - s0, r1 - r0,
+            hit_rate, max_ms, past,
+        )  # fmt: skip
+
+
+def paired(off: list[Cell], cell: Cell) -> Cell:
+    """``cell`` with the L1 off it is compared with: the mean of the windows of the L1 off
+    measured just before and just after it (``off``)."""
+    cell.off_us = statistics.fmean(c.server_us for c in off)
+    cell.off_rate = statistics.fmean(c.rate for c in off)
+    return cell
 
 
 def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], list[str], int]]:
@@ -272,24 +318,62 @@ def main() -> int:
             url, nodes = one.url, [one]
             ensure_data(url, ENTITIES)
         for r in range(args.rounds):
-            for api, name, env, serve_args, conns in plan:
-                ids = hot_ids if name == "hot" else work_ids
-                cell = measure(
-                    url, nodes, api, name, env, serve_args, ids, args.seconds, conns, tool,
-                    Path(tmp),
-                )  # fmt: skip
-                results.setdefault((api, name, conns), []).append(cell)
-                print(
-                    f"round {r + 1} {api} {name} c{conns}: {cell.server_us:.2f} µs/entity, "
-                    f"{cell.rate:,.0f} req/s, hit rate "
-                    f"{'-' if cell.hit_rate is None else f'{cell.hit_rate:.2f}'}",
-                    flush=True,
-                )
+            for (api, conns), off, cells in blocks(plan, reverse=r % 2 == 1):
+                rig = partial(Rig, url, nodes, api, ids=work_ids, connections=conns, tool=tool)
+                work = Path(tmp) / f"{api}-{conns}"
+                offs = results.setdefault((api, "off", conns), [])  # listed first
+                with rig(*off, work=work / "off") as beside:
+                    before = beside.window("off", args.seconds)
+                    note(r, before)
+                    done = [before]
+                    for i, (name, env, serve_args) in enumerate(cells):
+                        ids = hot_ids if name == "hot" else work_ids
+                        with rig(env, serve_args, ids=ids, work=work / str(i)) as server:
+                            cell = server.window(name, args.seconds)
+                        after = beside.window("off", args.seconds)
+                        results.setdefault((api, name, conns), []).append(
+                            paired([before, after], cell)
+                        )
+                        note(r, cell, after)
+                        done.append(after)
+                        before = after
+                offs.extend(done)
     lines = report(results, args)
     save(args.out, "The L1 at every hit rate: CPU per entity against the L1 off", lines)
     if args.out is not None:
         plot(args.out.with_suffix(".png"), results)
     return 0
+
+
+Serve: TypeAlias = tuple[dict[str, str], list[str]]  # a worker's environment and arguments
+
+
+def blocks(
+    plan: list[tuple[str, str, dict[str, str], list[str], int]], reverse: bool
+) -> list[tuple[tuple[str, int], Serve, list[tuple[str, dict[str, str], list[str]]]]]:
+    """The plan's cells by API and connections, each block run beside one L1-off worker (its
+    ``off`` cell's); the cells in the plan's order, or (``reverse``, every other round) the
+    other way, so that a drift of the machine's speed over a round favours no cell."""
+    offs: dict[tuple[str, int], Serve] = {}
+    cells: dict[tuple[str, int], list[tuple[str, dict[str, str], list[str]]]] = {}
+    for api, name, env, serve_args, conns in plan:
+        if name == "off":
+            offs[(api, conns)] = (env, serve_args)
+        else:
+            cells.setdefault((api, conns), []).append((name, env, serve_args))
+    return [(k, offs[k], v[::-1] if reverse else v) for k, v in cells.items()]
+
+
+def note(r: int, *cells: Cell) -> None:
+    """Print each measured window as it ends."""
+    for cell in cells:
+        ratio = f", {cell.ratio:.2f}x the L1 off beside it" if cell.off_us else ""
+        hit = "-" if cell.hit_rate is None else f"{cell.hit_rate:.2f}"
+        print(
+            f"round {r + 1} {cell.api} {cell.name} c{cell.connections}: {cell.server_us:.2f} "
+            f"µs/entity{ratio}, {cell.rate:,.0f} req/s, hit rate {hit}",
+            flush=True,
+        )
 
 
 def median_cell(cells: list[Cell]) -> Cell:
@@ -302,9 +386,12 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
     lines = header(
         f"One worker; {STORES[args.cluster]} of {ENTITIES:,} standard entities; batches of "
         f"{BATCH} x 50 features, ids at random from {WORKING_SET:,} ({HOT_SET:,} for `hot`); "
-        f"{args.seconds:g} s per cell after 2 s of warm-up; the median of {args.rounds} "
-        f"rounds (by server CPU); REST by wrk, gRPC by feature-load (clients/go), both "
-        f"drawing the same batches at random."
+        f"{args.seconds:g} s per cell after 2 s of warm-up; each cell measured between two "
+        f"windows of an L1-off worker kept running beside it, its ratio against their mean; "
+        f"per cell the median of {args.rounds} rounds (µs: the round of median server CPU; "
+        f"ratios: the median of the rounds' ratios), every other round in the reverse "
+        f"order; REST by wrk, gRPC by feature-load (clients/go), both drawing the same "
+        f"batches at random."
     )
     lines += [
         "",
@@ -315,8 +402,9 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
     verdicts: list[str] = []
     for (api, name, conns), cells in results.items():
         cell = median_cell(cells)
-        base = median_cell(results[(api, "off", conns)])
-        ratio, rate = cell.server_us / base.server_us, cell.rate / base.rate
+        # each round's cell against the L1 off beside it, the median of those ratios
+        ratio = statistics.median(c.ratio for c in cells)
+        rate = statistics.median(c.rate_ratio for c in cells)
         hit = "-" if cell.hit_rate is None else f"{cell.hit_rate:.2f}"
         errors = sum(c.errors for c in cells)
         # the tail over every round: the slowest request and the count past 1 s
@@ -353,6 +441,11 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
         f"{api} {name} c{conns}: "
         + ", ".join(f"{c.server_us:.2f}" for c in cells)
         + f" (median {statistics.median(c.server_us for c in cells):.2f})"
+        + (
+            "; against the L1 off beside it: " + ", ".join(f"{c.ratio:.2f}x" for c in cells)
+            if name != "off"
+            else ""
+        )
         for (api, name, conns), cells in results.items()
     ]
     lines += ["", *verdicts, "", "Each round's server µs/entity:", "", *[f"- {s}" for s in spread]]
