@@ -50,6 +50,7 @@ from pathlib import Path
 import httpx
 import redis
 from _results import header, save
+from cost import cpu_seconds
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis
@@ -59,13 +60,7 @@ from feature_store.store import FeatureStore
 SETTINGS = {"asynchronous": "", "replicas=1": "replicas=1,timeout=500"}
 PAUSE = 3.0  # seconds the replica is paused before its master is killed
 AFTER = 15.0  # seconds of writes after the kill (failover, the node back, writes again)
-TICK = os.sysconf("SC_CLK_TCK")
 FEATURES = sample.features(1)  # every entity's values but int_0 (made once: the load is light)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
 def value(entity: int) -> int:
@@ -116,15 +111,6 @@ async def write_for(
                 w.log.append((start - w.t0, time.monotonic() - w.t0, status, first))
 
         await asyncio.gather(*(one() for _ in range(clients)))
-
-
-def replica_of(cluster: EmbeddedCluster, master: EmbeddedRedis) -> EmbeddedRedis:
-    for node in cluster.nodes:
-        with redis.Redis(port=node.port) as r:
-            info = r.info("replication")
-        if info.get("role") == "slave" and int(info["master_port"]) == master.port:
-            return node
-    raise AssertionError(f"no replica of port {master.port}")
 
 
 def steady_window(
@@ -201,7 +187,7 @@ def run_fault(name: str, durability: str, tmp: Path, clients: int, batch: int) -
         ) as server:
             asyncio.run(write_for(server.rest_url, 1.0, clients, ids, Writes(batch)))  # warm-up
             victim = next(m for m in cluster.master_nodes() if m is not cluster.nodes[0])
-            replica = replica_of(cluster, victim)  # (the URL's node stays up)
+            replica = cluster.replica_of(victim.port)  # (the URL's node stays up)
             assert replica.process is not None
             f = Writes(batch)
             events: dict[str, float] = {}

@@ -374,6 +374,17 @@ class EmbeddedCluster:
                     out.append(node)
         return out
 
+    def replica_of(self, master_port: int) -> EmbeddedRedis:
+        """A live replica of the master on ``master_port`` (as its ROLE names it)."""
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            with redis.Redis(port=node.port or 0, socket_timeout=1) as c:
+                role = c.execute_command("ROLE")
+            if role[0] == b"slave" and int(role[2]) == master_port:
+                return node
+        raise EmbeddedRedisError(f"no live replica of the master on port {master_port}")
+
     def wait_ok(self, timeout: float = CLUSTER_TIMEOUT_S) -> float:
         """Wait until every live node sees the cluster ok and every shard has a live master
         (after a failover, a reshard); the seconds it took."""

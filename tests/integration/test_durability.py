@@ -51,15 +51,8 @@ def replica_of(cluster: EmbeddedCluster, key: bytes) -> EmbeddedRedis:
     """The replica of the master that owns ``key``'s slot."""
     with redis.Redis(port=cluster.nodes[0].port) as r:
         slot = r.cluster("keyslot", key)
-        for start, end, master, *_ in r.cluster("slots"):
-            if start <= slot <= end:
-                master_port = master[1]
-    for node in cluster.nodes:
-        with redis.Redis(port=node.port) as r:
-            role = r.execute_command("ROLE")
-            if role[0] in (b"slave", "slave") and role[2] == master_port:
-                return node
-    raise AssertionError(f"no replica of the master on port {master_port}")
+        master_port = next(m[1] for s, e, m, *_ in r.cluster("slots") if s <= slot <= e)
+    return cluster.replica_of(master_port)
 
 
 @contextmanager
