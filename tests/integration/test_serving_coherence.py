@@ -70,6 +70,9 @@ def test_a_batch_write_reaches_every_instance_without_a_stampede(redis_url: str)
         for client in (ca, cb):
             for start in range(0, n, 1000):
                 client.get(ENTITY, ids[start : start + 1000], features=["int_0"])
+        # the entries the fronts loaded themselves (the first lookup of a form is Python's)
+        own = [_summary(server)["front_entries"] for server in (a, b)]
+        assert all(isinstance(held, int) and held > 0 for held in own), own
         new = {i: {"int_0": -i - 1} for i in ids}
         with FeatureStore.connect(redis_url, REGISTRY) as store:
             store.write(GROUP, list(new.items()))  # the nightly refresh of every entity
@@ -88,12 +91,14 @@ def test_a_batch_write_reaches_every_instance_without_a_stampede(redis_url: str)
             for start in range(0, n, 1000):
                 chunk = ids[start : start + 1000]
                 assert _int0(client, chunk) == [new[i]["int_0"] for i in chunk]
-        for server in (a, b):
+        for server, held in zip((a, b), own, strict=True):
             generations = _summary(server)["generations"]
             assert isinstance(generations, dict)
             assert list(generations) == [GROUP]
             # nothing was dropped: the refresh went through the background, no new misses
             assert _counter(server, "misses") == n
+            # the fronts read their own entries again themselves: none was handed to Python
+            assert _summary(server)["front_entries"] == held
 
 
 def test_a_small_library_write_invalidates_its_keys(redis_url: str) -> None:

@@ -25,8 +25,10 @@ the cache's counters, answer times for the request histogram, entities served) a
 hit inside their refresh window or sampled for a shadow check, which go through
 ``CachedReader.noted_hit`` and ``ShadowChecker.sample``; but an entry the fronts loaded
 themselves is refreshed ahead by them (read again on their connections, ``lookup.rs``), so
-that a hot entry stays theirs and never reaches Python (only a batch write's notice sends
-it here). Differences from a hit in Python:
+that a hot entry stays theirs and never reaches Python. After a batch write of its group
+such an entry is outdated: the fronts read it again on its next hit, or when the policy's
+background sweep hands its key over (``refresh_outdated``, at ``refresh_rate``), so it
+stays theirs then too. Differences from a hit in Python:
 
 - the front notes an entry once per load, when it is first hit inside its refresh window:
   refresh ahead's last share of the TTL, or, when it is longer, XFetch's window drawn once
@@ -165,7 +167,7 @@ class FrontLookups:
         # the fronts' own Redis connections, where they read on them (planned reads, loads)
         self.links: FrontLinks | None = None
         # the misses the fronts loaded themselves since the last drain (``HitCache.drain``)
-        self.loads: tuple[int, int, int, int, int, int, list[bytes], int] = (
+        self.loads: tuple[int, int, int, int, int, int, list[bytes], int, int] = (
             0,
             0,
             0,
@@ -173,6 +175,7 @@ class FrontLookups:
             0,
             0,
             [],
+            0,
             0,
         )
 
@@ -463,8 +466,23 @@ class NativeHits(FrontLookups):
             return []
         return [(group, tagged[2:]) for tagged in self.native.own_keys(index)]
 
+    def refresh_outdated(self, keys: Sequence[CacheKey]) -> int | None:
+        """Have the fronts read again those of ``keys`` that are entries of their own
+        outdated by a batch write of their group (``Refresher``'s sweep, at its pace): how
+        many they took (counted in ``generation_refreshes`` once stored). None where no front
+        reads on connections of its own."""
+        fronts = self.links.fronts if self.links is not None else []
+        if not fronts:
+            return None
+        tags = self.tags
+        tagged = [tags[group] + key for group, key in keys if group in tags]
+        return self.native.refresh_outdated(tagged, fronts[0])
+
     def notice_group(self, group: str) -> None:
-        """A batch write of ``group`` was announced: its next hits go through the policy."""
+        """A batch write of ``group`` was announced: the next hits of Python's entries go
+        through the policy; the fronts' own entries are outdated, read again by the fronts
+        on their next hit or when the policy's sweep hands them over
+        (``refresh_outdated``)."""
         index = self.index.get(group)
         if index is not None:
             self.native.notice_group(index)
@@ -511,7 +529,9 @@ class NativeHits(FrontLookups):
         stats.hits += hits
         stats.negative_hits += negative
         stats.front_hits += hits + negative
-        misses, deduplicated, loaded, round_trips, evicted, stale, replaced, refreshed = self.loads
+        misses, deduplicated, loaded, round_trips, evicted, stale, replaced, refreshed, outdated = (
+            self.loads
+        )
         for tagged in replaced:  # the fronts hold a newer entry of their own: one copy
             cache.forget((self.names[tagged[:2]], tagged[2:]))
         stats.misses += misses
@@ -521,6 +541,7 @@ class NativeHits(FrontLookups):
         stats.evictions += evicted
         stats.stale_serves += stale
         stats.early_refreshes += refreshed  # refreshed ahead by the fronts themselves
+        stats.generation_refreshes += outdated  # read again by them after a batch write
         if self.links is not None:  # the fronts' own entries: what Python's leave
             bounds = (
                 max(0, cache.max_bytes - cache.bytes),

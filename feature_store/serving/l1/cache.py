@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -158,6 +158,12 @@ class Mirror(Protocol):
     def adopt(self, key: CacheKey, now: float) -> Entry | None:
         """The entry of ``key`` it loaded itself, as an entry of this cache (its expiry on
         this clock, ``now``); None where it holds none of its own."""
+        ...
+
+    def refresh_outdated(self, keys: Sequence[CacheKey]) -> int | None:
+        """Read again those of ``keys`` it loaded itself that a batch write of their group
+        outdated, on its own (how many it took); None where it cannot (this cache adopts and
+        reloads them)."""
         ...
 
 

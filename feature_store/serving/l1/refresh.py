@@ -148,22 +148,33 @@ class Refresher:
         return True
 
     async def _sweep(self, group: str) -> None:
-        cache = self.cache
+        cache, mirror = self.cache, self.cache.mirror
         batch = max(1, min(REFRESH_BATCH, int(self.refresh_rate)))
         keys = cache.keys(group, most_recent_first=True)  # the hottest first
-        if cache.mirror is not None:  # then those the native fronts loaded (peek adopts them)
-            keys += cache.mirror.own_keys(group)
         for start in range(0, len(keys), batch):
-            for key in keys[start : start + batch]:
-                entry = cache.peek(key)
-                if entry is None or self.loading(key):
-                    continue
-                if entry.raw is None:
-                    cache.discard(key)  # "missing" may no longer be true
-                elif self.outdated(group, entry):
-                    cache.stats.generation_refreshes += 1
-                    self.reload(key)
+            self._refresh_outdated(group, keys[start : start + batch])
             await asyncio.sleep(batch / self.refresh_rate)
+        # then those the native fronts loaded themselves: read again by the fronts (they
+        # were outdated by the announcement: ``notice_group``), or, where they cannot,
+        # adopted here (``peek``) and reloaded
+        own = mirror.own_keys(group) if mirror is not None else []
+        for start in range(0, len(own), batch):
+            chunk = own[start : start + batch]
+            if mirror is None or mirror.refresh_outdated(chunk) is None:
+                self._refresh_outdated(group, chunk)
+            await asyncio.sleep(batch / self.refresh_rate)
+
+    def _refresh_outdated(self, group: str, keys: list[CacheKey]) -> None:
+        cache = self.cache
+        for key in keys:
+            entry = cache.peek(key)
+            if entry is None or self.loading(key):
+                continue
+            if entry.raw is None:
+                cache.discard(key)  # "missing" may no longer be true
+            elif self.outdated(group, entry):
+                cache.stats.generation_refreshes += 1
+                self.reload(key)
 
     def close(self) -> None:
         if self._due_timer is not None:

@@ -53,20 +53,21 @@ where
     outcome
 }
 
-/// Refresh ahead, on the front: the entries of its own hit inside their refresh window
-/// (`Hits::take_due`) are read again on its connections while they still answer, and
-/// stored as a miss's load is (most find the values they hold: the entry is kept, with a
-/// new lifetime). A read that fails stores nothing: the entries expire as they would have,
-/// and their next lookups load them (stale on error).
-async fn refresh(hits: Arc<Hits>, direct: Arc<Direct>) {
-    for (api, claim) in hits.take_due() {
+/// Refresh ahead, on the front: the entries of its own hit inside their refresh window, or
+/// outdated by their group's batch write (hit, or queued by Python's sweep:
+/// `HitCache::refresh_outdated`), are read again on its connections while they still
+/// answer (`Hits::take_due`), and stored as a miss's load is (most find the values they
+/// hold: the entry is kept, with a new lifetime). A read that fails stores nothing: the
+/// entries expire as they would have, and their next lookups load them (stale on error).
+pub(crate) async fn refresh(hits: Arc<Hits>, direct: Arc<Direct>) {
+    for (api, outdated, claim) in hits.take_due() {
         let commands = match hits.load_commands(&claim.mine) {
             Some(commands) => commands,
             None => continue,
         };
         if let Some(replies) = direct.read(&commands).await {
             if hits.store_loaded(&claim, &replies, api) {
-                hits.refreshed(claim.mine.len());
+                hits.refreshed(claim.mine.len(), outdated);
             }
         }
     }

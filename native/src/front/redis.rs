@@ -32,7 +32,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use super::slots::{slot_of, SLOTS, UNOWNED};
-use crate::hits::Commands;
+use crate::hits::{Commands, Hits};
 use crate::resp::resp_skip;
 
 /// Bytes asked of the socket at a time.
@@ -422,6 +422,13 @@ impl FrontRedis {
         FrontRedis {
             direct: Arc::clone(direct),
         }
+    }
+
+    /// Read again, on the front's runtime, the entries `hits` has due (`front::lookup::
+    /// refresh`), where the front may answer no lookup to start it.
+    pub(crate) fn refresh(&self, hits: &Arc<Hits>) {
+        let run = super::lookup::refresh(Arc::clone(hits), Arc::clone(&self.direct));
+        self.direct.handle.spawn(run);
     }
 }
 

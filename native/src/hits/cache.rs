@@ -10,11 +10,12 @@ use once_cell::race::OnceBox;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::entry::{Held, Hit, BATCH_NOTICE, NOT_WRITTEN};
+use super::entry::{Held, Hit, BATCH_NOTICE, NOT_WRITTEN, OUTDATED};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
 use super::{
     form_key, Hits, Key, Loading, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
 };
+use crate::front::redis::FrontRedis;
 use crate::windows::WindowSpec;
 
 /// An aggregated group's share of a read, from Python: tile ms, longest window ms, each
@@ -59,8 +60,8 @@ pub(super) type Drained = (
 /// The misses the front loaded itself since the last drain: keys missed, of them those that
 /// waited for another lookup's load, keys stored, round trips, entries evicted, entries served
 /// stale; the keys of Python's entries its loads replaced (Python drops its own copy); and
-/// its own entries it refreshed ahead of their expiry.
-pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>, u64);
+/// its own entries it refreshed ahead of their expiry, and after their group's batch write.
+pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>, u64, u64);
 
 /// The mirror of one worker's L1 (see the module's text), shared with its REST front.
 #[pyclass(frozen, module = "feature_store._native")]
@@ -444,17 +445,31 @@ impl HitCache {
             .collect()
     }
 
-    /// Note every entry of `group` on its next hit, for Python's policy (a batch write was
-    /// announced).
+    /// A batch write of `group` was announced: every entry of Python's is noted on its next
+    /// hit, for Python's policy; every one of the front's own is outdated (`OUTDATED`), read
+    /// again by the front on its next hit or when Python's sweep queues it
+    /// (`refresh_outdated`).
     fn notice_group(&self, group: u16) {
         let prefix = group.to_be_bytes();
         let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
         for (key, hit) in entries.iter_mut() {
             if key.starts_with(&prefix) {
-                hit.notice_at = BATCH_NOTICE;
+                hit.notice_at = if hit.own() { OUTDATED } else { BATCH_NOTICE };
                 *hit.noticed.get_mut() = false;
             }
         }
+    }
+
+    /// Have `front` read again those of `keys` (group index, 2 bytes, then the Redis key)
+    /// that are the fronts' own entries outdated by their group's batch write and not
+    /// queued yet (Python's sweep, at its pace): stored as a refresh is, counted as a batch
+    /// write's once stored. How many were queued.
+    fn refresh_outdated(&self, keys: Vec<Vec<u8>>, front: &FrontRedis) -> usize {
+        let queued = self.hits.queue_outdated(&keys);
+        if queued > 0 {
+            front.refresh(&self.hits);
+        }
+        queued
     }
 
     fn __len__(&self) -> usize {
@@ -489,6 +504,7 @@ impl HitCache {
                 s.stale_serves,
                 s.replaced,
                 s.refreshed,
+                s.generation_refreshed,
             ),
         )
     }

@@ -89,10 +89,16 @@ pub(super) struct Hit {
 // of what the table costs per entity (MIRROR_ENTRY in serving/fronts/hits.py; OWN_ENTRY).
 const _: () = assert!(std::mem::size_of::<Hit>() <= 136);
 
-/// `Hit::notice_at` of an entry whose group's batch write was announced (`notice_group`):
-/// its next hit is noted for Python's policy (which reloads it if it was read before the
-/// write), never refreshed by the front on its own.
+/// `Hit::notice_at` of an entry of Python's whose group's batch write was announced
+/// (`notice_group`): its next hit is noted for Python's policy (which reloads it if it was
+/// read before the write), never refreshed by the front on its own.
 pub(super) const BATCH_NOTICE: u64 = 0;
+
+/// `Hit::notice_at` of an entry of the front's own whose group's batch write was announced
+/// (`notice_group`): outdated, so its next hit has the front read it again, unless Python's
+/// sweep has queued it first (`Hits::queue_outdated`). An entry stored since (loaded,
+/// refreshed) has a notice time of its own again: it is read after the write.
+pub(super) const OUTDATED: u64 = 1;
 
 /// `Hit::written` of a group without a stored write time: an Option took 16 bytes. Stored
 /// write times are never negative (`layout.decode_timestamp` reads digits only).

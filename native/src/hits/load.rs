@@ -40,10 +40,10 @@ use std::time::{Duration, Instant};
 use once_cell::race::OnceBox;
 use tokio::sync::watch;
 
-use super::entry::{Held, Hit, NOT_WRITTEN};
+use super::entry::{Held, Hit, NOT_WRITTEN, OUTDATED};
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
-use super::{Hits, Key, GRPC, REST};
+use super::{Due, Hits, Key, GRPC, REST};
 use crate::codecs::packs;
 use crate::group::write_values;
 use crate::time::unix_now_ms;
@@ -223,23 +223,24 @@ impl Hits {
     }
 
     /// The front's own entries hit inside their refresh window, to be read again while they
-    /// still answer (refresh ahead: a hot entry never expires), per API whose answer bytes
-    /// they hold, each claimed: those another load has in flight are left to it (a refresh
-    /// waits for nothing). Not misses: counted as refreshed once stored.
-    pub fn take_due(&self) -> Vec<(u8, Claim<'_>)> {
+    /// still answer (refresh ahead: a hot entry never expires), and those outdated by their
+    /// group's batch write (hit, or queued by Python's sweep), per API whose answer bytes
+    /// they hold and per reason, each claimed: those another load has in flight are left to
+    /// it (a refresh waits for nothing). Not misses: counted as refreshed once stored.
+    pub fn take_due(&self) -> Vec<(u8, bool, Claim<'_>)> {
         let mut due = {
             let mut queued = self.due.lock().unwrap_or_else(|e| e.into_inner());
             self.has_due.store(false, Ordering::Release);
             std::mem::take(&mut *queued)
         };
-        due.sort_unstable_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        due.sort_unstable(); // by API, reason, then key: each claim's keys sorted
         due.dedup();
         let mut claims = Vec::new();
-        for api in [REST, GRPC] {
+        for (api, outdated) in [(REST, false), (REST, true), (GRPC, false), (GRPC, true)] {
             let keys: Vec<Key> = due
                 .iter()
-                .filter(|(_, a)| *a == api)
-                .map(|(k, _)| k.clone())
+                .filter(|d| d.0 == api && d.1 == outdated)
+                .map(|d| d.2.clone())
                 .collect();
             if keys.is_empty() {
                 continue;
@@ -248,18 +249,50 @@ impl Hits {
             // (not waited for: dropping them unpins them)
             claim.waiting.clear();
             if !claim.mine.is_empty() {
-                claims.push((api, claim));
+                claims.push((api, outdated, claim));
             }
         }
         claims
     }
 
-    /// A refresh's load stored (`take_due`): counted.
-    pub fn refreshed(&self, keys: usize) {
-        self.served
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .refreshed += keys as u64;
+    /// A refresh's load stored (`take_due`): counted, as refresh ahead's or (`outdated`) a
+    /// batch write's.
+    pub fn refreshed(&self, keys: usize, outdated: bool) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        if outdated {
+            served.generation_refreshed += keys as u64;
+        } else {
+            served.refreshed += keys as u64;
+        }
+    }
+
+    /// Queue the front's own entries of `keys` that their group's batch write outdated
+    /// (`OUTDATED`) and no hit has queued yet, to be read again (`take_due`): Python's sweep
+    /// after a batch write, at its pace. How many were queued.
+    pub fn queue_outdated(&self, keys: &[Vec<u8>]) -> usize {
+        let mut due = Vec::new();
+        {
+            let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+            for key in keys {
+                if let Some(hit) = entries.get(key.as_slice()) {
+                    if hit.own()
+                        && hit.notice_at == OUTDATED
+                        && !hit.noticed.swap(true, Ordering::Relaxed)
+                    {
+                        due.push(Due::of(key, hit));
+                    }
+                }
+            }
+        }
+        let queued = due.len();
+        if queued > 0 {
+            self.due
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .append(&mut due);
+            self.has_due.store(true, Ordering::Release);
+        }
+        queued
     }
 
     fn claim_keys(&self, keys: &[Key]) -> Claim<'_> {

@@ -46,7 +46,7 @@ use once_cell::sync::OnceCell;
 use std::time::Instant;
 
 use self::asked::{Asked, Id};
-use self::entry::{Hit, BATCH_NOTICE};
+use self::entry::{Hit, BATCH_NOTICE, OUTDATED};
 use self::form::{Form, GroupRead};
 pub(crate) use self::key::Key;
 use self::writer::HitWriter;
@@ -83,10 +83,25 @@ struct Served {
     stale_serves: u64,      // expired entries served stale: Redis failing on a load
     replaced: Vec<Vec<u8>>, // keys of Python's entries the front's loads replaced
     refreshed: u64,         // the front's own entries it refreshed ahead of their expiry
+    // the front's own entries it read again after their group's batch write (`OUTDATED`)
+    generation_refreshed: u64,
 }
 
 const MAX_FORMS: usize = 1024;
 const MAX_NOTED: usize = 100_000; // per drain: Python drains every few tens of ms
+
+/// An entry of the front's own to be read again (`Hits::take_due`): its key, the API whose
+/// answer bytes it holds, and whether its group's batch write made it due (`OUTDATED`)
+/// rather than its refresh window.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Due(u8, bool, Key);
+
+impl Due {
+    fn of(key: &[u8], hit: &Hit) -> Self {
+        let api = if hit.values.is_some() { REST } else { GRPC };
+        Due(api, hit.notice_at == OUTDATED, Key::new(key))
+    }
+}
 
 /// What a lookup found in the mirror.
 pub enum Looked {
@@ -123,8 +138,9 @@ pub struct Hits {
     owned: Mutex<load::Owned>,
     flights: load::Flights,
     /// the front's own entries hit inside their refresh window, to be read again by the
-    /// front (`take_due`), each with the API whose answer bytes it holds
-    due: Mutex<Vec<(Key, u8)>>,
+    /// front (`take_due`), each with the API whose answer bytes it holds and whether it is
+    /// read again for its group's batch write (`OUTDATED`)
+    due: Mutex<Vec<Due>>,
     has_due: AtomicBool,
 }
 
@@ -356,10 +372,7 @@ impl Hits {
                     continue; // once per load, by whichever answer comes first
                 }
                 if refreshes && hit.own() && hit.notice_at != BATCH_NOTICE {
-                    due.push((
-                        Key::new(&key),
-                        if hit.values.is_some() { REST } else { GRPC },
-                    ));
+                    due.push(Due::of(&key, hit));
                 } else {
                     refresh.push(key);
                 }
