@@ -12,7 +12,10 @@
    the Spark job (local[2]) rewrites every entity with new values and announces the
    group's generation at its end. Reported: seconds from the end of the job until each
    instance answers the new values for a probe of hot and cold ids, and the Redis read
-   rate per second after the job, against the rate before it.
+   rate per second after the job, against the rate before it; per instance, its entries
+   and those of them the native fronts hold alone (``front_entries``: no Python object)
+   before the job and --seconds after it (its background sweep reads every cached entry
+   again), and its worker's CPU and RSS over that window.
 
 The load generator is Python: it measures the servers' behaviour, not their CPU cost
 (benchmarks/serving.py does that). A PNG plot of the reads per second goes next to --out.
@@ -32,6 +35,7 @@ from pathlib import Path
 import httpx
 import redis
 from _results import header, line_plot, save
+from cost import cpu_seconds
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -121,11 +125,38 @@ def restart(url: str, entities: int, seconds: float, warm: bool) -> tuple[Run, f
     return run, ready
 
 
+@dataclass
+class Held:
+    """What an instance's L1 held (``GET /v1/admin/cache``) and its worker's CPU and RSS."""
+
+    entries: int
+    front_entries: int
+    generation_refreshes: int
+    cpu: float  # seconds, since the worker started
+    rss: int  # bytes
+
+    @classmethod
+    def of(cls, server: ServingProcess) -> Held:
+        assert server.process is not None
+        pid = server.process.pid
+        doc = httpx.get(f"{server.rest_url}/v1/admin/cache", timeout=5).json()
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        return cls(
+            int(doc["entries"]),
+            int(doc["front_entries"]),
+            int(doc["counters"].get("generation_refreshes", 0)),
+            cpu_seconds(pid),
+            rss * 1024,
+        )
+
+
 def nightly(
     url: str, entities: int, seconds: float, job: IngestJob
-) -> tuple[list[float], Run, int, float]:
+) -> tuple[list[float], Run, int, float, list[tuple[Held, Held]]]:
     """Seconds from the end of the Spark job until each instance answers its values;
-    Redis reads/s before the job and after it; the job's own seconds."""
+    Redis reads/s before the job and after it; the job's own seconds; what each instance
+    held before the job and ``seconds`` after it."""
     zipf = sample.Zipf(entities, seed=5)
     spark = spark_session("local[2]")  # started before the load, not timed
     run = Run()
@@ -139,6 +170,7 @@ def nightly(
         time.sleep(seconds)  # both caches warm
         sample_reads(client, 3, run)
         before = len(run.reads_per_second)
+        held = [Held.of(server) for server in (a, b)]
         t0 = time.monotonic()
         report = run_ingest(spark, job)  # the nightly job; it announces its generation at its end
         done = time.monotonic()
@@ -158,8 +190,9 @@ def nightly(
                     time.sleep(0.01)
             switched.append(time.monotonic() - done)
         sampler.join()
+        after = [Held.of(server) for server in (a, b)]
     spark.stop()
-    return switched, run, before, done - t0
+    return switched, run, before, done - t0, list(zip(held, after, strict=True))
 
 
 def main() -> int:
@@ -187,7 +220,7 @@ def main() -> int:
             redis_url=server.url,
             progress_interval=0,
         )
-        switched, around, before, job_seconds = nightly(
+        switched, around, before, job_seconds, held = nightly(
             server.url, args.entities, args.seconds, job
         )
     lines = [
@@ -223,6 +256,20 @@ def main() -> int:
         f"- Redis entity reads per second before the job: "
         f"{', '.join(str(r) for r in around.reads_per_second[:before])}; after it: "
         f"{', '.join(str(r) for r in around.reads_per_second[before:])}.",
+        "",
+        f"Each instance's L1 before the job and {args.seconds:g} s after its end (its sweep "
+        "reads every cached entry again at `refresh_rate`), and its worker's CPU and RSS "
+        "from before the job to then (the job's own seconds included):",
+        "",
+        "| instance | entries before | of them the fronts' own | entries after | of them the "
+        "fronts' own | generation refreshes | worker CPU s | worker RSS MB, before / after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {name} | {h0.entries:,} | {h0.front_entries:,} | {h1.entries:,} | "
+            f"{h1.front_entries:,} | {h1.generation_refreshes - h0.generation_refreshes:,} | "
+            f"{h1.cpu - h0.cpu:.2f} | {h0.rss / 1e6:.0f} / {h1.rss / 1e6:.0f} |"
+            for name, (h0, h1) in zip("AB", held, strict=True)
+        ),
     ]
     save(args.out, "The L1 around restarts and nightly writes", lines)
     if args.out:

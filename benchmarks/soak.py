@@ -55,7 +55,7 @@ import grpc
 import httpx
 import orjson
 from _results import header, save
-from soak_report import (
+from _soak_report import (
     FRESH_TIMEOUT,
     NIGHTLY,
     STOP_SECONDS,
