@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import redis
 from _results import header, line_plot, save
-from cost import cpu_seconds
+from cost import cpu_seconds, rss
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -140,14 +140,12 @@ class Held:
         assert server.process is not None
         pid = server.process.pid
         doc = httpx.get(f"{server.rest_url}/v1/admin/cache", timeout=5).json()
-        status = Path(f"/proc/{pid}/status").read_text()
-        rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
         return cls(
             int(doc["entries"]),
             int(doc["front_entries"]),
             int(doc["counters"].get("generation_refreshes", 0)),
             cpu_seconds(pid),
-            rss * 1024,
+            rss(pid),
         )
 
 

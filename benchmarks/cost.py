@@ -56,6 +56,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
+def rss(pid: int) -> int:
+    """The resident bytes of a process (VmRSS of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 @dataclass
 class Cell(PerEntity):
     api: str

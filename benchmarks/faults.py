@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import orjson
 from _results import ROOT, header, save, worktree
+from cost import rss
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedRedis
@@ -98,10 +99,7 @@ def _circuit_opened(url: str) -> float:
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return rss(pid) / 2**20
 
 
 @dataclass

@@ -42,7 +42,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import ROOT, header, save, worktree
-from cost import wrk
+from cost import rss, wrk
 from serving import add_data_dir, ensure_data, id_batches
 
 MIB = 1024 * 1024
@@ -62,13 +62,6 @@ ALL_FEATURES = [
     f"{sample.GROUP}:{name}"
     for name in [*sample.FLOATS, *sample.INTS, *sample.INT_LISTS, *sample.EMBEDDINGS]
 ]
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def get(http: httpx.Client, ids: list[int]) -> None:

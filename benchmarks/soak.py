@@ -67,6 +67,7 @@ from _soak_report import (
     plot,
     value,
 )
+from cost import rss
 
 from feature_store import sample
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis
@@ -226,16 +227,14 @@ def children(pid: int) -> list[int]:
 
 def resources(pids: list[int]) -> tuple[int, int]:
     """RSS bytes and open fds of these processes, summed."""
-    rss = fds = 0
+    held = fds = 0
     for pid in pids:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1]) * 1024
+            held += rss(pid)
             fds += len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             continue
-    return rss, fds
+    return held, fds
 
 
 def workers_of(server: ServingProcess) -> list[int]:
