@@ -87,10 +87,18 @@ class Durability:
         ``where``, counts at least ``replicas`` replicas."""
         if isinstance(reply, int) and not isinstance(reply, bool) and reply >= self.replicas:
             return
-        got = f"{reply} of {self.replicas}" if isinstance(reply, int) else f"error {reply}"
+        if not isinstance(reply, int):
+            # an error in WAIT's place (the node is a replica now: a failover demoted it),
+            # where the write before it may have been refused too
+            raise NotDurableError(
+                f"the write could not be confirmed within {self.timeout_ms} ms: WAIT on "
+                f"{where} answered {reply!s}; not durable, it may not even have been "
+                "applied; send it again"
+            )
         raise NotDurableError(
-            f"the write was applied by {where} but confirmed by {got} replica(s) within "
-            f"{self.timeout_ms} ms: not durable, a failover may lose it; send it again"
+            f"the write was applied by {where} but confirmed by {reply} of {self.replicas} "
+            f"replica(s) within {self.timeout_ms} ms: not durable, a failover may lose it; "
+            "send it again"
         )
 
     def fits(self, socket_timeout: float) -> None:

@@ -75,3 +75,8 @@ def test_only_enough_replicas_confirm_a_write(replicas: int, reply: object) -> N
     assert isinstance(caught.value, StoreUnavailableError)  # a 503, retried by the jobs
     assert "master 127.0.0.1:7000" in str(caught.value)
     assert "within 100 ms" in str(caught.value)
+    if isinstance(reply, int):
+        assert f"confirmed by {reply} of {replicas} replica(s)" in str(caught.value)
+    else:  # an error in WAIT's place: the write is not said to be applied
+        assert f"WAIT on master 127.0.0.1:7000 answered {reply!s}" in str(caught.value)
+        assert "applied by" not in str(caught.value)

@@ -7,10 +7,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import redis
+import redis.asyncio
 
 from feature_store.connection import translate
 from feature_store.errors import StoreTimeoutError, StoreUnavailableError
-from feature_store.serving.l1.roundtrip import retried
+from feature_store.serving.l1.roundtrip import closed_under, retried
 
 
 @pytest.mark.parametrize(
@@ -84,3 +85,27 @@ def test_a_connection_error_is_tried_once_more_and_a_deadline_is_not() -> None:
     with pytest.raises(TimeoutError):
         asyncio.run(retried(exchange))
     assert calls == [1]
+
+
+def _write_on_dropped_writer() -> AttributeError:
+    """What redis-py's own send raises on a connection whose writer a concurrent close
+    already dropped (the reshard-under-load 503, "the read failed: AttributeError")."""
+    connection = redis.asyncio.Connection()
+    try:
+        asyncio.run(connection._send_packed_command([b"*1\r\n$4\r\nPING\r\n"]))
+    except AttributeError as e:
+        return e
+    raise AssertionError("a send without a writer did not fail")
+
+
+def test_a_write_on_a_connection_closed_under_the_client_is_a_connection_error() -> None:
+    assert closed_under(_write_on_dropped_writer())
+    assert closed_under(
+        RuntimeError("unable to perform operation on <TCPTransport>; the handler is closed")
+    )
+    # any other AttributeError or RuntimeError is a bug: not retried
+    assert not closed_under(AttributeError("'Entry' object has no attribute 'values'"))
+    with pytest.raises(AttributeError) as bug:
+        getattr(None, "values")  # noqa: B009 (a bug's AttributeError on None, not a writer's)
+    assert not closed_under(bug.value)
+    assert not closed_under(RuntimeError("dictionary changed size during iteration"))

@@ -372,7 +372,7 @@ class PipelineRoundTrip:
                 pipe.execute_command("HMGET", key, *(f for s in specs for f in s.fields))
         try:
             replies: list[object] = await pipe.execute(raise_on_error=False)
-        except RuntimeError as e:
+        except (RuntimeError, AttributeError) as e:
             if not closed_under(e):
                 raise
             raise redis.exceptions.ConnectionError(str(e)) from e
@@ -392,13 +392,25 @@ def consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def closed_under(error: object) -> TypeGuard[RuntimeError]:
-    """uvloop's error for a write on a connection whose transport was closed under it.
-    redis-py's cluster client can write on such a connection: seen when it sent a redirected
+def closed_under(error: object) -> TypeGuard[RuntimeError | AttributeError]:
+    """A write on a connection closed under redis-py's cluster client, which can hand out
+    a pooled connection while another task is closing it: seen when it sent a redirected
     read again during a reshard under load, where it became the lookup's 503 ("the read
-    failed: RuntimeError"). It is a connection error in all but its type, and a read is
-    tried again after one."""
-    return isinstance(error, RuntimeError) and "the handler is closed" in str(error)
+    failed: ..."). Two forms, by how far the close had gone:
+
+    - uvloop's RuntimeError, "the handler is closed": the transport was closed;
+    - AttributeError, "'NoneType' object has no attribute 'writelines'": the close had
+      already dropped the connection's writer (``disconnect`` sets it to None after
+      awaiting the transport's end, while another task had found the connection connected).
+
+    Either is a connection error in all but its type, and a read is tried again after one.
+    Any other RuntimeError or AttributeError is a bug and is not retried."""
+    if isinstance(error, RuntimeError):
+        return "the handler is closed" in str(error)
+    return isinstance(error, AttributeError) and error.obj is None and error.name in WRITER_METHODS
+
+
+WRITER_METHODS = frozenset({"writelines", "write", "drain"})  # asyncio.StreamWriter's
 
 
 class ClusterRoundTrip:
