@@ -270,7 +270,7 @@ class HitCache:
         int,
         list[bytes],
         list[bytes],
-        tuple[int, int, int, int, int, int, list[bytes], int, int],
+        tuple[int, int, int, int, int, int, list[bytes], int, int, int],
     ]: ...
     def load_misses(
         self,

@@ -62,6 +62,10 @@ _HELP = {
     "stale_serves": "entity groups served stale because Redis failed or the circuit was open",
     "failed_loads": "Redis reads that failed",
     "evictions": "entries evicted by the size bounds",
+    "not_admitted": (
+        "keys a front loaded while its entries were at their bounds and did not store: their "
+        "first load since its doorkeeper was cleared (they answered the lookup that loaded them)"
+    ),
     "invalidations": "entries dropped by push-write invalidations",
     "bypasses": "entity groups read with the cache bypassed",
     "generation_refreshes": "entries refreshed because a batch write of their group was announced",

@@ -167,7 +167,7 @@ class FrontLookups:
         # the fronts' own Redis connections, where they read on them (planned reads, loads)
         self.links: FrontLinks | None = None
         # the misses the fronts loaded themselves since the last drain (``HitCache.drain``)
-        self.loads: tuple[int, int, int, int, int, int, list[bytes], int, int] = (
+        self.loads: tuple[int, int, int, int, int, int, list[bytes], int, int, int] = (
             0,
             0,
             0,
@@ -175,6 +175,7 @@ class FrontLookups:
             0,
             0,
             [],
+            0,
             0,
             0,
         )
@@ -529,9 +530,18 @@ class NativeHits(FrontLookups):
         stats.hits += hits
         stats.negative_hits += negative
         stats.front_hits += hits + negative
-        misses, deduplicated, loaded, round_trips, evicted, stale, replaced, refreshed, outdated = (
-            self.loads
-        )
+        (
+            misses,
+            deduplicated,
+            loaded,
+            round_trips,
+            evicted,
+            stale,
+            replaced,
+            refreshed,
+            outdated,
+            passed,
+        ) = self.loads
         for tagged in replaced:  # the fronts hold a newer entry of their own: one copy
             cache.forget((self.names[tagged[:2]], tagged[2:]))
         stats.misses += misses
@@ -539,6 +549,7 @@ class NativeHits(FrontLookups):
         stats.keys_loaded += loaded
         stats.round_trips += round_trips
         stats.evictions += evicted
+        stats.not_admitted += passed
         stats.stale_serves += stale
         stats.early_refreshes += refreshed  # refreshed ahead by the fronts themselves
         stats.generation_refreshes += outdated  # read again by them after a batch write

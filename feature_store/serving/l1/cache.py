@@ -129,6 +129,7 @@ class CacheStats:
     stale_serves: int = 0  # entries served stale because Redis failed or the circuit was open
     failed_loads: int = 0
     evictions: int = 0
+    not_admitted: int = 0  # keys loaded at the bounds and not stored (the fronts' admission)
     invalidations: int = 0
     bypasses: int = 0
     generation_refreshes: int = 0  # entries reloaded after a batch write of their group

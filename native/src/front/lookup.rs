@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::queue::{Reply, Waited, Work};
 use super::redis::Direct;
 use super::served::{FROM_L1, FROM_REDIS};
-use crate::hits::{Hits, Key, Looked, Missing};
+use crate::hits::{Hits, Key, Looked, Missing, Passing};
 
 /// How a lookup on a front ended.
 pub(crate) enum Outcome<A> {
@@ -66,7 +66,7 @@ pub(crate) async fn refresh(hits: Arc<Hits>, direct: Arc<Direct>) {
             None => continue,
         };
         if let Some(replies) = direct.read(&commands).await {
-            if hits.store_loaded(&claim, &replies, api) {
+            if hits.store_loaded(&claim, &replies, api).is_some() {
                 hits.refreshed(claim.mine.len(), outdated);
             }
         }
@@ -102,10 +102,12 @@ where
             ))
             .await
             {
-                Waited::Reply(Reply::Loaded) => match hits.replay(request, api, &missing, None) {
-                    Some(answer) => Outcome::Here(answer, FROM_REDIS),
-                    None => Outcome::Handler, // evicted or dropped again
-                },
+                Waited::Reply(Reply::Loaded) => {
+                    match hits.replay(request, api, &missing, None, &Default::default()) {
+                        Some(answer) => Outcome::Here(answer, FROM_REDIS),
+                        None => Outcome::Handler, // evicted or dropped again
+                    }
+                }
                 waited => Outcome::Ended(waited),
             };
         }
@@ -153,6 +155,7 @@ async fn load_here(
 ) -> Option<Vec<u8>> {
     let loading = hits.loading()?;
     let mut pins = Vec::new(); // what this lookup loaded, pinned until it answers
+    let mut passing = Passing::default(); // what it loaded and the cache did not admit
     let mut left: Option<Missing> = None;
     for again in [true, false] {
         let missing = left.as_ref().unwrap_or(missing);
@@ -176,9 +179,7 @@ async fn load_here(
                     return hits.stale(request, api, missing, loading.max_stale);
                 }
             };
-            if !hits.store_loaded(&claim, &replies, api) {
-                return None;
-            }
+            passing.join(hits.store_loaded(&claim, &replies, api)?);
         }
         // their waiters go on; pinned until answered below
         pins.push(claim.end());
@@ -201,7 +202,7 @@ async fn load_here(
             };
             let _ = tokio::time::timeout(loading.wait, others).await;
         }
-        if let Some(answer) = hits.replay(request, api, missing, Some(stored)) {
+        if let Some(answer) = hits.replay(request, api, missing, Some(stored), &passing) {
             return Some(answer);
         }
         if !again {

@@ -59,9 +59,10 @@ pub(super) type Drained = (
 
 /// The misses the front loaded itself since the last drain: keys missed, of them those that
 /// waited for another lookup's load, keys stored, round trips, entries evicted, entries served
-/// stale; the keys of Python's entries its loads replaced (Python drops its own copy); and
-/// its own entries it refreshed ahead of their expiry, and after their group's batch write.
-pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>, u64, u64);
+/// stale; the keys of Python's entries its loads replaced (Python drops its own copy); its
+/// own entries it refreshed ahead of their expiry, and after their group's batch write; and
+/// the keys it loaded and did not store (the admission refused them: `load::admitted`).
+pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>, u64, u64, u64);
 
 /// The mirror of one worker's L1 (see the module's text), shared with its REST front.
 #[pyclass(frozen, module = "feature_store._native")]
@@ -505,6 +506,7 @@ impl HitCache {
                 s.replaced,
                 s.refreshed,
                 s.generation_refreshed,
+                s.passed,
             ),
         )
     }
@@ -552,9 +554,13 @@ impl HitCache {
             absent: Vec::new(),
             started: Instant::now(),
         };
-        let out = self
-            .hits
-            .replay(body, api_of(grpc, feast), &missing, None)?;
+        let out = self.hits.replay(
+            body,
+            api_of(grpc, feast),
+            &missing,
+            None,
+            &Default::default(),
+        )?;
         Some(PyBytes::new(py, &out))
     }
 }

@@ -75,12 +75,40 @@ pub struct Loading {
     pub max_stale: f64, // seconds past its expiry an entry is served stale when a load fails
 }
 
-/// The front's own entries: what they hold, and the eviction's ring of their keys.
+/// The front's own entries: what they hold, the eviction's ring of their keys, and the
+/// admission's doorkeeper.
 #[derive(Default)]
 pub(super) struct Owned {
     bytes: usize,
     count: usize,
     ring: VecDeque<Key>,
+    // keys loaded while the entries were at their bounds and not stored (`admitted`),
+    // cleared once it holds as many keys as there are entries
+    seen: HashSet<Key>,
+}
+
+/// Entries a lookup loaded that were not stored (`admitted`): they answer that lookup
+/// (`Hits::replay`), then go.
+#[derive(Default)]
+pub struct Passing(Vec<(Key, Hit)>); // sorted by key
+
+impl Passing {
+    /// Add the entries of another load of the same lookup.
+    pub fn join(&mut self, mut other: Passing) {
+        if !other.0.is_empty() {
+            self.0.append(&mut other.0);
+            self.0.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        }
+    }
+
+    pub(super) fn get(&self, key: &[u8]) -> Option<&Hit> {
+        let at = self.0.binary_search_by(|(k, _)| k.as_slice().cmp(key));
+        at.ok().map(|at| &self.0[at].1)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 /// A key being loaded: what its waiters watch (its sender is dropped when the load ends),
@@ -373,18 +401,21 @@ impl Hits {
     /// (`buf`), loaded for a lookup of `api`. Keys whose reply is not one the native core
     /// reads are left out (Python's path loads them), and so are those dropped while they
     /// loaded. False where `buf` is not those replies.
-    pub fn store_loaded(&self, claim: &Claim<'_>, buf: &[u8], api: u8) -> bool {
+    pub fn store_loaded(&self, claim: &Claim<'_>, buf: &[u8], api: u8) -> Option<Passing> {
         let keys = &claim.mine;
-        let disowned: Vec<bool> = {
+        // per key: dropped while it loaded (not stored), and waited for by other lookups
+        // (stored whatever the admission says: they answer from the cache)
+        let (disowned, waited): (Vec<bool>, Vec<bool>) = {
             let flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
             keys.iter()
-                .map(|key| flights.get(key.as_slice()).map_or(true, |f| f.disowned))
-                .collect()
+                .map(|key| {
+                    flights
+                        .get(key.as_slice())
+                        .map_or((true, false), |f| (f.disowned, f.pins > 1))
+                })
+                .unzip()
         };
-        let loading = match self.loading.get() {
-            Some(loading) => loading,
-            None => return false,
-        };
+        let loading = self.loading.get()?;
         let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let now_ms = unix_now_ms();
@@ -394,15 +425,9 @@ impl Hits {
         // the entries there: a load keeps the other API's answer bytes an entry had, and an
         // entry of its own whose stored values are those read again is kept as it is
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
-        for (key, &disowned) in keys.iter().zip(&disowned) {
-            let read = match reads.get(&u16::from_be_bytes([key[0], key[1]])) {
-                Some(read) => read,
-                None => return false,
-            };
-            let (error, next) = match read.shape.read(buf, pos, &mut slots, &mut order) {
-                Ok(read) => read,
-                Err(_) => return false,
-            };
+        for ((key, &disowned), &waited) in keys.iter().zip(&disowned).zip(&waited) {
+            let read = reads.get(&u16::from_be_bytes([key[0], key[1]]))?;
+            let (error, next) = read.shape.read(buf, pos, &mut slots, &mut order).ok()?;
             pos = next;
             if error.is_some() || disowned {
                 continue; // a key of another type (Python names it), or invalidated
@@ -411,21 +436,20 @@ impl Hits {
             if let Some(made_one) =
                 self.entry(read, &slots, now_ms, &mut answered, api, there, loading)
             {
-                made.push((key.as_slice(), made_one));
+                made.push((key.as_slice(), made_one, waited));
             }
         }
         drop(entries);
         if pos != buf.len() {
-            return false;
+            return None;
         }
         drop(reads);
-        {
-            let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-            served.round_trips += 1;
-            served.keys_loaded += keys.len() as u64;
-        }
-        self.insert_own(made, now, loading);
-        true
+        let passing = self.insert_own(made, now, loading);
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.round_trips += 1;
+        served.keys_loaded += keys.len() as u64;
+        served.passed += passing.len() as u64;
+        Some(passing)
     }
 
     /// An entry of group read `read` from one reply's `slots`, with its lifetime (as
@@ -576,18 +600,38 @@ impl Hits {
     }
 
     /// Store entries the front loaded `now`, each fresh for its TTL and noted for a refresh
-    /// in the last `refresh_ahead` share of it; then evict past the bounds.
-    fn insert_own(&self, made: Vec<(&[u8], (Made, f64))>, now: Instant, loading: &Loading) {
+    /// in the last `refresh_ahead` share of it, those admitted (`admitted`); then evict
+    /// past the bounds. The entries not admitted, which answer their lookup only.
+    fn insert_own(
+        &self,
+        made: Vec<(&[u8], (Made, f64), bool)>,
+        now: Instant,
+        loading: &Loading,
+    ) -> Passing {
+        let mut passing = Vec::new();
         if made.is_empty() {
-            return;
+            return Passing(passing);
         }
         let after = |s: f64| self.ticks(now + crate::time::seconds(s));
         let mut old = Vec::with_capacity(made.len());
         let mut pythons = Vec::new();
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        for (key, (made, ttl)) in made {
+        for (key, (made, ttl), waited) in made {
             let mut hit = match made {
+                Made::New(hit)
+                    if !waited
+                        && !admitted(
+                            &mut owned,
+                            key,
+                            OWN_ENTRY + key.len() + hit.held_bytes(),
+                            entries.contains_key(key),
+                            loading,
+                        ) =>
+                {
+                    passing.push((Key::new(key), hit));
+                    continue;
+                }
                 Made::New(hit) => hit,
                 Made::Same { at, was, written } => {
                     // the same entry, if it is still there (else: not stored; the lookup
@@ -638,6 +682,8 @@ impl Hits {
         }
         drop(served);
         drop(old); // the entries replaced (Python's bytes are released when it next holds the GIL)
+        passing.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Passing(passing)
     }
 
     /// An entry's key was dropped or replaced by Python (`HitCache::discard`, `put_many`,
@@ -705,6 +751,30 @@ impl Evictable for Hit {
     fn held(&self) -> usize {
         self.held_bytes()
     }
+}
+
+/// Whether a new entry of `key` is stored: always while the front's own entries are below
+/// their bounds, and once they are at them, only a key loaded before since the doorkeeper
+/// was last cleared (TinyLFU's doorkeeper, as in Caffeine): a key loaded once (the long
+/// tail, a scan, a cold start past the cache's size) costs no entry and evicts none; the
+/// lookup that loaded it answers from it, then it goes. The doorkeeper holds the keys of
+/// those first loads, and is cleared once it holds as many keys as there are entries.
+/// `benchmarks/eviction.py` simulates it: on Zipf traces it raises CLOCK's hit rate at
+/// every size and stores a few entries per 100 lookups where CLOCK alone stored most.
+/// An entry replacing one of the key's (a reload, Python's) is always stored.
+/// (`bytes`: what the entry would count for; `there`: the key has an entry.)
+fn admitted(owned: &mut Owned, key: &[u8], bytes: usize, there: bool, loading: &Loading) -> bool {
+    let max_bytes = loading.max_bytes.load(Ordering::Relaxed);
+    let max_entries = loading.max_entries.load(Ordering::Relaxed);
+    let full = owned.count >= max_entries || owned.bytes.saturating_add(bytes) > max_bytes;
+    if !full || there || owned.seen.contains(key) {
+        return true;
+    }
+    if owned.seen.len() >= owned.count.max(1) {
+        owned.seen.clear();
+    }
+    owned.seen.insert(Key::new(key));
+    false
 }
 
 /// Evict the front's own entries past the bounds by CLOCK: the hand takes the oldest key;
@@ -798,6 +868,32 @@ mod tests {
 
     fn key(i: u8) -> Key {
         Key::new(&[0, 0, b'k', i])
+    }
+
+    /// Below the bounds every new key is stored; at them, a key's first load since the
+    /// doorkeeper was cleared is not, its second is, a key with an entry there always is,
+    /// and the doorkeeper forgets once it holds as many keys as there are entries.
+    #[test]
+    fn the_doorkeeper_admits_a_key_loaded_twice_while_the_cache_is_full() {
+        let loading = loading(2);
+        let mut owned = Owned::default();
+        let admit = |owned: &mut Owned, i: u8, there: bool| {
+            admitted(owned, &key(i), OWN_ENTRY + 4, there, &loading)
+        };
+        assert!(admit(&mut owned, 1, false));
+        owned.count = 2; // at the bound of entries
+        assert!(!admit(&mut owned, 3, false));
+        assert!(admit(&mut owned, 3, false));
+        assert!(admit(&mut owned, 4, true)); // a reload replaces the entry there
+        assert!(!admit(&mut owned, 5, false)); // the doorkeeper: 3 and 5
+        assert!(!admit(&mut owned, 6, false)); // cleared, then 6
+        assert!(!admit(&mut owned, 3, false)); // forgotten
+        assert!(admit(&mut owned, 6, false));
+        // the bound in bytes counts too
+        let mut owned = Owned::default();
+        loading.max_bytes.store(OWN_ENTRY, Ordering::Relaxed);
+        assert!(!admit(&mut owned, 7, false));
+        assert!(admit(&mut owned, 7, false));
     }
 
     /// Ten entries, the bound five: the hand evicts the oldest not hit since it passed,

@@ -53,7 +53,7 @@ use self::writer::HitWriter;
 use crate::codecs::json_i64;
 use crate::time::unix_now;
 pub(crate) use cache::HitCache;
-pub(crate) use load::Loading;
+pub(crate) use load::{Loading, Passing};
 pub(crate) use plan::Commands;
 
 /// The APIs whose lookups are answered here: this one's REST and gRPC, and Feast's
@@ -85,6 +85,9 @@ struct Served {
     refreshed: u64,         // the front's own entries it refreshed ahead of their expiry
     // the front's own entries it read again after their group's batch write (`OUTDATED`)
     generation_refreshed: u64,
+    // keys loaded while the front's entries were at their bounds and not stored: their
+    // first load since the doorkeeper was cleared (`load::admitted`)
+    passed: u64,
 }
 
 const MAX_FORMS: usize = 1024;
@@ -206,16 +209,18 @@ impl Hits {
     /// counted are those of the other keys: the loads counted theirs. `stored`: the keys
     /// (sorted) this lookup's own load stored just now, which answer it even where they are
     /// not to be kept (a negative TTL of 0); every other entry must be fresh.
+    /// `passing`: entries it loaded that were not stored (`load::admitted`), sorted by key.
     pub fn replay(
         &self,
         request: &[u8],
         api: u8,
         missing: &Missing,
         stored: Option<&[Key]>,
+        passing: &Passing,
     ) -> Option<Vec<u8>> {
         let mut asked = Asked::parse(api, request)?;
         asked.started = missing.started; // the answer's time includes the load
-        match self.lookup_within(&asked, Some(&missing.keys), stored, 0)? {
+        match self.lookup_within(&asked, Some(&missing.keys), stored, passing, 0)? {
             Looked::Answer(answer) => Some(answer),
             Looked::Missing(_) => None,
         }
@@ -234,7 +239,7 @@ impl Hits {
         let mut asked = Asked::parse(api, request)?;
         asked.started = missing.started;
         let grace = u64::try_from(crate::time::seconds(max_stale).as_nanos()).unwrap_or(u64::MAX);
-        match self.lookup_within(&asked, None, None, grace)? {
+        match self.lookup_within(&asked, None, None, &Passing::default(), grace)? {
             Looked::Answer(answer) => Some(answer),
             Looked::Missing(_) => None,
         }
@@ -242,16 +247,18 @@ impl Hits {
 
     /// `loaded`: a replay, after Python loaded these keys (sorted).
     fn lookup(&self, asked: &Asked<'_>, loaded: Option<&[Key]>) -> Option<Looked> {
-        self.lookup_within(asked, loaded, None, 0)
+        self.lookup_within(asked, loaded, None, &Passing::default(), 0)
     }
 
-    /// `stored`: of the loaded keys, those stored just now for this lookup (see `replay`);
-    /// `grace`: ticks past its expiry within which an entry is served stale (0: none).
+    /// `stored`: of the loaded keys, those stored just now for this lookup, and `passing`,
+    /// those loaded for it and not stored (see `replay`); `grace`: ticks past its expiry
+    /// within which an entry is served stale (0: none).
     fn lookup_within(
         &self,
         asked: &Asked<'_>,
         loaded: Option<&[Key]>,
         stored: Option<&[Key]>,
+        passing: &Passing,
         grace: u64,
     ) -> Option<Looked> {
         let (api, ids, started) = (asked.api, &asked.ids, asked.started);
@@ -295,7 +302,7 @@ impl Hits {
                 .flat_map(|(i, id)| form.parts.iter().enumerate().map(move |p| (i, id, p)));
             for (i, id, (p, part)) in keyed {
                 cache_key(&mut key, part.group, &form.prefix, id);
-                let found = entries.get(key.as_slice());
+                let found = entries.get(key.as_slice()).or_else(|| passing.get(&key));
                 let hit = match found {
                     // an entry just loaded for this lookup answers it even if it is not to be
                     // kept (a negative TTL of 0)
@@ -321,6 +328,10 @@ impl Hits {
                         // make the other API's bytes from, and the load keeps both then)
                         if found.map_or(true, |hit| now_ticks >= hit.expires || hit.own()) {
                             absent.push(Key::new(&key));
+                            if let Some(hit) = found.filter(|hit| hit.own()) {
+                                // its load compares and replays them once Redis answers
+                                hit.prefetch(api, compact);
+                            }
                         }
                         missing.push(Key::new(&key));
                         continue;
