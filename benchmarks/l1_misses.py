@@ -303,8 +303,17 @@ def main() -> int:
         "of misses, one bound and hits",
     )
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="RESULTS",
+        help="only draw the PNG beside a results file this script wrote, from its table",
+    )
     add_data_dir(parser)
     args = parser.parse_args()
+    if args.replot is not None:
+        replot(args.replot)
+        return 0
     plan = cells_of(args)
     results: dict[tuple[str, str, int], list[Cell]] = {}
     work_ids = batches(WORKING_SET, 1)
@@ -461,21 +470,46 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
 
 
 def plot(path: Path, results: dict[tuple[str, str, int], list[Cell]]) -> None:
-    """CPU per entity against the measured hit rate, per API, beside the L1 off's."""
+    """CPU per entity against the measured hit rate, per API, beside the L1 off's: each
+    cell's paired µs (its median ratio against the L1 off beside it, x the L1 off's median),
+    the column the report and the planner read."""
     series: dict[str, list[float]] = {}
     for api in ("rest", "grpc"):
+        off_cells = next(v for k, v in results.items() if k[:2] == (api, "off"))
+        off = median_cell(off_cells).server_us
         points = sorted(
-            (c.hit_rate, c.server_us)
+            (c.hit_rate, statistics.median(r.ratio for r in cells) * off)
             for (a, name, conns), cells in results.items()
             if a == api and name != "off" and "Python" not in name and conns < 100
             for c in [median_cell(cells)]
             if c.hit_rate is not None
         )
-        off = median_cell(next(v for k, v in results.items() if k[:2] == (api, "off")))
         series[f"{api}: L1 on"] = [p[1] for p in points]
-        series[f"{api}: L1 off"] = [off.server_us] * len(points)
+        series[f"{api}: L1 off"] = [off] * len(points)
         series[f"{api}: hit rate"] = [p[0] for p in points]
     line_plot_xy(path, series)
+
+
+def replot(results_file: Path) -> None:
+    """``plot`` from a results file's table: its hit rate and paired µs/entity columns."""
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in results_file.read_text().splitlines()
+        if line.startswith(("| rest |", "| grpc |"))
+    ]
+    series: dict[str, list[float]] = {}
+    for api in ("rest", "grpc"):
+        mine = [r for r in rows if r[0] == api and int(r[2]) < 100]
+        off = next(float(r[6]) for r in mine if r[1] == "off")
+        points = sorted(
+            (float(r[3]), float(r[6]))
+            for r in mine
+            if r[1] != "off" and "Python" not in r[1] and r[3] != "-"
+        )
+        series[f"{api}: L1 on"] = [p[1] for p in points]
+        series[f"{api}: L1 off"] = [off] * len(points)
+        series[f"{api}: hit rate"] = [p[0] for p in points]
+    line_plot_xy(results_file.with_suffix(".png"), series)
 
 
 def line_plot_xy(path: Path, series: dict[str, list[float]]) -> None:
@@ -490,7 +524,7 @@ def line_plot_xy(path: Path, series: dict[str, list[float]]) -> None:
         ax.plot(x, series[f"{api}: L1 on"], style, label=f"{api.upper()}: L1 on")
         ax.plot(x, series[f"{api}: L1 off"], "--", label=f"{api.upper()}: L1 off")
     ax.set_xlabel("hit rate (measured)")
-    ax.set_ylabel("server CPU µs per entity")
+    ax.set_ylabel("server CPU µs per entity (paired with the L1 off)")
     ax.set_title("L1 on against L1 off, one worker, batches of 10 x 50")
     ax.set_ylim(bottom=0)
     ax.legend()
