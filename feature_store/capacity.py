@@ -93,11 +93,11 @@ FIGURES = {
     # expired entry holds keeps that entry and costs less (the row rest | miss | 8). The
     # column measured beside the L1 off: the cell's ratio to it x the L1 off's median
     "miss_us": Figure(
-        10.95, "µs CPU per entity read", MISSES, ("rest", "miss, cold", "8"), "paired µs/entity"
+        10.08, "µs CPU per entity read", MISSES, ("rest", "miss, cold", "8"), "paired µs/entity"
     ),
     # the same on a 3-master Redis Cluster (the loads route by slot)
     "cluster_miss_us": Figure(
-        14.50,
+        13.00,
         "µs CPU per entity read",
         CLUSTER_MISSES,
         ("rest", "miss, cold", "8"),

@@ -99,6 +99,16 @@ def pair(redis_server: object) -> Iterator[tuple[ServingProcess, ServingProcess,
 
 
 @pytest.fixture(scope="module")
+def bounded(pair: tuple[ServingProcess, ServingProcess, str]) -> Iterator[ServingProcess]:
+    """A server whose fronts load misses into a cache bounded to 8 entries: most lookups
+    find it full, so a new key is stored only at its second load (the doorkeeper) and the
+    others answer from entries that are not kept."""
+    env = {**ENV, "FEATURE_SERVING_CACHE_MAX_ENTRIES": "8"}
+    with ServingProcess(pair[2], env=env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def reference(pair: tuple[ServingProcess, ServingProcess, str]) -> Iterator[ServingProcess]:
     """The pure-Python reference on the same Redis: no extension at all (its gRPC server is
     grpcio's, its answers orjson's and protobuf's)."""
@@ -123,13 +133,16 @@ steps = st.lists(
 @given(steps=steps)
 def test_the_fronts_loads_answer_as_pythons_do(
     pair: tuple[ServingProcess, ServingProcess, str],
+    bounded: ServingProcess,
     reference: ServingProcess,
     steps: list[tuple[object, ...]],
 ) -> None:
     """Random lookups (ids repeated, missing, cached or expired), push writes (announced:
     every cache drops the entry) and waits past the TTL: each lookup's answer is the same
-    from the three servers, byte for byte but the ages (the reference's gRPC answer: the
-    same message; grpcio and the front may order a message's bytes apart). (A write
+    from the four servers (the fronts loading into a cache bounded to 8 entries among
+    them: entries kept, evicted or not admitted), byte for byte but the ages (the
+    reference's gRPC answer: the same message; grpcio and the front may order a message's
+    bytes apart). (A write
     without a notice is not among the steps: the servers' entries expire apart, so they
     may answer apart meanwhile; `test_a_reload_serves_values_changed_without_notice` takes
     it.)"""
@@ -150,10 +163,12 @@ def test_the_fronts_loads_answer_as_pythons_do(
             body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
             answer = _rest(native, body)
             assert answer == _rest(python, body), ids
+            assert answer == _rest(bounded, body), ids
             assert answer == _rest(reference, body), ids
         else:
             ids = list(step[1])  # type: ignore[call-overload]
             assert _grpc(native, ids) == _grpc(python, ids), ids
+            assert _grpc(native, ids) == _grpc(bounded, ids), ids
             assert _grpc_answer(native, ids) == _grpc_answer(reference, ids), ids
 
 

@@ -299,9 +299,16 @@ impl Hits {
     /// after a batch write, at its pace. How many were queued.
     pub fn queue_outdated(&self, keys: &[Vec<u8>]) -> usize {
         let mut due = Vec::new();
+        // at most MAX_NOTED queued: a key left out keeps its mark unset, and its next hit
+        // queues it
+        let room = super::MAX_NOTED
+            .saturating_sub(self.due.lock().unwrap_or_else(|e| e.into_inner()).len());
         {
             let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
             for key in keys {
+                if due.len() >= room {
+                    break;
+                }
                 if let Some(hit) = entries.get(key.as_slice()) {
                     if hit.own()
                         && hit.notice_at == OUTDATED

@@ -378,11 +378,30 @@ impl Hits {
                     started,
                 }));
             }
+            // each list holds at most MAX_NOTED keys between drains: an entry left out for
+            // want of room keeps its mark unset, and its next hit notes it
+            let (mut due_room, mut refresh_room) = if noted.is_empty() {
+                (0, 0)
+            } else {
+                let queued = self.due.lock().unwrap_or_else(|e| e.into_inner()).len();
+                let listed = self.served.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    MAX_NOTED.saturating_sub(queued),
+                    MAX_NOTED.saturating_sub(listed.refresh.len()),
+                )
+            };
             for (hit, key) in noted {
-                if hit.noticed.swap(true, Ordering::Relaxed) {
+                let front = refreshes && hit.own() && hit.notice_at != BATCH_NOTICE;
+                let room = if front {
+                    &mut due_room
+                } else {
+                    &mut refresh_room
+                };
+                if *room == 0 || hit.noticed.swap(true, Ordering::Relaxed) {
                     continue; // once per load, by whichever answer comes first
                 }
-                if refreshes && hit.own() && hit.notice_at != BATCH_NOTICE {
+                *room -= 1;
+                if front {
                     due.push(Due::of(&key, hit));
                 } else {
                     refresh.push(key);
@@ -396,19 +415,15 @@ impl Hits {
         served.hits += hits;
         served.negative_hits += negative;
         served.stale_serves += stale_serves;
-        if served.refresh.len() < MAX_NOTED {
-            served.refresh.append(&mut refresh);
-        }
+        served.refresh.append(&mut refresh); // within its room (above)
         if served.shadow.len() < MAX_NOTED {
             served.shadow.append(&mut shadow);
         }
         drop(served);
         if !due.is_empty() {
             let mut queued = self.due.lock().unwrap_or_else(|e| e.into_inner());
-            if queued.len() < MAX_NOTED {
-                queued.append(&mut due);
-                self.has_due.store(true, Ordering::Release);
-            }
+            queued.append(&mut due); // within its room (above)
+            self.has_due.store(true, Ordering::Release);
         }
         Some(Looked::Answer(out))
     }
