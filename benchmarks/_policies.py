@@ -57,17 +57,31 @@ class Lru:
         return set(self._entries)
 
 
-class Clock:
-    def __init__(self, capacity: int) -> None:
-        self.name, self.capacity, self.inserts = "CLOCK", capacity, 0
+class Marking:
+    """What CLOCK and SIEVE share: the keys held, each with its mark (hit since the hand
+    last passed it)."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name, self.capacity, self.inserts = name, capacity, 0
         self._marked: dict[int, bool] = {}
-        self._ring: deque[int] = deque()
 
     def access(self, key: int) -> bool:
         if key in self._marked:
             self._marked[key] = True
             return True
         return False
+
+    def full(self) -> bool:
+        return len(self._marked) >= self.capacity
+
+    def held(self) -> set[int]:
+        return set(self._marked)
+
+
+class Clock(Marking):
+    def __init__(self, capacity: int) -> None:
+        super().__init__("CLOCK", capacity)
+        self._ring: deque[int] = deque()
 
     def store(self, key: int) -> None:
         self.inserts += 1
@@ -83,31 +97,18 @@ class Clock:
             else:
                 self._ring.append(oldest)  # the key just stored is not its own victim
 
-    def full(self) -> bool:
-        return len(self._marked) >= self.capacity
 
-    def held(self) -> set[int]:
-        return set(self._marked)
-
-
-class Sieve:
+class Sieve(Marking):
     """A doubly linked list from the newest key (head) to the oldest (tail); the hand walks
     from the tail toward the head and stays where it evicted."""
 
     def __init__(self, capacity: int) -> None:
-        self.name, self.capacity, self.inserts = "SIEVE", capacity, 0
-        self._marked: dict[int, bool] = {}
+        super().__init__("SIEVE", capacity)
         self._newer: dict[int, int | None] = {}  # toward the head
         self._older: dict[int, int | None] = {}  # toward the tail
         self._head: int | None = None
         self._tail: int | None = None
         self._hand: int | None = None
-
-    def access(self, key: int) -> bool:
-        if key in self._marked:
-            self._marked[key] = True
-            return True
-        return False
 
     def store(self, key: int) -> None:
         self.inserts += 1
@@ -143,12 +144,6 @@ class Sieve:
             self._tail = newer
         else:
             self._newer[older] = newer
-
-    def full(self) -> bool:
-        return len(self._marked) >= self.capacity
-
-    def held(self) -> set[int]:
-        return set(self._marked)
 
     def order(self) -> list[int]:
         """The keys from the newest to the oldest (for tests)."""
