@@ -407,7 +407,8 @@ impl Hits {
     /// Store the entries of `claim`'s keys from Redis's replies to their `load_commands`
     /// (`buf`), loaded for a lookup of `api`. Keys whose reply is not one the native core
     /// reads are left out (Python's path loads them), and so are those dropped while they
-    /// loaded. False where `buf` is not those replies.
+    /// loaded. The entries the admission did not store, which answer the lookup only; None
+    /// where `buf` is not those replies.
     pub fn store_loaded(&self, claim: &Claim<'_>, buf: &[u8], api: u8) -> Option<Passing> {
         let keys = &claim.mine;
         // per key: dropped while it loaded (not stored), and waited for by other lookups
