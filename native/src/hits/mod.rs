@@ -28,6 +28,7 @@
 
 mod answer;
 mod asked;
+mod bounds;
 mod cache;
 mod cells;
 mod entry;
@@ -138,7 +139,7 @@ pub struct Hits {
     max_string_id: usize,
     /// the front loads misses itself (`load.rs`), with these settings of Python's
     loading: OnceCell<Loading>,
-    owned: Mutex<load::Owned>,
+    owned: Mutex<bounds::Owned>,
     flights: load::Flights,
     /// the front's own entries hit inside their refresh window, to be read again by the
     /// front (`take_due`), each with the API whose answer bytes it holds and whether it is
