@@ -689,25 +689,16 @@ impl<'a> Iterator for Packed<'a> {
 /// what a reload of an entry compares (`hits/load.rs`), 50 values an entity of the standard
 /// shape, most of them a float's few bytes of text, compared by `same`.
 pub(crate) fn packs<'v>(raw: &[u8], values: impl IntoIterator<Item = Option<&'v [u8]>>) -> bool {
-    let mut pos = 0;
+    let mut packed = Packed { data: raw, pos: 0 };
     for value in values {
-        let head = match read_varint(raw, &mut pos) {
-            Ok(head) => head,
-            Err(_) => return false,
-        };
-        match value {
-            None if head == 0 => {}
-            Some(value) if head == value.len() as u64 + 1 => {
-                let end = pos + value.len();
-                match raw.get(pos..end) {
-                    Some(there) if same(there, value) => pos = end,
-                    _ => return false,
-                }
-            }
+        match (packed.next(), value) {
+            (Some(None), None) => {}
+            (Some(Some(there)), Some(value))
+                if there.len() == value.len() && same(there, value) => {}
             _ => return false,
         }
     }
-    pos == raw.len()
+    packed.next().is_none()
 }
 
 /// Whether two slices of the same length are equal: up to 16 bytes in two overlapping
