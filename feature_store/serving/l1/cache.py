@@ -217,6 +217,15 @@ class LRUCache:
         entry = self._entries.get(key)
         return entry if entry is not None else self._adopt(key)
 
+    def view(self, key: CacheKey) -> Entry | None:
+        """The entry of ``key`` where it is, without marking it used or taking the mirror's
+        own into this cache: the mirror's (an entry the native fronts loaded) as a copy that
+        this cache does not hold. For a reader that only looks (a shadow check)."""
+        entry = self._entries.get(key)
+        if entry is not None or self.mirror is None:
+            return entry
+        return self.mirror.adopt(key, self.clock())
+
     def _adopt(self, key: CacheKey) -> Entry | None:
         """The entry the mirror (the native fronts) loaded itself for ``key``, held here
         from now on: the mirror then holds this cache's bytes objects in place of its own,

@@ -288,10 +288,20 @@ class CachedReader:
             mirror.put(entry)  # at its refresh window
 
     def shadow_sample(self, key: CacheKey) -> None:
-        """A hit answered elsewhere, sampled there for a shadow check."""
-        entry = self.cache.peek(key) if self.cache is not None else None
-        if self.shadow is not None and entry is not None and entry.raw is not None:
-            self.shadow.sample(key, entry)
+        """A hit answered elsewhere (the native fronts), sampled there for a shadow check:
+        each entry at most once per load (the fronts draw it so), then within the worker's
+        budget. The entry is looked at where it is: one the fronts loaded stays theirs
+        (``LRUCache.view``), rather than being taken into Python's cache by a check that
+        the budget then skips."""
+        shadow, cache = self.shadow, self.cache
+        if shadow is None or cache is None or not shadow.admits():
+            return
+        entry = cache.view(key)
+        if entry is not None and entry.raw is not None:
+            if entry.shadowed:  # Python's, checked since it was loaded
+                shadow.stats.shadow_skipped += 1
+                return
+            shadow.check(key, entry)
 
     async def _wait(
         self,

@@ -82,9 +82,23 @@ class ShadowChecker:
     def sample(self, key: CacheKey, entry: Entry) -> None:
         """A hit drawn for a check: read unless its entry was checked since it was loaded
         or the worker's budget of checks is spent (then counted as skipped)."""
-        if entry.shadowed or not self.budget.take():
+        if entry.shadowed:
             self.stats.shadow_skipped += 1
             return
+        if self.admits():
+            self.check(key, entry)
+
+    def admits(self) -> bool:
+        """Whether the worker's budget allows one more check now (if not: counted as
+        skipped). The native fronts draw each entry of theirs once per load themselves, so
+        their samples ask this alone, before their entry is looked up."""
+        if self.budget.take():
+            return True
+        self.stats.shadow_skipped += 1
+        return False
+
+    def check(self, key: CacheKey, entry: Entry) -> None:
+        """Read ``entry``'s key again and compare, off the caller's way."""
         entry.shadowed = True
         self._queue.append((key, entry))  # a full queue drops its oldest sample
         if self._wakeup is None:

@@ -218,6 +218,7 @@ mod tests {
             key(9),
             Entry {
                 visited: AtomicBool::new(false),
+                shadowed: AtomicBool::new(false),
                 own: false,
             },
         );

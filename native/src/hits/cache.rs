@@ -264,6 +264,7 @@ impl HitCache {
                         notice_at: after(notice_in.min(ttl)),
                         noticed: AtomicBool::new(false),
                         visited: AtomicBool::new(false),
+                        shadowed: AtomicBool::new(false),
                         ends: OnceBox::new(),
                     };
                     (Key::new(key.as_bytes()), hit)
@@ -300,6 +301,7 @@ impl HitCache {
             notice_at: expires,
             noticed: AtomicBool::new(false),
             visited: AtomicBool::new(false),
+            shadowed: AtomicBool::new(false),
             ends: OnceBox::new(),
         };
         let old = {

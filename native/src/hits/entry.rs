@@ -77,6 +77,8 @@ pub(super) struct Hit {
     pub(super) noticed: AtomicBool,
     // hit since the eviction's hand last passed it (an entry the front loaded: `load.rs`)
     pub(super) visited: AtomicBool,
+    // drawn for a shadow check since it was loaded: a check per entry per load at most
+    pub(super) shadowed: AtomicBool,
     // where each element of the JSON `values` ends, found by the first hit that splits
     // them (a lookup of some features, Feast's columns) and kept for the next ones: about
     // 100 bytes for the standard shape. Empty: the JSON is past u16 offsets or not an

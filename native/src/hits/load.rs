@@ -592,6 +592,7 @@ impl Hits {
                     notice_at: 0,
                     noticed: AtomicBool::new(false),
                     visited: AtomicBool::new(false),
+                    shadowed: AtomicBool::new(false),
                     ends: OnceBox::new(),
                 };
                 (Made::New(hit), ttl)
@@ -644,6 +645,7 @@ impl Hits {
                         hit.written = written;
                         live(hit, ttl, loading, &after);
                         hit.noticed.store(false, Ordering::Relaxed);
+                        hit.shadowed.store(false, Ordering::Relaxed); // a new load's
                     }
                     continue;
                 }

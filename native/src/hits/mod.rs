@@ -364,7 +364,11 @@ impl Hits {
                 if now_ticks >= hit.notice_at && !hit.noticed.load(Ordering::Relaxed) {
                     noted.push((hit, key.clone()));
                 }
-                if self.shadow_below > 0 && self.next_random() < self.shadow_below {
+                // drawn uniformly over hits, and each entry at most once per load
+                if self.shadow_below > 0
+                    && self.next_random() < self.shadow_below
+                    && !hit.shadowed.swap(true, Ordering::Relaxed)
+                {
                     shadow.push(key.clone());
                 }
             }
