@@ -2,12 +2,12 @@
 //! doorkeeper once they are at their bounds (`admitted`), and entries past them are
 //! evicted by CLOCK (`evict`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::entry::Hit;
 use super::load::{Flights, Loading, OWN_ENTRY};
-use super::Key;
+use super::{Key, Map, Set};
 
 /// The front's own entries: what they hold, the eviction's ring of their keys, and the
 /// admission's doorkeeper.
@@ -18,7 +18,7 @@ pub(super) struct Owned {
     pub(super) ring: VecDeque<Key>,
     // keys loaded while the entries were at their bounds and not stored (`admitted`),
     // cleared once it holds as many keys as there are entries
-    seen: HashSet<Key>,
+    seen: Set<Key>,
 }
 
 /// What the eviction reads of an entry (`Hit`'s; the tests' own without Python objects).
@@ -75,7 +75,7 @@ pub(super) fn admitted(
 /// Keys in the ring whose entry went (or is now Python's) are dropped as the hand meets
 /// them. The count of entries evicted.
 pub(super) fn evict<E: Evictable>(
-    entries: &mut HashMap<Key, E>,
+    entries: &mut Map<Key, E>,
     owned: &mut Owned,
     loading: &Loading,
     flights: &Flights,
@@ -117,7 +117,7 @@ pub(super) fn evict<E: Evictable>(
     // keys of entries gone stay in the ring until the hand meets them: past twice the
     // entries, keep only those of the front's own entries, once each
     if owned.ring.len() > 2 * owned.count + 1024 {
-        let mut seen = HashSet::with_capacity(owned.count);
+        let mut seen = Set::with_capacity_and_hasher(owned.count, Default::default());
         owned
             .ring
             .retain(|key| entries.get(key).map_or(false, E::own) && seen.insert(key.clone()));
@@ -195,7 +195,7 @@ mod tests {
     /// and gives those hit a second chance; what is counted goes down with each.
     #[test]
     fn clock_evicts_the_oldest_unvisited_and_keeps_the_count() {
-        let mut entries = HashMap::new();
+        let mut entries = Map::default();
         let mut owned = Owned::default();
         let flights = Flights::default();
         let per = OWN_ENTRY + 4 + 100;
@@ -218,7 +218,6 @@ mod tests {
             key(9),
             Entry {
                 visited: AtomicBool::new(false),
-                shadowed: AtomicBool::new(false),
                 own: false,
             },
         );

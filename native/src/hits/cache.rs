@@ -1,7 +1,6 @@
 //! `HitCache`, the mirror as Python holds it: forms learned from Python's answers, reads
 //! defined, entries put and discarded as the L1 changes, and what was served drained.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -13,7 +12,7 @@ use pyo3::types::PyBytes;
 use super::entry::{Held, Hit, BATCH_NOTICE, NOT_WRITTEN, OUTDATED};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
 use super::{
-    form_key, Hits, Key, Loading, Looked, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
+    form_key, Hits, Key, Loading, Looked, Map, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
 };
 use crate::front::redis::FrontRedis;
 use crate::windows::WindowSpec;
@@ -91,10 +90,10 @@ impl HitCache {
             hits: Arc::new(Hits {
                 planning,
                 compact,
-                reads: RwLock::new(HashMap::new()),
-                entries: RwLock::new(HashMap::new()),
+                reads: RwLock::new(Map::default()),
+                entries: RwLock::new(Map::default()),
                 base: Instant::now(),
-                forms: RwLock::new(HashMap::new()),
+                forms: RwLock::new(Map::default()),
                 served: Mutex::new(Served::default()),
                 shadow_below: (fraction * u64::MAX as f64) as u64,
                 rng: AtomicU64::new(seed),
@@ -102,7 +101,7 @@ impl HitCache {
                 max_string_id,
                 loading: once_cell::sync::OnceCell::new(),
                 owned: Mutex::new(Default::default()),
-                flights: Mutex::new(HashMap::new()),
+                flights: Mutex::new(Map::default()),
                 due: Mutex::new(Vec::new()),
                 has_due: AtomicBool::new(false),
             }),

@@ -1,12 +1,11 @@
 //! Request forms Python answered (`Form`, its `Part`s, one per group) and the reads of
 //! planned lookups (`GroupRead`): what an answer needs besides the entities' values.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::asked::Id;
 use super::cells::Cells;
-use super::{FEAST, GRPC, REST};
+use super::{Map, FEAST, GRPC, REST};
 use crate::codecs::json_i64;
 use crate::resp::Shape;
 use crate::rows::{write_grpc_row, write_row};
@@ -316,7 +315,7 @@ pub(super) fn column_order(
 /// the read its parts share (`GroupRead::splits`, one per part).
 pub(super) fn form_widths(
     parts: &[Part],
-    reads: Option<&HashMap<u16, Arc<GroupRead>>>,
+    reads: Option<&Map<u16, Arc<GroupRead>>>,
 ) -> Vec<Option<usize>> {
     let shared = reads.and_then(|reads| {
         let read = reads.get(&parts.first()?.group)?;
@@ -375,7 +374,9 @@ mod tests {
             &[1],
             vec![],
         );
-        let reads = HashMap::from([(7, Arc::new(joined)), (8, Arc::new(one.unwrap()))]);
+        let reads: Map<u16, Arc<GroupRead>> = [(7, Arc::new(joined)), (8, Arc::new(one.unwrap()))]
+            .into_iter()
+            .collect();
         // hits: each part's picks (an entry holds its whole group)
         let hits = [part(0, Some(2)), part(1, None)];
         assert_eq!(form_widths(&hits, None), vec![Some(2), None]);

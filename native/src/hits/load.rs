@@ -34,7 +34,6 @@
 //!   trip's timeout, the TTLs, and what counts (drained with what the front served). A
 //!   round trip that fails serves the lookup's expired entries stale (`Hits::stale`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -46,7 +45,7 @@ use super::bounds::{admitted, evict, Owned};
 use super::entry::{Held, Hit, NOT_WRITTEN, OUTDATED};
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
-use super::{Due, Hits, Key, GRPC, REST};
+use super::{Due, Hits, Key, Map, GRPC, REST};
 use crate::codecs::packs;
 use crate::group::write_values;
 use crate::time::unix_now_ms;
@@ -112,7 +111,7 @@ pub(super) struct Flight {
     pins: usize,   // the lookups that load or wait for it and have not answered yet
 }
 
-pub(super) type Flights = Mutex<HashMap<Key, Flight>>;
+pub(super) type Flights = Mutex<Map<Key, Flight>>;
 
 /// The keys of one lookup's misses: those it loads (`mine`), and the loads of others it
 /// waits for (`waited`, `waiting`). Dropping it ends its own claims, whatever happened to

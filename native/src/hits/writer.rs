@@ -1,7 +1,6 @@
 //! One lookup's answer written from the mirror's entries, entity by entity (`HitWriter`),
 //! some features picked from an entry's answer bytes (`Picked`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::answer::{close_answer, JoinedRow};
@@ -10,7 +9,7 @@ use super::cells::Cells;
 use super::entry::Hit;
 use super::form::{Form, GroupRead};
 use super::split::value_records;
-use super::{FEAST, GRPC};
+use super::{Map, FEAST, GRPC};
 use crate::group::{packed_picks, write_packed, write_packed_picks};
 
 /// Writes one lookup's answer from the mirror's entries, entity by entity (`entity`), then
@@ -43,7 +42,7 @@ impl<'f> HitWriter<'f> {
     pub(super) fn new(
         api: u8,
         form: &'f Form,
-        reads: Option<&HashMap<u16, Arc<GroupRead>>>,
+        reads: Option<&Map<u16, Arc<GroupRead>>>,
         now: i64,
         rows: usize,
     ) -> Option<Self> {
