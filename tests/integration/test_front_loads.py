@@ -1,7 +1,8 @@
 """The L1's misses loaded by the native fronts themselves (native/src/hits/load.rs) against
 a server that loads them through Python (``NATIVE_LOADS=off``) and the pure-Python
 reference (``FEATURE_STORE_NATIVE=off``: Python's cache, handlers and codecs alone): the
-same answers over random lookups, writes and expiries, REST and gRPC; the fronts' entries
+same answers over random lookups, writes, expiries and entities whose data breaks, REST and
+gRPC; the fronts' entries
 within the cache's bounds; their single flight; and Python adopting them (a handler's
 answer, stale on error).
 """
@@ -19,10 +20,10 @@ import grpc
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from feature_store import sample
+from feature_store import notices, sample
 from feature_store.client import GrpcFeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import IdType, entity_key
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.skipif(not native_enabled(), reason="the extension is o
 
 GROUP, ENTITY = sample.GROUP, sample.ENTITY
 N = 60  # entities written; ids up to N + 10 are asked, so some are missing
+BREAKABLE = 10  # the last of them: the property test may break their stored data
 ENV = {
     "FEATURE_SERVING_SHADOW_FRACTION": "0",
     "FEATURE_SERVING_WARM_START_KEYS": "0",
@@ -121,8 +123,17 @@ steps = st.lists(
     st.one_of(
         st.tuples(st.just("rest"), lookups),
         st.tuples(st.just("grpc"), lookups),
-        st.tuples(st.just("write"), st.integers(min_value=0, max_value=N - 1), st.floats(-9, 9)),
+        st.tuples(
+            st.just("write"),
+            st.integers(min_value=0, max_value=N - BREAKABLE - 1),
+            st.floats(-9, 9),
+        ),
         st.tuples(st.just("sleep"), st.sampled_from([0.0, 0.3, 0.6])),
+        st.tuples(
+            st.just("break"),
+            st.integers(min_value=N - BREAKABLE, max_value=N - 1),
+            st.sampled_from(["write time", "value", "type"]),
+        ),
     ),
     min_size=1,
     max_size=8,
@@ -138,7 +149,10 @@ def test_the_fronts_loads_answer_as_pythons_do(
     steps: list[tuple[object, ...]],
 ) -> None:
     """Random lookups (ids repeated, missing, cached or expired), push writes (announced:
-    every cache drops the entry) and waits past the TTL: each lookup's answer is the same
+    every cache drops the entry), waits past the TTL, and entities whose stored data
+    breaks (a write time that is not one, a value that does not decode, a string where the
+    hash was; announced, so that no cache holds the entity's values from before), each
+    answered as an error while the others are served: each lookup's answer is the same
     from the four servers (the fronts loading into a cache bounded to 8 entries among
     them: entries kept, evicted or not admitted), byte for byte but the ages (the
     reference's gRPC answer: the same message; grpcio and the front may order a message's
@@ -146,30 +160,89 @@ def test_the_fronts_loads_answer_as_pythons_do(
     without a notice is not among the steps: the servers' entries expire apart, so they
     may answer apart meanwhile; `test_a_reload_serves_values_changed_without_notice` takes
     it.)"""
-    native, python, _ = pair
-    for step in steps:
-        if step[0] == "write":
-            _, entity, value = step
-            written = httpx.post(
-                f"{native.rest_url}/v1/features/write",
-                json={"group": GROUP, "rows": [{"id": entity, "values": {"float_00": value}}]},
-                timeout=10,
-            )
-            assert written.status_code == 200, written.text
-        elif step[0] == "sleep":
-            time.sleep(float(step[1]))  # type: ignore[arg-type]
-        elif step[0] == "rest":
-            ids = list(step[1])  # type: ignore[call-overload]
-            body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
-            answer = _rest(native, body)
-            assert answer == _rest(python, body), ids
-            assert answer == _rest(bounded, body), ids
-            assert answer == _rest(reference, body), ids
+    native, python, url = pair
+    broken: set[int] = set()
+    try:
+        for step in steps:
+            _step(step, (native, python, bounded, reference), url, broken)
+    finally:
+        _mend(url, broken)
+
+
+def _step(
+    step: tuple[object, ...], servers: tuple[ServingProcess, ...], url: str, broken: set[int]
+) -> None:
+    """One step of the property test: each lookup asked of every server and compared."""
+    native, python, bounded, reference = servers
+    if step[0] == "break":
+        _, entity, how = step
+        _break(url, entity, how)  # type: ignore[arg-type]
+        broken.add(entity)  # type: ignore[arg-type]
+        for api in ("rest", "grpc"):  # asked at once, with a healthy neighbour
+            _step((api, [entity, 0]), servers, url, broken)
+    elif step[0] == "write":
+        _, entity, value = step
+        written = httpx.post(
+            f"{native.rest_url}/v1/features/write",
+            json={"group": GROUP, "rows": [{"id": entity, "values": {"float_00": value}}]},
+            timeout=10,
+        )
+        assert written.status_code == 200, written.text
+    elif step[0] == "sleep":
+        time.sleep(float(step[1]))  # type: ignore[arg-type]
+    elif step[0] == "rest":
+        ids = list(step[1])  # type: ignore[call-overload]
+        body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
+        answer = _rest(native, body)
+        assert answer == _rest(python, body), ids
+        assert answer == _rest(bounded, body), ids
+        assert answer == _rest(reference, body), ids
+        if b'"error"' in answer[1]:
+            event("a lookup with a broken entity")  # (--hypothesis-show-statistics)
+    else:
+        ids = list(step[1])  # type: ignore[call-overload]
+        assert _grpc(native, ids) == _grpc(python, ids), ids
+        assert _grpc(native, ids) == _grpc(bounded, ids), ids
+        assert _grpc_answer(native, ids) == _grpc_answer(reference, ids), ids
+
+
+def _entity(entity: int) -> bytes:
+    return entity_key(sample.registry().entities[ENTITY].prefix, IdType.INT, entity)
+
+
+def _announce(r: redis.Redis, entities: list[int]) -> None:
+    """Tell every server's cache that these entities were written (as a write would), and
+    give the notice time to arrive (loopback pub/sub: well under the wait)."""
+    keys = [_entity(e) for e in entities]
+    r.publish(notices.CHANNEL, notices.keys_message(notices.new_origin(), GROUP, keys))
+    time.sleep(0.05)
+
+
+def _break(url: str, entity: int, how: str) -> None:
+    """Break ``entity``'s stored data one way (as test_serving_isolation plants them)."""
+    group = sample.registry().groups[GROUP]
+    with redis.Redis.from_url(url) as r:
+        key = _entity(entity)
+        if how == "write time":
+            r.hset(key, group.freshness_field, b"garbage")
+        elif how == "value":
+            r.hset(key, group.feature("int_0").field, b"x1")
         else:
-            ids = list(step[1])  # type: ignore[call-overload]
-            assert _grpc(native, ids) == _grpc(python, ids), ids
-            assert _grpc(native, ids) == _grpc(bounded, ids), ids
-            assert _grpc_answer(native, ids) == _grpc_answer(reference, ids), ids
+            r.delete(key)
+            r.set(key, b"not a hash")
+        _announce(r, [entity])
+
+
+def _mend(url: str, entities: set[int]) -> None:
+    """Write the broken entities' data again (announced), for the next example."""
+    if not entities:
+        return
+    with redis.Redis.from_url(url) as r:
+        r.delete(*(_entity(e) for e in entities))
+    with FeatureStore.connect(url, sample.registry()) as store:
+        store.write(GROUP, [row for row in sample.rows(N) if row[0] in entities])
+    with redis.Redis.from_url(url) as r:
+        _announce(r, sorted(entities))
 
 
 def _copy(url: str, entity: int, source: int) -> None:
