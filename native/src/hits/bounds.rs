@@ -70,6 +70,17 @@ pub(super) fn admitted(
     false
 }
 
+/// Whether a new entry of `key` will most likely not be stored (`admitted`): the entries
+/// are at their bounds even for the smallest entry, and the doorkeeper has not seen the
+/// key. A load makes such an entry without what only a stored entry keeps (`load.rs`).
+pub(super) fn first_load(owned: &Owned, key: &[u8], loading: &Loading) -> bool {
+    let max_bytes = loading.max_bytes.load(Ordering::Relaxed);
+    let max_entries = loading.max_entries.load(Ordering::Relaxed);
+    let smallest = OWN_ENTRY + key.len();
+    (owned.count >= max_entries || owned.bytes.saturating_add(smallest) > max_bytes)
+        && !owned.seen.contains(key)
+}
+
 /// Evict the front's own entries past the bounds by CLOCK: the hand takes the oldest key;
 /// an entry hit since it last passed gets a second chance (to the back), any other goes.
 /// Keys in the ring whose entry went (or is now Python's) are dropped as the hand meets

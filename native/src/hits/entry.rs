@@ -134,6 +134,12 @@ impl Hit {
         }
     }
 
+    /// Whether a load made it to answer its lookup only, without the packed values a stored
+    /// entry of the front's own keeps (`load.rs`: not stored).
+    pub(super) fn thin(&self, compact: bool) -> bool {
+        !compact && !self.negative && self.raw.is_none() && self.present.own()
+    }
+
     /// The bytes it holds besides its fixed size.
     pub(super) fn held_bytes(&self) -> usize {
         let len = |h: &Option<Held>| h.as_ref().map_or(0, |h| h.bytes().len());

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use once_cell::race::OnceBox;
 use tokio::sync::watch;
 
-use super::bounds::{admitted, evict, Owned};
+use super::bounds::{admitted, evict, first_load, Owned};
 use super::entry::{Held, Hit, NOT_WRITTEN, OUTDATED};
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
@@ -414,6 +414,18 @@ impl Hits {
                 .unzip()
         };
         let loading = self.loading.get()?;
+        // keys whose entry will most likely answer this lookup only (the doorkeeper's first
+        // loads at the bounds): made without the packed values, which only a stored entry
+        // keeps (for a reload's compare and Python's adopt); a compact entry's are its answer
+        let first: Vec<bool> = if self.compact {
+            vec![false; keys.len()]
+        } else {
+            let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+            keys.iter()
+                .zip(&waited)
+                .map(|(key, &waited)| !waited && first_load(&owned, key, loading))
+                .collect()
+        };
         let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let now_ms = unix_now_ms();
@@ -423,7 +435,9 @@ impl Hits {
         // the entries there: a load keeps the other API's answer bytes an entry had, and an
         // entry of its own whose stored values are those read again is kept as it is
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
-        for ((key, &disowned), &waited) in keys.iter().zip(&disowned).zip(&waited) {
+        for (((key, &disowned), &waited), &first) in
+            keys.iter().zip(&disowned).zip(&waited).zip(&first)
+        {
             let read = reads.get(&u16::from_be_bytes([key[0], key[1]]))?;
             let (error, next) = read.shape.read(buf, pos, &mut slots, &mut order).ok()?;
             pos = next;
@@ -431,9 +445,17 @@ impl Hits {
                 continue; // a key of another type (Python names it), or invalidated
             }
             let there = entries.get(key.as_slice());
-            if let Some(made_one) =
-                self.entry(read, &slots, now_ms, &mut answered, api, there, loading)
-            {
+            let thin = first && there.is_none();
+            if let Some(made_one) = self.entry(
+                read,
+                &slots,
+                now_ms,
+                &mut answered,
+                api,
+                there,
+                thin,
+                loading,
+            ) {
                 made.push((key.as_slice(), made_one, waited));
             }
         }
@@ -452,7 +474,8 @@ impl Hits {
 
     /// An entry of group read `read` from one reply's `slots`, with its lifetime (as
     /// `HitCache::put_many` takes one) not yet set, or (`Made::Same`) the entry `there`
-    /// again: None where the native core does not read it.
+    /// again: None where the native core does not read it. `thin`: made to answer its
+    /// lookup only, without the packed values.
     #[allow(clippy::too_many_arguments)]
     fn entry<'a>(
         &self,
@@ -462,6 +485,7 @@ impl Hits {
         answered: &'a mut Vec<Option<Vec<u8>>>,
         api: u8,
         there: Option<&Hit>,
+        thin: bool,
         loading: &Loading,
     ) -> Option<(Made, f64)> {
         let refs: Vec<Option<&[u8]>>;
@@ -547,16 +571,9 @@ impl Hits {
                         own(packed)
                     });
                 } else {
-                    write_values(
-                        types,
-                        stored.clone(),
-                        api == GRPC,
-                        out,
-                        present,
-                        Some(packed),
-                    )
-                    .ok()?;
-                    if !negative {
+                    let pack = if thin { None } else { Some(&mut *packed) };
+                    write_values(types, stored.clone(), api == GRPC, out, present, pack).ok()?;
+                    if !negative && !thin {
                         raw = Some(own(packed));
                     }
                     // a negative entry's bytes are a few: both APIs' are kept
@@ -618,15 +635,16 @@ impl Hits {
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
         for (key, (made, ttl), waited) in made {
             let mut hit = match made {
+                // (a thin entry is never stored: the doorkeeper still notes its key)
                 Made::New(hit)
                     if !waited
-                        && !admitted(
+                        && (!admitted(
                             &mut owned,
                             key,
                             OWN_ENTRY + key.len() + hit.held_bytes(),
                             entries.contains_key(key),
                             loading,
-                        ) =>
+                        ) || hit.thin(self.compact)) =>
                 {
                     passing.push((Key::new(key), hit));
                     continue;
