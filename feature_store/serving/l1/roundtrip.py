@@ -392,6 +392,9 @@ def consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+WRITER_METHODS = frozenset({"writelines", "write", "drain"})  # asyncio.StreamWriter's
+
+
 def closed_under(error: object) -> TypeGuard[RuntimeError | AttributeError]:
     """A write on a connection closed under redis-py's cluster client, which can hand out
     a pooled connection while another task is closing it: seen when it sent a redirected
@@ -408,9 +411,6 @@ def closed_under(error: object) -> TypeGuard[RuntimeError | AttributeError]:
     if isinstance(error, RuntimeError):
         return "the handler is closed" in str(error)
     return isinstance(error, AttributeError) and error.obj is None and error.name in WRITER_METHODS
-
-
-WRITER_METHODS = frozenset({"writelines", "write", "drain"})  # asyncio.StreamWriter's
 
 
 class ClusterRoundTrip:

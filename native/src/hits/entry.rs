@@ -185,6 +185,21 @@ fn spans_of_ends(ends: &[u16], out: &mut Vec<(usize, usize)>) {
     }
 }
 
+/// Ask the processor to bring `bytes` into its caches, without waiting for them: a hint
+/// (on x86-64; elsewhere nothing), which changes no result.
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..bytes.len()).step_by(64) {
+        // SAFETY: a prefetch reads nothing the program sees and faults on no address (SSE,
+        // which every x86-64 processor has); the address is inside `bytes` anyway
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(line).cast::<i8>());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,20 +227,5 @@ mod tests {
         }
         assert!(element_ends(long.as_bytes()).is_none());
         assert!(element_ends(b"{1}").is_none());
-    }
-}
-
-/// Ask the processor to bring `bytes` into its caches, without waiting for them: a hint
-/// (on x86-64; elsewhere nothing), which changes no result.
-#[inline]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (0..bytes.len()).step_by(64) {
-        // SAFETY: a prefetch reads nothing the program sees and faults on no address (SSE,
-        // which every x86-64 processor has); the address is inside `bytes` anyway
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(line).cast::<i8>());
-        }
     }
 }
