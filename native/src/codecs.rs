@@ -706,7 +706,7 @@ pub(crate) fn packs<'v>(raw: &[u8], values: impl IntoIterator<Item = Option<&'v 
 /// `memcmp` for each of a reload's 50 short values was its largest cost
 /// (`benchmarks/l1_misses.py`, a gRPC lookup whose every entity is reloaded).
 #[inline]
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     debug_assert_eq!(n, b.len());
     let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
