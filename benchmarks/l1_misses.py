@@ -46,6 +46,13 @@ hit rate more than the L1 off; all hits <= 3 µs per entity.
 With ``--cluster``, the same on a 3-master Redis Cluster (the loads route by slot, as the
 planned reads do): the cells ``off``, ``miss``, ``miss, cold``, ``bounded 10000`` and
 ``hot``, REST and gRPC.
+
+A change to the miss path is measured against the code before it in the same run:
+``--baseline REV`` checks that revision out (a git worktree, its own native extension) and
+runs each cell there too (``CELL, before``), beside the same L1-off worker and right after
+the cell; ``--cells NAME ...`` runs those cells only. Each cell is then also compared with
+its ``before`` twin round by round (the median of the rounds' ratios of their ratios to the
+L1 off), which a drift of the machine's speed between rounds does not move.
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import ROOT, PerEntity, header, save
+from _results import ROOT, PerEntity, header, save, worktree
 from cost import cpu_seconds, tail_of, wrk_script
 from serving import add_data_dir, ensure_data
 
@@ -85,6 +92,7 @@ HOT_SET = 1_000
 BATCH = 10
 BODIES = 4_000
 MISS_TARGET, RATE_TARGET, HIT_TARGET = 1.15, 0.9, 3.0
+BEFORE = ", before"  # a cell's twin run on --baseline's code
 STORES = {
     False: "one embedded Redis",
     True: "a 3-master Redis Cluster (no replicas; Redis CPU: its masters' summed)",
@@ -195,12 +203,13 @@ class Rig:
         connections: int,
         tool: Path,
         work: Path,
+        cwd: Path | None = None,  # another checkout's code (--baseline)
     ) -> None:
         self.api, self.connections, self.tool = api, connections, tool
         self.pids = [node.process.pid for node in redis if node.process is not None]
         self.cache = "--no-cache" not in args
         base = {"FEATURE_SERVING_WARM_START_KEYS": "0", **env}
-        self.server = ServingProcess(url, args=args, env=base, grpc=api == "grpc")
+        self.server = ServingProcess(url, args=args, env=base, grpc=api == "grpc", cwd=cwd)
         work.mkdir(parents=True, exist_ok=True)
         self.script = wrk_script(
             work / "post.lua",
@@ -256,6 +265,14 @@ def paired(off: list[Cell], cell: Cell) -> Cell:
     return cell
 
 
+def before(
+    cell: tuple[str, str, dict[str, str], list[str], int],
+) -> tuple[str, str, dict[str, str], list[str], int]:
+    """``cell``'s twin on --baseline's code."""
+    api, name, env, serve_args, conns = cell
+    return api, name + BEFORE, env, serve_args, conns
+
+
 def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], list[str], int]]:
     """(api, name, env, serve's args, connections) of each cell."""
     miss = {"FEATURE_SERVING_CACHE_TTL": "0.001"}
@@ -280,6 +297,12 @@ def cells_of(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str], l
     if not args.cluster:
         for api in ("rest", "grpc"):
             out += [(api, "off", {}, ["--no-cache"], args.many), (api, "miss", miss, [], args.many)]
+    if args.cells:
+        out = [c for c in out if c[1] == "off" or c[1] in args.cells]
+    if args.baseline:  # each cell's twin on the baseline's code, right after it
+        out = [
+            twin for cell in out for twin in ([cell] if cell[1] == "off" else [cell, before(cell)])
+        ]
     return out
 
 
@@ -304,6 +327,12 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument(
+        "--cells", nargs="+", metavar="NAME", help="only these cells (and the L1 off beside them)"
+    )
+    parser.add_argument(
+        "--baseline", metavar="REV", help="a git revision whose cells run beside each cell"
+    )
+    parser.add_argument(
         "--replot",
         type=Path,
         metavar="RESULTS",
@@ -321,6 +350,9 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         tool = build_feature_load(Path(tmp))
+        tree = None
+        if args.baseline:
+            tree = stack.enter_context(worktree(args.baseline, Path(tmp) / "before"))
         if args.cluster:
             cluster = stack.enter_context(EmbeddedCluster(Path(tmp) / "cluster"))
             url, nodes = cluster.url, cluster.master_nodes()
@@ -340,8 +372,10 @@ def main() -> int:
                     note(r, before)
                     done = [before]
                     for i, (name, env, serve_args) in enumerate(cells):
-                        ids = hot_ids if name == "hot" else work_ids
-                        with rig(env, serve_args, ids=ids, work=work / str(i)) as server:
+                        cwd = tree if name.endswith(BEFORE) else None
+                        hot = name.removesuffix(BEFORE) == "hot"
+                        ids = hot_ids if hot else work_ids
+                        with rig(env, serve_args, ids=ids, work=work / str(i), cwd=cwd) as server:
                             cell = server.window(name, args.seconds)
                         after = beside.window("off", args.seconds)
                         results.setdefault((api, name, conns), []).append(
@@ -353,7 +387,7 @@ def main() -> int:
                 offs.extend(done)
     lines = report(results, args)
     save(args.out, "The L1 at every hit rate: CPU per entity against the L1 off", lines)
-    if args.out is not None:
+    if args.out is not None and not args.cells:
         plot(args.out.with_suffix(".png"), results)
     return 0
 
@@ -406,6 +440,7 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
         f"median, the cell at the machine's usual speed), every other round in the reverse "
         f"order; REST by wrk, gRPC by feature-load (clients/go), both drawing the same "
         f"batches at random."
+        + (f" Cells `..., before`: the same on {args.baseline}." if args.baseline else "")
     )
     lines += [
         "",
@@ -431,6 +466,8 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
             f"{steady:.2f} | {cell.rate:,.0f} | {rate:.2f}x | {cell.redis_us:.2f} | {errors} | "
             f"{slowest:,.1f} | {past} |"
         )
+        if name.endswith(BEFORE):
+            continue  # compared with its cell below
         if conns > 100:
             verdicts.append(
                 f"- {api}, {name}, c{conns}: slowest request {slowest:,.1f} ms, {past} past 1 s "
@@ -465,8 +502,29 @@ def report(results: dict[tuple[str, str, int], list[Cell]], args: argparse.Names
         )
         for (api, name, conns), cells in results.items()
     ]
-    lines += ["", *verdicts, "", "Each round's server µs/entity:", "", *[f"- {s}" for s in spread]]
+    lines += ["", *verdicts, *against_baseline(results, args)]
+    lines += ["", "Each round's server µs/entity:", "", *[f"- {s}" for s in spread]]
     return lines
+
+
+def against_baseline(
+    results: dict[tuple[str, str, int], list[Cell]], args: argparse.Namespace
+) -> list[str]:
+    """Each cell against its twin on ``--baseline``'s code: per round, the ratio of their
+    ratios to the L1 off beside them (both measured within seconds of each other)."""
+    lines = []
+    for (api, name, conns), cells in results.items():
+        twin = results.get((api, name + BEFORE, conns))
+        if twin is None:
+            continue
+        ratios = [c.ratio / b.ratio for c, b in zip(cells, twin, strict=True)]
+        lines.append(
+            f"- {api}, {name}, c{conns}: {statistics.median(ratios):.2f}x the CPU per entity "
+            f"of {args.baseline}'s (rounds: {', '.join(f'{r:.2f}x' for r in ratios)})"
+        )
+    if not lines:
+        return []
+    return ["", f"Against {args.baseline} (the cells `..., before`), round by round:", "", *lines]
 
 
 def plot(path: Path, results: dict[tuple[str, str, int], list[Cell]]) -> None:
@@ -480,7 +538,11 @@ def plot(path: Path, results: dict[tuple[str, str, int], list[Cell]]) -> None:
         points = sorted(
             (c.hit_rate, statistics.median(r.ratio for r in cells) * off)
             for (a, name, conns), cells in results.items()
-            if a == api and name != "off" and "Python" not in name and conns < 100
+            if a == api
+            and name != "off"
+            and "Python" not in name
+            and conns < 100
+            and not name.endswith(BEFORE)
             for c in [median_cell(cells)]
             if c.hit_rate is not None
         )
