@@ -24,7 +24,8 @@
 //! - **Bounds** (`bounds.rs`). The front's entries count against what Python's own entries
 //!   leave of the cache's bounds in bytes and entries (`Loading`, set again by Python as
 //!   its cache changes). At the bounds a new key is stored only at its second load (the
-//!   doorkeeper: its first answers the lookup that made it, `Passing`), and entries past
+//!   doorkeeper: its first answers the lookup that made it, `Passing`, an entry made thin,
+//!   without the packed values only a stored entry keeps), and entries past
 //!   them are evicted by CLOCK (second chance): a hit marks its entry, and the hand passes
 //!   over marked entries once before evicting them, and over the keys of loads whose
 //!   lookups have not yet answered from them (`Pinned`): under a bound smaller than the
