@@ -48,6 +48,8 @@ class Publisher:
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
 HEALTH_INTERVAL = 1.0  # seconds without a message before the listener PINGs
 HEALTH_DEADLINE = 3.0  # seconds without a message or a PONG: the subscription is lost
+STOP_WAIT = 0.5  # seconds ``stop`` waits for the listener's task after each cancel
+STOP_TRIES = 8  # cancels before ``stop`` gives up on the task (it then ends at its next read)
 
 
 class SilentGap(redis.exceptions.ConnectionError):
@@ -123,22 +125,40 @@ class InvalidationListener:
         self.gaps: Counter[str] = Counter()  # subscriptions lost, by kind: error, silent
         self.on_gap: Callable[[str], object] | None = None  # metrics
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop following, within STOP_TRIES x STOP_WAIT seconds. A cancel can be lost in
+        redis-py's read of the subscription: in the full suite, a worker stopping after a
+        silent partition waited forever, its task "cancelling" but reading on. So the task
+        is also told to end (it does at its next read, within HEALTH_INTERVAL), cancelled
+        again until it has, and the client's close is bounded too."""
+        self._stopping = True
+        task = self._task
+        if task is not None:
+            for _ in range(STOP_TRIES):
+                task.cancel()
+                done, _ = await asyncio.wait({task}, timeout=STOP_WAIT)
+                if done:
+                    if not task.cancelled():
+                        task.exception()  # taken: it ends here either way
+                    break
+            else:
+                log.warning("the invalidation listener did not stop; left to end on its own")
         if self.client is not None:
-            await self.client.aclose()
+            try:
+                async with asyncio.timeout(STOP_WAIT):
+                    await self.client.aclose()
+            except (TimeoutError, redis.exceptions.RedisError, OSError) as e:
+                log.warning("could not close the invalidation subscription: %r", e)
 
     async def _run(self) -> None:
         delay = RETRY_MIN
         first = True
-        while True:
+        while not self._stopping:
             if self.client is not None:
                 with contextlib.suppress(Exception):
                     await self.client.aclose()
@@ -172,7 +192,7 @@ class InvalidationListener:
         """Apply notices until the connection fails or falls silent (``SilentGap``)."""
         loop = asyncio.get_running_loop()
         heard = pinged = loop.time()
-        while True:
+        while not self._stopping:
             message = await pubsub.get_message(timeout=HEALTH_INTERVAL)
             now = loop.time()
             if message is not None:
