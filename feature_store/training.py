@@ -31,8 +31,18 @@ from typing import TYPE_CHECKING
 
 from feature_store.errors import RequestError
 from feature_store.layout import IdType
-from feature_store.registry import EntityType, Registry, load_registry
+from feature_store.registry import EntityType, FeatureGroup, Registry, load_registry
 from feature_store.serialization.codecs import FeatureType
+from feature_store.training_sources import (
+    FROM_LOG,
+    FROM_SOURCE,
+    SOURCE_SUFFIX,
+    SourceSpec,
+    as_of,
+    read_source,
+    served_columns,
+    source_groups,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -79,7 +89,7 @@ def spark_type(kind: FeatureType) -> T.DataType:
 class TrainingSetJob:
     registry: Path
     labels: str
-    log: str
+    log: str | None  # None: the label rows are answered from the sources alone
     output: str
     id_column: str | None = None  # default: the entity type's join key
     time_column: str = "event_timestamp"
@@ -87,6 +97,8 @@ class TrainingSetJob:
     request_id_column: str = "request_id"  # used where the labels have it
     labels_format: str | None = None  # parquet or csv; default: by the name's ending
     overwrite: bool = False
+    # groups' sources for what the log does not cover (training_sources.py)
+    backfill: tuple[SourceSpec, ...] = ()
 
 
 @dataclass(slots=True)
@@ -98,6 +110,9 @@ class TrainingReport:
     request_not_logged: int = 0  # of those: they name a request the log does not hold
     stale: dict[str, int] = field(default_factory=dict)  # per feature: rows served stale
     missing: dict[str, int] = field(default_factory=dict)  # per feature: rows served missing
+    # per group with a source: rows whose values came from it (the log had none for them)
+    backfilled: dict[str, int] = field(default_factory=dict)
+    uncovered: int = 0  # rows with no values at all: neither logged nor in a source
     seconds: float = 0.0
     output: str = ""
 
@@ -114,6 +129,10 @@ class TrainingReport:
                 else ""
             ),
         ]
+        for group, n in self.backfilled.items():
+            out.append(f"  {n} rows' values of {group} from its source (point in time)")
+        if self.backfilled:
+            out.append(f"  {self.uncovered} rows with no values, logged or in a source")
         for title, counts in (("stale", self.stale), ("missing", self.missing)):
             shown = sorted(((n, f) for f, n in counts.items() if n), reverse=True)
             if shown:
@@ -182,12 +201,41 @@ def label_time(column: Column, kind: T.DataType) -> Column:
     raise RequestError(f"the label time column has type {kind.simpleString()}: not a time")
 
 
-def read_log(spark: SparkSession, log: str, entity: EntityType) -> DataFrame:
+def read_log(
+    spark: SparkSession, log: str | None, registry: Registry, entity: EntityType
+) -> DataFrame:
+    """The log's rows of ``entity``; none (in its schema) without a log."""
+    if log is None:
+        from pyspark.sql import types as T
+
+        kinds = dict(feature_columns(registry, entity))
+        schema = T.StructType(
+            [
+                T.StructField("request_id", T.StringType()),
+                T.StructField("served_at", T.TimestampType()),
+                T.StructField("api", T.StringType()),
+                T.StructField(
+                    "entity_id",
+                    T.LongType() if entity.id_type is IdType.INT else T.StringType(),
+                ),
+                T.StructField("source", T.StringType()),
+            ]
+            + [T.StructField(name, _log_type(name, kind)) for name, kind in kinds.items()]
+        )
+        return spark.createDataFrame([], schema)
     root = f"{log.rstrip('/')}/entity_type={entity.name}"
     if "://" not in root and not Path(root).is_dir():
         raise RequestError(f"--log {log}: no log of entity type {entity.name!r} ({root})")
     frame = spark.read.option("mergeSchema", "true").parquet(root)
     return frame.drop("date", "hour")
+
+
+def _log_type(name: str, kind: FeatureType | None) -> T.DataType:
+    from pyspark.sql import types as T
+
+    if kind is not None:
+        return spark_type(kind)
+    return T.TimestampType() if name.endswith("__event_time") else T.StringType()
 
 
 def build_training_set(
@@ -209,11 +257,19 @@ def build_training_set(
             raise RequestError(
                 f"the labels have no column {name!r} ({flag}); they have {', '.join(columns)}"
             )
+    if job.log is None and not job.backfill:
+        raise RequestError("nothing to join the labels to: give --log, --backfill, or both")
+    groups = [g for g in registry.groups.values() if g.entity.name == entity.name]
+    backfilled = source_groups(registry, entity.name, list(job.backfill))
     features = [name for name, _ in feature_columns(registry, entity)]
-    clash = sorted(set(columns) & {*features, *SERVED_COLUMNS})
+    origins = [f"{g.name}{SOURCE_SUFFIX}" for g in groups]
+    clash = sorted(set(columns) & {*features, *SERVED_COLUMNS, *origins})
     if clash:
         raise RequestError(f"the labels already have columns the output adds: {', '.join(clash)}")
-    log = read_log(spark, job.log, entity)
+    sources = [
+        read_source(spark, spec, g) for spec, g in zip(job.backfill, backfilled, strict=True)
+    ]
+    log = read_log(spark, job.log, registry, entity)
     for name in features:  # a feature added since the log was written: null in it
         if name not in log.columns:
             log = log.withColumn(name, F.lit(None))
@@ -244,7 +300,7 @@ def build_training_set(
         parts.append(
             exact_rows.join(
                 logged, (asked == F.col(RID)) & (F.col(ID) == F.col(EID)), "left"
-            ).select(LABEL, VECTOR)
+            ).select(LABEL, ID, TIME, VECTOR)
         )
     # point in time: labels and vectors in one frame, per entity in time order, a vector
     # before a label of the same time; each label takes the last vector before it
@@ -270,12 +326,19 @@ def build_training_set(
             F.when(F.col(TIME).isNotNull(), F.last(VECTOR, ignorenulls=True).over(order)),
         )
         .where(F.col(KIND) == 1)
-        .select(LABEL, VECTOR)
+        .select(LABEL, ID, TIME, VECTOR)
     )
     joined = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-    out = joined.select(f"{LABEL}.*", f"{VECTOR}.*")
+    # what the log does not cover, from the groups' sources (training_sources.py)
+    backfill = {}
+    for i, (group, source) in enumerate(zip(backfilled, sources, strict=True)):
+        joined = as_of(joined, source, group.max_age_seconds, f"__backfill{i}")
+        backfill[group.name] = served_columns(group, F.col(f"__backfill{i}"))
+    out = joined.select(f"{LABEL}.*", *_output(groups, backfill))
     out.write.mode("overwrite" if job.overwrite else "errorifexists").parquet(job.output)
-    report = _report(spark.read.parquet(job.output), features, job.request_id_column, named)
+    report = _report(
+        spark.read.parquet(job.output), features, job.request_id_column, named, list(backfill)
+    )
     report.seconds = time.monotonic() - started
     report.output = job.output
     if progress is not None:
@@ -284,7 +347,39 @@ def build_training_set(
     return report
 
 
-def _report(out: DataFrame, features: list[str], rid: str, named: bool) -> TrainingReport:
+def _output(
+    groups: list[FeatureGroup], backfill: dict[str, list[tuple[str, Column]]]
+) -> list[Column]:
+    """The output's columns besides the label's: what was served (the log's), then each
+    group's values (logged, or where the log has none of the group's, its source's), then
+    where each group's came from."""
+    from pyspark.sql import functions as F
+
+    def logged(name: str) -> Column:
+        return F.col(f"{VECTOR}.`{name}`")
+
+    out = [logged(name) for name in SERVED_COLUMNS]
+    origins = []
+    for group in groups:
+        statuses = [logged(f"{group.name}__{f.name}__status") for f in group.features]
+        covered = F.coalesce(*statuses).isNotNull()  # the log answered some of the group
+        origin = F.when(covered, F.lit(FROM_LOG))
+        if group.name in backfill:
+            columns = backfill[group.name]
+            out += [F.when(covered, logged(n)).otherwise(c).alias(n) for n, c in columns]
+            found = columns[-1][1].isNotNull()  # the source row's event time
+            origin = origin.when(found, F.lit(FROM_SOURCE))
+        else:
+            names = [f"{group.name}__{f.name}" for f in group.features]
+            out += [logged(n).alias(n) for name in names for n in (name, f"{name}__status")]
+            out.append(logged(f"{group.name}__event_time").alias(f"{group.name}__event_time"))
+        origins.append(origin.alias(f"{group.name}{SOURCE_SUFFIX}"))
+    return out + origins
+
+
+def _report(
+    out: DataFrame, features: list[str], rid: str, named: bool, backfilled: list[str]
+) -> TrainingReport:
     from pyspark.sql import functions as F
 
     has = F.col("served_at").isNotNull()
@@ -296,6 +391,14 @@ def _report(out: DataFrame, features: list[str], rid: str, named: bool) -> Train
     for i, c in enumerate(statuses):
         sums.append(F.sum((F.col(f"`{c}`") == "stale").cast("long")).alias(f"s{i}"))
         sums.append(F.sum((F.col(f"`{c}`") == "missing").cast("long")).alias(f"m{i}"))
+    for i, group in enumerate(backfilled):
+        origin = F.col(f"`{group}{SOURCE_SUFFIX}`")
+        sums.append(F.sum((origin == FROM_SOURCE).cast("long")).alias(f"b{i}"))
+    if backfilled:
+        # no group's values, logged or from a source
+        origins = [c for c in out.columns if c.endswith(SOURCE_SUFFIX)]
+        nothing = F.coalesce(*[F.col(f"`{c}`") for c in origins]).isNull()
+        sums.append(F.sum(nothing.cast("long")).alias("uncovered"))
     got = out.agg(*sums).collect()[0]
     rows, none, exact = got["rows"], got["none"] or 0, got["exact"] or 0
     return TrainingReport(
@@ -306,6 +409,8 @@ def _report(out: DataFrame, features: list[str], rid: str, named: bool) -> Train
         request_not_logged=got["unlogged"] or 0,
         stale={c[: -len("__status")]: got[f"s{i}"] or 0 for i, c in enumerate(statuses)},
         missing={c[: -len("__status")]: got[f"m{i}"] or 0 for i, c in enumerate(statuses)},
+        backfilled={g: got[f"b{i}"] or 0 for i, g in enumerate(backfilled)},
+        uncovered=(got["uncovered"] or 0) if backfilled else 0,
     )
 
 

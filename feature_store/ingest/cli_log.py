@@ -24,16 +24,39 @@ def add_training_set(
 ) -> None:
     p = sub.add_parser(
         "training-set",
-        help="join label rows to the feature vectors the serving log holds (Spark)",
+        help="join label rows to the feature vectors the serving log holds, and to the "
+        "groups' sources where it holds none (Spark)",
         description="Join each label row to the vector of its entity that was served: the "
         "request it names (a request_id column), or the newest served at or before its "
-        "time (point in time). Writes parquet and reports rows with no vector and "
-        "features served stale or missing (see docs/logging.md).",
+        "time (point in time). Where the log has none of a group's values, a --backfill "
+        "source of the group answers: its entity's newest row at or before the label's "
+        "time, within the group's max_age, as serving would have answered it. Writes "
+        "parquet and reports rows with no vector and features served stale or missing "
+        "(see docs/training.md).",
     )
     add_registry(p)
     p.add_argument("--labels", required=True, help="label rows: parquet, or CSV with a header")
     p.add_argument("--labels-format", choices=("parquet", "csv"), help="default: by its name")
-    p.add_argument("--log", required=True, help="the serving log's directory (--feature-log)")
+    p.add_argument(
+        "--log", help="the serving log's directory (--feature-log); without it, sources only"
+    )
+    p.add_argument(
+        "--backfill",
+        action="append",
+        default=[],
+        metavar="GROUP=PATH",
+        help="a group's source rows (parquet, or CSV with a header), in the nightly job's "
+        "input form: the id column, the feature columns by name, an event time column; "
+        "repeatable, one per group",
+    )
+    p.add_argument(
+        "--source-id-column", help="the sources' entity id column (default: the join key)"
+    )
+    p.add_argument(
+        "--event-time-column",
+        default="event_timestamp",
+        help="the sources' event time column (default event_timestamp)",
+    )
     p.add_argument("--output", required=True, help="where the training set goes (parquet)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--entity-type", help="the labels' entity type (default: by its join key)")
@@ -90,6 +113,7 @@ def run_training_set_command(args: argparse.Namespace) -> int:
     import json
 
     from feature_store.training import TrainingSetJob, build_training_set
+    from feature_store.training_sources import SourceSpec, parse_backfills
 
     settings = settings_from(args)
     registry = registry_file(args, settings.registry)
@@ -104,6 +128,10 @@ def run_training_set_command(args: argparse.Namespace) -> int:
         request_id_column=args.request_id_column,
         labels_format=args.labels_format,
         overwrite=args.overwrite,
+        backfill=tuple(
+            SourceSpec(group, path, args.source_id_column, args.event_time_column)
+            for group, path in parse_backfills(args.backfill).items()
+        ),
     )
     conf = {"spark.sql.session.timeZone": "UTC", **pairs(args.conf, "--conf")}
     with session(args, conf, "feature-store-training-set") as spark:

@@ -1,0 +1,375 @@
+"""``feature-store training-set --backfill``: label rows the serving log does not cover
+answered from the groups' sources, point in time (feature_store/training_sources.py), on a
+real Spark, against a reference written plainly, row by row, with the features' own codecs:
+the newest source row at or before the label's time and within the group's max_age, its
+values as serving would answer them; a group the log answered keeps the logged values."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+
+from feature_store.errors import EncodingError, RequestError
+from feature_store.ingest.job import spark_session
+from feature_store.registry import FeatureGroup, parse_registry
+from feature_store.serving.feature_log import arrow_schema
+from feature_store.training import TrainingSetJob, build_training_set
+from feature_store.training_sources import SourceSpec
+
+REGISTRY = """\
+version: 1
+entities:
+  consumer:
+    prefix: c
+    join_key: consumer_id
+    id_type: int
+    ttl: 7d
+feature_groups:
+  profile:
+    entity: consumer
+    max_age: 100s
+    features:
+      f: float
+      d: double
+      n: int
+      e: embedding(3)
+      s: string
+  activity:
+    entity: consumer
+    features:
+      li: int_list
+      fl: float_list
+      b: bool
+"""
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+MAX_AGE = 100
+runs = itertools.count()
+registry = parse_registry(REGISTRY, source="test")
+PROFILE, ACTIVITY = registry.groups["profile"], registry.groups["activity"]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(
+        "local[2]",
+        {
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.session.timeZone": "UTC",
+        },
+        app_name="feature-store-backfill-tests",
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def registry_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("registry") / "features.yaml"
+    path.write_text(REGISTRY)
+    return path
+
+
+def at(seconds: int) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+# a source row: (entity id, event time in seconds from T0, {feature: value or None})
+Row = tuple[int, int, dict[str, object]]
+# a logged vector of profile: (request id, entity id, served at, float f)
+Vector = tuple[str, int, int, float]
+# a label: (entity id, its time in seconds from T0)
+Label = tuple[int, int]
+
+floats = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.sampled_from([0.1, 1e39, -0.0, 3.4028235e38]),  # past float32 (refused), the largest
+)
+PROFILE_VALUES = {
+    "f": floats,
+    "d": floats,
+    "n": st.none() | st.integers(-(2**63), 2**63 - 1),
+    "e": st.none() | st.lists(st.floats(-1e3, 1e3, width=32), min_size=2, max_size=4),
+    "s": st.none() | st.text(max_size=5),
+}
+ACTIVITY_VALUES = {
+    "li": st.none() | st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3),
+    "fl": st.none() | st.lists(st.floats(-1e300, 1e300), max_size=3),
+    "b": st.none() | st.booleans(),
+}
+entity_ids = st.integers(1, 4)
+times = st.integers(0, 30).map(lambda t: t * 10)  # snapshots and labels on one grid: ties
+
+
+def rows_of(values: dict[str, st.SearchStrategy[object]]) -> st.SearchStrategy[list[Row]]:
+    return st.lists(
+        st.tuples(entity_ids, times, st.fixed_dictionaries(values)),
+        min_size=1,
+        max_size=16,
+        unique_by=lambda r: (r[0], r[1]),
+    )
+
+
+def served(group: FeatureGroup, values: dict[str, object]) -> dict[str, object]:
+    """What serving answers for values the nightly job wrote: each through its codec."""
+    out: dict[str, object] = {}
+    for f in group.features:
+        value = values.get(f.name)
+        if value is None:
+            out[f.name], out[f"{f.name}__status"] = None, "missing"
+            continue
+        try:
+            out[f.name] = f.codec.decode(f.codec.encode(value))
+            out[f"{f.name}__status"] = "present"
+        except EncodingError:
+            out[f.name], out[f"{f.name}__status"] = None, "error"
+    return out
+
+
+def newest(rows: list[Row], eid: int, t: int, max_age: int | None) -> Row | None:
+    before = [r for r in rows if r[0] == eid and r[1] <= t]
+    if max_age is not None:
+        before = [r for r in before if t - r[1] <= max_age]
+    return max(before, key=lambda r: r[1], default=None)
+
+
+def reference(
+    labels: list[Label], vectors: list[Vector], profile: list[Row], activity: list[Row]
+) -> list[dict[str, object]]:
+    out = []
+    for eid, t in labels:
+        row: dict[str, object] = {}
+        logged = max(
+            (v for v in vectors if v[1] == eid and v[2] <= t), key=lambda v: v[2], default=None
+        )
+        row["served_request_id"] = logged[0] if logged else None
+        if logged is not None:
+            row["profile__source"] = "log"
+            row["profile__f"], row["profile__f__status"] = logged[3], "present"
+        else:
+            found = newest(profile, eid, t, MAX_AGE)
+            row["profile__source"] = "backfill" if found else None
+            values = served(PROFILE, found[2]) if found else {}
+            for f in PROFILE.features:
+                row[f"profile__{f.name}"] = values.get(f.name)
+                row[f"profile__{f.name}__status"] = values.get(f"{f.name}__status")
+            row["profile__event_time"] = at(found[1]) if found else None
+        found = newest(activity, eid, t, None)
+        row["activity__source"] = "backfill" if found else None
+        values = served(ACTIVITY, found[2]) if found else {}
+        for f in ACTIVITY.features:
+            row[f"activity__{f.name}"] = values.get(f.name)
+            row[f"activity__{f.name}__status"] = values.get(f"{f.name}__status")
+        row["activity__event_time"] = at(found[1]) if found else None
+        out.append(row)
+    return out
+
+
+def write_source(path: Path, group: FeatureGroup, rows: list[Row]) -> None:
+    kinds = {
+        "f": pa.float64(),
+        "d": pa.float64(),
+        "n": pa.int64(),
+        "e": pa.list_(pa.float64()),
+        "s": pa.string(),
+        "li": pa.list_(pa.int64()),
+        "fl": pa.list_(pa.float64()),
+        "b": pa.bool_(),
+    }
+    columns = {
+        "consumer_id": pa.array([r[0] for r in rows], pa.int64()),
+        "event_timestamp": pa.array([at(r[1]) for r in rows], pa.timestamp("us", "UTC")),
+    }
+    for f in group.features:
+        columns[f.name] = pa.array([r[2][f.name] for r in rows], kinds[f.name])
+    pq.write_table(pa.table(columns), path)
+
+
+def write_log(root: Path, vectors: list[Vector]) -> None:
+    """A log written before the group activity existed: profile's f only."""
+    schema = arrow_schema(registry, registry.entities["consumer"])
+    schema = pa.schema([f for f in schema if not f.name.startswith("activity__")])
+    rows = [
+        {
+            "request_id": rid,
+            "served_at": at(t),
+            "api": "rest",
+            "entity_id": eid,
+            "source": "l1",
+            "profile__f": value,
+            "profile__f__status": "present",
+            "profile__event_time": T0,
+        }
+        for rid, eid, t, value in vectors
+    ]
+    folder = root / "entity_type=consumer" / "date=2026-11-01" / "hour=00"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "part-0.parquet")
+
+
+def run(
+    spark: SparkSession,
+    registry_file: Path,
+    tmp: Path,
+    labels: list[Label],
+    vectors: list[Vector] | None,
+    profile: list[Row],
+    activity: list[Row],
+) -> tuple[list[dict[str, object]], object]:
+    n = next(runs)
+    log, out, path = tmp / f"log{n}", tmp / f"out{n}", tmp / f"labels{n}.parquet"
+    if vectors is not None:
+        write_log(log, vectors)
+    write_source(tmp / f"profile{n}.parquet", PROFILE, profile)
+    write_source(tmp / f"activity{n}.parquet", ACTIVITY, activity)
+    pq.write_table(
+        pa.table(
+            {
+                "consumer_id": pa.array([e for e, _ in labels], pa.int64()),
+                "event_timestamp": pa.array([at(t) for _, t in labels], pa.timestamp("us", "UTC")),
+                "row": pa.array(range(len(labels)), pa.int64()),
+            }
+        ),
+        path,
+    )
+    job = TrainingSetJob(
+        registry=registry_file,
+        labels=str(path),
+        log=str(log) if vectors is not None else None,
+        output=str(out),
+        backfill=(
+            SourceSpec("profile", str(tmp / f"profile{n}.parquet")),
+            SourceSpec("activity", str(tmp / f"activity{n}.parquet")),
+        ),
+    )
+    report = build_training_set(spark, job)
+    rows = sorted(pq.read_table(out).to_pylist(), key=lambda r: r["row"])
+    return rows, report
+
+
+def same(got: object, want: object) -> bool:
+    if isinstance(want, float) and isinstance(got, float):
+        return got == want or (math.isnan(got) and math.isnan(want))
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(same(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, datetime) and isinstance(got, datetime):
+        return got.replace(tzinfo=UTC) == want
+    return got == want
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[Label], list[Vector] | None, list[Row], list[Row]]:
+    profile = draw(rows_of(PROFILE_VALUES))
+    activity = draw(rows_of(ACTIVITY_VALUES))
+    vectors = None
+    if draw(st.booleans()):
+        served_at = draw(st.lists(st.tuples(entity_ids, times), max_size=6, unique=True))
+        vectors = [(f"q{i}", e, t, float(i)) for i, (e, t) in enumerate(served_at)]
+    # an entity of no source (5), duplicate labels, labels before, at and after snapshots
+    labels = draw(st.lists(st.tuples(st.integers(1, 5), times), min_size=5, max_size=30))
+    return labels, vectors, profile, activity
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(cases())
+def test_backfill_equals_the_reference_row_by_row(
+    spark: SparkSession,
+    registry_file: Path,
+    tmp_path: Path,
+    case: tuple[list[Label], list[Vector] | None, list[Row], list[Row]],
+) -> None:
+    labels, vectors, profile, activity = case
+    rows, report = run(spark, registry_file, tmp_path, labels, vectors, profile, activity)
+    expected = reference(labels, vectors or [], profile, activity)
+    assert len(rows) == len(labels)
+    for row, want in zip(rows, expected, strict=True):
+        for name, value in want.items():
+            assert same(row[name], value), (name, row[name], value, row)
+    from_source = sum(w["profile__source"] == "backfill" for w in expected)
+    assert report.backfilled["profile"] == from_source  # type: ignore[attr-defined]
+    nothing = sum(w["profile__source"] is None and w["activity__source"] is None for w in expected)
+    assert report.uncovered == nothing  # type: ignore[attr-defined]
+
+
+def test_a_snapshot_at_the_labels_time_is_used_one_after_is_not_nor_one_past_max_age(
+    spark: SparkSession, registry_file: Path, tmp_path: Path
+) -> None:
+    values = {"f": 0.1, "d": 0.1, "n": 1, "e": [1.0, 2.0, 3.0], "s": "a"}
+    profile: list[Row] = [(1, 100, values), (1, 200, {**values, "f": 2.5}), (1, 201, values)]
+    labels: list[Label] = [(1, 200), (1, 99), (1, 300), (1, 301 + MAX_AGE)]
+    rows, _ = run(spark, registry_file, tmp_path, labels, None, profile, [])
+    assert [r["profile__f"] for r in rows] == [2.5, None, 0.1, None]
+    assert [r["profile__source"] for r in rows] == ["backfill", None, "backfill", None]
+    # float32's 0.1 is 0.100000001...; served, as the nightly job's short text, it is 0.1
+    assert rows[2]["profile__f"] == 0.1
+    assert rows[2]["profile__e"] == [1.0, 2.0, 3.0]
+    assert rows[2]["profile__e__status"] == "present"
+    assert rows[1]["profile__e__status"] is None
+
+
+def bad_source(tmp: Path, name: str, columns: dict[str, pa.Array]) -> str:
+    path = tmp / f"{name}.parquet"
+    pq.write_table(pa.table(columns), path)
+    return str(path)
+
+
+def test_a_bad_source_is_refused_naming_its_file_and_column_and_nothing_is_written(
+    spark: SparkSession, registry_file: Path, tmp_path: Path
+) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("consumer_id,event_timestamp\n1,2026-11-01T00:00:30Z\n")
+    ids = pa.array([1], pa.int64())
+    when = pa.array([T0], pa.timestamp("us", "UTC"))
+    cases = {
+        "no id": ({"event_timestamp": when, "f": pa.array([1.0])}, "no column 'consumer_id'"),
+        "no time": ({"consumer_id": ids, "f": pa.array([1.0])}, "no column 'event_timestamp'"),
+        "text float": (
+            {"consumer_id": ids, "event_timestamp": when, "f": pa.array(["1.5"])},
+            "column 'f' has type string, which feature profile.f \\(float\\) cannot take",
+        ),
+        "bool time": (
+            {"consumer_id": ids, "event_timestamp": pa.array([True]), "f": pa.array([1.0])},
+            "column 'event_timestamp' has type boolean, not a time",
+        ),
+    }
+    for name, (columns, message) in cases.items():
+        path = bad_source(tmp_path, name.replace(" ", "_"), columns)
+        out = tmp_path / f"out_{name.replace(' ', '_')}"
+        job = TrainingSetJob(
+            registry=registry_file,
+            labels=str(labels),
+            log=None,
+            output=str(out),
+            backfill=(SourceSpec("profile", path),),
+        )
+        with pytest.raises(RequestError, match=f"--backfill profile={path}: {message}"):
+            build_training_set(spark, job)
+        assert not out.exists(), name
+    job = TrainingSetJob(registry=registry_file, labels=str(labels), log=None, output="x")
+    with pytest.raises(RequestError, match="nothing to join"):
+        build_training_set(spark, job)
+    job = TrainingSetJob(
+        registry=registry_file,
+        labels=str(labels),
+        log=None,
+        output="x",
+        backfill=(SourceSpec("nope", path),),
+    )
+    with pytest.raises(RequestError, match="--backfill nope: no such group"):
+        build_training_set(spark, job)
