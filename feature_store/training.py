@@ -113,6 +113,7 @@ class TrainingReport:
     # per group with a source: rows whose values came from it (the log had none for them)
     backfilled: dict[str, int] = field(default_factory=dict)
     uncovered: int = 0  # rows with no values at all: neither logged nor in a source
+    absent: dict[str, list[str]] = field(default_factory=dict)  # features a source lacks
     seconds: float = 0.0
     output: str = ""
 
@@ -133,6 +134,8 @@ class TrainingReport:
             out.append(f"  {n} rows' values of {group} from its source (point in time)")
         if self.backfilled:
             out.append(f"  {self.uncovered} rows with no values, logged or in a source")
+        for group, names in self.absent.items():
+            out.append(f"  the source of {group} has no column of {', '.join(names)}: null")
         for title, counts in (("stale", self.stale), ("missing", self.missing)):
             shown = sorted(((n, f) for f, n in counts.items() if n), reverse=True)
             if shown:
@@ -266,9 +269,10 @@ def build_training_set(
     clash = sorted(set(columns) & {*features, *SERVED_COLUMNS, *origins})
     if clash:
         raise RequestError(f"the labels already have columns the output adds: {', '.join(clash)}")
-    sources = [
-        read_source(spark, spec, g) for spec, g in zip(job.backfill, backfilled, strict=True)
-    ]
+    sources, absent = [], {}
+    for spec, group in zip(job.backfill, backfilled, strict=True):
+        rows, absent[group.name] = read_source(spark, spec, group)
+        sources.append(rows)
     log = read_log(spark, job.log, registry, entity)
     for name in features:  # a feature added since the log was written: null in it
         if name not in log.columns:
@@ -339,6 +343,7 @@ def build_training_set(
     report = _report(
         spark.read.parquet(job.output), features, job.request_id_column, named, list(backfill)
     )
+    report.absent = {g: names for g, names in absent.items() if names}
     report.seconds = time.monotonic() - started
     report.output = job.output
     if progress is not None:

@@ -58,15 +58,15 @@ class SourceSpec:
     fmt: str | None = None  # parquet or csv; default: by the name's ending
 
 
-def parse_backfills(values: list[str]) -> dict[str, str]:
+def parse_backfills(values: list[str], flag: str = "--backfill") -> dict[str, str]:
     """``GROUP=PATH`` arguments, each group once."""
     out: dict[str, str] = {}
     for value in values:
         group, sep, path = value.partition("=")
         if not sep or not group or not path:
-            raise RequestError(f"--backfill {value!r}: expected GROUP=PATH")
+            raise RequestError(f"{flag} {value!r}: expected GROUP=PATH")
         if group in out:
-            raise RequestError(f"--backfill names group {group!r} twice")
+            raise RequestError(f"{flag} names group {group!r} twice")
         out[group] = path
     return out
 
@@ -94,11 +94,14 @@ def source_groups(registry: Registry, entity: str, specs: list[SourceSpec]) -> l
     return groups
 
 
-def read_source(spark: SparkSession, spec: SourceSpec, group: FeatureGroup) -> DataFrame:
+def read_source(
+    spark: SparkSession, spec: SourceSpec, group: FeatureGroup
+) -> tuple[DataFrame, list[str]]:
     """A source's rows as (``id``, ``time``, ``values``: a struct of the group's feature
-    columns as the file types them, null where it has none, and the row's event time), every
-    column checked: a missing id or time column, a feature column of a type the feature
-    cannot take, or a time column that is not one is refused, naming the file and column."""
+    columns as the file types them, null where it has none, and the row's event time), and
+    the features it has no column of. Every column is checked: a missing id or time column,
+    a feature column of a type the feature cannot take, or a time column that is not one is
+    refused, naming the file and column."""
     from pyspark.sql import functions as F
 
     from feature_store.training import label_time, spark_type
@@ -126,10 +129,11 @@ def read_source(spark: SparkSession, spec: SourceSpec, group: FeatureGroup) -> D
             f"{where}: column {spec.time_column!r} has type {time_kind.simpleString()}, "
             "not a time (a timestamp, unix time as a number, or RFC 3339 text)"
         ) from None
-    values = []
+    values, absent = [], []
     for feature in group.features:
         if feature.name not in columns:  # a feature the source does not have: null
             values.append(F.lit(None).cast(spark_type(feature.type)).alias(feature.name))
+            absent.append(feature.name)
             continue
         found = schema[feature.name].dataType
         if not takes(feature.type, found):
@@ -139,11 +143,12 @@ def read_source(spark: SparkSession, spec: SourceSpec, group: FeatureGroup) -> D
             )
         values.append(F.col(f"`{feature.name}`").alias(feature.name))
     id_type = "long" if group.entity.id_type is IdType.INT else "string"
-    return frame.select(
+    rows = frame.select(
         F.col(f"`{id_column}`").cast(id_type).alias("id"),
         when.alias("time"),
         F.struct(*values, when.alias(EVENT)).alias("values"),
     ).where(F.col("id").isNotNull() & F.col("time").isNotNull())
+    return rows, absent
 
 
 def takes(kind: FeatureType, found: T.DataType) -> bool:

@@ -20,7 +20,7 @@ from feature_store import sample
 from feature_store.batch import event_time_seconds
 from feature_store.commands import add_durability_arg, add_redis_args, redis_url, settings_from
 from feature_store.errors import FeatureStoreError, RequestError
-from feature_store.ingest.cli_log import add_log_sink, add_training_set
+from feature_store.ingest.cli_log import add_log_sink, add_skew, add_training_set
 from feature_store.ingest.cli_spark import (
     LOCAL_MASTER,
     add_registry_group,
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_fetch_jars(sub)
     _add_generate(sub, default_master=LOCAL_MASTER)
     add_training_set(sub, default_master=LOCAL_MASTER)
+    add_skew(sub, default_master=LOCAL_MASTER)
     add_log_sink(sub, default_master=LOCAL_MASTER)
 
 
@@ -248,6 +249,7 @@ def submit_parser() -> argparse.ArgumentParser:
     add_stream(sub, default_master=None)
     _add_generate(sub, default_master=None)
     add_training_set(sub, default_master=None)
+    add_skew(sub, default_master=None)
     add_log_sink(sub, default_master=None)
     return parser
 

@@ -141,6 +141,79 @@ def run_training_set_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_skew(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], default_master: str | None
+) -> None:
+    p = sub.add_parser(
+        "skew",
+        help="compare what was served (the serving log) with the groups' sources (Spark)",
+        description="Compare every logged value of each --source group with the value its "
+        "source says should have been served at that time (its entity's newest row at or "
+        "before, within the group's max_age), and say why values differ: a write newer or "
+        "older than the source's, nothing stored, or the same write with another value. "
+        "Prints a Markdown summary and writes the JSON report (see docs/training.md).",
+    )
+    add_registry(p)
+    p.add_argument("--log", required=True, help="the serving log's directory (--feature-log)")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        required=True,
+        metavar="GROUP=PATH",
+        help="a group's source rows (parquet, or CSV with a header), as --backfill takes "
+        "them; repeatable, one per group",
+    )
+    p.add_argument(
+        "--source-id-column", help="the sources' entity id column (default: the join key)"
+    )
+    p.add_argument(
+        "--event-time-column",
+        default="event_timestamp",
+        help="the sources' event time column (default event_timestamp)",
+    )
+    p.add_argument("--from", dest="start", help="only rows served at or after this time")
+    p.add_argument("--to", dest="end", help="only rows served before this time")
+    p.add_argument("--report", type=Path, required=True, help="write the report (JSON) here")
+    p.add_argument(
+        "--fail-above",
+        type=float,
+        metavar="RATE",
+        help="exit 1 when more than this share of the values compared differ",
+    )
+    add_spark_args(p, default_master)
+    p.set_defaults(func=run_skew_command)
+
+
+def run_skew_command(args: argparse.Namespace) -> int:
+    import json
+
+    from feature_store.skew import SkewJob, measure_skew, parse_time
+    from feature_store.training_sources import SourceSpec, parse_backfills
+
+    settings = settings_from(args)
+    registry = registry_file(args, settings.registry)
+    job = SkewJob(
+        registry=registry,
+        log=args.log,
+        sources=tuple(
+            SourceSpec(group, path, args.source_id_column, args.event_time_column)
+            for group, path in parse_backfills(args.source, "--source").items()
+        ),
+        start=parse_time(args.start, "--from"),
+        end=parse_time(args.end, "--to"),
+    )
+    conf = {"spark.sql.session.timeZone": "UTC", **pairs(args.conf, "--conf")}
+    with session(args, conf, "feature-store-skew") as spark:
+        report = measure_skew(spark, job)
+    args.report.write_text(json.dumps(report.as_json(), indent=2, default=str) + "\n")
+    print(report.markdown(), end="")
+    if args.fail_above is not None and report.rate > args.fail_above:
+        stderr(f"skew: {report.rate:.4%} of the values compared differ, above {args.fail_above:%}")
+        return 1
+    return 0
+
+
 def run_log_sink_command(args: argparse.Namespace) -> int:
     from feature_store.training import LogSinkJob, run_log_sink
 
