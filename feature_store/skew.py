@@ -215,7 +215,8 @@ def _group_skew(
         *[F.col(f"`{name}__{f.name}`") for f in compared],
         *[F.col(f"`{name}__{f.name}__status`") for f in compared],
     )
-    joined = as_of(rows, source, group.max_age_seconds, EXPECTED)
+    # read twice (the counts, then the differing values listed): computed once
+    joined = as_of(rows, source, group.max_age_seconds, EXPECTED).persist()
     expected = dict(served_columns(group, F.col(EXPECTED)))
     seconds = F.col("__served_time").cast("long")
     theirs = F.col(f"{EXPECTED}.__event_time").cast("long")
@@ -307,6 +308,7 @@ def _group_skew(
                     "cause": d["cause"],
                 }
             )
+    joined.unpersist()
     return skew, kept
 
 

@@ -43,12 +43,14 @@ from feature_store.training_sources import (
     served_columns,
     source_groups,
 )
+from feature_store.training_windows import read_events, window_answers
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql import types as T
 
 ID, TIME, KIND, LABEL, VECTOR = "__id", "__time", "__kind", "__label", "__vector"
+ROW = "__row"  # a label row's number
 RID, EID = "__request_id", "__entity_id"
 # the columns a training set adds to the label rows' own, besides the features'
 SERVED_COLUMNS = ("served_request_id", "served_at", "served_api", "served_source")
@@ -271,6 +273,9 @@ def build_training_set(
         raise RequestError(f"the labels already have columns the output adds: {', '.join(clash)}")
     sources, absent = [], {}
     for spec, group in zip(job.backfill, backfilled, strict=True):
+        if group.aggregation is not None:  # its event history (training_windows.py)
+            sources.append(read_events(spark, spec, group))
+            continue
         rows, absent[group.name] = read_source(spark, spec, group)
         sources.append(rows)
     log = read_log(spark, job.log, registry, entity)
@@ -286,6 +291,9 @@ def build_training_set(
         label_time(F.col(f"`{job.time_column}`"), labels.schema[job.time_column].dataType).alias(
             TIME
         ),
+        # numbered as read (the same numbers however often a plan reads it again), for
+        # what is computed apart and joined back to its row (training_windows.py)
+        F.monotonically_increasing_id().alias(ROW),
     )
     served = [F.col(c).alias(s) for c, s in zip(LOG_COLUMNS, SERVED_COLUMNS, strict=True)]
     vector = F.struct(*served, *[F.col(f"`{c}`") for c in features])
@@ -304,15 +312,16 @@ def build_training_set(
         parts.append(
             exact_rows.join(
                 logged, (asked == F.col(RID)) & (F.col(ID) == F.col(EID)), "left"
-            ).select(LABEL, ID, TIME, VECTOR)
+            ).select(LABEL, ID, TIME, ROW, VECTOR)
         )
     # point in time: labels and vectors in one frame, per entity in time order, a vector
     # before a label of the same time; each label takes the last vector before it
     wanted = rows.select(
-        LABEL, ID, TIME, F.lit(1).alias(KIND), F.lit(None).cast(vector_type).alias(VECTOR)
+        LABEL, ID, TIME, ROW, F.lit(1).alias(KIND), F.lit(None).cast(vector_type).alias(VECTOR)
     )
     vectors = log.select(
         F.lit(None).cast(rows.schema[LABEL].dataType).alias(LABEL),
+        F.lit(None).cast("long").alias(ROW),
         F.col("entity_id").cast(id_type).alias(ID),
         F.col("served_at").cast("timestamp").alias(TIME),
         F.lit(0).alias(KIND),
@@ -330,14 +339,20 @@ def build_training_set(
             F.when(F.col(TIME).isNotNull(), F.last(VECTOR, ignorenulls=True).over(order)),
         )
         .where(F.col(KIND) == 1)
-        .select(LABEL, ID, TIME, VECTOR)
+        .select(LABEL, ID, TIME, ROW, VECTOR)
     )
     joined = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     # what the log does not cover, from the groups' sources (training_sources.py)
-    backfill = {}
+    backfill: dict[str, tuple[list[tuple[str, Column]], Column]] = {}
     for i, (group, source) in enumerate(zip(backfilled, sources, strict=True)):
-        joined = as_of(joined, source, group.max_age_seconds, f"__backfill{i}")
-        backfill[group.name] = served_columns(group, F.col(f"__backfill{i}"))
+        scratch = f"__backfill{i}"
+        if group.aggregation is not None:
+            joined, answers, found = window_answers(joined, source, group, scratch)
+            backfill[group.name] = (answers, found)
+            continue
+        joined = as_of(joined, source, group.max_age_seconds, scratch)
+        values = F.col(scratch)
+        backfill[group.name] = (served_columns(group, values), values.isNotNull())
     out = joined.select(f"{LABEL}.*", *_output(groups, backfill))
     out.write.mode("overwrite" if job.overwrite else "errorifexists").parquet(job.output)
     report = _report(
@@ -353,7 +368,7 @@ def build_training_set(
 
 
 def _output(
-    groups: list[FeatureGroup], backfill: dict[str, list[tuple[str, Column]]]
+    groups: list[FeatureGroup], backfill: dict[str, tuple[list[tuple[str, Column]], Column]]
 ) -> list[Column]:
     """The output's columns besides the label's: what was served (the log's), then each
     group's values (logged, or where the log has none of the group's, its source's), then
@@ -370,9 +385,8 @@ def _output(
         covered = F.coalesce(*statuses).isNotNull()  # the log answered some of the group
         origin = F.when(covered, F.lit(FROM_LOG))
         if group.name in backfill:
-            columns = backfill[group.name]
+            columns, found = backfill[group.name]
             out += [F.when(covered, logged(n)).otherwise(c).alias(n) for n, c in columns]
-            found = columns[-1][1].isNotNull()  # the source row's event time
             origin = origin.when(found, F.lit(FROM_SOURCE))
         else:
             names = [f"{group.name}__{f.name}" for f in group.features]

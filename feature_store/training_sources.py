@@ -21,8 +21,8 @@ int lists come back as they went. A null cell is a value the job does not write:
 ``missing``. A value the codec refuses (a float past the float32 range, an embedding of
 another dimension) is one the job would have quarantined: null, status ``error``.
 
-Window aggregations are computed from events at a request's time, not stored as values:
-their sources are refused here (docs/aggregations.md's backfill job writes them to Redis).
+A group of window aggregations has no stored values: its source is its event history, and
+training_windows.py computes each label row's answers from it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class SourceSpec:
     group: str
     path: str
     id_column: str | None = None  # default: the entity type's join key
-    time_column: str = "event_timestamp"
+    time_column: str | None = None  # default: event_timestamp (events: event_time)
     fmt: str | None = None  # parquet or csv; default: by the name's ending
 
 
@@ -84,12 +84,6 @@ def source_groups(registry: Registry, entity: str, specs: list[SourceSpec]) -> l
                 f"--backfill {spec.group}: the group's entity type is {group.entity.name!r}, "
                 f"the labels' is {entity!r}"
             )
-        if group.aggregation is not None:
-            raise RequestError(
-                f"--backfill {spec.group}: a group of window aggregations is computed from "
-                "events at each request's time, not stored as values; backfill it with the "
-                "aggregation backfill job (docs/aggregations.md)"
-            )
         groups.append(group)
     return groups
 
@@ -106,27 +100,20 @@ def read_source(
 
     from feature_store.training import label_time, spark_type
 
-    kind = spec.fmt or ("csv" if spec.path.lower().endswith((".csv", ".csv.gz")) else "parquet")
-    where = f"--backfill {spec.group}={spec.path}"
-    if not Path(spec.path).exists() and "://" not in spec.path:
-        raise RequestError(f"{where}: no such file or directory")
-    reader = spark.read
-    if kind == "csv":
-        frame = reader.option("header", "true").option("inferSchema", "true").csv(spec.path)
-    else:
-        frame = reader.parquet(spec.path)
+    frame, where = open_source(spark, spec)
     columns = frame.columns
     id_column = spec.id_column or group.entity.join_key
-    for name, flag in ((id_column, "the id column"), (spec.time_column, "--event-time-column")):
+    time_column = spec.time_column or "event_timestamp"
+    for name, flag in ((id_column, "the id column"), (time_column, "--event-time-column")):
         if name not in columns:
             raise RequestError(f"{where}: no column {name!r} ({flag}); it has {', '.join(columns)}")
     schema = frame.schema
-    time_kind = schema[spec.time_column].dataType
+    time_kind = schema[time_column].dataType
     try:
-        when = label_time(F.col(f"`{spec.time_column}`"), time_kind)
+        when = label_time(F.col(f"`{time_column}`"), time_kind)
     except RequestError:
         raise RequestError(
-            f"{where}: column {spec.time_column!r} has type {time_kind.simpleString()}, "
+            f"{where}: column {time_column!r} has type {time_kind.simpleString()}, "
             "not a time (a timestamp, unix time as a number, or RFC 3339 text)"
         ) from None
     values, absent = [], []
@@ -149,6 +136,18 @@ def read_source(
         F.struct(*values, when.alias(EVENT)).alias("values"),
     ).where(F.col("id").isNotNull() & F.col("time").isNotNull())
     return rows, absent
+
+
+def open_source(spark: SparkSession, spec: SourceSpec) -> tuple[DataFrame, str]:
+    """A source's rows as its file has them, and how errors name it."""
+    kind = spec.fmt or ("csv" if spec.path.lower().endswith((".csv", ".csv.gz")) else "parquet")
+    where = f"--backfill {spec.group}={spec.path}"
+    if not Path(spec.path).exists() and "://" not in spec.path:
+        raise RequestError(f"{where}: no such file or directory")
+    reader = spark.read
+    if kind == "csv":
+        return reader.option("header", "true").option("inferSchema", "true").csv(spec.path), where
+    return reader.parquet(spec.path), where
 
 
 def takes(kind: FeatureType, found: T.DataType) -> bool:

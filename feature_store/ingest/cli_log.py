@@ -54,8 +54,8 @@ def add_training_set(
     )
     p.add_argument(
         "--event-time-column",
-        default="event_timestamp",
-        help="the sources' event time column (default event_timestamp)",
+        help="the sources' event time column (default event_timestamp; a group of window "
+        "aggregations' events: event_time)",
     )
     p.add_argument("--output", required=True, help="where the training set goes (parquet)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
@@ -169,8 +169,8 @@ def add_skew(
     )
     p.add_argument(
         "--event-time-column",
-        default="event_timestamp",
-        help="the sources' event time column (default event_timestamp)",
+        help="the sources' event time column (default event_timestamp; a group of window "
+        "aggregations' events: event_time)",
     )
     p.add_argument("--from", dest="start", help="only rows served at or after this time")
     p.add_argument("--to", dest="end", help="only rows served before this time")

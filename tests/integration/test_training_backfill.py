@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import struct
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,16 +16,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from feature_store.errors import EncodingError, RequestError
 from feature_store.ingest.job import spark_session
 from feature_store.registry import FeatureGroup, parse_registry
+from feature_store.serialization.codecs import FeatureType
 from feature_store.serving.feature_log import arrow_schema
 from feature_store.training import TrainingSetJob, build_training_set
 from feature_store.training_sources import SourceSpec
+from feature_store.windows import Event, reference_answer
 
 REGISTRY = """\
 version: 1
@@ -54,6 +57,8 @@ feature_groups:
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 MAX_AGE = 100
 runs = itertools.count()
+# a Spark job per example: shrinking a failure would take many minutes; it is shown as found
+UNSHRUNK = (Phase.explicit, Phase.reuse, Phase.generate)
 registry = parse_registry(REGISTRY, source="test")
 PROFILE, ACTIVITY = registry.groups["profile"], registry.groups["activity"]
 
@@ -286,6 +291,7 @@ def cases(draw: st.DrawFn) -> tuple[list[Label], list[Vector] | None, list[Row],
     max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    phases=UNSHRUNK,
 )
 @given(cases())
 def test_backfill_equals_the_reference_row_by_row(
@@ -373,3 +379,161 @@ def test_a_bad_source_is_refused_naming_its_file_and_column_and_nothing_is_writt
     )
     with pytest.raises(RequestError, match="--backfill nope: no such group"):
         build_training_set(spark, job)
+
+
+# --- window aggregations, from their event history ------------------------------------
+
+WINDOWS = """\
+version: 1
+entities:
+  consumer:
+    prefix: c
+    join_key: consumer_id
+    id_type: int
+    ttl: 7d
+feature_groups:
+  activity:
+    entity: consumer
+    max_age: 30m
+    aggregations:
+      tile: 1m
+      features:
+        orders_1h: {function: count, window: 1h}
+        rated_10m: {function: count, of: rating, window: 10m}
+        spend_1h: {function: sum, of: amount, window: 1h}
+        mean_10m: {function: mean, of: amount, window: 10m}
+        max_1h: {function: max, of: amount, window: 1h}
+        min_10m: {function: min, of: rating, window: 10m}
+        stores_1h: {function: last_n, n: 3, of: store, window: 1h}
+        ratings_1h: {function: last_n, n: 2, of: rating, window: 1h, type: float_list}
+"""
+windowed = parse_registry(WINDOWS, source="test")
+ACTIVITY_WINDOWS = windowed.groups["activity"]
+# an event: (entity id, its time in seconds from T0, amount, rating, store)
+WindowEvent = tuple[int, int, float | None, float | None, int | None]
+
+
+def window_reference(labels: list[Label], events: list[WindowEvent]) -> list[dict[str, object]]:
+    """Each label's answers from its entity's events at or before its time, plainly."""
+    group = ACTIVITY_WINDOWS
+    assert group.aggregation is not None
+    out = []
+    for eid, t in labels:
+        mine = sorted((e for e in events if e[0] == eid and e[1] <= t), key=lambda e: e[1])
+        row: dict[str, object] = {"activity__source": "backfill" if mine else None}
+        history = [
+            Event(
+                time_ms=int(at(s).timestamp()) * 1000,
+                values={
+                    k: v
+                    for k, v in (("amount", amount), ("rating", rating), ("store", store))
+                    if v is not None
+                },
+            )
+            for _, s, amount, rating, store in mine
+        ]
+        now = at(t).timestamp()
+        values = reference_answer(group.aggregation, history, now) if mine else None
+        longest = [e for e in mine if e[1] // 60 > (t - 3600) // 60]
+        newest = max((e[1] for e in longest), default=None)
+        stale = newest is not None and t - newest > 1800
+        for i, f in enumerate(group.features):
+            value = None if values is None else values[i]
+            if f.type is FeatureType.FLOAT_LIST and value is not None:
+                value = [struct.unpack("<f", struct.pack("<f", v))[0] for v in value]  # type: ignore[union-attr]
+            row[f"activity__{f.name}"] = value
+            status = None if values is None else "missing" if value is None else "present"
+            row[f"activity__{f.name}__status"] = (
+                "stale" if stale and status == "present" else status
+            )
+        row["activity__event_time"] = None if newest is None else at(newest)
+        out.append(row)
+    return out
+
+
+@st.composite
+def window_cases(draw: st.DrawFn) -> tuple[list[Label], list[WindowEvent]]:
+    amounts = st.none() | st.floats(-1e6, 1e6, allow_nan=False)
+    events = draw(
+        st.lists(
+            st.tuples(
+                entity_ids,
+                st.integers(0, 7200),
+                amounts,
+                amounts,
+                st.none() | st.integers(-(2**40), 2**40),
+            ),
+            max_size=30,
+            unique_by=lambda e: (e[0], e[1]),  # one event a second per entity: last_n's order
+        )
+    )
+    labels = draw(
+        st.lists(
+            st.tuples(
+                st.integers(1, 5),
+                st.integers(0, 9000) | st.sampled_from([e[1] for e in events] or [0]),
+            ),
+            min_size=3,
+            max_size=20,
+        )
+    )
+    return labels, events
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    phases=UNSHRUNK,
+)
+@given(window_cases())
+def test_window_aggregations_are_backfilled_at_each_labels_time_as_a_read_answers(
+    spark: SparkSession, tmp_path: Path, case: tuple[list[Label], list[WindowEvent]]
+) -> None:
+    labels, events = case
+    n = next(runs)
+    registry_path = tmp_path / f"windows{n}.yaml"
+    registry_path.write_text(WINDOWS)
+    source, labels_path = tmp_path / f"events{n}.parquet", tmp_path / f"wlabels{n}.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "consumer_id": pa.array([e[0] for e in events], pa.int64()),
+                "event_time": pa.array([at(e[1]) for e in events], pa.timestamp("us", "UTC")),
+                "amount": pa.array([e[2] for e in events], pa.float64()),
+                "rating": pa.array([e[3] for e in events], pa.float64()),
+                "store": pa.array([e[4] for e in events], pa.int64()),
+            }
+        ),
+        source,
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "consumer_id": pa.array([e for e, _ in labels], pa.int64()),
+                "event_timestamp": pa.array([at(t) for _, t in labels], pa.timestamp("us", "UTC")),
+                "row": pa.array(range(len(labels)), pa.int64()),
+            }
+        ),
+        labels_path,
+    )
+    out = tmp_path / f"wout{n}"
+    job = TrainingSetJob(
+        registry=registry_path,
+        labels=str(labels_path),
+        log=None,
+        output=str(out),
+        backfill=(SourceSpec("activity", str(source)),),
+    )
+    report = build_training_set(spark, job)
+    rows = sorted(pq.read_table(out).to_pylist(), key=lambda r: r["row"])
+    expected = window_reference(labels, events)
+    for row, want in zip(rows, expected, strict=True):
+        for name, value in want.items():
+            if name in ("activity__spend_1h", "activity__mean_10m") and value is not None:
+                assert row[name] == pytest.approx(value, rel=1e-9, abs=1e-6), (name, row, want)
+            else:
+                assert same(row[name], value), (name, row[name], value, row)
+    assert report.backfilled["activity"] == sum(  # type: ignore[attr-defined]
+        w["activity__source"] is not None for w in expected
+    )
