@@ -285,12 +285,18 @@ def build_training_set(
     id_type = "long" if entity.id_type is IdType.INT else "string"
     # the label row travels whole (a struct) beside its id and time: no row numbers to join
     label = F.struct(*[F.col(f"`{c}`") for c in columns])
+    time_kind = labels.schema[job.time_column].dataType
+    try:
+        when = label_time(F.col(f"`{job.time_column}`"), time_kind)
+    except RequestError:
+        raise RequestError(
+            f"--labels {job.labels}: column {job.time_column!r} (--time-column) has type "
+            f"{time_kind.simpleString()}, not a time"
+        ) from None
     rows = labels.select(
         label.alias(LABEL),
         F.col(f"`{id_column}`").cast(id_type).alias(ID),
-        label_time(F.col(f"`{job.time_column}`"), labels.schema[job.time_column].dataType).alias(
-            TIME
-        ),
+        when.alias(TIME),
         # numbered as read (the same numbers however often a plan reads it again), for
         # what is computed apart and joined back to its row (training_windows.py)
         F.monotonically_increasing_id().alias(ROW),

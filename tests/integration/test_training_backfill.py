@@ -370,6 +370,20 @@ def test_a_bad_source_is_refused_naming_its_file_and_column_and_nothing_is_writt
     job = TrainingSetJob(registry=registry_file, labels=str(labels), log=None, output="x")
     with pytest.raises(RequestError, match="nothing to join"):
         build_training_set(spark, job)
+    good = bad_source(tmp_path, "good", {"consumer_id": ids, "event_timestamp": when})
+    flagged = tmp_path / "flagged.csv"
+    flagged.write_text("consumer_id,event_timestamp\n1,true\n")
+    job = TrainingSetJob(
+        registry=registry_file,
+        labels=str(flagged),
+        log=None,
+        output=str(tmp_path / "out_flagged"),
+        backfill=(SourceSpec("profile", good),),
+    )
+    message = f"--labels {flagged}: column 'event_timestamp' \\(--time-column\\) has type boolean"
+    with pytest.raises(RequestError, match=message):
+        build_training_set(spark, job)
+    assert not (tmp_path / "out_flagged").exists()
     job = TrainingSetJob(
         registry=registry_file,
         labels=str(labels),
