@@ -214,14 +214,11 @@ def served_columns(group: FeatureGroup, values: Column) -> list[tuple[str, Colum
 
     from feature_store.training import spark_type
 
-    floats = [f.name for f in group.features if f.type is FeatureType.FLOAT]
-    texts = dict(zip(floats, _float32_texts([values[n] for n in floats]), strict=True))
     out = []
     for feature in group.features:
         raw = values[feature.name]
         refused = refuses(feature.codec, raw)
-        value = served_value(feature.codec, raw, texts.get(feature.name))
-        served = F.when(~refused, value).cast(spark_type(feature.type))
+        served = F.when(~refused, served_value(feature.codec, raw)).cast(spark_type(feature.type))
         status = (
             F.when(values.isNull(), None)
             .when(raw.isNull(), "missing")
@@ -258,42 +255,30 @@ def refuses(codec: Codec, raw: Column) -> Column:
     return F.lit(False)
 
 
-def served_value(codec: Codec, raw: Column, text: Column | None) -> Column:
-    """What serving answers for a source value the nightly job wrote (the module's text);
-    ``text``: a float feature's value through its float32 text (``_float32_texts``)."""
+def served_value(codec: Codec, raw: Column) -> Column:
+    """What serving answers for a source value the nightly job wrote (the module's text)."""
     from pyspark.sql import functions as F
 
     if codec.type is FeatureType.FLOAT:
-        assert text is not None
         x = raw.cast("double")
-        return F.when(F.isnan(x) | (F.abs(x) == F.lit(float("inf"))), x).otherwise(text)
+        return F.when(F.isnan(x) | (F.abs(x) == F.lit(float("inf"))), x).otherwise(_float32_text(x))
     return raw  # float32 lists by the cast; ints, bools, strings and int lists as they went
 
 
-def _float32_texts(columns: list[Column]) -> list[Column]:
-    """Finite floats as serving answers them: the double of the shortest text of each one's
-    float32 (codecs.encode_float32, then decode_float), each distinct value of a column
-    encoded once per batch; all of a group's float columns in one Python UDF (one per
-    column sends each batch to Python once per column)."""
+def _float32_text(raw: Column) -> Column:
+    """A finite float as serving answers it: the double of the shortest text of its float32
+    (codecs.encode_float32, then decode_float), each distinct value encoded once."""
     import pandas as pd
-    from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf  # type: ignore[attr-defined]
 
-    if not columns:
-        return []
-    names = [f"c{k}" for k in range(len(columns))]
-
-    def served(values: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame(
-            {n: values[n].map(_served_floats(values[n].unique())) for n in values.columns}
-        )
+    def served(values: pd.Series) -> pd.Series:
+        return values.map(_served_floats(values.unique()))
 
     # Spark reads the kind of UDF from the hints, which this module's postponed annotations
     # leave as text
-    served.__annotations__ = {"values": pd.DataFrame, "return": pd.DataFrame}
-    udf = pandas_udf(", ".join(f"{n} double" for n in names))(served)
-    texts = udf(F.struct(*[c.cast("double").alias(n) for c, n in zip(columns, names, strict=True)]))
-    return [texts[n] for n in names]
+    served.__annotations__ = {"values": pd.Series, "return": pd.Series}
+    served = pandas_udf("double")(served)
+    return served(raw)  # type: ignore[no-any-return]
 
 
 def _served_floats(distinct: Iterable[float]) -> Mapping[float, float]:
