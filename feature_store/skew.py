@@ -22,7 +22,13 @@ Why a value differs is read from the group's write time, which every logged row 
 - ``older_than_source``: the value served is from before the source's newest row (a stale
   snapshot: the nightly job's write did not land, or a cache served past its bound);
 - ``not_in_store``: nothing was stored for the entity, where the source has a row;
-- ``value_differs``: the same write, another value (a codec or a writer's bug).
+- ``value_differs``: the same write, another value (a writer's bug, a value changed by
+  hand);
+- ``encoding``: the same write, values equal at float32: only the encoding differs (a
+  codec's bug: a float stored as its float32's full digits, say);
+- ``past_max_age`` (before the others): the write served was older than the group's
+  ``max_age`` when it was served, yet served as ``present`` (a cache served past its
+  bound).
 
 Times are compared in whole seconds, the log's resolution.
 """
@@ -47,7 +53,14 @@ if TYPE_CHECKING:
     from pyspark.sql import types as T
 
 KINDS = ("equal", "mismatched", "served_missing_in_source", "missing_when_source_has")
-CAUSES = ("newer_than_source", "older_than_source", "not_in_store", "value_differs")
+CAUSES = (
+    "newer_than_source",
+    "older_than_source",
+    "not_in_store",
+    "value_differs",
+    "past_max_age",
+    "encoding",
+)
 NUMBERS = (FeatureType.FLOAT, FeatureType.DOUBLE, FeatureType.INT)
 EXPECTED = "__expected"
 KEPT = 100  # mismatches listed in the report
@@ -139,6 +152,49 @@ class SkewReport:
         return "\n".join(out) + "\n"
 
 
+def write_metrics(report: SkewReport, path: Path, now: float | None = None) -> None:
+    """The report as Prometheus gauges in a text file (for node_exporter's textfile
+    collector, or a push), written whole or not at all; deploy/prometheus/rules.yml alerts
+    on them."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    registry = CollectorRegistry()
+    values = Gauge(
+        "feature_skew_values", "logged values by what the source says of them",
+        ["group", "feature", "kind"], registry=registry,
+    )  # fmt: skip
+    differing = Gauge(
+        "feature_skew_differing", "logged values that differ, by cause", ["group", "cause"],
+        registry=registry,
+    )  # fmt: skip
+    ratio = Gauge(
+        "feature_skew_differing_ratio", "the share of compared values that differ", ["group"],
+        registry=registry,
+    )  # fmt: skip
+    smape = Gauge(
+        "feature_skew_smape", "SMAPE of numbers where both have a value", ["group", "feature"],
+        registry=registry,
+    )  # fmt: skip
+    rows = Gauge(
+        "feature_skew_logged_rows", "logged rows of the group", ["group"], registry=registry
+    )
+    last = Gauge("feature_skew_last_run_timestamp_seconds", "when the check ran", registry=registry)
+    for name, group in report.groups.items():
+        rows.labels(name).set(group.rows)
+        compared = sum(f.compared for f in group.features.values())
+        different = sum(f.differing for f in group.features.values())
+        ratio.labels(name).set(different / compared if compared else 0.0)
+        for cause, n in group.causes.items():
+            differing.labels(name, cause).set(n)
+        for feature, f in group.features.items():
+            for kind in (*KINDS, "not_compared"):
+                values.labels(name, feature, kind).set(getattr(f, kind))
+            if f.smape is not None:
+                smape.labels(name, feature).set(f.smape)
+    last.set(time.time() if now is None else now)
+    write_to_textfile(str(path), registry)
+
+
 def parse_time(text: str | None, flag: str) -> datetime | None:
     if text is None:
         return None
@@ -220,36 +276,52 @@ def _group_skew(
     expected = dict(served_columns(group, F.col(EXPECTED)))
     seconds = F.col("__served_time").cast("long")
     theirs = F.col(f"{EXPECTED}.__event_time").cast("long")
+    age = F.col(TIME).cast("long") - seconds  # of the write served, when it was served
+    cause = F.when(F.lit(False), None)
+    if group.max_age_seconds is not None:
+        cause = F.when(age > group.max_age_seconds, F.lit("past_max_age"))
     cause = (
-        F.when(F.col(EXPECTED).isNull() | (seconds > theirs), F.lit(CAUSES[0]))
-        .when(F.col("__served_time").isNull(), F.lit(CAUSES[2]))
-        .when(seconds < theirs, F.lit(CAUSES[1]))
-        .otherwise(F.lit(CAUSES[3]))
+        cause.when(F.col(EXPECTED).isNull() | (seconds > theirs), F.lit("newer_than_source"))
+        .when(F.col("__served_time").isNull(), F.lit("not_in_store"))
+        .when(seconds < theirs, F.lit("older_than_source"))
+        .otherwise(F.lit("value_differs"))
     )
-    sums: list[Column] = [F.count(F.lit(1)).alias("rows")]
+    # one small record per logged value (its feature, kind, cause and SMAPE term), counted
+    # by a group-by: a few expressions per feature, where a sum per feature, kind and cause
+    # made a plan too large for Spark's code generation
+    cells: list[Column] = []
     differing: list[Column] = []
     for i, f in enumerate(compared):
         column = f"{name}__{f.name}"
         got, status = F.col(f"`{column}`"), F.col(f"`{column}__status`")
         want, want_status = expected[column], expected[f"{column}__status"]
         has, has_want = status == "present", want_status == "present"
-        kinds = {
-            "equal": (has & has_want & got.eqNullSafe(want)) | ((status == "missing") & ~has_want),
-            "mismatched": has & has_want & ~got.eqNullSafe(want),
-            "served_missing_in_source": has & ~has_want,
-            "missing_when_source_has": (status == "missing") & has_want,
-        }
-        kinds = {k: F.coalesce(v, F.lit(False)) for k, v in kinds.items()}
-        sums += [F.sum(v.cast("long")).alias(f"{k}{i}") for k, v in kinds.items()]
-        sums.append(F.sum(status.isin("stale", "error").cast("long")).alias(f"skipped{i}"))
-        differs = kinds["mismatched"] | kinds["served_missing_in_source"]
-        differs = differs | kinds["missing_when_source_has"]
-        for c in CAUSES:
-            sums.append(F.sum((differs & (cause == c)).cast("long")).alias(f"{c}{i}"))
+        same = got.eqNullSafe(want)
+        verdict = (
+            F.when(status.isin("stale", "error"), F.lit("not_compared"))
+            .when(has & has_want & same, F.lit("equal"))
+            .when((status == "missing") & ~has_want, F.lit("equal"))
+            .when(has & has_want, F.lit("mismatched"))
+            .when(has, F.lit("served_missing_in_source"))
+            .when((status == "missing") & has_want, F.lit("missing_when_source_has"))
+        )
+        differs = verdict.isin("mismatched", "served_missing_in_source", "missing_when_source_has")
+        # the same write, values equal at float32: only their encoding differs
+        alike = _float32(got, f.type).eqNullSafe(_float32(want, f.type))
+        why = F.when((cause == "value_differs") & alike, F.lit("encoding")).otherwise(cause)
+        term = F.lit(None).cast("double")
         if f.type in NUMBERS:
             a, b = got.cast("double"), want.cast("double")
-            term = F.when(a == b, 0.0).otherwise(F.abs(a - b) / ((F.abs(a) + F.abs(b)) / 2))
-            sums.append(F.avg(F.when(has & has_want, term)).alias(f"smape{i}"))
+            smape = F.when(a == b, 0.0).otherwise(F.abs(a - b) / ((F.abs(a) + F.abs(b)) / 2))
+            term = F.when(has & has_want, smape)
+        cells.append(
+            F.struct(
+                F.lit(i).alias("i"),
+                verdict.alias("kind"),
+                F.when(differs, why).alias("cause"),
+                term.alias("term"),
+            )
+        )
         differing.append(
             F.when(
                 differs,
@@ -259,23 +331,41 @@ def _group_skew(
                     F.to_json(F.struct(want.alias("v"))).alias("expected"),
                     status.alias("served_status"),
                     want_status.alias("expected_status"),
-                    cause.alias("cause"),
+                    why.alias("cause"),
                 ),
             )
         )
-    totals = joined.agg(*sums).collect()[0]
-    skew = GroupSkew(rows=totals["rows"], not_in_source=list(absent))
-    skew.causes = dict.fromkeys(CAUSES, 0)
-    for i, f in enumerate(compared):
-        counts = {k: totals[f"{k}{i}"] or 0 for k in KINDS}
-        feature = FeatureSkew(
-            compared=sum(counts.values()), not_compared=totals[f"skipped{i}"] or 0, **counts
+    counted = (
+        (
+            joined.select(F.inline(F.array(*cells)))
+            .where(F.col("kind").isNotNull())
+            .groupBy("i", "kind", "cause")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.sum("term").alias("terms"),
+                F.count("term").alias("numbers"),
+            )
+            .collect()
         )
-        if f.type in NUMBERS:
-            feature.smape = totals[f"smape{i}"]
+        if cells
+        else []
+    )
+    skew = GroupSkew(rows=joined.count(), not_in_source=list(absent))
+    skew.causes = dict.fromkeys(CAUSES, 0)
+    features = [FeatureSkew() for _ in compared]
+    terms = [[0.0, 0] for _ in compared]
+    for r in counted:
+        feature = features[r["i"]]
+        setattr(feature, r["kind"], getattr(feature, r["kind"]) + r["n"])
+        if r["cause"] is not None:
+            skew.causes[r["cause"]] += r["n"]
+        terms[r["i"]][0] += r["terms"] or 0.0
+        terms[r["i"]][1] += r["numbers"]
+    for f, feature, (total, numbers) in zip(compared, features, terms, strict=True):
+        feature.compared = sum(getattr(feature, k) for k in KINDS)
+        if f.type in NUMBERS and numbers:
+            feature.smape = total / numbers
         skew.features[f.name] = feature
-        for c in CAUSES:
-            skew.causes[c] += totals[f"{c}{i}"] or 0
     kept: list[dict[str, object]] = []
     if keep > 0 and differing:
         listed = (
@@ -310,6 +400,15 @@ def _group_skew(
             )
     joined.unpersist()
     return skew, kept
+
+
+def _float32(value: Column, kind: FeatureType) -> Column:
+    """A value at float32, where it is a float or floats; as it is otherwise."""
+    if kind in (FeatureType.FLOAT, FeatureType.DOUBLE):
+        return value.cast("float")
+    if kind in (FeatureType.EMBEDDING, FeatureType.FLOAT_LIST):
+        return value.cast("array<float>")
+    return value
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -176,6 +176,12 @@ def add_skew(
     p.add_argument("--to", dest="end", help="only rows served before this time")
     p.add_argument("--report", type=Path, required=True, help="write the report (JSON) here")
     p.add_argument(
+        "--metrics-file",
+        type=Path,
+        help="also write the figures as Prometheus gauges here (a textfile collector's "
+        "directory, *.prom), for the alerts of deploy/prometheus/rules.yml",
+    )
+    p.add_argument(
         "--fail-above",
         type=float,
         metavar="RATE",
@@ -188,7 +194,7 @@ def add_skew(
 def run_skew_command(args: argparse.Namespace) -> int:
     import json
 
-    from feature_store.skew import SkewJob, measure_skew, parse_time
+    from feature_store.skew import SkewJob, measure_skew, parse_time, write_metrics
     from feature_store.training_sources import SourceSpec, parse_backfills
 
     settings = settings_from(args)
@@ -207,6 +213,8 @@ def run_skew_command(args: argparse.Namespace) -> int:
     with session(args, conf, "feature-store-skew") as spark:
         report = measure_skew(spark, job)
     args.report.write_text(json.dumps(report.as_json(), indent=2, default=str) + "\n")
+    if args.metrics_file is not None:
+        write_metrics(report, args.metrics_file)
     print(report.markdown(), end="")
     if args.fail_above is not None and report.rate > args.fail_above:
         stderr(f"skew: {report.rate:.4%} of the values compared differ, above {args.fail_above:%}")
