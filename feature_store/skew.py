@@ -246,7 +246,7 @@ def _group_skew(
 ) -> tuple[GroupSkew, list[dict[str, object]]]:
     from pyspark.sql import functions as F
 
-    from feature_store.training import ID, TIME, spark_type
+    from feature_store.training_sources import ID, TIME, spark_type
 
     name = group.name
     compared = [f for f in group.features if f.name not in absent]

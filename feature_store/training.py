@@ -36,12 +36,17 @@ from feature_store.serialization.codecs import FeatureType
 from feature_store.training_sources import (
     FROM_LOG,
     FROM_SOURCE,
+    ID,
+    ROW,
     SOURCE_SUFFIX,
+    TIME,
     SourceSpec,
     as_of,
+    label_time,
     read_source,
     served_columns,
     source_groups,
+    spark_type,
 )
 from feature_store.training_windows import read_events, window_answers
 
@@ -49,8 +54,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql import types as T
 
-ID, TIME, KIND, LABEL, VECTOR = "__id", "__time", "__kind", "__label", "__vector"
-ROW = "__row"  # a label row's number
+KIND, LABEL, VECTOR = "__kind", "__label", "__vector"
 RID, EID = "__request_id", "__entity_id"
 # the columns a training set adds to the label rows' own, besides the features'
 SERVED_COLUMNS = ("served_request_id", "served_at", "served_api", "served_source")
@@ -67,21 +71,6 @@ def feature_columns(registry: Registry, entity: EntityType) -> list[tuple[str, F
                 out += [(f"{g.name}__{f.name}", f.type), (f"{g.name}__{f.name}__status", None)]
             out.append((f"{g.name}__event_time", None))
     return out
-
-
-def spark_type(kind: FeatureType) -> T.DataType:
-    from pyspark.sql import types as T
-
-    return {
-        FeatureType.FLOAT: T.DoubleType(),
-        FeatureType.DOUBLE: T.DoubleType(),
-        FeatureType.INT: T.LongType(),
-        FeatureType.BOOL: T.BooleanType(),
-        FeatureType.STRING: T.StringType(),
-        FeatureType.EMBEDDING: T.ArrayType(T.FloatType()),
-        FeatureType.FLOAT_LIST: T.ArrayType(T.FloatType()),
-        FeatureType.INT_LIST: T.ArrayType(T.LongType()),
-    }[kind]
 
 
 # --- training sets --------------------------------------------------------------------------
@@ -180,30 +169,6 @@ def label_entity(registry: Registry, columns: list[str], job: TrainingSetJob) ->
         f"the labels carry the join keys of {', '.join(e.name for e in keys)}: name one "
         "with --entity-type"
     )
-
-
-def label_time(column: Column, kind: T.DataType) -> Column:
-    """A label time as a timestamp: a timestamp or date as it is, text parsed, and a number
-    as unix time in seconds, ms, µs or ns by its size (pandas' timestamps arrive as
-    nanoseconds: spark.sql.legacy.parquet.nanosAsLong)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if isinstance(kind, T.TimestampType | T.TimestampNTZType | T.DateType):
-        return column.cast("timestamp")
-    if isinstance(kind, T.StringType):
-        return F.to_timestamp(column)
-    if isinstance(kind, T.NumericType):
-        x = column.cast("double")
-        magnitude = F.abs(x)
-        seconds = (
-            F.when(magnitude >= 1e17, x / 1e9)
-            .when(magnitude >= 1e14, x / 1e6)
-            .when(magnitude >= 1e11, x / 1e3)
-            .otherwise(x)
-        )
-        return F.timestamp_micros((seconds * 1e6).cast("long"))
-    raise RequestError(f"the label time column has type {kind.simpleString()}: not a time")
 
 
 def read_log(

@@ -42,9 +42,50 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql import types as T
 
+ID, TIME = "__id", "__time"  # a label row's entity id and time, in the joins' frames
+ROW = "__row"  # a label row's number, as read
 SOURCE_SUFFIX = "__source"  # the output's column per group: "log", "backfill" or null
 FROM_LOG, FROM_SOURCE = "log", "backfill"
 EVENT = "__event_time"  # a source row's event time, in its struct
+
+
+def spark_type(kind: FeatureType) -> T.DataType:
+    from pyspark.sql import types as T
+
+    return {
+        FeatureType.FLOAT: T.DoubleType(),
+        FeatureType.DOUBLE: T.DoubleType(),
+        FeatureType.INT: T.LongType(),
+        FeatureType.BOOL: T.BooleanType(),
+        FeatureType.STRING: T.StringType(),
+        FeatureType.EMBEDDING: T.ArrayType(T.FloatType()),
+        FeatureType.FLOAT_LIST: T.ArrayType(T.FloatType()),
+        FeatureType.INT_LIST: T.ArrayType(T.LongType()),
+    }[kind]
+
+
+def label_time(column: Column, kind: T.DataType) -> Column:
+    """A label time as a timestamp: a timestamp or date as it is, text parsed, and a number
+    as unix time in seconds, ms, µs or ns by its size (pandas' timestamps arrive as
+    nanoseconds: spark.sql.legacy.parquet.nanosAsLong)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.TimestampType | T.TimestampNTZType | T.DateType):
+        return column.cast("timestamp")
+    if isinstance(kind, T.StringType):
+        return F.to_timestamp(column)
+    if isinstance(kind, T.NumericType):
+        x = column.cast("double")
+        magnitude = F.abs(x)
+        seconds = (
+            F.when(magnitude >= 1e17, x / 1e9)
+            .when(magnitude >= 1e14, x / 1e6)
+            .when(magnitude >= 1e11, x / 1e3)
+            .otherwise(x)
+        )
+        return F.timestamp_micros((seconds * 1e6).cast("long"))
+    raise RequestError(f"the label time column has type {kind.simpleString()}: not a time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +139,6 @@ def read_source(
     refused, naming the file and column."""
     from pyspark.sql import functions as F
 
-    from feature_store.training import label_time, spark_type
-
     frame, where = open_source(spark, spec)
     columns = frame.columns
     id_column = spec.id_column or group.entity.join_key
@@ -108,14 +147,7 @@ def read_source(
         if name not in columns:
             raise RequestError(f"{where}: no column {name!r} ({flag}); it has {', '.join(columns)}")
     schema = frame.schema
-    time_kind = schema[time_column].dataType
-    try:
-        when = label_time(F.col(f"`{time_column}`"), time_kind)
-    except RequestError:
-        raise RequestError(
-            f"{where}: column {time_column!r} has type {time_kind.simpleString()}, "
-            "not a time (a timestamp, unix time as a number, or RFC 3339 text)"
-        ) from None
+    when = source_time(frame, time_column, where)
     values, absent = [], []
     for feature in group.features:
         if feature.name not in columns:  # a feature the source does not have: null
@@ -150,6 +182,21 @@ def open_source(spark: SparkSession, spec: SourceSpec) -> tuple[DataFrame, str]:
     return reader.parquet(spec.path), where
 
 
+def source_time(frame: DataFrame, column: str, where: str) -> Column:
+    """A source's event time column as a timestamp; refused, naming the file and column,
+    where it is not a time."""
+    from pyspark.sql import functions as F
+
+    kind = frame.schema[column].dataType
+    try:
+        return label_time(F.col(f"`{column}`"), kind)
+    except RequestError:
+        raise RequestError(
+            f"{where}: column {column!r} has type {kind.simpleString()}, not a time "
+            "(a timestamp, unix time as a number, or RFC 3339 text)"
+        ) from None
+
+
 def takes(kind: FeatureType, found: T.DataType) -> bool:
     """Whether a feature of ``kind`` takes a source column of Spark type ``found``."""
     from pyspark.sql import types as T
@@ -176,8 +223,6 @@ def as_of(rows: DataFrame, source: DataFrame, max_age: int | None, out: str) -> 
     within ``max_age`` seconds of it, or null."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from feature_store.training import ID, TIME
 
     kind = "__source_kind"
     values_type = source.schema["values"].dataType
@@ -211,8 +256,6 @@ def served_columns(group: FeatureGroup, values: Column) -> list[tuple[str, Colum
     """The output's columns of ``group`` from a source row's ``values`` (a struct; null: no
     row): each value as serving would answer it and its status, and the event time."""
     from pyspark.sql import functions as F
-
-    from feature_store.training import spark_type
 
     out = []
     for feature in group.features:

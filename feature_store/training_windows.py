@@ -28,7 +28,7 @@ from feature_store.errors import RequestError
 from feature_store.layout import IdType
 from feature_store.registry import FeatureGroup, Function
 from feature_store.serialization.codecs import FeatureType
-from feature_store.training_sources import SourceSpec
+from feature_store.training_sources import ID, ROW, TIME, SourceSpec, spark_type
 from feature_store.windows import MS, Event, field_types, reference_answer
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def read_events(spark: SparkSession, spec: SourceSpec, group: FeatureGroup) -> D
     aggregates read, as they read it), every column checked as a source's are."""
     from pyspark.sql import functions as F
 
-    from feature_store.training import label_time
-    from feature_store.training_sources import open_source, takes
+    from feature_store.training_sources import open_source, source_time, takes
 
     assert group.aggregation is not None
     time_column = spec.time_column or DEFAULT_TIME_COLUMN
@@ -68,14 +67,7 @@ def read_events(spark: SparkSession, spec: SourceSpec, group: FeatureGroup) -> D
                 f"{where}: column {name!r} has type {found.simpleString()}: the aggregates "
                 f"of {group.name} read it as {wanted}"
             )
-    time_kind = schema[time_column].dataType
-    try:
-        when = label_time(F.col(f"`{time_column}`"), time_kind)
-    except RequestError:
-        raise RequestError(
-            f"{where}: column {time_column!r} has type {time_kind.simpleString()}, not a time "
-            "(a timestamp, unix time as a number, or RFC 3339 text)"
-        ) from None
+    when = source_time(frame, time_column, where)
     id_type = "long" if group.entity.id_type is IdType.INT else "string"
     cast = {FeatureType.INT: "long", FeatureType.DOUBLE: "double"}
     return frame.select(
@@ -88,8 +80,6 @@ def read_events(spark: SparkSession, spec: SourceSpec, group: FeatureGroup) -> D
 def answer_columns(group: FeatureGroup) -> list[tuple[str, str]]:
     """The output's columns of a group's answers and their Spark types (DDL): per feature
     its value and status, then the group's event time (unix seconds here)."""
-    from feature_store.training import spark_type
-
     out = []
     for f in group.features:
         out.append((f"{group.name}__{f.name}", spark_type(f.type).simpleString()))
@@ -105,8 +95,6 @@ def window_answers(
     ``out__0``, ``out__1``, ... and ``out`` (whether the entity had an event by the row's
     time), the output's columns of the group read from them, and that flag."""
     from pyspark.sql import functions as F
-
-    from feature_store.training import ID, ROW, TIME
 
     columns = answer_columns(group)
     asked = rows.select(F.col(ID).alias("id"), F.col(ROW), F.unix_micros(TIME).alias("micros"))

@@ -19,6 +19,19 @@ from feature_store.ingest.cli_spark import (
 )
 
 
+def add_source_columns(p: argparse.ArgumentParser) -> None:
+    """How the groups' sources name their columns (training-set's --backfill, skew's
+    --source)."""
+    p.add_argument(
+        "--source-id-column", help="the sources' entity id column (default: the join key)"
+    )
+    p.add_argument(
+        "--event-time-column",
+        help="the sources' event time column (default event_timestamp; a group of window "
+        "aggregations' events: event_time)",
+    )
+
+
 def add_training_set(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], default_master: str | None
 ) -> None:
@@ -49,14 +62,7 @@ def add_training_set(
         "input form: the id column, the feature columns by name, an event time column; "
         "repeatable, one per group",
     )
-    p.add_argument(
-        "--source-id-column", help="the sources' entity id column (default: the join key)"
-    )
-    p.add_argument(
-        "--event-time-column",
-        help="the sources' event time column (default event_timestamp; a group of window "
-        "aggregations' events: event_time)",
-    )
+    add_source_columns(p)
     p.add_argument("--output", required=True, help="where the training set goes (parquet)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--entity-type", help="the labels' entity type (default: by its join key)")
@@ -164,14 +170,7 @@ def add_skew(
         help="a group's source rows (parquet, or CSV with a header), as --backfill takes "
         "them; repeatable, one per group",
     )
-    p.add_argument(
-        "--source-id-column", help="the sources' entity id column (default: the join key)"
-    )
-    p.add_argument(
-        "--event-time-column",
-        help="the sources' event time column (default event_timestamp; a group of window "
-        "aggregations' events: event_time)",
-    )
+    add_source_columns(p)
     p.add_argument("--from", dest="start", help="only rows served at or after this time")
     p.add_argument("--to", dest="end", help="only rows served before this time")
     p.add_argument("--report", type=Path, required=True, help="write the report (JSON) here")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,3 +56,22 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_cert(d, "client", "ca", "DNS:model-server")
     make_cert(d, "stranger", "other-ca", "DNS:stranger")
     return d
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """Spark local[2] for one test module: UTC, no UI, two shuffle partitions."""
+    from feature_store.ingest.job import spark_session
+
+    session = spark_session(
+        "local[2]",
+        {
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.session.timeZone": "UTC",
+        },
+        app_name="feature-store-tests",
+    )
+    yield session
+    session.stop()

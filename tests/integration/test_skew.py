@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,13 +19,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
 from feature_store.embedded import EmbeddedRedis
-from feature_store.ingest.job import spark_session
 from feature_store.layout import IdType, entity_key, feature_field
 from feature_store.registry import parse_registry
 from feature_store.serving.feature_log import arrow_schema
@@ -53,21 +50,6 @@ registry = parse_registry(REGISTRY, source="test")
 
 def values(i: int, version: int = 0) -> dict[str, object]:
     return {"f": i / 10 + version, "d": i / 3, "n": i, "e": [i, 0.5, -1.0], "s": f"s{i}"}
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(
-        "local[2]",
-        {
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.sql.session.timeZone": "UTC",
-        },
-        app_name="feature-store-skew-tests",
-    )
-    yield session
-    session.stop()
 
 
 def write_source(path: Path, rows: list[tuple[int, float, dict[str, object]]]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import math
 import struct
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from feature_store.errors import EncodingError, RequestError
-from feature_store.ingest.job import spark_session
 from feature_store.registry import FeatureGroup, parse_registry
 from feature_store.serialization.codecs import FeatureType
 from feature_store.serving.feature_log import arrow_schema
@@ -61,22 +59,6 @@ runs = itertools.count()
 UNSHRUNK = (Phase.explicit, Phase.reuse, Phase.generate)
 registry = parse_registry(REGISTRY, source="test")
 PROFILE, ACTIVITY = registry.groups["profile"], registry.groups["activity"]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(
-        "local[2]",
-        {
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.sql.session.timeZone": "UTC",
-        },
-        app_name="feature-store-backfill-tests",
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

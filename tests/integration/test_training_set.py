@@ -6,7 +6,6 @@ before its time, never one served after it."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,29 +18,12 @@ from pyspark.sql import SparkSession
 
 from feature_store import sample
 from feature_store.errors import RequestError
-from feature_store.ingest.job import spark_session
 from feature_store.serving.feature_log import arrow_schema
 from feature_store.training import TrainingSetJob, build_training_set
 
 GROUP = sample.GROUP
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 runs = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(
-        "local[2]",
-        {
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.sql.session.timeZone": "UTC",
-        },
-        app_name="feature-store-training-tests",
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
