@@ -197,7 +197,9 @@ def test_a_value_served_past_max_age_is_told_as_such(spark: SparkSession, tmp_pa
     folder = tmp_path / "log" / "entity_type=consumer" / "date=2026-11-01" / "hour=12"
     folder.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([row], schema=schema), folder / "part-0.parquet")
-    write_source(tmp_path / "source.parquet", [(1, written.timestamp(), values(1))])
+    # a source without the feature s: not compared, and said so
+    lacking = {k: v for k, v in values(1).items() if k != "s"}
+    write_source(tmp_path / "source.parquet", [(1, written.timestamp(), lacking)])
     report = measure_skew(
         spark,
         SkewJob(
@@ -206,3 +208,5 @@ def test_a_value_served_past_max_age_is_told_as_such(spark: SparkSession, tmp_pa
     )
     assert [(m["feature"], m["cause"]) for m in report.mismatches] == [("f", "past_max_age")]
     assert report.groups["profile"].features["f"].served_missing_in_source == 1
+    assert report.groups["profile"].not_in_source == ["s"]
+    assert "s" not in report.groups["profile"].features

@@ -9,9 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 import struct
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -533,3 +536,29 @@ def test_window_aggregations_are_backfilled_at_each_labels_time_as_a_read_answer
     assert report.backfilled["activity"] == sum(  # type: ignore[attr-defined]
         w["activity__source"] is not None for w in expected
     )
+
+
+def test_the_command_backfills_from_a_csv_source(registry_file: Path, tmp_path: Path) -> None:
+    """``feature-store training-set --backfill`` as a user runs it: a CSV source whose
+    event times are RFC 3339 text under another name, no log, the report as JSON."""
+    (tmp_path / "labels.csv").write_text(
+        "consumer_id,event_timestamp\n1,2026-11-01T00:01:00Z\n1,2026-11-01T00:00:30Z\n2,2026-11-01T00:01:00Z\n"
+    )
+    (tmp_path / "profile.csv").write_text("consumer_id,when,f,n\n1,2026-11-01T00:00:40Z,0.1,7\n")
+    command = [str(Path(sys.executable).parent / "feature-store"), "training-set"]
+    command += ["--registry", str(registry_file), "--labels", str(tmp_path / "labels.csv")]
+    command += ["--backfill", f"profile={tmp_path / 'profile.csv'}", "--event-time-column", "when"]
+    command += ["--output", str(tmp_path / "out"), "--report", str(tmp_path / "report.json")]
+    command += ["--master", "local[1]"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "1 rows' values of profile from its source" in run.stdout
+    rows = pq.read_table(tmp_path / "out").to_pylist()
+    got = sorted(
+        (r["event_timestamp"], r["consumer_id"], r["profile__f"], r["profile__source"])
+        for r in rows
+    )
+    assert [g[1:] for g in got] == [(1, None, None), (1, 0.1, "backfill"), (2, None, None)]
+    report = orjson.loads((tmp_path / "report.json").read_bytes())
+    assert report["backfilled"] == {"profile": 1}
+    assert report["absent"] == {"profile": ["d", "e", "s"]}
