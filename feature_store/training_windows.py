@@ -8,7 +8,8 @@ entity id, the event time (``event_time``, or ``--event-time-column``) and the r
 fields the aggregates read. Per entity, its label rows and its events meet in one task
 (a cogroup: one shuffle of each), and each label row's answer is computed over its
 entity's events up to its time, in time order (no event is late). The cost per entity is
-its label rows times its events: fine for entities of up to thousands of events.
+its label rows times its events (benchmarks/training_backfill.py measures plain groups
+only).
 
 An entity with no event at or before the label's time has no values (as a read of an
 entity that never had one); otherwise ``count`` and ``sum`` answer 0 for an empty window
