@@ -287,8 +287,8 @@ def _group_skew(
         .otherwise(F.lit("value_differs"))
     )
     # one small record per logged value (its feature, kind, cause and SMAPE term), counted
-    # by a group-by: a few expressions per feature, where a sum per feature, kind and cause
-    # made a plan too large for Spark's code generation
+    # by a group-by: a few expressions per feature, where one sum per feature, kind and cause
+    # was slower (benchmarks/training_backfill.py)
     cells: list[Column] = []
     differing: list[Column] = []
     for i, f in enumerate(compared):
