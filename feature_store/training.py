@@ -13,6 +13,10 @@ are put in one frame, ordered per entity by time (a log row before a label row o
 time), and each label row takes the last log row before it (``last(..., ignorenulls)`` over
 the window), so the work is one shuffle whatever the number of vectors per entity.
 
+Where the log has none of a group's values for a label row, ``--backfill GROUP=PATH``
+answers it from the group's source rows, point in time (training_sources.py), or a group of
+window aggregations from its events (training_windows.py); ``<group>__source`` says which.
+
 ``feature-store log-sink`` reads the serving log's Kafka topic (``--feature-log
 kafka://...``) and writes its records into the file sink's layout (parquet under
 ``DIR/entity_type=<name>/date=YYYY-MM-DD/hour=HH/``), checkpointed. Each micro-batch is
@@ -248,7 +252,7 @@ def build_training_set(
         if name not in log.columns:
             log = log.withColumn(name, F.lit(None))
     id_type = "long" if entity.id_type is IdType.INT else "string"
-    # the label row travels whole (a struct) beside its id and time: no row numbers to join
+    # the label row travels whole (a struct) beside its id, time and number
     label = F.struct(*[F.col(f"`{c}`") for c in columns])
     time_kind = labels.schema[job.time_column].dataType
     try:
