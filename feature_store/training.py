@@ -289,6 +289,8 @@ def build_training_set(
                 logged, (asked == F.col(RID)) & (F.col(ID) == F.col(EID)), "left"
             ).select(LABEL, ID, TIME, ROW, VECTOR)
         )
+    if job.log is None:  # no vectors: the sources answer every row, no join to make
+        parts.append(rows.select(LABEL, ID, TIME, ROW, F.lit(None).cast(vector_type).alias(VECTOR)))
     # point in time: labels and vectors in one frame, per entity in time order, a vector
     # before a label of the same time; each label takes the last vector before it
     wanted = rows.select(
@@ -307,15 +309,16 @@ def build_training_set(
         .orderBy(F.col(TIME).asc_nulls_first(), F.col(KIND))
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    parts.append(
-        wanted.unionByName(vectors)
-        .withColumn(
-            VECTOR,
-            F.when(F.col(TIME).isNotNull(), F.last(VECTOR, ignorenulls=True).over(order)),
+    if job.log is not None:
+        parts.append(
+            wanted.unionByName(vectors)
+            .withColumn(
+                VECTOR,
+                F.when(F.col(TIME).isNotNull(), F.last(VECTOR, ignorenulls=True).over(order)),
+            )
+            .where(F.col(KIND) == 1)
+            .select(LABEL, ID, TIME, ROW, VECTOR)
         )
-        .where(F.col(KIND) == 1)
-        .select(LABEL, ID, TIME, ROW, VECTOR)
-    )
     joined = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     # what the log does not cover, from the groups' sources (training_sources.py)
     backfill: dict[str, tuple[list[tuple[str, Column]], Column]] = {}
