@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from feature_store.commands import settings_from
 from feature_store.ingest.cli_spark import (
@@ -18,6 +19,9 @@ from feature_store.ingest.cli_spark import (
     stderr,
 )
 
+if TYPE_CHECKING:
+    from feature_store.training_sources import SourceSpec
+
 
 def add_source_columns(p: argparse.ArgumentParser) -> None:
     """How the groups' sources name their columns (training-set's --backfill, skew's
@@ -29,6 +33,16 @@ def add_source_columns(p: argparse.ArgumentParser) -> None:
         "--event-time-column",
         help="the sources' event time column (default event_timestamp; a group of window "
         "aggregations' events: event_time)",
+    )
+
+
+def source_specs(args: argparse.Namespace, values: list[str], flag: str) -> tuple[SourceSpec, ...]:
+    """The ``GROUP=PATH`` sources of ``flag``, with the columns ``add_source_columns`` names."""
+    from feature_store.training_sources import SourceSpec, parse_backfills
+
+    return tuple(
+        SourceSpec(group, path, args.source_id_column, args.event_time_column)
+        for group, path in parse_backfills(values, flag).items()
     )
 
 
@@ -119,7 +133,6 @@ def run_training_set_command(args: argparse.Namespace) -> int:
     import json
 
     from feature_store.training import TrainingSetJob, build_training_set
-    from feature_store.training_sources import SourceSpec, parse_backfills
 
     settings = settings_from(args)
     registry = registry_file(args, settings.registry)
@@ -134,10 +147,7 @@ def run_training_set_command(args: argparse.Namespace) -> int:
         request_id_column=args.request_id_column,
         labels_format=args.labels_format,
         overwrite=args.overwrite,
-        backfill=tuple(
-            SourceSpec(group, path, args.source_id_column, args.event_time_column)
-            for group, path in parse_backfills(args.backfill).items()
-        ),
+        backfill=source_specs(args, args.backfill, "--backfill"),
     )
     conf = {"spark.sql.session.timeZone": "UTC", **pairs(args.conf, "--conf")}
     with session(args, conf, "feature-store-training-set") as spark:
@@ -156,7 +166,8 @@ def add_skew(
         description="Compare every logged value of each --source group with the value its "
         "source says should have been served at that time (its entity's newest row at or "
         "before, within the group's max_age), and say why values differ: a write newer or "
-        "older than the source's, nothing stored, or the same write with another value. "
+        "older than the source's, nothing stored, the same write with another value or "
+        "another encoding, or a value served past max_age. "
         "Prints a Markdown summary and writes the JSON report (see docs/training.md).",
     )
     add_registry(p)
@@ -177,8 +188,8 @@ def add_skew(
     p.add_argument(
         "--metrics-file",
         type=Path,
-        help="also write the figures as Prometheus gauges here (a textfile collector's "
-        "directory, *.prom), for the alerts of deploy/prometheus/rules.yml",
+        help="also write the figures as Prometheus gauges to this file (a *.prom file in "
+        "node_exporter's textfile directory), for the alerts of deploy/prometheus/rules.yml",
     )
     p.add_argument(
         "--fail-above",
@@ -194,17 +205,13 @@ def run_skew_command(args: argparse.Namespace) -> int:
     import json
 
     from feature_store.skew import SkewJob, measure_skew, parse_time, write_metrics
-    from feature_store.training_sources import SourceSpec, parse_backfills
 
     settings = settings_from(args)
     registry = registry_file(args, settings.registry)
     job = SkewJob(
         registry=registry,
         log=args.log,
-        sources=tuple(
-            SourceSpec(group, path, args.source_id_column, args.event_time_column)
-            for group, path in parse_backfills(args.source, "--source").items()
-        ),
+        sources=source_specs(args, args.source, "--source"),
         start=parse_time(args.start, "--from"),
         end=parse_time(args.end, "--to"),
     )
