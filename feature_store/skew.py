@@ -97,6 +97,18 @@ class GroupSkew:
     causes: dict[str, int] = field(default_factory=dict)  # differing values by cause
     not_in_source: list[str] = field(default_factory=list)  # features not compared
 
+    @property
+    def compared(self) -> int:
+        return sum(f.compared for f in self.features.values())
+
+    @property
+    def differing(self) -> int:
+        return sum(f.differing for f in self.features.values())
+
+    @property
+    def rate(self) -> float:
+        return self.differing / self.compared if self.compared else 0.0
+
 
 @dataclass(slots=True)
 class SkewReport:
@@ -106,11 +118,11 @@ class SkewReport:
 
     @property
     def compared(self) -> int:
-        return sum(f.compared for g in self.groups.values() for f in g.features.values())
+        return sum(g.compared for g in self.groups.values())
 
     @property
     def differing(self) -> int:
-        return sum(f.differing for g in self.groups.values() for f in g.features.values())
+        return sum(g.differing for g in self.groups.values())
 
     @property
     def rate(self) -> float:
@@ -181,9 +193,7 @@ def write_metrics(report: SkewReport, path: Path, now: float | None = None) -> N
     last = Gauge("feature_skew_last_run_timestamp_seconds", "when the check ran", registry=registry)
     for name, group in report.groups.items():
         rows.labels(name).set(group.rows)
-        compared = sum(f.compared for f in group.features.values())
-        different = sum(f.differing for f in group.features.values())
-        ratio.labels(name).set(different / compared if compared else 0.0)
+        ratio.labels(name).set(group.rate)
         for cause, n in group.causes.items():
             differing.labels(name, cause).set(n)
         for feature, f in group.features.items():
