@@ -12,11 +12,15 @@ tiles (``ingest.windows``; docs/aggregations.md).
 
 Guarantees: at-least-once from Kafka (Spark's checkpoint holds the offsets; a micro-batch
 replayed after a crash is written again, which the guard makes harmless, and its bad
-records overwrite the same quarantine files: each is quarantined once) and "newest event
-wins" per entity and group, across this job, the nightly job and push writes. A bad record
-is quarantined with its reason, partition and offset, never a failed stream. Not
-guaranteed: order among records of one entity with the same event time in different Kafka
-partitions (the later write wins; within a partition, the later offset).
+records go to the same quarantine directory, each once) and "newest event wins" per entity
+and group, across this job, the nightly job and push writes. An aggregated group's late
+records are quarantined before its batch is written, found against the states stored then:
+a replay finds their events applied and can no longer tell them late. A bad record is
+quarantined with its reason, partition and offset, never a failed stream. Not guaranteed:
+order among records of one entity with the same event time in different Kafka partitions
+(the later write wins; within a partition, the later offset); and the quarantine of an
+event late only after its entity's events from another partition of the same batch (found
+by the write, so a crash right after it loses that record's entry; it is not counted).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from feature_store.ingest.records import (
     DEFAULT_EVENT_TIME_FIELD,
     Decoder,
     Encoded,
+    EntityEvents,
     Format,
     KeyFormat,
     RecordFormat,
@@ -52,7 +57,7 @@ from feature_store.ingest.records import (
 )
 from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH, BadReason, RetrySpec
 from feature_store.ingest.stream_metrics import StreamMetrics, lag_bucket, lag_bucket_names
-from feature_store.ingest.windows import write_events
+from feature_store.ingest.windows import check_events, write_events
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import SKIPPED
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
@@ -83,6 +88,10 @@ OUTPUT = T.StructType(
         T.StructField(DETAIL, T.StringType()),
         *(T.StructField(name, T.DoubleType()) for name in STATS),
     ]
+)
+
+QUARANTINED = T.StructType(
+    [f for f in OUTPUT.fields if f.name in ("value", "partition", "offset", REASON, DETAIL)]
 )
 
 
@@ -149,10 +158,13 @@ class RecordSpec:
     aggregated: bool = False  # the group is window aggregations (its records are events)
 
 
-def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def write_records(
+    spec: RecordSpec, batches: Iterator[pa.RecordBatch], *, check: bool = False
+) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: one Kafka partition's rows of a micro-batch (value,
     key, partition, offset, timestamp; ``decoded`` for Avro) in; the bad records and one
-    statistics row out."""
+    statistics row out. ``check``: an aggregated group's bad and late records only, read
+    against the stored states with nothing written (``_micro_batch``)."""
     group = parse_registry(spec.registry_text, source="stream").group(spec.group)
     target = spec.redis.target(spec.redis_url)
     writer = ChunkWriter(
@@ -172,7 +184,9 @@ def write_records(spec: RecordSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             stats["records"] += len(values)
             times = rows.column("timestamp").to_pylist()
             stats["kafka_time_max"] = max(t or 0.0 for t in times)
-            if group.aggregation is not None:
+            if check:
+                bad = _check_events(writer, spec, group, rows, values, times, decoder)
+            elif group.aggregation is not None:
                 bad = _write_events(writer, spec, group, rows, values, times, decoder, stats)
             else:
                 bad = _write_values(writer, spec, group, rows, values, times, decoder, stats)
@@ -220,7 +234,26 @@ def _write_events(
 ) -> list[tuple[int, BadReason, str]]:
     """An aggregated group's share of a micro-batch: its records as events into their
     entities' window state (``ingest.windows``); the bad and the late records."""
-    events, bad = decode_events(
+    events, bad = _events(spec, group, rows, values, times, decoder)
+    written = write_events(writer, group, events)
+    stats["written"] += written.entities
+    stats["values"] += written.counted
+    stats["replayed"] += written.replayed
+    stats["late"] += sum(1 for _, reason, _ in written.bad if reason is BadReason.TOO_LATE)
+    _add_lags(stats, written.lags)
+    writer.publish(notices.write_message(spec.origin, spec.group, list(events), time.time()))
+    return sorted(bad + written.bad, key=lambda b: b[0])
+
+
+def _events(
+    spec: RecordSpec,
+    group: FeatureGroup,
+    rows: pa.Table,
+    values: list[bytes | str | None],
+    times: list[float | None],
+    decoder: Decoder,
+) -> tuple[EntityEvents, list[tuple[int, BadReason, str]]]:
+    return decode_events(
         group,
         spec.format,
         values,
@@ -230,14 +263,19 @@ def _write_events(
         offsets=rows.column("offset").to_pylist(),
         decoder=decoder,
     )
-    written = write_events(writer, group, events)
-    stats["written"] += written.entities
-    stats["values"] += written.counted
-    stats["replayed"] += written.replayed
-    stats["late"] += sum(1 for _, reason, _ in written.bad if reason is BadReason.TOO_LATE)
-    _add_lags(stats, written.lags)
-    writer.publish(notices.write_message(spec.origin, spec.group, list(events), time.time()))
-    return sorted(bad + written.bad, key=lambda b: b[0])
+
+
+def _check_events(
+    writer: ChunkWriter,
+    spec: RecordSpec,
+    group: FeatureGroup,
+    rows: pa.Table,
+    values: list[bytes | str | None],
+    times: list[float | None],
+    decoder: Decoder,
+) -> list[tuple[int, BadReason, str]]:
+    events, bad = _events(spec, group, rows, values, times, decoder)
+    return sorted(bad + check_events(writer, group, events), key=lambda b: b[0])
 
 
 def _write(
@@ -434,29 +472,38 @@ def _micro_batch(
     batch_id: int,
 ) -> None:
     t0 = time.monotonic()
-    rows = frame.mapInArrow(partial(write_records, spec), OUTPUT).collect()
+    path = os.path.join(quarantine, f"batch={batch_id}")
+    held: list[Row] | None = None
+    added: list[Row] = []
+    if spec.aggregated:
+        # an event's lateness depends on the state it meets: once the batch is written, a
+        # replay finds its events applied (replayed), late or not. So its late records are
+        # quarantined first, found against the states as they are, with nothing written
+        frame = frame.persist()
+        checked = frame.mapInArrow(partial(write_records, spec, check=True), OUTPUT).collect()
+        held, added = _quarantine(spark, path, [r for r in checked if r[KIND] == "bad"], None)
+    try:
+        rows = frame.mapInArrow(partial(write_records, spec), OUTPUT).collect()
+    finally:
+        if spec.aggregated:
+            frame.unpersist()
     stats = dict.fromkeys(STATS, 0.0)
-    bad: list[Row] = []
+    found: list[Row] = []
     for row in rows:
         if row[KIND] == "bad":
-            bad.append(row)
+            found.append(row)
             continue
         for name in STATS:
             value = float(row[name] or 0.0)
             maximum = name in ("lag_max", "kafka_time_max")
             stats[name] = max(stats[name], value) if maximum else stats[name] + value
-    if bad:
-        # one directory per micro-batch, overwritten: a replayed batch (the same id, the same
-        # offsets after a restart) quarantines its bad records once
-        columns = ["value", "partition", "offset", REASON, DETAIL]
-        schema = T.StructType([f for f in OUTPUT.fields if f.name in columns])
-        data = [[r[c] for c in columns] for r in bad]
-        path = os.path.join(quarantine, f"batch={batch_id}")
-        spark.createDataFrame(data, schema).write.mode("overwrite").parquet(path)
+    # the write's bad records not quarantined yet: a plain group's all of them; an
+    # aggregated group's late only after its entity's events from another partition
+    bad, more = _quarantine(spark, path, found, held)
     seconds = time.monotonic() - t0
     if metrics is not None:
         reasons: dict[str, int] = {}
-        for r in bad:
+        for r in added + more:  # each record counted once, replayed or not
             reasons[r[REASON]] = reasons.get(r[REASON], 0) + 1
         metrics.add_batch(stats, reasons, seconds)
     written = int(stats["written"])
@@ -481,6 +528,42 @@ def _micro_batch(
         + f"; event to written: mean {mean_lag:.3f} s, max {stats['lag_max']:.3f} s; "
         f"{seconds:.2f} s"
     )
+
+
+def _quarantine(
+    spark: SparkSession, path: str, rows: list[Row], held: list[Row] | None
+) -> tuple[list[Row], list[Row]]:
+    """Add a micro-batch's bad records to its quarantine directory, each once (by partition
+    and offset): those it holds (``held``; None: read from it) stay, the new ones are
+    appended. A replayed batch (the same id, the same offsets after a restart) adds none
+    of the records it quarantined before, and drops none its replay no longer finds late
+    (their events were applied before the restart). The directory's records, and those
+    added."""
+    if held is None:
+        if not rows:
+            return [], []
+        held = _read_quarantine(spark, path)
+    seen = {(r["partition"], r["offset"]) for r in held}
+    new = []
+    for r in rows:
+        if (r["partition"], r["offset"]) not in seen:
+            seen.add((r["partition"], r["offset"]))
+            new.append(r)
+    if new:
+        data = [[r[c] for c in QUARANTINED.fieldNames()] for r in new]
+        mode = "append" if held else "overwrite"
+        spark.createDataFrame(data, QUARANTINED).write.mode(mode).parquet(path)
+    return held + new, new
+
+
+def _read_quarantine(spark: SparkSession, path: str) -> list[Row]:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hadoop_path):
+        return []
+    return spark.read.schema(QUARANTINED).parquet(path).collect()
 
 
 def _offsets_behind(progress: dict[str, object] | None) -> int | None:

@@ -24,7 +24,15 @@ from feature_store.ingest.spec import BadReason
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import windows_write
 from feature_store.registry import FeatureGroup
-from feature_store.windows import Event, Layout, State, apply, decode_state, encode_state
+from feature_store.windows import (
+    Applied,
+    Event,
+    Layout,
+    State,
+    apply,
+    decode_state,
+    encode_state,
+)
 
 MAX_ROUNDS = 50  # reads of one entity's state while other writers keep changing it
 
@@ -54,6 +62,57 @@ def write_events(
     return out
 
 
+def check_events(
+    writer: ChunkWriter, group: FeatureGroup, events: EntityEvents
+) -> list[tuple[int, BadReason, str]]:
+    """The records ``write_events`` would not count against the states stored now (late,
+    or their entity's state unreadable), by index, with nothing written: the stream
+    quarantines them before it writes, since once written they are replayed, not late."""
+    layout = Layout.of(group)
+    bad: list[tuple[int, BadReason, str]] = []
+    keys = list(events)
+    size = writer.chunk_size
+    for start in range(0, len(keys), size):
+        for key, _, result in _applied(
+            writer, group, layout, events, keys[start : start + size], False, bad
+        ):
+            indexed = events[key]
+            bad.extend(
+                (indexed[j][0], BadReason.TOO_LATE, _late(indexed[j][1], group))
+                for j in result.late
+            )
+    return sorted(bad)
+
+
+def _applied(
+    writer: ChunkWriter,
+    group: FeatureGroup,
+    layout: Layout,
+    events: EntityEvents,
+    pending: Sequence[bytes],
+    replace: bool,
+    bad: list[tuple[int, BadReason, str]],
+) -> list[tuple[bytes, tuple[bytes | str | int, ...], Applied]]:
+    """``pending``'s states read in one pipeline and their events applied: per entity, its
+    key, the compare-and-set write of its new state, what applying counted; an entity whose
+    state does not decode has its records in ``bad`` instead."""
+    field_, ttl = group.windows_field, group.entity.ttl_seconds
+    held = writer.send([("HGET", key, field_) for key in pending])
+    out = []
+    for key, data in zip(pending, held, strict=True):
+        indexed = events[key]
+        try:
+            stored = decode_state(data, layout)  # type: ignore[arg-type]
+        except EncodingError as e:
+            bad.extend((i, BadReason.UNREADABLE_STATE, str(e)) for i, _ in indexed)
+            continue
+        state = State(version=stored.version) if replace else stored
+        result = apply(state, layout, [e for _, e in indexed])
+        write = windows_write(key, field_, stored.version, encode_state(state, layout), ttl)
+        out.append((key, write, result))
+    return out
+
+
 def _write_chunk(
     writer: ChunkWriter,
     group: FeatureGroup,
@@ -63,27 +122,12 @@ def _write_chunk(
     replace: bool,
     out: WindowsWritten,
 ) -> None:
-    field_, ttl = group.windows_field, group.entity.ttl_seconds
     for _ in range(MAX_ROUNDS):
-        held = writer.send([("HGET", key, field_) for key in pending])
-        commands, applied = [], []
-        for key, data in zip(pending, held, strict=True):
-            indexed = events[key]
-            try:
-                stored = decode_state(data, layout)  # type: ignore[arg-type]
-            except EncodingError as e:
-                out.bad.extend((i, BadReason.UNREADABLE_STATE, str(e)) for i, _ in indexed)
-                continue
-            state = State(version=stored.version) if replace else stored
-            result = apply(state, layout, [e for _, e in indexed])
-            commands.append(
-                windows_write(key, field_, stored.version, encode_state(state, layout), ttl)
-            )
-            applied.append((key, result))
-        replies = writer.send(commands) if commands else []
+        applied = _applied(writer, group, layout, events, pending, replace, out.bad)
+        replies = writer.send([write for _, write, _ in applied]) if applied else []
         done = time.time()
         again = []
-        for (key, result), reply in zip(applied, replies, strict=True):
+        for (key, _, result), reply in zip(applied, replies, strict=True):
             if reply != 1:
                 again.append(key)
                 continue
@@ -116,4 +160,4 @@ def _late(event: Event, group: FeatureGroup) -> str:
     )
 
 
-__all__ = ["WindowsWritten", "write_events"]
+__all__ = ["WindowsWritten", "check_events", "write_events"]

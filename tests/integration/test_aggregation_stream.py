@@ -276,6 +276,40 @@ def _late(lateness: int, history: dict[int, list[Event]]) -> int:
     return sum(len(events) - len(_counted(lateness, events)) for events in history.values())
 
 
+def test_a_batch_whose_quarantine_fails_is_replayed_with_every_late_record(
+    kafka: EmbeddedKafka, redis_server: EmbeddedRedis, redis_url: str, tmp_path: Path
+) -> None:
+    """The first run cannot write its quarantine (a file stands where the directory's
+    parent goes) and stops at its first batch with a late record. Run again on the same
+    checkpoint, the batch is replayed: its late records must still be found and
+    quarantined, so none of its events may have been counted before they were."""
+    registry = _registry(tmp_path, "sq")
+    rng = random.Random(46)
+    ids = list(range(1, 101))
+    now = time.time()
+    topic = Topic(kafka.bootstrap, "orders-q")
+    topic.send(_events(rng, ids, now, 1200))
+    history = topic.history()
+    group = load_registry(registry).group(GROUP)
+    assert group.aggregation is not None
+    late = _late(group.aggregation.lateness_seconds, history)
+    assert late > 0
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, not a directory")
+    quarantine = ("--quarantine", str(blocked / "quarantine"))
+    args = (registry, redis_url, kafka.bootstrap, topic.name, tmp_path, "cpq", *quarantine)
+    first = _stream(*args, "--available-now")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode != 0, out[-3000:]
+    blocked.unlink()
+    _drain(*args)
+    quarantined = pq.read_table(blocked / "quarantine").to_pylist()
+    assert sorted(r["_stream_reason"] for r in quarantined) == ["too_late"] * late
+    at = time.time()
+    want = [reference_answer(group.aggregation, history.get(i, []), at) for i in ids]
+    _equal(_answers(redis_url, registry, ids, at), want)
+
+
 _ENTITIES = itertools.count(1)
 
 
