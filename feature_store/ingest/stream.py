@@ -14,13 +14,14 @@ Guarantees: at-least-once from Kafka (Spark's checkpoint holds the offsets; a mi
 replayed after a crash is written again, which the guard makes harmless, and its bad
 records go to the same quarantine directory, each once) and "newest event wins" per entity
 and group, across this job, the nightly job and push writes. An aggregated group's late
-records are quarantined before its batch is written, found against the states stored then:
-a replay finds their events applied and can no longer tell them late. A bad record is
-quarantined with its reason, partition and offset, never a failed stream. Not guaranteed:
-order among records of one entity with the same event time in different Kafka partitions
-(the later write wins; within a partition, the later offset); and the quarantine of an
-event late only after its entity's events from another partition of the same batch (found
-by the write, so a crash right after it loses that record's entry; it is not counted).
+records are quarantined before their entities' states are written (those entities are
+written by a second pass over the batch): a replay would find their events applied, and
+could no longer tell them late. A bad record is quarantined with its reason, partition and
+offset, never a failed stream. Not guaranteed: order among records of one entity with the
+same event time in different Kafka partitions (the later write wins; within a partition,
+the later offset); and the quarantine of an event late only after its entity's events from
+another partition of the same batch (found by the second pass, so a crash right after it
+loses that record's entry; it is not counted).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from feature_store.ingest.records import (
 )
 from feature_store.ingest.spec import MAX_RECORDS_PER_BATCH, BadReason, RetrySpec
 from feature_store.ingest.stream_metrics import StreamMetrics, lag_bucket, lag_bucket_names
-from feature_store.ingest.windows import check_events, write_events
+from feature_store.ingest.windows import write_events
 from feature_store.ingest.writer import ChunkWriter
 from feature_store.layout import SKIPPED
 from feature_store.registry import FeatureGroup, Registry, load_registry, parse_registry
@@ -76,6 +77,7 @@ STATS = (
     "kafka_time_max",
     "replayed",  # an aggregated group's events applied before (a micro-batch written again)
     "late",  # an aggregated group's events past its lateness (also quarantined)
+    "deferred",  # an aggregated group's entities written after their late records' quarantine
     *lag_bucket_names(),
 )
 OUTPUT = T.StructType(
@@ -159,12 +161,12 @@ class RecordSpec:
 
 
 def write_records(
-    spec: RecordSpec, batches: Iterator[pa.RecordBatch], *, check: bool = False
+    spec: RecordSpec, batches: Iterator[pa.RecordBatch], *, defer_late: bool = False
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: one Kafka partition's rows of a micro-batch (value,
     key, partition, offset, timestamp; ``decoded`` for Avro) in; the bad records and one
-    statistics row out. ``check``: an aggregated group's bad and late records only, read
-    against the stored states with nothing written (``_micro_batch``)."""
+    statistics row out. ``defer_late``: an aggregated group's entities with a late event
+    are left unwritten (``ingest.windows``; ``_micro_batch``)."""
     group = parse_registry(spec.registry_text, source="stream").group(spec.group)
     target = spec.redis.target(spec.redis_url)
     writer = ChunkWriter(
@@ -184,10 +186,10 @@ def write_records(
             stats["records"] += len(values)
             times = rows.column("timestamp").to_pylist()
             stats["kafka_time_max"] = max(t or 0.0 for t in times)
-            if check:
-                bad = _check_events(writer, spec, group, rows, values, times, decoder)
-            elif group.aggregation is not None:
-                bad = _write_events(writer, spec, group, rows, values, times, decoder, stats)
+            if group.aggregation is not None:
+                bad = _write_events(
+                    writer, spec, group, rows, values, times, decoder, stats, defer_late
+                )
             else:
                 bad = _write_values(writer, spec, group, rows, values, times, decoder, stats)
             if bad:
@@ -231,11 +233,13 @@ def _write_events(
     times: list[float | None],
     decoder: Decoder,
     stats: dict[str, float],
+    defer_late: bool,
 ) -> list[tuple[int, BadReason, str]]:
     """An aggregated group's share of a micro-batch: its records as events into their
     entities' window state (``ingest.windows``); the bad and the late records."""
     events, bad = _events(spec, group, rows, values, times, decoder)
-    written = write_events(writer, group, events)
+    written = write_events(writer, group, events, defer_late=defer_late)
+    stats["deferred"] += written.deferred
     stats["written"] += written.entities
     stats["values"] += written.counted
     stats["replayed"] += written.replayed
@@ -263,19 +267,6 @@ def _events(
         offsets=rows.column("offset").to_pylist(),
         decoder=decoder,
     )
-
-
-def _check_events(
-    writer: ChunkWriter,
-    spec: RecordSpec,
-    group: FeatureGroup,
-    rows: pa.Table,
-    values: list[bytes | str | None],
-    times: list[float | None],
-    decoder: Decoder,
-) -> list[tuple[int, BadReason, str]]:
-    events, bad = _events(spec, group, rows, values, times, decoder)
-    return sorted(bad + check_events(writer, group, events), key=lambda b: b[0])
 
 
 def _write(
@@ -473,37 +464,27 @@ def _micro_batch(
 ) -> None:
     t0 = time.monotonic()
     path = os.path.join(quarantine, f"batch={batch_id}")
-    held: list[Row] | None = None
-    added: list[Row] = []
-    if spec.aggregated:
-        # an event's lateness depends on the state it meets: once the batch is written, a
-        # replay finds its events applied (replayed), late or not. So its late records are
-        # quarantined first, found against the states as they are, with nothing written
-        frame = frame.persist()
-        checked = frame.mapInArrow(partial(write_records, spec, check=True), OUTPUT).collect()
-        held, added = _quarantine(spark, path, [r for r in checked if r[KIND] == "bad"], None)
-    try:
-        rows = frame.mapInArrow(partial(write_records, spec), OUTPUT).collect()
-    finally:
-        if spec.aggregated:
-            frame.unpersist()
-    stats = dict.fromkeys(STATS, 0.0)
-    found: list[Row] = []
-    for row in rows:
-        if row[KIND] == "bad":
-            found.append(row)
-            continue
-        for name in STATS:
-            value = float(row[name] or 0.0)
-            maximum = name in ("lag_max", "kafka_time_max")
-            stats[name] = max(stats[name], value) if maximum else stats[name] + value
-    # the write's bad records not quarantined yet: a plain group's all of them; an
-    # aggregated group's late only after its entity's events from another partition
-    bad, more = _quarantine(spark, path, found, held)
+    write = partial(write_records, spec, defer_late=spec.aggregated)
+    stats, found = _gathered(frame.mapInArrow(write, OUTPUT).collect())
+    bad, added = _quarantine(spark, path, found, None)
+    if stats["deferred"]:
+        # an aggregated group's entities with a late event, left unwritten: their late
+        # records are quarantined above, before any state holds their offsets (a replay
+        # would find those events applied, and could no longer tell them late); the batch
+        # again: the entities written the first time are skipped (every event applied)
+        first = stats
+        stats, found = _gathered(frame.mapInArrow(partial(write_records, spec), OUTPUT).collect())
+        for name in ("written", "values", "lag_sum", *lag_bucket_names()):
+            stats[name] += first[name]
+        stats["replayed"] -= first["values"]  # counted the first time, replayed the second
+        stats["lag_max"] = max(stats["lag_max"], first["lag_max"])
+        # late only after its entity's events from another partition of the batch
+        bad, more = _quarantine(spark, path, found, bad)
+        added += more
     seconds = time.monotonic() - t0
     if metrics is not None:
         reasons: dict[str, int] = {}
-        for r in added + more:  # each record counted once, replayed or not
+        for r in added:  # each record counted once, replayed or not
             reasons[r[REASON]] = reasons.get(r[REASON], 0) + 1
         metrics.add_batch(stats, reasons, seconds)
     written = int(stats["written"])
@@ -528,6 +509,21 @@ def _micro_batch(
         + f"; event to written: mean {mean_lag:.3f} s, max {stats['lag_max']:.3f} s; "
         f"{seconds:.2f} s"
     )
+
+
+def _gathered(rows: list[Row]) -> tuple[dict[str, float], list[Row]]:
+    """The tasks' statistics rows summed (their maximums kept), and their bad records."""
+    stats = dict.fromkeys(STATS, 0.0)
+    bad: list[Row] = []
+    for row in rows:
+        if row[KIND] == "bad":
+            bad.append(row)
+            continue
+        for name in STATS:
+            value = float(row[name] or 0.0)
+            maximum = name in ("lag_max", "kafka_time_max")
+            stats[name] = max(stats[name], value) if maximum else stats[name] + value
+    return stats, bad
 
 
 def _quarantine(

@@ -8,6 +8,11 @@ entity whose state another writer changed in between is read and applied again, 
 writers of one entity (its events in two Kafka partitions) never lose an event; and a
 chunk sent twice after a lost connection finds its offsets already applied.
 
+``defer_late``: the stream's first write of a micro-batch. An entity whose events include a
+late one is not written: its late records must be quarantined first, because once its
+state holds the batch's offsets a replay finds those events applied and cannot tell them
+late. The stream quarantines them, then writes the batch again (``_micro_batch``).
+
 ``replace``: the backfill's write. The state is built from the events alone and replaces
 what is stored (still by compare-and-set): running a backfill twice gives the same state.
 """
@@ -46,70 +51,26 @@ class WindowsWritten:
     counted: int = 0
     replayed: int = 0
     conflicts: int = 0  # states another writer changed between the read and the write
+    deferred: int = 0  # entities not written for their late records (``defer_late``)
     bad: list[tuple[int, BadReason, str]] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)  # written minus event time, counted events
 
 
 def write_events(
-    writer: ChunkWriter, group: FeatureGroup, events: EntityEvents, *, replace: bool = False
+    writer: ChunkWriter,
+    group: FeatureGroup,
+    events: EntityEvents,
+    *,
+    replace: bool = False,
+    defer_late: bool = False,
 ) -> WindowsWritten:
     layout = Layout.of(group)
     out = WindowsWritten()
     keys = list(events)
     size = writer.chunk_size
     for start in range(0, len(keys), size):
-        _write_chunk(writer, group, layout, events, keys[start : start + size], replace, out)
-    return out
-
-
-def check_events(
-    writer: ChunkWriter, group: FeatureGroup, events: EntityEvents
-) -> list[tuple[int, BadReason, str]]:
-    """The records ``write_events`` would not count against the states stored now (late,
-    or their entity's state unreadable), by index, with nothing written: the stream
-    quarantines them before it writes, since once written they are replayed, not late."""
-    layout = Layout.of(group)
-    bad: list[tuple[int, BadReason, str]] = []
-    keys = list(events)
-    size = writer.chunk_size
-    for start in range(0, len(keys), size):
-        for key, _, result in _applied(
-            writer, group, layout, events, keys[start : start + size], False, bad
-        ):
-            indexed = events[key]
-            bad.extend(
-                (indexed[j][0], BadReason.TOO_LATE, _late(indexed[j][1], group))
-                for j in result.late
-            )
-    return sorted(bad)
-
-
-def _applied(
-    writer: ChunkWriter,
-    group: FeatureGroup,
-    layout: Layout,
-    events: EntityEvents,
-    pending: Sequence[bytes],
-    replace: bool,
-    bad: list[tuple[int, BadReason, str]],
-) -> list[tuple[bytes, tuple[bytes | str | int, ...], Applied]]:
-    """``pending``'s states read in one pipeline and their events applied: per entity, its
-    key, the compare-and-set write of its new state, what applying counted; an entity whose
-    state does not decode has its records in ``bad`` instead."""
-    field_, ttl = group.windows_field, group.entity.ttl_seconds
-    held = writer.send([("HGET", key, field_) for key in pending])
-    out = []
-    for key, data in zip(pending, held, strict=True):
-        indexed = events[key]
-        try:
-            stored = decode_state(data, layout)  # type: ignore[arg-type]
-        except EncodingError as e:
-            bad.extend((i, BadReason.UNREADABLE_STATE, str(e)) for i, _ in indexed)
-            continue
-        state = State(version=stored.version) if replace else stored
-        result = apply(state, layout, [e for _, e in indexed])
-        write = windows_write(key, field_, stored.version, encode_state(state, layout), ttl)
-        out.append((key, write, result))
+        chunk = keys[start : start + size]
+        _write_chunk(writer, group, layout, events, chunk, replace, defer_late, out)
     return out
 
 
@@ -120,14 +81,37 @@ def _write_chunk(
     events: EntityEvents,
     pending: Sequence[bytes],
     replace: bool,
+    defer_late: bool,
     out: WindowsWritten,
 ) -> None:
+    field_, ttl = group.windows_field, group.entity.ttl_seconds
     for _ in range(MAX_ROUNDS):
-        applied = _applied(writer, group, layout, events, pending, replace, out.bad)
-        replies = writer.send([write for _, write, _ in applied]) if applied else []
+        held = writer.send([("HGET", key, field_) for key in pending])
+        commands, applied = [], []
+        for key, data in zip(pending, held, strict=True):
+            indexed = events[key]
+            try:
+                stored = decode_state(data, layout)  # type: ignore[arg-type]
+            except EncodingError as e:
+                out.bad.extend((i, BadReason.UNREADABLE_STATE, str(e)) for i, _ in indexed)
+                continue
+            state = State(version=stored.version) if replace else stored
+            result = apply(state, layout, [e for _, e in indexed])
+            if defer_late and result.late:
+                out.deferred += 1
+                out.bad.extend(_late_records(result, indexed, group))
+                continue
+            if len(result.replayed) == len(indexed) > 0 and not replace:
+                out.replayed += len(indexed)  # every event applied before: nothing to write
+                continue
+            commands.append(
+                windows_write(key, field_, stored.version, encode_state(state, layout), ttl)
+            )
+            applied.append((key, result))
+        replies = writer.send(commands) if commands else []
         done = time.time()
         again = []
-        for (key, _, result), reply in zip(applied, replies, strict=True):
+        for (key, result), reply in zip(applied, replies, strict=True):
             if reply != 1:
                 again.append(key)
                 continue
@@ -135,9 +119,7 @@ def _write_chunk(
             out.entities += 1
             out.counted += result.counted
             out.replayed += len(result.replayed)
-            for j in result.late:
-                i, event = indexed[j]
-                out.bad.append((i, BadReason.TOO_LATE, _late(event, group)))
+            out.bad.extend(_late_records(result, indexed, group))
             skipped = {*result.replayed, *result.late}
             out.lags.extend(
                 done - e.time_ms / 1000 for j, (_, e) in enumerate(indexed) if j not in skipped
@@ -152,6 +134,12 @@ def _write_chunk(
     )
 
 
+def _late_records(
+    result: Applied, indexed: list[tuple[int, Event]], group: FeatureGroup
+) -> list[tuple[int, BadReason, str]]:
+    return [(indexed[j][0], BadReason.TOO_LATE, _late(indexed[j][1], group)) for j in result.late]
+
+
 def _late(event: Event, group: FeatureGroup) -> str:
     lateness = group.aggregation.lateness_seconds if group.aggregation else 0
     return (
@@ -160,4 +148,4 @@ def _late(event: Event, group: FeatureGroup) -> str:
     )
 
 
-__all__ = ["WindowsWritten", "check_events", "write_events"]
+__all__ = ["WindowsWritten", "write_events"]
