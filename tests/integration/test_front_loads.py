@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from feature_store import notices, sample
-from feature_store.client import GrpcFeatureClient
+from feature_store.client import FeatureClient, GrpcFeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import IdType, entity_key
 from feature_store.native import native_enabled
@@ -452,6 +452,45 @@ def test_python_adopts_the_fronts_entries_when_redis_is_down(tmp_path: Path) -> 
             time.sleep(1.2)  # expired, kept for stale on error
             own.kill()
             with GrpcFeatureClient(server.grpc_target, timeout=5) as client:
+                answer = client.get(ENTITY, ids, groups=[GROUP])
+            statuses = [{s.value for s in row.statuses} for row in answer.rows]
+            assert statuses == [{"stale"}] * len(ids)
+            for i, row in zip(ids, answer.rows, strict=True):
+                assert row.values[0] == sample.features(i)["float_00"]
+
+
+def test_missed_invalidations_keep_the_fronts_entries_for_stale_on_error(
+    tmp_path: Path,
+) -> None:
+    """When the invalidation subscription drops, every entry is expired, not dropped: it
+    reloads on its next use, and if Redis is gone by then it is still served stale, the
+    entries the front loaded as Python's are."""
+    with EmbeddedRedis(tmp_path / "redis", persistence=True) as own:
+        with FeatureStore.connect(own.url, sample.registry()) as store:
+            store.write(GROUP, sample.rows(20))
+        env = {
+            **ENV,
+            "FEATURE_SERVING_CACHE_TTL": "600",
+            "FEATURE_SERVING_REDIS_TIMEOUT_MIN": "1",  # the front's loads are its own
+            "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "1",
+        }
+        with ServingProcess(own.url, env=env, grpc=False) as server:
+            body = {"entity_type": ENTITY, "ids": [1], "groups": [GROUP]}
+            _rest(server, body)  # the form learned
+            ids = list(range(5, 15))
+            assert _rest(server, {**body, "ids": ids})[0] == 200
+            assert _cache(server)["front_entries"] == len(ids)
+            with redis.Redis.from_url(own.url) as r:
+                assert r.client_kill_filter(_type="pubsub") == 1
+            gaps = 'feature_serving_invalidation_gaps_total{kind="error"} 1.0'
+            deadline = time.monotonic() + 10
+            while gaps not in httpx.get(f"{server.rest_url}/metrics").text:
+                assert time.monotonic() < deadline, "the subscription's loss was not seen"
+                time.sleep(0.05)
+            time.sleep(1.0)  # subscribed again (0.2 s later): every entry expired
+            assert _cache(server)["front_entries"] == len(ids)  # kept, for stale on error
+            own.kill()
+            with FeatureClient(server.rest_url, timeout=5) as client:
                 answer = client.get(ENTITY, ids, groups=[GROUP])
             statuses = [{s.value for s in row.statuses} for row in answer.rows]
             assert statuses == [{"stale"}] * len(ids)

@@ -439,6 +439,9 @@ class NativeHits(FrontLookups):
     def clear(self) -> None:
         self.native.clear()
 
+    def expire_all(self) -> None:
+        self.native.expire_all()
+
     def own_size(self) -> tuple[int, int]:
         return self.native.own_size()
 

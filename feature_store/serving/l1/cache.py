@@ -147,6 +147,11 @@ class Mirror(Protocol):
     def put_many(self, entries: Iterable[Entry]) -> None: ...
     def discard(self, key: CacheKey) -> None: ...
     def clear(self) -> None: ...
+    def expire_all(self) -> None:
+        """Every entry of its own due for reload, kept for stale-on-error; the copies of
+        this cache's dropped."""
+        ...
+
     def notice_group(self, group: str) -> None: ...
     def own_size(self) -> tuple[int, int]:
         """The entries it loaded itself, which this cache does not hold, and their bytes."""
@@ -345,7 +350,7 @@ class LRUCache:
         for entry in self._entries.values():
             entry.expires_at = min(entry.expires_at, now)
         if self.mirror is not None:
-            self.mirror.clear()
+            self.mirror.expire_all()
 
     def clear(self) -> None:
         self._entries.clear()

@@ -336,6 +336,32 @@ impl HitCache {
         drop(old);
     }
 
+    /// Every entry due for reload, as when invalidations may have been missed (Python's
+    /// `LRUCache.expire_all`): the front's own entries expire where they are, so that a
+    /// lookup loads them again and, if Redis fails, is answered with them stale (as
+    /// Python's expired entries are); Python's are dropped (Python keeps them, expired).
+    /// Loads in flight are not stored.
+    fn expire_all(&self) {
+        let now = self.hits.ticks(Instant::now());
+        let old: Vec<Hit> = {
+            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
+            let mut pythons = Vec::new();
+            for (key, hit) in entries.iter_mut() {
+                if hit.own() {
+                    hit.expires = hit.expires.min(now);
+                } else {
+                    pythons.push(key.clone());
+                }
+            }
+            pythons
+                .iter()
+                .filter_map(|key| entries.remove(key))
+                .collect()
+        };
+        self.hits.disown(None);
+        drop(old); // their bytes objects are released here, with the GIL
+    }
+
     /// Load the misses of the fronts' lookups on their own Redis connections (`load.rs`),
     /// with these settings: the TTLs in seconds (a negative TTL of 0: missing entities are
     /// not kept), the jitter (a share: a TTL varies by +- half of it), the last share of a
