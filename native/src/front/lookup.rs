@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::queue::{Reply, Waited, Work};
-use super::redis::Direct;
+use super::redis::{Direct, Unread};
 use super::served::{FROM_L1, FROM_REDIS};
 use crate::hits::{Hits, Key, Looked, Missing, Passing};
 
@@ -65,7 +65,7 @@ pub(crate) async fn refresh(hits: Arc<Hits>, direct: Arc<Direct>) {
             Some(commands) => commands,
             None => continue,
         };
-        if let Some(replies) = direct.read(&commands).await {
+        if let Ok(replies) = direct.read(&commands).await {
             if hits.store_loaded(&claim, &replies, api).is_some() {
                 hits.refreshed(claim.mine.len(), outdated);
             }
@@ -117,7 +117,7 @@ where
         Some(plan) => plan,
         None => return Outcome::Handler,
     };
-    if let Some(replies) = direct.read(&plan.commands).await {
+    if let Ok(replies) = direct.read(&plan.commands).await {
         return match hits.render(&plan, &replies, true) {
             Some(answer) => Outcome::Here(answer, FROM_REDIS),
             None => Outcome::Handler, // a reply the handler answers (it reads again)
@@ -167,15 +167,17 @@ async fn load_here(
         if !claim.mine.is_empty() {
             let commands = hits.load_commands(&claim.mine)?;
             let replies = match direct.read(&commands).await {
-                Some(replies) => replies,
-                None => {
+                Ok(replies) => replies,
+                Err(why) => {
                     drop(claim);
-                    if direct.routed() {
+                    if direct.routed() || why == Unread::Elsewhere {
                         // a cluster: a moved slot or a master down whose replica took over,
-                        // which Python's cluster client follows (and serves stale if it cannot)
+                        // which Python's cluster client follows (and serves stale if it
+                        // cannot); or a connection closed under the front with nothing
+                        // saying Redis is down: Python's path reads it on a new one
                         return None;
                     }
-                    // one Redis failing (or no connection, or the circuit open): stale will do
+                    // one Redis failing (a timeout, the circuit open): stale will do
                     return hits.stale(request, api, missing, loading.max_stale);
                 }
             };

@@ -41,7 +41,20 @@ const READ_SIZE: usize = 64 * 1024;
 struct Job {
     command: Vec<u8>,
     count: usize,
-    reply: oneshot::Sender<Option<Bytes>>,
+    reply: oneshot::Sender<Result<Bytes, Unread>>,
+}
+
+/// Why a read has no replies: what the lookup does instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unread {
+    /// Redis is failing, as Python's policy sees it: the node's circuit is open, or a round
+    /// trip outlasted its timeout. An expired entry is answered stale, as Python's would be.
+    Down,
+    /// Nothing says Redis is failing: no connection (one closed under the front, by a
+    /// restart or an idle timeout, or none opened yet), a connection that closed mid-read,
+    /// a reply that is not RESP, a slot that moved or no master owns. Python's path, which
+    /// opens connections and follows the cluster, reads it and tells.
+    Elsewhere,
 }
 
 #[derive(Default)]
@@ -141,13 +154,16 @@ impl Direct {
         self.redirected.swap(0, Ordering::Relaxed)
     }
 
-    /// Redis's replies to `plan`'s commands, in its order; None when a node it needs
+    /// Redis's replies to `plan`'s commands, in its order; why not when a node it needs
     /// has no connection or an open circuit, a round trip failed, or (a cluster) a slot
-    /// moved: the caller takes Python's path.
-    pub async fn read(&self, plan: &Commands) -> Option<Bytes> {
+    /// moved.
+    pub async fn read(&self, plan: &Commands) -> Result<Bytes, Unread> {
         let route = self.route.read().unwrap_or_else(|e| e.into_inner()).clone();
         let route = match route {
-            None => return self.node(0)?.read(plan.command.clone(), plan.count).await,
+            None => {
+                let node = self.node(0).ok_or(Unread::Elsewhere)?;
+                return node.read(plan.command.clone(), plan.count).await;
+            }
             Some(route) => route,
         };
         // the commands by owning master, in request order within each
@@ -155,7 +171,7 @@ impl Direct {
         for (i, &(start, end)) in plan.keys.iter().enumerate() {
             let owner = route[slot_of(&plan.command[start..end]) as usize];
             if owner == UNOWNED {
-                return None;
+                return Err(Unread::Elsewhere);
             }
             match groups.iter_mut().find(|(n, _)| *n == owner) {
                 Some((_, members)) => members.push(i),
@@ -179,35 +195,39 @@ impl Direct {
                 }
                 command
             };
-            waiting.push(self.node(*owner as usize)?.send(command, members.len())?);
+            let node = self.node(*owner as usize).ok_or(Unread::Elsewhere)?;
+            waiting.push(node.send(command, members.len())?);
         }
         let mut replies = Vec::with_capacity(groups.len());
         for rx in waiting {
-            replies.push(rx.await.ok().flatten()?);
+            replies.push(rx.await.unwrap_or(Err(Unread::Elsewhere))?);
         }
         // each reply's place; a redirect hands the lookup to Python
         let mut spans = vec![(0usize, 0usize, 0usize); plan.count]; // (round trip, start, end)
         for (g, ((_, members), buf)) in groups.iter().zip(&replies).enumerate() {
             let mut pos = 0;
             for &i in members {
-                let next = resp_skip(buf, pos).ok()??;
+                let next = match resp_skip(buf, pos) {
+                    Ok(Some(next)) => next,
+                    _ => return Err(Unread::Elsewhere),
+                };
                 let reply = &buf[pos..next];
                 if reply.starts_with(b"-MOVED ") || reply.starts_with(b"-ASK ") {
                     self.redirected.fetch_add(1, Ordering::Relaxed);
-                    return None;
+                    return Err(Unread::Elsewhere);
                 }
                 spans[i] = (g, pos, next);
                 pos = next;
             }
         }
         if replies.len() == 1 {
-            return replies.pop();
+            return replies.pop().ok_or(Unread::Elsewhere);
         }
         let mut out = BytesMut::with_capacity(replies.iter().map(Bytes::len).sum());
         for &(g, start, end) in &spans {
             out.extend_from_slice(&replies[g][start..end]);
         }
-        Some(out.freeze())
+        Ok(out.freeze())
     }
 
     /// Python's decisions for node `index`: whether the front may read on it, each size
@@ -267,16 +287,22 @@ impl Node {
     }
 
     /// Redis's replies to `command` (`count` commands), read on one of the connections;
-    /// None when there is none, the circuit is not closed, or the round trip failed.
-    async fn read(&self, command: Vec<u8>, count: usize) -> Option<Bytes> {
-        self.send(command, count)?.await.ok().flatten()
+    /// why not when there is none, the circuit is not closed, or the round trip failed.
+    async fn read(&self, command: Vec<u8>, count: usize) -> Result<Bytes, Unread> {
+        self.send(command, count)?
+            .await
+            .unwrap_or(Err(Unread::Elsewhere))
     }
 
     /// `command` (`count` commands) queued on one of the connections: where its replies
-    /// will come. None when there is no connection or the circuit is not closed.
-    fn send(&self, command: Vec<u8>, count: usize) -> Option<oneshot::Receiver<Option<Bytes>>> {
+    /// will come. Why not when there is no connection or the circuit is not closed.
+    fn send(
+        &self,
+        command: Vec<u8>,
+        count: usize,
+    ) -> Result<oneshot::Receiver<Result<Bytes, Unread>>, Unread> {
         if !self.allowed.load(Ordering::Relaxed) {
-            return None;
+            return Err(Unread::Down);
         }
         let (tx, rx) = oneshot::channel();
         let mut job = Job {
@@ -285,17 +311,14 @@ impl Node {
             reply: tx,
         };
         let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
-        if lines.is_empty() {
-            return None;
-        }
         let first = self.next.fetch_add(1, Ordering::Relaxed) as usize;
         for i in 0..lines.len() {
             match lines[(first + i) % lines.len()].send(job) {
-                Ok(()) => return Some(rx),
+                Ok(()) => return Ok(rx),
                 Err(mpsc::error::SendError(back)) => job = back, // that connection is gone
             }
         }
-        None
+        Err(Unread::Elsewhere)
     }
 
     /// The most keys one round trip may carry.
@@ -346,14 +369,17 @@ impl Node {
                     // Redis did not answer in time: a failure for the breaker. A connection
                     // that closed or broke (a Redis restart, say) is not one: Python's path,
                     // which its lookups take now, tells whether Redis is there.
-                    if failed.is_err() {
+                    let why = if failed.is_err() {
                         self.drained
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .failures += 1;
-                    }
+                        Unread::Down
+                    } else {
+                        Unread::Elsewhere
+                    };
                     for job in batch {
-                        let _ = job.reply.send(None);
+                        let _ = job.reply.send(Err(why));
                     }
                     return; // the connection goes: its replies may still come
                 }
@@ -367,7 +393,7 @@ impl Node {
             let replies = buf.split().freeze();
             let mut start = 0;
             for (job, end) in batch.into_iter().zip(ends) {
-                let _ = job.reply.send(Some(replies.slice(start..end)));
+                let _ = job.reply.send(Ok(replies.slice(start..end)));
                 start = end;
             }
         }
