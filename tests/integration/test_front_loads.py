@@ -9,8 +9,10 @@ answer, stale on error).
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +41,11 @@ GROUP, ENTITY = sample.GROUP, sample.ENTITY
 N = 60  # entities written; ids up to N + 10 are asked, so some are missing
 BREAKABLE = 10  # the last of them: the property test may break their stored data
 ENV = {
+    # an outage (the property test's) ends each server's lookup at this timeout, and opens
+    # no circuit: the servers' breakers would open apart, after the failures each counted
+    "FEATURE_SERVING_REDIS_TIMEOUT_MIN": "0.25",
+    "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "0.25",
+    "FEATURE_SERVING_BREAKER_FAILURES": "1000000",
     "FEATURE_SERVING_SHADOW_FRACTION": "0",
     "FEATURE_SERVING_WARM_START_KEYS": "0",
     "FEATURE_SERVING_CACHE_TTL": "0.5",
@@ -129,6 +136,7 @@ steps = st.lists(
             st.floats(-9, 9),
         ),
         st.tuples(st.just("sleep"), st.sampled_from([0.0, 0.3, 0.6])),
+        st.tuples(st.just("outage"), st.sampled_from(["rest", "grpc"]), lookups),
         st.tuples(
             st.just("break"),
             st.integers(min_value=N - BREAKABLE, max_value=N - 1),
@@ -174,7 +182,9 @@ def _step(
 ) -> None:
     """One step of the property test: each lookup asked of every server and compared."""
     native, python, bounded, reference = servers
-    if step[0] == "break":
+    if step[0] == "outage":
+        _outage(step, servers, url)
+    elif step[0] == "break":
         _, entity, how = step
         _break(url, entity, how)  # type: ignore[arg-type]
         broken.add(entity)  # type: ignore[arg-type]
@@ -194,7 +204,8 @@ def _step(
         ids = list(step[1])  # type: ignore[call-overload]
         body = {"entity_type": ENTITY, "ids": ids, "groups": [GROUP]}
         answer = _rest(native, body)
-        assert answer == _rest(python, body), ids
+        other = _rest(python, body)
+        assert answer == other, (ids, answer, other, _cache(native), _cache(python))
         assert answer == _rest(bounded, body), ids
         assert answer == _rest(reference, body), ids
         if b'"error"' in answer[1]:
@@ -204,6 +215,61 @@ def _step(
         assert _grpc(native, ids) == _grpc(python, ids), ids
         assert _grpc(native, ids) == _grpc(bounded, ids), ids
         assert _grpc_answer(native, ids) == _grpc_answer(reference, ids), ids
+
+
+def _outage(step: tuple[object, ...], servers: tuple[ServingProcess, ...], url: str) -> None:
+    """A lookup asked of every server while Redis does not answer (stopped): an entity
+    cached fresh is a hit, one expired is served stale, and a lookup with any other is a
+    503 (or UNAVAILABLE), alike on the three unbounded servers. Whether an entry expired
+    just before the lookup may differ by the milliseconds between the servers' loads, so
+    stale is compared as present. The bounded server holds fewer entries: its answer is
+    theirs or a failure."""
+    _, api, ids = step
+    pid = _redis_pid(url)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        if api == "rest":
+            body = {"entity_type": ENTITY, "ids": list(ids), "groups": [GROUP]}  # type: ignore[call-overload]
+            answers = [_rest(server, body) for server in servers]
+        else:
+            answers = [_grpc_outage(server, list(ids)) for server in servers]  # type: ignore[call-overload]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    alike = [_as_present(str(api), answer) for answer in answers]
+    native, python, bounded, reference = alike
+    assert native == python == reference, (ids, answers)
+    assert bounded == native or bounded[0] != 200, (ids, answers)
+    stale = alike[0] != answers[0]  # some entity served stale
+    if native[0] != 200:
+        event("an outage: a failure")
+    else:
+        event("an outage: answered from the cache" + (", some stale" if stale else ""))
+
+
+def _grpc_outage(server: ServingProcess, ids: list[int]) -> tuple[int, bytes]:
+    try:
+        answer = _grpc_answer(server, ids)
+    except grpc.RpcError as e:
+        return e.code().value[0], b""  # type: ignore[attr-defined]
+    return 200, bytes(answer.SerializeToString(deterministic=True))
+
+
+def _as_present(api: str, answer: tuple[int, bytes]) -> tuple[int, bytes]:
+    """An answer with each status "stale" read as "present"; a failure's code alone."""
+    status, content = answer
+    if status != 200:
+        return status, b""
+    if api == "rest":
+        return status, content.replace(b'"stale"', b'"present"')
+    message = pb.GetFeaturesResponse.FromString(content)
+    for row in message.rows:
+        row.statuses[:] = [pb.PRESENT if s == pb.STALE else s for s in row.statuses]
+    return status, bytes(message.SerializeToString(deterministic=True))
+
+
+def _redis_pid(url: str) -> int:
+    with redis.Redis.from_url(url) as r:
+        return int(r.info("server")["process_id"])
 
 
 def _entity(entity: int) -> bytes:
@@ -223,6 +289,10 @@ def _break(url: str, entity: int, how: str) -> None:
     group = sample.registry().groups[GROUP]
     with redis.Redis.from_url(url) as r:
         key = _entity(entity)
+        if how != "type" and r.type(key) != b"hash":  # broken before: a string, not a hash
+            r.delete(key)
+            with FeatureStore.connect(url, sample.registry(), notify=False) as store:
+                store.write(GROUP, [row for row in sample.rows(N) if row[0] == entity])
         if how == "write time":
             r.hset(key, group.freshness_field, b"garbage")
         elif how == "value":
@@ -496,6 +566,26 @@ def test_missed_invalidations_keep_the_fronts_entries_for_stale_on_error(
             assert statuses == [{"stale"}] * len(ids)
             for i, row in zip(ids, answer.rows, strict=True):
                 assert row.values[0] == sample.features(i)["float_00"]
+
+
+def test_a_connection_closed_under_the_front_is_not_an_outage(redis_url: str) -> None:
+    """The front's connections closed by Redis (a restart, a client kill), Redis up: a
+    lookup of expired entries is read again, as Python's path would (which opens a new
+    connection), not answered stale as if Redis were down."""
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(20))
+    with ServingProcess(redis_url, env=ENV, grpc=False) as server:
+        body = {"entity_type": ENTITY, "ids": [1], "groups": [GROUP]}
+        _rest(server, body)  # the form learned
+        ids = list(range(5, 15))
+        assert _rest(server, {**body, "ids": ids})[0] == 200
+        assert _cache(server)["front_entries"] == len(ids)
+        time.sleep(0.6)  # expired (TTL 0.5 s), kept for stale on error
+        with redis.Redis.from_url(redis_url) as r:
+            assert r.client_kill_filter(_type="normal", skipme=True) > 0
+        with FeatureClient(server.rest_url, timeout=5) as client:
+            answer = client.get(ENTITY, ids, groups=[GROUP])
+        assert [{s.value for s in row.statuses} for row in answer.rows] == [{"present"}] * 10
 
 
 def test_a_restart_warms_the_entries_the_fronts_loaded(redis_url: str) -> None:
