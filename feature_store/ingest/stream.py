@@ -48,7 +48,6 @@ from feature_store.ingest.records import (
     DEFAULT_EVENT_TIME_FIELD,
     Decoder,
     Encoded,
-    EntityEvents,
     Format,
     KeyFormat,
     RecordFormat,
@@ -237,27 +236,7 @@ def _write_events(
 ) -> list[tuple[int, BadReason, str]]:
     """An aggregated group's share of a micro-batch: its records as events into their
     entities' window state (``ingest.windows``); the bad and the late records."""
-    events, bad = _events(spec, group, rows, values, times, decoder)
-    written = write_events(writer, group, events, defer_late=defer_late)
-    stats["deferred"] += written.deferred
-    stats["written"] += written.entities
-    stats["values"] += written.counted
-    stats["replayed"] += written.replayed
-    stats["late"] += sum(1 for _, reason, _ in written.bad if reason is BadReason.TOO_LATE)
-    _add_lags(stats, written.lags)
-    writer.publish(notices.write_message(spec.origin, spec.group, list(events), time.time()))
-    return sorted(bad + written.bad, key=lambda b: b[0])
-
-
-def _events(
-    spec: RecordSpec,
-    group: FeatureGroup,
-    rows: pa.Table,
-    values: list[bytes | str | None],
-    times: list[float | None],
-    decoder: Decoder,
-) -> tuple[EntityEvents, list[tuple[int, BadReason, str]]]:
-    return decode_events(
+    events, bad = decode_events(
         group,
         spec.format,
         values,
@@ -267,6 +246,15 @@ def _events(
         offsets=rows.column("offset").to_pylist(),
         decoder=decoder,
     )
+    written = write_events(writer, group, events, defer_late=defer_late)
+    stats["deferred"] += written.deferred
+    stats["written"] += written.entities
+    stats["values"] += written.counted
+    stats["replayed"] += written.replayed
+    stats["late"] += sum(1 for _, reason, _ in written.bad if reason is BadReason.TOO_LATE)
+    _add_lags(stats, written.lags)
+    writer.publish(notices.write_message(spec.origin, spec.group, list(events), time.time()))
+    return sorted(bad + written.bad, key=lambda b: b[0])
 
 
 def _write(

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from feature_store import notices, sample
-from feature_store.client import FeatureClient, GrpcFeatureClient
+from feature_store.client import FeatureClient, FeatureResult, GrpcFeatureClient
 from feature_store.embedded import EmbeddedRedis
 from feature_store.layout import IdType, entity_key
 from feature_store.native import native_enabled
@@ -522,11 +522,15 @@ def test_python_adopts_the_fronts_entries_when_redis_is_down(tmp_path: Path) -> 
             time.sleep(1.2)  # expired, kept for stale on error
             own.kill()
             with GrpcFeatureClient(server.grpc_target, timeout=5) as client:
-                answer = client.get(ENTITY, ids, groups=[GROUP])
-            statuses = [{s.value for s in row.statuses} for row in answer.rows]
-            assert statuses == [{"stale"}] * len(ids)
-            for i, row in zip(ids, answer.rows, strict=True):
-                assert row.values[0] == sample.features(i)["float_00"]
+                _all_stale(client.get(ENTITY, ids, groups=[GROUP]), ids)
+
+
+def _all_stale(answer: FeatureResult, ids: list[int]) -> None:
+    """Every entity of ``answer`` served stale, with the values it was written with."""
+    statuses = [{s.value for s in row.statuses} for row in answer.rows]
+    assert statuses == [{"stale"}] * len(ids)
+    for i, row in zip(ids, answer.rows, strict=True):
+        assert row.values[0] == sample.features(i)["float_00"]
 
 
 def test_missed_invalidations_keep_the_fronts_entries_for_stale_on_error(
@@ -561,11 +565,7 @@ def test_missed_invalidations_keep_the_fronts_entries_for_stale_on_error(
             assert _cache(server)["front_entries"] == len(ids)  # kept, for stale on error
             own.kill()
             with FeatureClient(server.rest_url, timeout=5) as client:
-                answer = client.get(ENTITY, ids, groups=[GROUP])
-            statuses = [{s.value for s in row.statuses} for row in answer.rows]
-            assert statuses == [{"stale"}] * len(ids)
-            for i, row in zip(ids, answer.rows, strict=True):
-                assert row.values[0] == sample.features(i)["float_00"]
+                _all_stale(client.get(ENTITY, ids, groups=[GROUP]), ids)
 
 
 def test_a_connection_closed_under_the_front_is_not_an_outage(redis_url: str) -> None:
