@@ -101,7 +101,7 @@ def _write_chunk(
                 out.deferred += 1
                 out.bad.extend(_late_records(result, indexed, group))
                 continue
-            if len(result.replayed) == len(indexed) > 0 and not replace:
+            if len(result.replayed) == len(indexed) > 0:  # (a replaced state has no offsets)
                 out.replayed += len(indexed)  # every event applied before: nothing to write
                 continue
             commands.append(
