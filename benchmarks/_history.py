@@ -20,7 +20,7 @@ The guarantees checked (``check``), as docs/reliability.md states them:
 Per fault (the ops that started in its window: from its beginning to the next fault's)
 and per deployment it reports those counts, the failed requests, the longest
 request, and the time from the heal to the first good answer (a read with every value
-``present``, a write acknowledged) and to the last failure.
+``present``, a write acknowledged) and to the last failed read and write.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ class Tally:
     max_seconds: float = 0.0
     heal_to_good_read: float | None = None
     heal_to_good_write: float | None = None
-    heal_to_last_failure: float | None = None
+    heal_to_last_failed_read: float | None = None
+    heal_to_last_failed_write: float | None = None
     examples: list[str] = field(default_factory=list)  # the first few violations, said
 
     def note(self, what: str) -> None:
@@ -172,7 +173,8 @@ def check(
             if write.acked and tally.heal_to_good_write is None:
                 tally.heal_to_good_write = since
             if not write.acked:
-                tally.heal_to_last_failure = max(tally.heal_to_last_failure or 0.0, since)
+                last = tally.heal_to_last_failed_write
+                tally.heal_to_last_failed_write = max(last or 0.0, since)
     for read in history.reads:
         win = window_of(read.start)
         tally = out["steady" if win is None else win.name][read.who]
@@ -193,7 +195,8 @@ def check(
             if good and tally.heal_to_good_read is None:
                 tally.heal_to_good_read = since
             if not read.ok:
-                tally.heal_to_last_failure = max(tally.heal_to_last_failure or 0.0, since)
+                last = tally.heal_to_last_failed_read
+                tally.heal_to_last_failed_read = max(last or 0.0, since)
         for key, seq, status in read.values:
             if seq is None:
                 continue

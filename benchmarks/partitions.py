@@ -387,11 +387,18 @@ COLUMNS = (
 )  # fmt: skip
 
 
+HEALS = (
+    ("heal_to_good_read", "heal→good read s"),
+    ("heal_to_last_failed_read", "heal→last failed read s"),
+    ("heal_to_last_failed_write", "heal→last failed write s"),
+)
+
+
 def markdown(results: list[dict[str, object]], command: list[str]) -> list[str]:
     lines = [*command, ""]
     lost = [f"{r['durability']}: {lost_writes(r):,}" for r in results]
     lines += [f"Acknowledged writes lost, every fault together: {'; '.join(lost)}.", ""]
-    head = ["fault", "deployment", *COLUMNS, "max ms", "heal→good read s", "heal→last failure s"]
+    head = ["fault", "deployment", *COLUMNS, "max ms", *(h for _, h in HEALS)]
     for result in results:
         lines += [f"## Write durability `{result['durability']}`", ""]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -401,9 +408,17 @@ def markdown(results: list[dict[str, object]], command: list[str]) -> list[str]:
                 cells = [name, "A (L1 on)" if who == "A" else "B (L1 off)"]
                 cells += [f"{t[c]:,}" for c in COLUMNS]
                 cells.append(f"{t['max_seconds'] * 1000:.0f}")
-                for c in ("heal_to_good_read", "heal_to_last_failure"):
+                for c, _ in HEALS:
                     cells.append("-" if t[c] is None else f"{t[c]:.2f}")
                 lines.append("| " + " | ".join(cells) + " |")
+        said = [
+            f"- {name}, {who}: {example}"
+            for name, ts in tallies.items()
+            for who, t in sorted(ts.items())
+            for example in t["examples"]
+        ]
+        if said:
+            lines += ["", "The first of what was past its deadline, wrong or lost:", "", *said]
         lines.append("")
     return lines
 

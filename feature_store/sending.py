@@ -10,12 +10,13 @@ connection stays in step; the callers decide what an error reply means:
 
 - the Spark job's ``ChunkWriter`` (``feature_store.ingest.writer``) retries the whole
   chunk with backoff: its commands are idempotent (the ordering guard);
-- the library (``FeatureStore.write``) and the serving API's push writes
-  (``feature_store.serving.writer``) send a durable write again, up to
+- the library (``FeatureStore.write``) sends a durable write again, up to
   ``DURABLE_ATTEMPTS``, after a slot moved or a master's connection failed, the cluster's
-  layout learnt again; a write not confirmed raises ``NotDurableError``.
+  layout learnt again; a write not confirmed raises ``NotDurableError``. So do the serving
+  API's push writes (``feature_store.serving.writer``), durable or not (``send_async``),
+  never after a timeout.
 
-redis-py's pipeline, which the writers use when no durability is asked, checks and packs
+redis-py's pipeline, which the library uses when no durability is asked, checks and packs
 every argument in Python; packing with hiredis costs a fraction of it on calls of ~100
 arguments, and redis-py's cluster pipeline cannot put a WAIT on the connection that wrote
 a master's share.
@@ -162,8 +163,8 @@ def redirected(replies: Sequence[object]) -> bool:
 
 def _layout_changed() -> StoreUnavailableError:
     return StoreUnavailableError(
-        f"a durable write could not be confirmed on the cluster's masters in "
-        f"{DURABLE_ATTEMPTS} attempts (slots moved, or a master failed): send it again"
+        f"a write could not be sent to the cluster's masters in {DURABLE_ATTEMPTS} "
+        "attempts (slots moved, or a master failed): send it again"
     )
 
 
@@ -188,10 +189,16 @@ def send_durable(
     raise _layout_changed()
 
 
-async def send_durable_async(
-    client: AsyncClient, commands: list[Command], durability: Durability
+async def send_async(
+    client: AsyncClient, commands: list[Command], durability: Durability = ASYNCHRONOUS
 ) -> list[object]:
-    """``send_durable`` on an asyncio client."""
+    """``send_durable`` on an asyncio client, and without durability (``ASYNCHRONOUS``: no
+    WAIT) the serving API's push writes. A connection that fails sends the write again
+    (on one node once: a pooled connection dead since a restart; on a cluster with the
+    layout learnt again, up to ``DURABLE_ATTEMPTS``); a timeout does not: a Redis that
+    hangs, or a partition that drops its replies, would cost the caller one timeout per
+    attempt (redis-py's cluster pipeline, which these writes used before, retried a timed
+    out write after closing every connection of the client: 2.25 s for a 1 s timeout)."""
     if not isinstance(client, redis.asyncio.cluster.RedisCluster):
         one = client
         return await _scripts_resent_async(lambda c: _one_node_async(one, c, durability), commands)
@@ -227,13 +234,21 @@ async def _scripts_resent_async(
 async def _one_node_async(
     client: redis.asyncio.Redis, commands: list[Command], durability: Durability
 ) -> list[object]:
-    """``commands`` and a WAIT in redis-py's pipeline, which holds one connection."""
-    pipe = client.pipeline(transaction=False)
-    for cmd in [*commands, durability.command]:
-        pipe.execute_command(*cmd)
-    replies: list[object] = await pipe.execute(raise_on_error=False)
-    durability.check(replies.pop(), "the master")
-    return replies
+    """``commands`` (and a WAIT, if asked) on one pooled connection, once more on a fresh
+    one if that connection fails (not if it times out)."""
+    pool = client.connection_pool
+    for attempt in (0, 1):
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            return await _exchange_async(conn, commands, durability, "the master")
+        except redis.exceptions.TimeoutError:
+            raise
+        except (redis.exceptions.ConnectionError, OSError):
+            if attempt:
+                raise
+        finally:
+            await pool.release(conn)
+    raise AssertionError("unreachable")
 
 
 async def _by_master_async(
@@ -265,17 +280,26 @@ async def _share_async(
 ) -> list[object]:
     conn = node.acquire_connection()
     try:
-        await conn.send_packed_command(
-            conn.pack_commands([*commands, durability.command]), check_health=False
-        )
+        return await _exchange_async(conn, commands, durability, f"master {node.name}")
+    finally:
+        node.release(conn)
+
+
+async def _exchange_async(
+    conn: redis.asyncio.Connection, commands: list[Command], durability: Durability, where: str
+) -> list[object]:
+    """Every command's reply on ``conn``, an error reply in its place; then the WAIT's,
+    checked, where durability is asked."""
+    sent = [*commands, durability.command] if durability.asked else commands
+    try:
+        await conn.send_packed_command(conn.pack_commands(sent), check_health=False)
         replies = [await _reply_async(conn) for _ in commands]
-        waited = await _reply_async(conn)
+        waited = await _reply_async(conn) if durability.asked else None
     except BaseException:
         await conn.disconnect()  # a half-read reply stream
         raise
-    finally:
-        node.release(conn)
-    durability.check(waited, f"master {node.name}")
+    if durability.asked:
+        durability.check(waited, where)
     return replies
 
 

@@ -44,7 +44,7 @@ from feature_store.durability import ASYNCHRONOUS, Durability
 from feature_store.errors import StoreError
 from feature_store.layout import max_encoded_size, with_script
 from feature_store.registry import FeatureGroup, Registry
-from feature_store.sending import raised, send_durable, send_durable_async
+from feature_store.sending import raised, send_async, send_durable
 from feature_store.settings import target_from_env
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ class AsyncFeatureStore(_Base[AsyncClient]):
         """As ``FeatureStore._run``."""
         with translated_errors():
             if self.durability.asked:
-                return raised(await send_durable_async(self.client, commands, self.durability))
+                return raised(await send_async(self.client, commands, self.durability))
             try:
                 return await self._pipeline(commands)
             except NoScriptError:

@@ -1,21 +1,20 @@
 """Push writes' commands sent to Redis, and, when asked, confirmed by replicas.
 
-Without write durability (the default) a write's commands go through redis-py's pipeline:
-on one node one round trip, on Redis Cluster one per master, following redirects. With
+A write's commands go packed on one connection per master (``feature_store.sending.
+send_async``): one round trip on one node, one per master on Redis Cluster, sent again
+with the layout learnt after a slot moved or a master's connection failed, never after a
+timeout (one timeout is what a hung Redis costs a push write). With
 ``Durability(replicas=N)`` each master's share is followed by ``WAIT`` on the connection
-that wrote it (``feature_store.sending.send_durable_async``); fewer replicas than asked
-raise ``NotDurableError``, answered 503 ``not_durable`` (gRPC UNAVAILABLE).
+that wrote it; fewer replicas than asked raise ``NotDurableError``, answered 503
+``not_durable`` (gRPC UNAVAILABLE).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from feature_store.batch import Command
-from feature_store.connection import AsyncClient, is_key_error, missing_script, translated_errors
+from feature_store.connection import AsyncClient, is_key_error, translated_errors
 from feature_store.durability import ASYNCHRONOUS, Durability
-from feature_store.layout import with_script
-from feature_store.sending import send_durable_async
+from feature_store.sending import send_async
 
 
 class Writer:
@@ -31,22 +30,8 @@ class Writer:
         NotDurableError when fewer replicas than asked confirmed the write. The write
         script's text goes with the commands where Redis lost it (a restart, SCRIPT FLUSH)."""
         with translated_errors():
-            if self.durability.asked:
-                result = await send_durable_async(self.client, commands, self.durability)
-            else:
-                result = await self._pipeline(commands)
-                if missing := missing_script(result):
-                    again = await self._pipeline([with_script(commands[i]) for i in missing])
-                    for i, reply in zip(missing, again, strict=True):
-                        result[i] = reply
+            result = await send_async(self.client, commands, self.durability)
             for reply in result:
                 if isinstance(reply, Exception) and not is_key_error(reply):
                     raise reply
             return result
-
-    async def _pipeline(self, commands: Sequence[Command]) -> list[object]:
-        pipe = self.client.pipeline(transaction=False)
-        for cmd in commands:
-            pipe.execute_command(*cmd)
-        result: list[object] = await pipe.execute(raise_on_error=False)
-        return result

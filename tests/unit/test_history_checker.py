@@ -109,8 +109,8 @@ def test_windows_take_what_starts_in_them_with_the_heal_times() -> None:
     assert (cut.reads, cut.failed_reads, cut.past_deadline) == (4, 2, 1)
     assert cut.heal_to_good_read is not None
     assert abs(cut.heal_to_good_read - 0.8) < 1e-9
-    assert cut.heal_to_last_failure is not None
-    assert abs(cut.heal_to_last_failure - 0.3) < 1e-9
+    assert cut.heal_to_last_failed_read is not None
+    assert abs(cut.heal_to_last_failed_read - 0.3) < 1e-9
     assert "503" in cut.examples[0]
     assert steady.reads == 2
     assert steady.heal_to_good_read is None
