@@ -7,11 +7,15 @@ address that exists only inside its namespace; and the partitions between them.
         rig.cut("serve-a", "redis-0")            # both ways: packets vanish silently
         rig.heal()
 
-A partition is a blackhole route (``ip route add blackhole ADDR/32``) in a host's
-namespace: what it sends to that address is dropped without an error, so in-flight
-connections hang as in a real partition, and a link that comes back finds its
-connections as it left them. This kernel has no ``netem`` qdisc and no iptables or nft:
-latency and loss would need a proxy between hosts, and this rig has none (yet).
+A partition is a neighbour entry in a host's namespace that gives the other host's
+address a MAC no host has (``ip neigh replace ADDR lladdr 02:00:00:00:00:01 nud
+permanent``): the bridge floods what the host sends there and nobody takes it, so the
+packets vanish without an error anywhere. New connections hang in their connect and
+in-flight ones in their reads, as in a real partition, and a link that comes back finds
+its connections as it left them. (A blackhole route, tried first, makes the sender's own
+connects fail at once with EINVAL, which no real partition does; this kernel has no
+``netem`` qdisc, no tc drop action and no iptables or nft.) Latency and loss are a
+proxy's: ``_linkproxy``.
 
 Needs root and iproute2 (``ip netns``); ``available()`` says why not, for a caller to skip
 with. Every namespace, the bridge and every process started on a host are removed on
@@ -35,6 +39,7 @@ from typing import IO
 PREFIX = "fsrig"  # every namespace and link of a rig: fsrig<pid>-..., for the sweep
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/var/run/netns")
+NOWHERE = "02:00:00:00:00:01"  # a locally administered MAC that no host of a rig has
 STOP_SECONDS = 5.0  # a process asked to stop (SIGTERM) gets this long before SIGKILL
 
 
@@ -110,6 +115,10 @@ class NetRig:
     def ns(self, host: str) -> str:
         return f"{self.tag}-{host}"
 
+    def device(self, host: str) -> str:
+        """``host``'s end of its link to the bridge, in its namespace."""
+        return f"{self.tag}p{self.hosts.index(host)}"
+
     def start(self) -> NetRig:
         sweep()
         try:
@@ -173,7 +182,8 @@ class NetRig:
         """``host`` can no longer send to ``to`` (one way: ``to`` still reaches it)."""
         key = (host, self.addresses[to])
         if key not in self.cuts:
-            _ip("-n", self.ns(host), "route", "add", "blackhole", f"{key[1]}/32")
+            _ip("-n", self.ns(host), "neigh", "replace", key[1], "lladdr", NOWHERE,
+                "nud", "permanent", "dev", self.device(host))  # fmt: skip
             self.cuts.add(key)
 
     def cut(self, a: str, b: str) -> None:
@@ -190,7 +200,8 @@ class NetRig:
     def heal(self) -> None:
         """Every partition removed."""
         for host, address in sorted(self.cuts):
-            _ip("-n", self.ns(host), "route", "del", "blackhole", f"{address}/32", check=False)
+            # the entry goes; the next packet there asks for the address again (ARP)
+            _ip("-n", self.ns(host), "neigh", "del", address, "dev", self.device(host), check=False)
         self.cuts.clear()
 
     # --- teardown -------------------------------------------------------------------

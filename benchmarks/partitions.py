@@ -4,16 +4,17 @@
 
 Each Redis Cluster node (3 masters, 3 replicas, cluster-node-timeout 2 s), each of two
 serving deployments (one `feature-store serve` worker each: A with the L1 on, TTL 1 s; B
-with it off; both with ``--write-durability replicas=1,timeout=500`` unless
-``--durability`` says otherwise) and the client (this process: the load and the checks)
-run on hosts of their own: network namespaces on one bridge (``_netrig``), so that a
-fault is a partition between hosts, made with blackhole routes (packets vanish, in-flight
-connections hang), not a process stopped on one.
+with it off) and the client (this process: the load and the checks) run on hosts of
+their own: network namespaces on one bridge (``_netrig``), so that a fault is a partition
+between hosts (packets vanish silently; connects and reads hang), not a process stopped
+on one. The whole run is made once per ``--durability`` (serve's ``--write-durability``):
+by default with ``replicas=1,timeout=500``, then asynchronous.
 
-Under a steady load (per deployment two REST readers of 10 random entities at about 25
-requests/s each, and one writer of push writes, each key written by one writer only, with
-a growing write number: ``_history``), each fault lasts ``--fault-seconds``, is healed,
-and the cluster is waited on until it is ok again before the next:
+Under a steady load (per deployment two REST readers of 10 entities at about 25
+requests/s each, 3 of them among the last written, and one writer of push writes, each
+key written by one writer only and once: ``_history``), each fault lasts
+``--fault-seconds``, is healed, and the cluster is waited on until it is ok again before
+the next:
 
 - **master isolated**: a master cut from every host (its replica takes over);
 - **master in a minority**: a master cut from the other nodes but not from the serving
@@ -22,7 +23,14 @@ and the cluster is waited on until it is ok again before the next:
   waited for that replica);
 - **serving hosts cut from one master**: the cluster stays healthy;
 - **asymmetric**: a master hears the serving hosts, but its replies to them are dropped;
-- **flapping link**: the serving hosts' link to one master down and up every second.
+- **flapping link**: the serving hosts' link to one master down and up every second;
+- **slow link**: a master's link adds 50 ms plus or minus 20 ms to every round trip;
+- **lossy link**: 5% of what crosses a master's link is lost and sent again (TCP's
+  retransmission after 200 ms, which is what loss costs a connection).
+
+Every node sits behind a small TCP proxy on its host (``_linkproxy``) that makes the last
+two: this kernel has no netem qdisc and no iptables, so delay and loss cannot be made on
+the link itself.
 
 The checker (``_history.check``) then reports per fault (what started from its beginning
 to the next fault's) and deployment, and for the load before the first ("steady"): wrong
@@ -32,10 +40,10 @@ end), requests past their deadline (1 s, plus 100 ms), the longest request, and 
 from the heal to the first good answer and to the last failure. A timeline PNG beside the
 markdown shows requests by outcome with the faults shaded.
 
-Not built here: latency, jitter and packet loss between hosts (this kernel has no netem
-and no iptables; a proxy between hosts would do it), and a cut of the subscription alone
-(tests/integration/test_serving_coherence.py freezes it through a proxy). Needs root;
-exits 2 with the reason where namespaces cannot be made.
+Not built here: a cut of the subscription alone (the worker's subscription and its reads
+of the URL's node share one address; tests/integration/test_serving_coherence.py freezes
+the subscription through a proxy). Needs root; exits 2 with the reason where namespaces
+cannot be made.
 """
 
 from __future__ import annotations
@@ -77,7 +85,10 @@ JITTER = 0.1  # the serving default: the TTL varies by +-5%
 DEADLINE = 1.0  # seconds a request may take (plus _history.SLACK)
 READ_RATE = 25.0  # requests/s per reader
 WRITE_GAP = 0.04  # seconds between one writer's writes
-RECENT = 200  # keys last written, among which readers pick half their ids
+RECENT = 200  # keys last written, among which readers pick RECENT_IDS of their 10 ids
+# (where a stale read would show; a write drops the entity's L1 entries, so that more of
+# them would leave the L1 nothing to answer with when a master is away)
+RECENT_IDS = 3
 STEADY = 3.0  # seconds of load before the first fault
 SETTLE = 4.0  # seconds of load after the cluster is ok again, before the next fault
 FAULTS = (
@@ -86,7 +97,11 @@ FAULTS = (
     "serving hosts cut from one master",
     "asymmetric",
     "flapping link",
+    "slow link",
+    "lossy link",
 )
+# what a master's link does in the faults made by its proxy (_linkproxy)
+LINKS = {"slow link": {"delay": 0.05, "jitter": 0.02}, "lossy link": {"loss": 0.05}}
 HOSTS = ["client", "serve-a", "serve-b", *(f"redis-{i}" for i in range(NODES))]
 
 
@@ -94,21 +109,34 @@ HOSTS = ["client", "serve-a", "serve-b", *(f"redis-{i}" for i in range(NODES))]
 
 
 def start_nodes(rig: NetRig, tmp: Path) -> None:
+    """Each node listens on its host's loopback behind its link (``_linkproxy``), which
+    listens on the host's address, and announces that address to the cluster."""
     for i in range(NODES):
         host = f"redis-{i}"
         data = tmp / host
         data.mkdir()
+        address = rig.addresses[host]
         extra = {
-            "bind": rig.addresses[host],
             "protected-mode": "no",  # the address exists only inside this rig
             "cluster-enabled": "yes",
             "cluster-config-file": "nodes.conf",
             "cluster-node-timeout": "2000",
+            "cluster-announce-ip": address,
+            "cluster-announce-port": str(PORT),
+            "cluster-announce-bus-port": str(PORT + 10000),
         }
         cfg = server_config(PORT, data, persistence=False, extra=extra)
         conf = data / "redis.conf"
         conf.write_text("".join(f"{k} {v}\n" for k, v in cfg.items()))
         rig.spawn(host, ["redis-server", str(conf)])
+        link = [sys.executable, str(Path(__file__).with_name("_linkproxy.py"))]
+        link += ["--listen", address, "--ports", str(PORT), str(PORT + 10000)]
+        rig.spawn(host, [*link, "--control", str(control(tmp, host))])
+
+
+def control(tmp: Path, host: str) -> Path:
+    """The file that says what ``host``'s link does (``_linkproxy``)."""
+    return tmp / f"{host}.link.json"
 
 
 def node(rig: NetRig, host: str, timeout: float = 0.5) -> redis.Redis:
@@ -206,12 +234,12 @@ def start_worker(rig: NetRig, host: str, url: str, args: list[str], tmp: Path) -
 
 def reader(who: str, url: str, entities: int, recent: deque[int], history: History,
            stop: threading.Event, seed: int) -> None:  # fmt: skip
-    """Lookups of 10 entities: half of them among the last written (where a stale read
+    """Lookups of 10 entities: RECENT_IDS of them among the last written (where a stale read
     would show), the rest at random."""
     rng = random.Random(seed)
     with httpx.Client(base_url=url, timeout=5) as http:
         while not stop.is_set():
-            ids = set(rng.sample(list(recent), min(5, len(recent))))
+            ids = set(rng.sample(list(recent), min(RECENT_IDS, len(recent))))
             while len(ids) < 10:
                 ids.add(rng.randrange(entities))
             body = {"entity_type": sample.ENTITY, "ids": sorted(ids), "features": ["int_0"]}
@@ -267,10 +295,16 @@ def a_master(rig: NetRig) -> str:
     return sorted(h for h, r in roles(rig).items() if r == "master" and h != "redis-0")[0]
 
 
-def fault(rig: NetRig, name: str, seconds: float) -> str:
+def fault(rig: NetRig, name: str, seconds: float, tmp: Path) -> str:
     """Make the fault ``name`` for ``seconds``, then heal it; what it was done to."""
     master = a_master(rig)
     serving = ("serve-a", "serve-b")
+    if name in LINKS:
+        link = control(tmp, master)
+        link.write_text(json.dumps(LINKS[name]))
+        time.sleep(seconds)
+        link.unlink()
+        return master
     if name == "master isolated":
         rig.isolate(master)
     elif name == "master in a minority":
@@ -334,7 +368,7 @@ def run(faults: list[str], seconds: float, entities: int, durability: str, tmp: 
             time.sleep(STEADY)  # steady load before the first fault
             for name in faults:
                 start = time.time()
-                target = fault(rig, name, seconds)
+                target = fault(rig, name, seconds, tmp)
                 made.append((name, start, time.time()))
                 ok_after = wait_until("the cluster ok after the heal", lambda: cluster_ok(rig))
                 done.append({"fault": name, "target": target, "ok_after_heal_s": ok_after})

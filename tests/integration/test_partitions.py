@@ -27,6 +27,8 @@ FAULTS = [
     "serving hosts cut from one master",
     "asymmetric",
     "flapping link",
+    "slow link",
+    "lossy link",
 ]
 CLIENT_TIMEOUT = 5.0  # partitions.py's httpx timeout
 
@@ -73,7 +75,7 @@ def test_partitions_lose_nothing_and_serve_nothing_wrong(tmp_path: Path) -> None
             assert t["lost_writes"] == 0, shown
             assert t["behind_lost_writes"] == 0, shown
             assert t["max_seconds"] < CLIENT_TIMEOUT, shown  # nothing hung
-            if name == "steady":
+            if name in ("steady", "slow link"):  # 50 +- 20 ms: within the timeout's floor
                 assert t["failed_reads"] == t["failed_writes"] == 0, shown
             else:  # healed: good answers again within the window
                 assert t["heal_to_good_read"] is not None, shown
