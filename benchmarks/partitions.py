@@ -479,7 +479,7 @@ def plot(results: list[dict[str, object]], path: Path) -> None:
                     color=color, label=kind)  # fmt: skip
         for name, start, heal in tl["faults"]:  # type: ignore[attr-defined]
             ax.axvspan(start, heal, color="grey", alpha=0.2)
-            ax.text(start, ax.get_ylim()[1] * 0.85, name, fontsize=7)
+            ax.text(start + 0.2, 2, name, fontsize=7, rotation=90, va="bottom")
         l1 = "L1 on" if who == "A" else "L1 off"
         ax.set_title(f"{who} ({l1}), write durability {result['durability']}", fontsize=9)
         ax.set_ylabel("reads/s")

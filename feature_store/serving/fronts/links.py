@@ -17,9 +17,12 @@ master owns each hash slot, built from redis-py's cluster client's slot map: a l
 commands go to their masters in one round trip each, all at once. The table is built again
 when the client learns the layout, at once when a front met a redirect (MOVED, ASK: that
 lookup went to Python, whose cluster client followed it and learns the layout), and every
-ROUTE_EVERY seconds; the layout itself is learnt again every LEARN_EVERY seconds and after
-redirects. Each master has its own breaker and adaptive timeouts for the fronts' round
-trips: a slow or dead master's lookups go to Python while the others stay on the fronts.
+ROUTE_EVERY seconds; the layout itself is learnt again every LEARN_EVERY seconds, and every
+LEARN_AGAIN seconds after redirects and while a circuit is open, Python's or a master's (a
+master cut off by a partition answers nothing, not even a redirect, while its replica
+takes over). Each
+master has its own breaker and adaptive timeouts for the fronts' round trips: a slow or
+dead master's lookups go to Python while the others stay on the fronts.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ class ClusterRoutes:
     cluster client's map (see the module's text)."""
 
     client: redis.asyncio.cluster.RedisCluster
-    like: tuple[CircuitBreaker, AdaptiveTimeouts]  # the policy each master's copies
+    # Python's reads' policy, which each master's copies
+    like: tuple[CircuitBreaker, AdaptiveTimeouts]
     nodes: dict[str, Node] = field(default_factory=dict)  # by name, host:port
     epoch: int | None = -1  # of the client's map the table was built from
     routed: float = float("-inf")  # when it was built
@@ -86,7 +90,14 @@ class ClusterRoutes:
         """The slot table, when it is to be built again (else None)."""
         manager = self.client.nodes_manager
         idle = self.learning is None or self.learning.done()
-        if idle and now >= self.learnt + (LEARN_AGAIN if redirected else LEARN_EVERY):
+        # a circuit open, Python's (its reads time out) or a master's, may mean a master was
+        # replaced: behind a partition it answers nothing, no redirect ever comes, and its
+        # slots' reads would fail until it is back, however soon its replica took over
+        troubled = self.like[0].state is not CircuitState.CLOSED or any(
+            n.wanted and n.breaker.state is not CircuitState.CLOSED for n in self.nodes.values()
+        )
+        again = redirected or troubled
+        if idle and now >= self.learnt + (LEARN_AGAIN if again else LEARN_EVERY):
             self.learnt = now
             self.learning = asyncio.get_running_loop().create_task(self._learn())
         # redis-py's count of the layouts it learnt (None where a version has none: the
