@@ -89,15 +89,23 @@ def _free_subnet() -> ipaddress.IPv4Network:
 
 
 def sweep() -> None:
-    """Remove what rigs of processes that no longer run left behind."""
+    """Remove what rigs of processes that no longer run left behind: the processes still
+    running on their hosts, the namespaces, the bridge and the veths."""
     names = [p.name for p in NETNS_DIR.glob(f"{PREFIX}*")] if NETNS_DIR.exists() else []
     # the bridge and the veths' outer ends (a namespace a socket still holds outlives its
     # deletion, and its veth with it)
     links = re.findall(rf"^\d+: ({PREFIX}\d+(?:br|v\d+))[:@]", _ip("-o", "link").stdout, re.M)
     for name in names + links:
         pid = re.match(rf"{PREFIX}(\d+)", name)
-        if pid is not None and not Path(f"/proc/{pid[1]}").exists():
-            _ip("netns" if name in names else "link", "del", name, check=False)
+        if pid is None or Path(f"/proc/{pid[1]}").exists():
+            continue
+        if name in names:
+            for left in _ip("netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(left), signal.SIGKILL)
+            _ip("netns", "del", name, check=False)
+        else:
+            _ip("link", "del", name, check=False)
 
 
 class NetRig:

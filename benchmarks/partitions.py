@@ -1,6 +1,7 @@
 """Partitions between hosts under load, and a checker that reads the history afterwards.
 
-    sudo python3 benchmarks/partitions.py [--fault-seconds 5] [--entities 1000] [--out FILE]
+    sudo python3 benchmarks/partitions.py [--fault-seconds 5] [--failover-seconds 10]
+                                          [--entities 6000] [--out FILE]
 
 Each Redis Cluster node (3 masters, 3 replicas, cluster-node-timeout 2 s), each of two
 serving deployments (one `feature-store serve` worker each: A with the L1 on, TTL 1 s; B
@@ -13,7 +14,9 @@ by default with ``replicas=1,timeout=500``, then asynchronous.
 Under a steady load (per deployment two REST readers of 10 entities at about 25
 requests/s each, 3 of them among the last written, and one writer of push writes, each
 key written by one writer only and once: ``_history``), each fault lasts
-``--fault-seconds``, is healed, and the cluster is waited on until it is ok again before
+``--fault-seconds`` (the two that cut a master off from its replica:
+``--failover-seconds``, long enough for the replica to take over, about 5 s here, and for
+serving to follow it), is healed, and the cluster is waited on until it is ok again before
 the next:
 
 - **master isolated**: a master cut from every host (its replica takes over);
@@ -55,6 +58,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +95,7 @@ RECENT = 200  # keys last written, among which readers pick RECENT_IDS of their 
 RECENT_IDS = 3
 STEADY = 3.0  # seconds of load before the first fault
 SETTLE = 4.0  # seconds of load after the cluster is ok again, before the next fault
+FAILOVERS = ("master isolated", "master in a minority")  # its replica takes over
 FAULTS = (
     "master isolated",
     "master in a minority",
@@ -335,8 +340,8 @@ def fault(rig: NetRig, name: str, seconds: float, tmp: Path) -> str:
 # --- the run ------------------------------------------------------------------------------
 
 
-def run(faults: list[str], seconds: float, entities: int, durability: str, tmp: Path
-        ) -> dict[str, object]:  # fmt: skip
+def run(faults: list[str], seconds: float, failover_seconds: float, entities: int,
+        durability: str, tmp: Path) -> dict[str, object]:  # fmt: skip
     with NetRig(HOSTS) as rig:
         start_nodes(rig, tmp)
         rig.enter("client")
@@ -368,7 +373,8 @@ def run(faults: list[str], seconds: float, entities: int, durability: str, tmp: 
             time.sleep(STEADY)  # steady load before the first fault
             for name in faults:
                 start = time.time()
-                target = fault(rig, name, seconds, tmp)
+                lasts = failover_seconds if name in FAILOVERS else seconds
+                target = fault(rig, name, lasts, tmp)
                 made.append((name, start, time.time()))
                 ok_after = wait_until("the cluster ok after the heal", lambda: cluster_ok(rig))
                 done.append({"fault": name, "target": target, "ok_after_heal_s": ok_after})
@@ -492,6 +498,7 @@ def plot(results: list[dict[str, object]], path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fault-seconds", type=float, default=5.0)
+    p.add_argument("--failover-seconds", type=float, default=10.0)
     p.add_argument("--entities", type=int, default=6000, help="enough that no key is written twice")
     p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
     p.add_argument(
@@ -507,13 +514,19 @@ def main() -> int:
     if why is not None:
         print(f"partitions.py needs network namespaces: {why}", file=sys.stderr)
         return 2
+    # stopped (a test's timeout, kill): the rig's processes and namespaces go all the same
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     for durability in args.durability:
         with tempfile.TemporaryDirectory(prefix="partitions-") as d:
-            results.append(run(args.faults, args.fault_seconds, args.entities, durability, Path(d)))
+            results.append(
+                run(args.faults, args.fault_seconds, args.failover_seconds, args.entities,
+                    durability, Path(d))
+            )  # fmt: skip
     setup = (
         f"Redis Cluster 3+3 and two serving hosts in network namespaces; "
-        f"{args.entities:,} entities; each fault {args.fault_seconds:.0f} s."
+        f"{args.entities:,} entities; each fault {args.fault_seconds:.0f} s, "
+        f"those with a failover {args.failover_seconds:.0f} s."
     )
     save(args.out, "Partitions between hosts under load", markdown(results, header(setup)))
     if args.json is not None:

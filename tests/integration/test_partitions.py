@@ -50,13 +50,18 @@ def test_partitions_lose_nothing_and_serve_nothing_wrong(tmp_path: Path) -> None
         [
             sys.executable,
             str(ROOT / "benchmarks" / "partitions.py"),
-            *("--fault-seconds", "3", "--entities", "4000"),
+            *("--fault-seconds", "3", "--failover-seconds", "8", "--entities", "6000"),
             *("--durability", "replicas=1,timeout=500", "--json", str(out)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    output, _ = process.communicate(timeout=540)
+    try:
+        output, _ = process.communicate(timeout=540)
+    finally:
+        if process.poll() is None:  # SIGTERM: it removes its rig before it exits
+            process.terminate()
+            process.wait(timeout=60)
     assert process.returncode == 0, output.decode(errors="replace")[-4000:]
     assert leftovers(process.pid) == []
     (result,) = json.loads(out.read_text())
