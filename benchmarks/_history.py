@@ -158,45 +158,23 @@ def check(
         win = window_of(write.start)
         tally = out["steady" if win is None else win.name][write.who]
         tally.writes += 1
-        took = write.end - write.start
-        tally.max_seconds = max(tally.max_seconds, took)
-        if took > deadline + SLACK:
-            tally.past_deadline += 1
-            tally.note(f"write at {write.start:.3f} took {took:.3f} s")
+        _timed(tally, "write", write.start, write.end, write.acked, write.acked, "", win, deadline)
         if not write.acked:
             tally.failed_writes += 1
         elif write.seq > keys[write.key].final:
             tally.lost_writes += 1
             tally.note(f"write {write.key}#{write.seq} acknowledged at {write.end:.3f}, lost")
-        if win is not None and write.start >= win.heal:
-            since = write.end - win.heal
-            if write.acked and tally.heal_to_good_write is None:
-                tally.heal_to_good_write = since
-            if not write.acked:
-                last = tally.heal_to_last_failed_write
-                tally.heal_to_last_failed_write = max(last or 0.0, since)
     for read in history.reads:
         win = window_of(read.start)
         tally = out["steady" if win is None else win.name][read.who]
         tally.reads += 1
-        took = read.end - read.start
-        tally.max_seconds = max(tally.max_seconds, took)
-        if took > deadline + SLACK:
-            tally.past_deadline += 1
-            tally.note(f"read at {read.start:.3f} took {took:.3f} s: {read.detail or 'ok'}")
+        good = read.ok and all(status == "present" for _, _, status in read.values)
+        _timed(tally, "read", read.start, read.end, read.ok, good, read.detail, win, deadline)
         if not read.ok:
             tally.failed_reads += 1
         tally.wrong_values += read.wrong_key
         if read.wrong_key:
             tally.note(f"read at {read.start:.3f} served another entity's value")
-        good = read.ok and all(status == "present" for _, _, status in read.values)
-        if win is not None and read.start >= win.heal:
-            since = read.end - win.heal
-            if good and tally.heal_to_good_read is None:
-                tally.heal_to_good_read = since
-            if not read.ok:
-                last = tally.heal_to_last_failed_read
-                tally.heal_to_last_failed_read = max(last or 0.0, since)
         for key, seq, status in read.values:
             if seq is None:
                 continue
@@ -225,3 +203,32 @@ def check(
                     f"#{max(w.seq for w in kept)}"
                 )
     return {name: dict(tallies) for name, tallies in out.items()}
+
+
+def _timed(
+    tally: Tally,
+    kind: str,
+    start: float,
+    end: float,
+    ok: bool,
+    good: bool,
+    detail: str,
+    win: Window | None,
+    deadline: float,
+) -> None:
+    """What every request (``kind``: read or write) counts: how long it took against the
+    deadline, and in its window after the heal, the first good answer and the last
+    failure (``heal_to_good_<kind>``, ``heal_to_last_failed_<kind>``)."""
+    took = end - start
+    tally.max_seconds = max(tally.max_seconds, took)
+    if took > deadline + SLACK:
+        tally.past_deadline += 1
+        tally.note(f"{kind} at {start:.3f} took {took:.3f} s: {detail or ('ok' if ok else '-')}")
+    if win is None or start < win.heal:
+        return
+    since = end - win.heal
+    if good and getattr(tally, f"heal_to_good_{kind}") is None:
+        setattr(tally, f"heal_to_good_{kind}", since)
+    if not ok:
+        last = getattr(tally, f"heal_to_last_failed_{kind}")
+        setattr(tally, f"heal_to_last_failed_{kind}", max(last or 0.0, since))

@@ -20,16 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _netrig import PREFIX, available  # noqa: E402
+from partitions import FAULTS  # noqa: E402
 
-FAULTS = [
-    "master isolated",
-    "master in a minority",
-    "serving hosts cut from one master",
-    "asymmetric",
-    "flapping link",
-    "slow link",
-    "lossy link",
-]
 CLIENT_TIMEOUT = 5.0  # partitions.py's httpx timeout
 
 
@@ -66,7 +58,7 @@ def test_partitions_lose_nothing_and_serve_nothing_wrong(tmp_path: Path) -> None
     assert leftovers(process.pid) == []
     (result,) = json.loads(out.read_text())
     assert result["durability"] == "replicas=1,timeout=500"
-    assert [f["fault"] for f in result["faults"]] == FAULTS
+    assert [f["fault"] for f in result["faults"]] == list(FAULTS)
     tallies = result["tallies"]
     assert set(tallies) == {"steady", *FAULTS}
     for name, by_deployment in tallies.items():
