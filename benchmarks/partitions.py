@@ -37,11 +37,12 @@ the link itself.
 
 The checker (``_history.check``) then reports per fault (what started from its beginning
 to the next fault's) and deployment, and for the load before the first ("steady"): wrong
-values, stale reads beyond the deployment's bound (A: the L1's TTL with its jitter; B: none), values
-served marked stale, acknowledged writes lost (each key read back from the cluster at the
-end), requests past their deadline (1 s, plus 100 ms), the longest request, and the time
-from the heal to the first good answer and to the last failure. A timeline PNG beside the
-markdown shows requests by outcome with the faults shaded.
+values, stale reads beyond the deployment's bound (A: the L1's TTL with its jitter; B:
+none), values served marked stale, acknowledged writes lost (each key read back from the
+cluster at the end), requests past their deadline (1 s, plus 100 ms), the longest
+request, and the time from the heal to the first good read and to the last failed read
+and write. A timeline PNG beside the markdown shows requests by outcome with the faults
+shaded.
 
 Not built here: a cut of the subscription alone (the worker's subscription and its reads
 of the URL's node share one address; tests/integration/test_serving_coherence.py freezes

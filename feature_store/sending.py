@@ -42,6 +42,8 @@ from feature_store.layout import with_script
 
 DURABLE_ATTEMPTS = 3  # a durable write whose slot moved or whose master went, sent again
 REDIRECTED = (redis.exceptions.MovedError, redis.exceptions.AskError)
+# a write that timed out is not sent again (the builtin one is an OSError too)
+TIMEOUTS = (redis.exceptions.TimeoutError, TimeoutError)
 
 
 def scripts_resent(
@@ -211,6 +213,8 @@ async def send_async(
             replies = await _scripts_resent_async(
                 lambda c: _by_master_async(client, c, durability), commands
             )
+        except TIMEOUTS:
+            raise
         except (redis.exceptions.ConnectionError, OSError):
             replies = None
         if replies is not None and not redirected(replies):
@@ -241,7 +245,7 @@ async def _one_node_async(
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             return await _exchange_async(conn, commands, durability, "the master")
-        except redis.exceptions.TimeoutError:
+        except TIMEOUTS:
             raise
         except (redis.exceptions.ConnectionError, OSError):
             if attempt:

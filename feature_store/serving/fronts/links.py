@@ -20,9 +20,8 @@ lookup went to Python, whose cluster client followed it and learns the layout), 
 ROUTE_EVERY seconds; the layout itself is learnt again every LEARN_EVERY seconds, and every
 LEARN_AGAIN seconds after redirects and while a circuit is open, Python's or a master's (a
 master cut off by a partition answers nothing, not even a redirect, while its replica
-takes over). Each
-master has its own breaker and adaptive timeouts for the fronts' round trips: a slow or
-dead master's lookups go to Python while the others stay on the fronts.
+takes over). Each master has its own breaker and adaptive timeouts for the fronts' round
+trips: a slow or dead master's lookups go to Python while the others stay on the fronts.
 """
 
 from __future__ import annotations
