@@ -146,6 +146,7 @@ def control(tmp: Path, host: str) -> Path:
 
 
 def node(rig: NetRig, host: str, timeout: float = 0.5) -> redis.Redis:
+    """A client of one node (the caller closes it)."""
     return redis.Redis(host=rig.addresses[host], port=PORT, socket_timeout=timeout,
                        socket_connect_timeout=timeout)  # fmt: skip
 
@@ -179,10 +180,11 @@ def cluster_ok(rig: NetRig) -> bool:
             with node(rig, f"redis-{i}") as c:
                 states.append(c.cluster("info")["cluster_state"])
         replicas = [h for h, r in roles(rig).items() if r == "slave"]
-        linked = all(
-            node(rig, h).info("replication").get("master_link_status") == "up" for h in replicas
-        )
-        return states == ["ok"] * NODES and len(replicas) == NODES // 2 and linked
+        links = []
+        for host in replicas:
+            with node(rig, host) as c:
+                links.append(c.info("replication").get("master_link_status"))
+        return states == ["ok"] * NODES and links == ["up"] * (NODES // 2)
     except redis.RedisError:
         return False
 
@@ -190,9 +192,12 @@ def cluster_ok(rig: NetRig) -> bool:
 def create_cluster(rig: NetRig) -> str:
     def answers() -> bool:
         try:
-            return all(node(rig, f"redis-{i}").ping() for i in range(NODES))
+            for i in range(NODES):
+                with node(rig, f"redis-{i}") as c:
+                    c.ping()
         except redis.RedisError:
             return False
+        return True
 
     wait_until("the Redis nodes answering", answers, 20)
     subprocess.run(
