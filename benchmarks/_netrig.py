@@ -127,6 +127,10 @@ class NetRig:
         """``host``'s end of its link to the bridge, in its namespace."""
         return f"{self.tag}p{self.hosts.index(host)}"
 
+    def outer(self, host: str) -> str:
+        """The bridge's end of ``host``'s link (``sweep`` knows it by this name too)."""
+        return f"{self.tag}v{self.hosts.index(host)}"
+
     def start(self) -> NetRig:
         sweep()
         try:
@@ -134,7 +138,7 @@ class NetRig:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("link", "set", self.bridge, "up")
             for i, host in enumerate(self.hosts):
-                ns, outer, inner = self.ns(host), f"{self.tag}v{i}", f"{self.tag}p{i}"
+                ns, outer, inner = self.ns(host), self.outer(host), self.device(host)
                 address = str(net.network_address + 10 + i)
                 _ip("netns", "add", ns)
                 _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
@@ -234,9 +238,9 @@ class NetRig:
             _setns(self._home)
             os.close(self._home)
             self._home = None
-        for i, host in enumerate(self.hosts):
+        for host in self.hosts:
             _ip("netns", "del", self.ns(host), check=False)
-            _ip("link", "del", f"{self.tag}v{i}", check=False)
+            _ip("link", "del", self.outer(host), check=False)
         _ip("link", "del", self.bridge, check=False)
 
     def __enter__(self) -> NetRig:
