@@ -305,7 +305,8 @@ def _group_skew(
         column = f"{name}__{f.name}"
         got, status = F.col(f"`{column}`"), F.col(f"`{column}__status`")
         want, want_status = expected[column], expected[f"{column}__status"]
-        has, has_want = status == "present", want_status == "present"
+        # no source row in max_age: its status is null, which is not "present"
+        has, has_want = status == "present", F.coalesce(want_status == "present", F.lit(False))
         same = got.eqNullSafe(want)
         verdict = (
             F.when(status.isin("stale", "error"), F.lit("not_compared"))
