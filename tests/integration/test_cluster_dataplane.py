@@ -411,3 +411,61 @@ def test_a_hung_master_costs_a_read_its_budget_not_the_connect_timeouts(tmp_path
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             raised = runner.run(read_hung(target, victim.process.pid))
     assert raised is TimeoutError
+
+
+def test_reads_of_a_moving_slot_are_followed_to_its_new_node_without_the_pipeline(
+    tmp_path: Path,
+) -> None:
+    """A slot in migration (ASK) and then moved (MOVED) under a read of every master's keys:
+    the redirected read is sent again to the node the reply names (after an ASKING for an
+    ASK), not handed to redis-py's pipeline, which sends each redirected command alone; the
+    values are those read before the move, and a MOVED has the layout learnt again."""
+    registry = sample.registry()
+    spec = GroupSpec.of(registry.groups[sample.GROUP], registry)
+    prefix = registry.entities[sample.ENTITY].prefix
+    keys = [f"{prefix}:{i}".encode() for i in range(40)]
+    reads = [(key, [spec]) for key in keys]
+
+    async def read(round_trip: ClusterRoundTrip) -> list[object]:
+        return list(await round_trip(reads, 5.0))
+
+    with EmbeddedCluster(tmp_path / "cluster") as cluster:
+        with FeatureStore.connect(cluster.url, registry) as store:
+            store.write(sample.GROUP, sample.rows(40))
+        ids = {}
+        for node in cluster.master_nodes():
+            with redis.Redis(port=node.port or 0) as c:
+                ids[node.port] = c.execute_command("CLUSTER", "MYID").decode()
+        with redis.RedisCluster.from_url(cluster.url) as rc:
+            slot = rc.keyslot(keys[0])
+            source = rc.get_node_from_key(keys[0]).port
+        dest = next(port for port in ids if port != source)
+        src, dst = redis.Redis(port=source), redis.Redis(port=dest)
+        target = RedisTarget.parse(cluster.url)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            client = target.async_client()
+            assert isinstance(client, redis.asyncio.RedisCluster)
+            round_trip = ClusterRoundTrip(client, target)
+            try:
+                before = runner.run(read(round_trip))
+                assert all(isinstance(r, bytes) for r in before)
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+                src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dest])
+                src.execute_command("MIGRATE", "127.0.0.1", dest, keys[0], 0, 5000)
+                assert runner.run(read(round_trip)) == before  # ASK, followed
+                for port in ids:  # the slot is the other node's: MOVED
+                    with redis.Redis(port=port) as c:
+                        c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[dest])
+                assert runner.run(read(round_trip)) == before
+                assert round_trip.handed_over == 0
+                deadline = time.monotonic() + 5
+                while client.nodes_manager.slots_cache[slot][0].port != dest:
+                    assert time.monotonic() < deadline, "the layout was not learnt again"
+                    runner.run(asyncio.sleep(0.05))
+                assert runner.run(read(round_trip)) == before
+                assert round_trip.handed_over == 0
+            finally:
+                runner.run(round_trip.aclose())
+                runner.run(client.aclose())
+                src.close()
+                dst.close()

@@ -13,9 +13,10 @@ pooled connection and the replies read in order.
 Against Redis Cluster (``ClusterRoundTrip``) the reads are grouped by the master that owns
 each key's slot, as redis-py's cluster client knows the slots, and each master's share goes
 in a packed round trip of its own, all at once, read by the native core as on one node. A
-slot that moved (MOVED, ASK) or a master gone sends the call through redis-py's cluster
-pipeline (``PipelineRoundTrip``), which follows redirects and learns the layout again; so
-does everything when the native core is off.
+read whose slot moved (MOVED, ASK) is sent again to the node the reply names, in one more
+packed round trip per node; a master gone, or a read redirected twice, sends those reads
+through redis-py's cluster pipeline (``PipelineRoundTrip``), which follows redirects and
+learns the layout again; so does everything when the native core is off.
 
 An error reply to one command (WRONGTYPE: the key holds a string, say) is that entity's
 problem, not Redis failing: it comes back in that read's place as a ``KeyDataError`` and the
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
+from redis.cluster import get_node_name
 
 from feature_store.batch import align_hash, reads_whole_hash
 from feature_store.connection import AsyncClient, RedisTarget, is_key_error, translated_errors
@@ -105,9 +107,16 @@ def align(reads: Sequence[Read], replies: list[object]) -> list[Reply]:
     return out
 
 
-def pack(reads: Sequence[Read]) -> bytes:
+ASKING = b"*1\r\n$6\r\nASKING\r\n"
+OK = b"+OK\r\n"
+
+
+def pack(reads: Sequence[Read], asking: bool = False) -> bytes:
+    """One command per read; each after an ASKING where ``asking``."""
     parts = []
     for key, specs in reads:
+        if asking:
+            parts.append(ASKING)
         if whole(specs):
             parts.append(b"*2\r\n$7\r\nHGETALL\r\n$%d\r\n%b\r\n" % (len(key), key))
             continue
@@ -115,6 +124,18 @@ def pack(reads: Sequence[Read]) -> bytes:
         parts.append(b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%b\r\n" % (nfields + 2, len(key), key))
         parts.extend(s.packed_fields for s in specs)
     return b"".join(parts)
+
+
+def asked(buf: bytes, ends: Sequence[int]) -> bytes:
+    """The replies of ``pack(reads, asking=True)``'s commands without their ASKINGs' (each
+    pair of replies ends at one of ``ends``)."""
+    replies, start = [], 0
+    for end in ends:
+        if not buf.startswith(OK, start):
+            raise redis.exceptions.InvalidResponse(f"ASKING answered {buf[start:end][:80]!r}")
+        replies.append(buf[start + len(OK) : end])
+        start = end
+    return b"".join(replies)
 
 
 async def retried(exchange: Callable[[], Awaitable[T]]) -> T:
@@ -282,10 +303,17 @@ class NativeRoundTrip(PackedRoundTrip):
         return b"".join(done), ends  # one part: the part itself, not a copy
 
     async def _exchange(
-        self, data: bytes, plans: list[ReadPlan], answer_within: float
+        self, data: bytes, plans: list[ReadPlan], answer_within: float, asking: bool = False
     ) -> list[bytes | Exception]:
+        """Send ``data`` (``pack``'s) and read its replies by ``plans``. ``asking``: each
+        command of ``data`` is preceded by an ASKING (``pack(reads, asking=True)``: a slot
+        being migrated to this node), whose replies are checked and left out."""
         async with self._held() as conn, asyncio.timeout(answer_within):
-            buf, _ = await self._read_replies(conn, data, [len(plans)])
+            if asking:
+                buf, ends = await self._read_replies(conn, data, [2] * len(plans))
+                buf = asked(buf, ends)
+            else:
+                buf, _ = await self._read_replies(conn, data, [len(plans)])
             try:  # ValueError: not RESP, which no Redis sends
                 replies = resp_split(buf, plans)
             except ValueError as e:
@@ -310,6 +338,15 @@ class PipelineRoundTrip:
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
         self.client = client
         self._learning: asyncio.Task[redis.asyncio.cluster.RedisCluster] | None = None
+        self._relearning: asyncio.Future[None] | None = None
+
+    def learn_again(self) -> None:
+        """Learn the layout again in the background, one learning at a time: a MOVED reply
+        said a slot has a new owner. Reads go on meanwhile (``ClusterRoundTrip`` follows
+        the redirects itself) and use the new layout once it is learnt."""
+        if self._relearning is None or self._relearning.done():
+            self._relearning = asyncio.ensure_future(self.client.nodes_manager.initialize())
+            self._relearning.add_done_callback(consume)
 
     async def __call__(self, reads: Sequence[Read], answer_within: float) -> list[Reply]:
         loop = asyncio.get_running_loop()
@@ -421,11 +458,18 @@ class ClusterRoundTrip:
 
     redis-py's cluster pipeline cost the worker five to six times what the masters spent
     on a lookup without the L1, this path about what one node's costs
-    (benchmarks/results/cluster_dataplane.md). Whatever it does not cover goes through the
-    pipeline (``PipelineRoundTrip``), in the same time budget: a slot no known master
-    owns, a reply that says the slot moved (MOVED, or ASK during a migration), a master's
-    connection failing (a failover). The pipeline follows the redirect and learns the
-    layout again; the next calls use it.
+    (benchmarks/results/cluster_dataplane.md).
+
+    A reply that says a read's slot moved (MOVED, or ASK during a migration) is followed
+    here: the redirected reads are sent to the nodes the replies name, one packed round
+    trip per node, all at once (each after an ASKING where the reply was ASK), and a MOVED
+    has the layout learnt again in the background. redis-py's pipeline sends each
+    redirected command again alone, one after another: a lookup of ten ids during a
+    reshard took ten round trips and outran its budget on a loaded host. Whatever this
+    does not cover goes through the pipeline (``PipelineRoundTrip``), in the same time
+    budget: a slot no known master owns, a read redirected again, a master's connection
+    failing (a failover). The pipeline follows the redirect and learns the layout again;
+    the next calls use it.
     """
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster, target: RedisTarget) -> None:
@@ -466,34 +510,73 @@ class ClusterRoundTrip:
                 raise
             except (redis.exceptions.ConnectionError, OSError):
                 answers = None  # a master gone (a failover): the pipeline learns the layout
-        if answers is None or any(replies is None for replies in answers):
+        if answers is None:
             return await self._handed_over(reads, deadline)
-        out: list[bytes | Exception] = [b""] * len(reads)
+        out: list[Reply | Exception] = [b""] * len(reads)
         for share, replies in zip(shares.values(), answers, strict=True):
-            assert replies is not None
             for i, reply in zip(share, replies, strict=True):
                 out[i] = reply
+        moved = [i for i, r in enumerate(out) if isinstance(r, redis.exceptions.AskError)]
+        if moved:
+            followed = await self._follow(
+                [reads[i] for i in moved], [out[i] for i in moved], deadline
+            )
+            for i, got in zip(moved, followed, strict=True):
+                out[i] = got
         return [
-            key_error(key, r) if isinstance(r, Exception) else r
+            key_error(key, r) if isinstance(r, Exception) and not isinstance(r, KeyDataError) else r
             for (key, _), r in zip(reads, out, strict=True)
         ]
 
     async def _share(
-        self, name: str, reads: Sequence[Read], deadline: float
-    ) -> list[bytes | Exception] | None:
-        """One master's share, read on its own pool; None when a reply says the slot
-        moved (MOVED, ASK)."""
+        self, name: str, reads: Sequence[Read], deadline: float, asking: bool = False
+    ) -> list[bytes | Exception]:
+        """One master's share, read on its own pool (each read after an ASKING where
+        ``asking``)."""
         master = self._master(name)
-        data = pack(reads)
+        data = pack(reads, asking)
         plans = [master._plan(specs) for _, specs in reads]
         left = deadline - asyncio.get_running_loop().time()
         if left <= 0:
             raise TimeoutError
-        replies = await master._exchange(data, plans, left)
-        redirected = (redis.exceptions.MovedError, redis.exceptions.AskError)
-        if any(isinstance(r, redirected) for r in replies):
-            return None
-        return replies
+        return await master._exchange(data, plans, left, asking)
+
+    async def _follow(
+        self, reads: Sequence[Read], redirects: Sequence[Reply | Exception], deadline: float
+    ) -> list[Reply | Exception]:
+        """``reads`` sent again where their ``redirects`` (MOVED, ASK; MovedError is an
+        AskError) point: one packed round trip per node, all at once. Those redirected again,
+        or all when a connection fails, go through the pipeline."""
+        nodes: dict[tuple[str, bool], list[int]] = {}
+        for j, e in enumerate(redirects):
+            assert isinstance(e, redis.exceptions.AskError)
+            asking = not isinstance(e, redis.exceptions.MovedError)
+            nodes.setdefault((get_node_name(e.host, e.port), asking), []).append(j)
+        if any(not asking for _, asking in nodes):
+            self.pipeline.learn_again()
+        out: list[Reply | Exception] = list(redirects)
+        with translated_errors():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    answers = await asyncio.gather(
+                        *(
+                            self._share(name, [reads[j] for j in js], deadline, asking)
+                            for (name, asking), js in nodes.items()
+                        )
+                    )
+                for js, replies in zip(nodes.values(), answers, strict=True):
+                    for j, answer in zip(js, replies, strict=True):
+                        out[j] = answer
+            except TimeoutError:
+                raise
+            except (redis.exceptions.ConnectionError, OSError):
+                pass  # a node gone (a failover too): the pipeline learns the layout
+        again = [j for j, r in enumerate(out) if isinstance(r, redis.exceptions.AskError)]
+        if again:
+            handed = await self._handed_over([reads[j] for j in again], deadline)
+            for j, reply in zip(again, handed, strict=True):
+                out[j] = reply
+        return out
 
     def _master(self, name: str) -> NativeRoundTrip:
         master = self._masters.get(name)
