@@ -79,6 +79,9 @@ class ServingSettings:
     single_flight: bool = True  # off only to measure what the debouncer saves
     invalidation: bool = True  # publish and follow invalidations (feature_store.notices)
     invalidation_channel: str = notices.CHANNEL  # writers outside serving use the default
+    # seconds the subscription may hear nothing, not even a PONG, before it counts as lost
+    # (a silent partition: the cache is expired as after a drop); 0: no health check
+    invalidation_deadline: float = 3.0
     refresh_rate: float = 5000.0  # keys/s refreshed in the background after a batch write
     shadow_fraction: float = 0.01  # of cache hits re-read from Redis and compared
     # at most this many shadow reads a second per worker (and one per entry per load);
@@ -184,7 +187,13 @@ class ServingSettings:
             raise fail("warm_start_seconds", "must be positive")
         if self.warm_snapshot_interval < 0:
             raise fail("warm_snapshot_interval", "must not be negative")
-        for name in ("cache_negative_ttl", "cache_max_stale", "xfetch_beta", "breaker_window"):
+        for name in (
+            "cache_negative_ttl",
+            "cache_max_stale",
+            "xfetch_beta",
+            "breaker_window",
+            "invalidation_deadline",
+        ):
             if getattr(self, name) < 0:
                 raise fail(name, "must not be negative")
         if not 0 <= self.cache_jitter < 1:

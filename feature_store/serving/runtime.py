@@ -103,6 +103,7 @@ class ServingRuntime:
                     self.reader.invalidate_all,
                     self.reader.new_generation,
                     self.reader.new_write,
+                    settings.invalidation_deadline,
                 )
         self._publisher = publisher
         self.service = FeatureService(

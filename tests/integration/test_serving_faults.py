@@ -229,6 +229,43 @@ async def test_losing_the_invalidation_channel_expires_the_cache(own_redis: Embe
         await rt.stop()
 
 
+@pytest.mark.parametrize("deadline", [1.0, 0.0])
+async def test_the_subscriptions_deadline_is_a_setting(
+    own_redis: EmbeddedRedis, deadline: float
+) -> None:
+    """INVALIDATION_DEADLINE reaches the listener: a deadline of 1 s finds a silent cut of
+    the subscription before the default's 3 s could; 0 turns the check off, and the cut
+    goes unseen for as long as the default takes to see it."""
+    from feature_store.serving.l1.invalidation import HEALTH_DEADLINE, HEALTH_INTERVAL
+
+    with FeatureStore.connect(own_redis.url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(3))
+    proxy = FreezingProxy(own_redis.port or 0)
+    url = await proxy.start()
+    settings = ServingSettings(cache_ttl=600, invalidation_deadline=deadline)
+    rt = ServingRuntime(sample.registry(), RedisTarget.parse(url), settings)
+    await rt.start()
+    try:
+        assert rt.listener is not None
+        await rt.service.lookup(ENTITY, [1], ["int_0"])
+        await asyncio.sleep(0.5)
+        proxy.freeze()
+        # the default hears a PONG at least every PING interval, so it cannot find the cut
+        # before its deadline less an interval, and finds it within its deadline and a few
+        # intervals (the test above)
+        looked = (
+            HEALTH_DEADLINE - HEALTH_INTERVAL if deadline else HEALTH_DEADLINE + 3 * HEALTH_INTERVAL
+        )
+        for _ in range(int(looked / 0.1)):  # bounded
+            if rt.listener.gaps:
+                break
+            await asyncio.sleep(0.1)
+        assert rt.listener.gaps == ({"silent": 1} if deadline else {})
+    finally:
+        await rt.stop()
+        await proxy.stop()
+
+
 class FreezingProxy:
     """A TCP proxy to Redis whose open connections can be frozen: bytes stop flowing both
     ways without a close or an error, as across a partition (packets dropped). Connections

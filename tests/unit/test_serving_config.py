@@ -54,6 +54,7 @@ def test_defaults_and_environment() -> None:
         ({"FEATURE_SERVING_GC_THRESHOLD": "1,2"}, "three positive integers"),
         ({"FEATURE_SERVING_GRPC_FRONT": "tonic"}, "FEATURE_SERVING_GRPC_FRONT must be native"),
         ({"FEATURE_SERVING_CACHE_FORM": "small"}, "FEATURE_SERVING_CACHE_FORM must be answers"),
+        ({"FEATURE_SERVING_INVALIDATION_DEADLINE": "-1"}, "INVALIDATION_DEADLINE must not be neg"),
         (
             {"FEATURE_SERVING_REDIS_TIMEOUT_MIN": "2", "FEATURE_SERVING_REDIS_TIMEOUT_MAX": "1"},
             "FEATURE_SERVING_REDIS_TIMEOUT_MIN",

@@ -10,10 +10,13 @@ cache. Entries then reload on next use, and stay available for stale-on-error me
 
 A partition does not drop the subscription: the connection hangs without an error, and
 notices published meanwhile are lost without a sign. So the listener PINGs its subscribed
-connection whenever it has heard nothing for ``HEALTH_INTERVAL``; nothing heard for
-``HEALTH_DEADLINE`` (no notice, no PONG) is a gap: the connection is dropped and the
-subscription made again, which expires the cache as after any drop. Gaps are counted by
-kind (``gaps``: ``error``, the connection failed; ``silent``, it hung).
+connection whenever it has heard nothing for ``HEALTH_INTERVAL`` (a third of the deadline
+where that is shorter); nothing heard for its deadline (``HEALTH_DEADLINE`` by default, the
+setting ``invalidation_deadline``; no notice, no PONG) is a gap: the connection is dropped
+and the subscription made again, which expires the cache as after any drop. Gaps are
+counted by kind (``gaps``: ``error``, the connection failed; ``silent``, it hung). A
+deadline of 0 turns the check off: a hung subscription is then found only when its
+connection fails (benchmarks/invalidation_gap.py measures both).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Publisher:
 RETRY_MIN, RETRY_MAX = 0.2, 5.0
 HEALTH_INTERVAL = 1.0  # seconds without a message before the listener PINGs
 HEALTH_DEADLINE = 3.0  # seconds without a message or a PONG: the subscription is lost
+# (the default of the setting invalidation_deadline)
 STOP_WAIT = 0.5  # seconds ``stop`` waits for the listener's task after each cancel
 STOP_TRIES = 8  # cancels before ``stop`` gives up on the task (it then ends at its next read)
 
@@ -112,8 +116,11 @@ class InvalidationListener:
         invalidate_all: Callable[[], object],
         new_generation: Callable[[str, float], object],
         new_write: Callable[[str, float], object] | None = None,
+        deadline: float = HEALTH_DEADLINE,
     ) -> None:
         self.subscriptions = subscriptions
+        self.deadline = deadline  # 0: no health check
+        self.interval = min(HEALTH_INTERVAL, deadline / 3) if deadline else HEALTH_INTERVAL
         self.client: redis.asyncio.Redis | None = None
         self.channel = channel
         self.invalidate = invalidate
@@ -192,20 +199,23 @@ class InvalidationListener:
         """Apply notices until the connection fails or falls silent (``SilentGap``)."""
         loop = asyncio.get_running_loop()
         heard = pinged = loop.time()
+        deadline, interval = self.deadline, self.interval
         while not self._stopping:
-            message = await pubsub.get_message(timeout=HEALTH_INTERVAL)
+            message = await pubsub.get_message(timeout=interval)
             now = loop.time()
             if message is not None:
                 heard = now
                 if message.get("type") == "message":
                     self._apply(message["data"])
                 continue
-            if now - heard >= HEALTH_DEADLINE:
+            if not deadline:
+                continue
+            if now - heard >= deadline:
                 raise SilentGap(
                     f"nothing heard on the subscription for {now - heard:.1f} s, not even a "
                     "PONG (a partition?)"
                 )
-            if now - pinged >= HEALTH_INTERVAL:
+            if now - pinged >= interval:
                 await pubsub.ping()
                 pinged = now
 
