@@ -14,7 +14,14 @@ empty: nothing):
 - ``loss`` (a fraction): a chunk, either way, is held for one TCP retransmission time
   (``RTO``, Linux's 200 ms floor) with that probability, and those behind it wait too.
   This is what losing a segment costs a TCP connection; it is not packet loss itself,
-  which this kernel cannot make without netem.
+  which this kernel cannot make without netem;
+- ``freeze_subscribers`` (true): the connections that have sent a SUBSCRIBE are cut
+  silently, both ways: what crosses them is lost (a pub/sub notice published meanwhile
+  never arrives), nothing fails, the others pass as before. When it ends, they are
+  closed, as a partition that outlasted TCP's patience leaves them.
+
+``--upstream-port`` passes one port's connections to another (a proxy on the same host as
+its Redis, outside a namespace).
 
 Standard library only, so that it runs with whichever interpreter starts it.
 """
@@ -34,10 +41,24 @@ POLL = 0.1  # seconds between reads of the control file
 CHUNK = 65536
 
 
+class Conn:
+    """One proxied connection: whether it subscribed, and its two writers."""
+
+    def __init__(self) -> None:
+        self.subscriber = False
+        self.writers: list[asyncio.StreamWriter] = []
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
 class Link:
     def __init__(self, control: Path) -> None:
         self.control = control
         self.delay = self.jitter = self.loss = 0.0
+        self.freeze = False
+        self.frozen: set[Conn] = set()  # subscribers cut while ``freeze`` holds
         self._seen = 0.0
 
     async def watch(self) -> None:
@@ -50,7 +71,19 @@ class Link:
                     self.delay = float(said.get("delay", 0.0))
                     self.jitter = float(said.get("jitter", 0.0))
                     self.loss = float(said.get("loss", 0.0))
+                    self.freeze = bool(said.get("freeze_subscribers", False))
+                    if not self.freeze:  # healed: what was cut is closed
+                        for conn in self.frozen:
+                            conn.close()
+                        self.frozen.clear()
             await asyncio.sleep(POLL)
+
+    def cut(self, conn: Conn) -> bool:
+        """Whether what crosses ``conn`` now is lost (a subscriber while ``freeze``)."""
+        if self.freeze and conn.subscriber:
+            self.frozen.add(conn)
+            return True
+        return False
 
     def hold(self, back: bool) -> float:
         """Seconds a chunk waits: the delay (on the way back), a retransmission if lost."""
@@ -63,12 +96,16 @@ class Link:
 
 
 async def pipe(
-    link: Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter, back: bool
+    link: Link, conn: Conn, src: asyncio.StreamReader, dst: asyncio.StreamWriter, back: bool
 ) -> None:
     """Copy ``src`` to ``dst`` in order, each chunk released when the link says."""
     release = 0.0
     try:
         while chunk := await src.read(CHUNK):
+            if not back and b"SUBSCRIBE" in chunk.upper():
+                conn.subscriber = True
+            if link.cut(conn):
+                continue
             held = link.hold(back)
             if held or release > time.monotonic():
                 release = max(release, time.monotonic() + held)
@@ -81,19 +118,23 @@ async def pipe(
         dst.close()
 
 
-async def serve(address: str, ports: list[int], control: Path) -> None:
+async def serve(address: str, ports: list[int], control: Path, upstream: int | None = None) -> None:
     link = Link(control)
 
     def handler(port: int):  # type: ignore[no-untyped-def]
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream or port)
             except OSError:
                 writer.close()
                 return
+            conn = Conn()
+            conn.writers = [writer, up_writer]
             await asyncio.gather(
-                pipe(link, reader, up_writer, back=False), pipe(link, up_reader, writer, back=True)
+                pipe(link, conn, reader, up_writer, back=False),
+                pipe(link, conn, up_reader, writer, back=True),
             )
+            link.frozen.discard(conn)
 
         return handle
 
@@ -106,8 +147,11 @@ def main() -> None:
     p.add_argument("--listen", required=True)
     p.add_argument("--ports", type=int, nargs="+", required=True)
     p.add_argument("--control", type=Path, required=True)
+    p.add_argument("--upstream-port", type=int, help="with one --ports: pass it on to this one")
     args = p.parse_args()
-    asyncio.run(serve(args.listen, args.ports, args.control))
+    if args.upstream_port is not None and len(args.ports) != 1:
+        p.error("--upstream-port takes one --ports")
+    asyncio.run(serve(args.listen, args.ports, args.control, args.upstream_port))
 
 
 if __name__ == "__main__":
