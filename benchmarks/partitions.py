@@ -11,13 +11,13 @@ between hosts (packets vanish silently; connects and reads hang), not a process 
 on one. The whole run is made once per ``--durability`` (serve's ``--write-durability``):
 by default with ``replicas=1,timeout=500``, then asynchronous.
 
-Under a steady load (per deployment two REST readers of 10 entities at about 25
+Under a steady load (per deployment a REST and a gRPC reader of 10 entities at about 25
 requests/s each, 3 of them among the last written, and one writer of push writes, each
 key written by one writer only and once: ``_history``), each fault lasts
 ``--fault-seconds`` (the two that cut a master off from its replica:
 ``--failover-seconds``, long enough for the replica to take over, about 5 s here, and for
-serving to follow it), is healed, and the cluster is waited on until it is ok again before
-the next:
+serving to follow it; so does the subscription's cut, long enough for its health check),
+is healed, and the cluster is waited on until it is ok again before the next:
 
 - **master isolated**: a master cut from every host (its replica takes over);
 - **master in a minority**: a master cut from the other nodes but not from the serving
@@ -29,11 +29,16 @@ the next:
 - **flapping link**: the serving hosts' link to one master down and up every second;
 - **slow link**: a master's link adds 50 ms plus or minus 20 ms to every round trip;
 - **lossy link**: 5% of what crosses a master's link is lost and sent again (TCP's
-  retransmission after 200 ms, which is what loss costs a connection).
+  retransmission after 200 ms, which is what loss costs a connection);
+- **subscription cut**: the serving hosts' pub/sub connections to the URL's node (where
+  they follow the invalidation channel) cut silently while both deployments write, and
+  their reads of that node left alone: A reads keys B writes, whose notices are lost, and
+  is held to its bound all the same (the report says how often A's health check found the
+  cut: ``feature_serving_invalidation_gaps_total{kind="silent"}``).
 
 Every node sits behind a small TCP proxy on its host (``_linkproxy``) that makes the last
-two: this kernel has no netem qdisc and no iptables, so delay and loss cannot be made on
-the link itself.
+three: this kernel has no netem qdisc and no iptables, so delay and loss cannot be made on
+the link itself, and the subscription and the reads of a node share its address.
 
 The checker (``_history.check``) then reports per fault (what started from its beginning
 to the next fault's) and deployment, and for the load before the first ("steady"): wrong
@@ -44,10 +49,9 @@ request, and the time from the heal to the first good read and to the last faile
 and write. A timeline PNG beside the markdown shows requests by outcome with the faults
 shaded.
 
-Not built here: a cut of the subscription alone (the worker's subscription and its reads
-of the URL's node share one address; tests/integration/test_serving_coherence.py freezes
-the subscription through a proxy). Needs root; exits 2 with the reason where namespaces
-cannot be made.
+How long a write announced during such a cut is served old, with the health check and
+without it: benchmarks/invalidation_gap.py. Needs root; exits 2 with the reason where
+namespaces cannot be made.
 """
 
 from __future__ import annotations
@@ -65,12 +69,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import redis
 from _history import History, Read, Window, Write, check
@@ -80,10 +85,13 @@ from _soak_report import M, value
 
 from feature_store import sample
 from feature_store.embedded import server_config
+from feature_store.proto.v1 import serving_pb2 as pb
+from feature_store.proto.v1 import serving_pb2_grpc as pb_grpc
 from feature_store.store import FeatureStore
 
 PORT = 6379
 REST_PORT = 8000
+GRPC_PORT = 50051
 NODES = 6  # 3 masters, 3 replicas
 TTL = 1.0  # deployment A's L1 TTL (seconds)
 JITTER = 0.1  # the serving default: the TTL varies by +-5%
@@ -97,6 +105,8 @@ RECENT_IDS = 3
 STEADY = 3.0  # seconds of load before the first fault
 SETTLE = 4.0  # seconds of load after the cluster is ok again, before the next fault
 FAILOVERS = ("master isolated", "master in a minority")  # its replica takes over
+# as long as a failover: past the subscription's health check (3 s and a PING interval)
+LONG = (*FAILOVERS, "subscription cut")
 FAULTS = (
     "master isolated",
     "master in a minority",
@@ -105,7 +115,10 @@ FAULTS = (
     "flapping link",
     "slow link",
     "lossy link",
+    "subscription cut",
 )
+STATUSES = {pb.PRESENT: "present", pb.MISSING: "missing", pb.STALE: "stale", pb.ERROR: "error"}
+GRPC_READS: Counter[str] = Counter()  # gRPC lookups sent, by deployment
 # what a master's link does in the faults made by its proxy (_linkproxy)
 LINKS = {"slow link": {"delay": 0.05, "jitter": 0.02}, "lossy link": {"loss": 0.05}}
 HOSTS = ["client", "serve-a", "serve-b", *(f"redis-{i}" for i in range(NODES))]
@@ -223,7 +236,8 @@ def start_worker(rig: NetRig, host: str, url: str, args: list[str], tmp: Path) -
         process = rig.spawn(
             host,
             [sys.executable, "-m", "feature_store.cli", "serve", "--registry", "sample",
-             "--redis-url", url, "--host", address, "--port", str(REST_PORT), "--no-grpc",
+             "--redis-url", url, "--host", address, "--port", str(REST_PORT),
+             "--grpc-port", str(GRPC_PORT),
              "--workers", "1", "--log-level", "warning", *args],
             env=env, output=log, cwd=ROOT,
         )  # fmt: skip
@@ -274,6 +288,42 @@ def reader(who: str, url: str, entities: int, recent: deque[int], history: Histo
             time.sleep(max(0.0, 1 / READ_RATE - (end - start)))
 
 
+def grpc_reader(who: str, url: str, entities: int, recent: deque[int], history: History,
+                stop: threading.Event, seed: int) -> None:  # fmt: skip
+    """``reader``'s lookups over gRPC (``url``: the deployment's REST URL, whose host serves
+    gRPC on GRPC_PORT)."""
+    rng = random.Random(seed)
+    target = f"{url.removeprefix('http://').rsplit(':', 1)[0]}:{GRPC_PORT}"
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.FeatureServiceStub(channel)  # type: ignore[no-untyped-call]
+        while not stop.is_set():
+            ids = set(rng.sample(list(recent), min(RECENT_IDS, len(recent))))
+            while len(ids) < 10:
+                ids.add(rng.randrange(entities))
+            request = pb.GetFeaturesRequest(
+                entity_type=sample.ENTITY, int_ids=sorted(ids), features=["int_0"]
+            )
+            start = time.time()
+            GRPC_READS[who] += 1
+            values: list[tuple[int, int | None, str]] = []
+            wrong, ok, detail = 0, True, ""
+            try:
+                for row in stub.GetFeatures(request, timeout=5).rows:
+                    entity, status = row.id.int_id, STATUSES.get(row.statuses[0], "?")
+                    seq = None
+                    if row.values[0].WhichOneof("kind") == "int_value":
+                        got = row.values[0].int_value
+                        wrong += got // M != entity
+                        seq = got % M
+                    values.append((entity, seq, status))
+            except grpc.RpcError as e:
+                ok = False
+                detail = f"{e.code().name} {e.details()}"[:200]  # type: ignore[attr-defined]
+            end = time.time()
+            history.read(Read(who, start, end, ok, tuple(values), wrong, detail))
+            time.sleep(max(0.0, 1 / READ_RATE - (end - start)))
+
+
 def writer(who: str, url: str, keys: list[int], recent: deque[int], history: History,
            stop: threading.Event) -> None:  # fmt: skip
     """Push writes of ``keys`` in turn, each once (the run is sized so that they do not
@@ -316,6 +366,12 @@ def fault(rig: NetRig, name: str, seconds: float, tmp: Path) -> str:
         time.sleep(seconds)
         link.unlink()
         return master
+    if name == "subscription cut":  # the workers follow the channel on the URL's node
+        link = control(tmp, "redis-0")
+        link.write_text(json.dumps({"freeze_subscribers": True}))
+        time.sleep(seconds)
+        link.unlink()
+        return "redis-0"
     if name == "master isolated":
         rig.isolate(master)
     elif name == "master in a minority":
@@ -361,6 +417,7 @@ def run(faults: list[str], seconds: float, failover_seconds: float, entities: in
             "B": start_worker(rig, "serve-b", url, [*common, "--no-cache"], tmp),
         }
         history, stop = History(), threading.Event()
+        GRPC_READS.clear()
         recent: deque[int] = deque(maxlen=RECENT)
         threads = []
         for i, (who, at) in enumerate(urls.items()):
@@ -368,9 +425,9 @@ def run(faults: list[str], seconds: float, failover_seconds: float, entities: in
             threads.append(
                 threading.Thread(target=writer, args=(who, at, keys, recent, history, stop))
             )
-            for j in range(2):
+            for j, read in enumerate((reader, grpc_reader)):
                 args = (who, at, entities, recent, history, stop, 10 * i + j)
-                threads.append(threading.Thread(target=reader, args=args))
+                threads.append(threading.Thread(target=read, args=args))
         for t in threads:
             t.start()
         made: list[tuple[str, float, float]] = []  # each fault's name, start and heal
@@ -379,11 +436,15 @@ def run(faults: list[str], seconds: float, failover_seconds: float, entities: in
             time.sleep(STEADY)  # steady load before the first fault
             for name in faults:
                 start = time.time()
-                lasts = failover_seconds if name in FAILOVERS else seconds
+                lasts = failover_seconds if name in LONG else seconds
+                gaps = silent_gaps(urls["A"])
                 target = fault(rig, name, lasts, tmp)
                 made.append((name, start, time.time()))
                 ok_after = wait_until("the cluster ok after the heal", lambda: cluster_ok(rig))
-                done.append({"fault": name, "target": target, "ok_after_heal_s": ok_after})
+                done.append(
+                    {"fault": name, "target": target, "ok_after_heal_s": ok_after,
+                     "silent_gaps_a": silent_gaps(urls["A"]) - gaps}
+                )  # fmt: skip
                 print(f"{name} ({target}): ok {ok_after:.1f} s after the heal", flush=True)
                 time.sleep(SETTLE)
         finally:
@@ -400,10 +461,20 @@ def run(faults: list[str], seconds: float, failover_seconds: float, entities: in
     return {
         "durability": durability or "asynchronous",
         "faults": done,
+        "grpc_reads": dict(GRPC_READS),
         "windows": [asdict(w) for w in windows],
         "tallies": {n: {who: asdict(t) for who, t in ts.items()} for n, ts in tallies.items()},
         "timeline": timeline(history, windows),
     }
+
+
+def silent_gaps(url: str) -> float:
+    """The silent gaps of its subscription a deployment has found
+    (``feature_serving_invalidation_gaps_total{kind="silent"}``)."""
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("feature_serving_invalidation_gaps_total") and 'kind="silent"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def timeline(history: History, windows: list[Window], step: float = 0.5) -> dict[str, object]:
@@ -457,6 +528,8 @@ def markdown(results: list[dict[str, object]], command: list[str]) -> list[str]:
                 for c, _ in HEALS:
                     cells.append("-" if t[c] is None else f"{t[c]:.2f}")
                 lines.append("| " + " | ".join(cells) + " |")
+        found = [f"{f['fault']} {f['silent_gaps_a']:.0f}" for f in result["faults"]]  # type: ignore[attr-defined]
+        lines += ["", "A's silent subscription gaps found, by fault: " + ", ".join(found) + "."]
         said = [
             f"- {name}, {who}: {example}"
             for name, ts in tallies.items()

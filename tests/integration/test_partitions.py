@@ -1,7 +1,8 @@
-"""`benchmarks/partitions.py` in a short form: each partition once, 3 s, under load, with
-durable writes (``replicas=1``), held to what must never happen: a wrong value, a value
-older than its bound allows, an acknowledged write lost, a fault that does not heal, a
-request that hangs, a namespace left behind.
+"""`benchmarks/partitions.py` in a short form: each partition once, 3 s, under load (REST
+and gRPC lookups, push writes), with durable writes (``replicas=1``), held to what must
+never happen: a wrong value, a value older than its bound allows, an acknowledged write
+lost, a fault that does not heal, a request that hangs, a namespace left behind; and the
+subscriptions' cut found by the health check.
 
 How long requests took during the faults (the deadline of docs/reliability.md) is the
 benchmark's to report (benchmarks/results/partitions.md); here it is held only to the
@@ -79,3 +80,10 @@ def test_partitions_lose_nothing_and_serve_nothing_wrong(tmp_path: Path) -> None
     # the isolated master's replica took over: the cluster was ok again with it
     isolated = result["faults"][0]
     assert isolated["ok_after_heal_s"] < 60
+    # half the lookups went over gRPC
+    assert min(result["grpc_reads"].get(who, 0) for who in ("A", "B")) > 20
+    # the subscriptions' cut failed nothing, and A's health check found it
+    cut = next(f for f in result["faults"] if f["fault"] == "subscription cut")
+    assert cut["silent_gaps_a"] >= 1
+    for who, t in tallies["subscription cut"].items():
+        assert t["failed_reads"] == t["failed_writes"] == 0, (who, t)
