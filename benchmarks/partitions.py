@@ -605,7 +605,7 @@ def main() -> int:
     setup = (
         f"Redis Cluster 3+3 and two serving hosts in network namespaces; "
         f"{args.entities:,} entities; each fault {args.fault_seconds:.0f} s, "
-        f"those with a failover {args.failover_seconds:.0f} s."
+        f"those with a failover, and the subscriptions' cut, {args.failover_seconds:.0f} s."
     )
     save(args.out, "Partitions between hosts under load", markdown(results, header(setup)))
     if args.json is not None:
