@@ -445,6 +445,9 @@ def main() -> int:
     if args.writer:
         writer(json.loads(args.writer), args.entities, args.write_log, args.minutes * 60, seed=7)
         return 0
+    # stopped (a test's timeout, kill): its cluster and servers stop all the same, where
+    # SIGTERM's default left the Redis nodes running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.minutes, args.entities, Path(tmp), args.write_durability)
     lines = markdown(result)
