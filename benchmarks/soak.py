@@ -400,29 +400,34 @@ def run(minutes: float, entities: int, tmp: Path, durability: str) -> dict[str, 
             next_sample = 0.0
             nightly_started: float | None = None
             threads: list[threading.Thread] = []
-            while (now := time.monotonic() - t0) < seconds:
-                if now >= next_sample:
-                    for name, server in (("A", a), ("B", b)):
-                        assert server.process is not None
-                        pids = [server.process.pid, *workers_of(server)]
-                        rss, fds = resources(pids)
-                        samples.append((now, name, rss, fds))
-                    next_sample = now + SAMPLE_EVERY
-                if pending and now >= pending[0][1] * seconds:
-                    name, _ = pending.pop(0)
-                    fault = Fault(name, now)
-                    faults.append(fault)
-                    print(f"{now:6.1f} s  {name}", flush=True)
-                    if name.startswith("nightly"):
-                        nightly_started = time.time()
-                    thread = threading.Thread(target=act, args=(fault,))
-                    thread.start()
-                    threads.append(thread)
-                time.sleep(0.2)
-            stop.set()
-            for t in (*readers, *threads):
-                t.join(timeout=700)
-            writer_proc.wait(timeout=60)
+            try:
+                while (now := time.monotonic() - t0) < seconds:
+                    if now >= next_sample:
+                        for name, server in (("A", a), ("B", b)):
+                            assert server.process is not None
+                            pids = [server.process.pid, *workers_of(server)]
+                            rss, fds = resources(pids)
+                            samples.append((now, name, rss, fds))
+                        next_sample = now + SAMPLE_EVERY
+                    if pending and now >= pending[0][1] * seconds:
+                        name, _ = pending.pop(0)
+                        fault = Fault(name, now)
+                        faults.append(fault)
+                        print(f"{now:6.1f} s  {name}", flush=True)
+                        if name.startswith("nightly"):
+                            nightly_started = time.time()
+                        thread = threading.Thread(target=act, args=(fault,))
+                        thread.start()
+                        threads.append(thread)
+                    time.sleep(0.2)
+            except BaseException:  # stopped (SIGTERM): the writer process goes too
+                writer_proc.terminate()
+                raise
+            finally:  # the readers stop, so that the process can exit
+                stop.set()
+                for t in (*readers, *threads):
+                    t.join(timeout=700)
+                writer_proc.wait(timeout=60)
     result = analyse(obs, faults, samples, write_log, wall0, nightly_started, seconds)
     return {"write_durability": durability or "asynchronous", **result}
 
