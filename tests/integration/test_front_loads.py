@@ -15,7 +15,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -170,11 +170,12 @@ def test_the_fronts_loads_answer_as_pythons_do(
     it.)"""
     native, python, url = pair
     broken: set[int] = set()
+    servers = (native, python, bounded, reference)
     try:
         for step in steps:
-            _step(step, (native, python, bounded, reference), url, broken)
+            _step(step, servers, url, broken)
     finally:
-        _mend(url, broken)
+        _mend(url, broken, servers)
 
 
 def _step(
@@ -186,18 +187,20 @@ def _step(
         _outage(step, servers, url)
     elif step[0] == "break":
         _, entity, how = step
-        _break(url, entity, how)  # type: ignore[arg-type]
+        _break(url, entity, how, servers)  # type: ignore[arg-type]
         broken.add(entity)  # type: ignore[arg-type]
         for api in ("rest", "grpc"):  # asked at once, with a healthy neighbour
             _step((api, [entity, 0]), servers, url, broken)
     elif step[0] == "write":
         _, entity, value = step
+        before = _notices(servers)
         written = httpx.post(
             f"{native.rest_url}/v1/features/write",
             json={"group": GROUP, "rows": [{"id": entity, "values": {"float_00": value}}]},
             timeout=10,
         )
         assert written.status_code == 200, written.text
+        _applied(servers, before)  # the write's notice, which the server published
     elif step[0] == "sleep":
         time.sleep(float(step[1]))  # type: ignore[arg-type]
     elif step[0] == "rest":
@@ -276,15 +279,32 @@ def _entity(entity: int) -> bytes:
     return entity_key(sample.registry().entities[ENTITY].prefix, IdType.INT, entity)
 
 
-def _announce(r: redis.Redis, entities: list[int]) -> None:
+def _notices(servers: Sequence[ServingProcess]) -> list[object]:
+    """The invalidation notices each server has applied so far (its cache summary's)."""
+    return [_cache(server)["notices"] for server in servers]
+
+
+def _applied(servers: Sequence[ServingProcess], before: list[object]) -> None:
+    """Wait until every server has applied a notice since ``before``: a fixed wait was
+    outrun by a busy machine, and a server still holding an entity written meanwhile
+    answered it apart from the others."""
+    deadline = time.monotonic() + 10
+    for server, seen in zip(servers, before, strict=True):
+        while _cache(server)["notices"] == seen:
+            assert time.monotonic() < deadline, "a server never applied the notice"
+            time.sleep(0.01)
+
+
+def _announce(r: redis.Redis, entities: list[int], servers: Sequence[ServingProcess]) -> None:
     """Tell every server's cache that these entities were written (as a write would), and
-    give the notice time to arrive (loopback pub/sub: well under the wait)."""
+    wait until each has applied the notice."""
+    before = _notices(servers)
     keys = [_entity(e) for e in entities]
     r.publish(notices.CHANNEL, notices.keys_message(notices.new_origin(), GROUP, keys))
-    time.sleep(0.05)
+    _applied(servers, before)
 
 
-def _break(url: str, entity: int, how: str) -> None:
+def _break(url: str, entity: int, how: str, servers: Sequence[ServingProcess]) -> None:
     """Break ``entity``'s stored data one way (as test_serving_isolation plants them)."""
     group = sample.registry().groups[GROUP]
     with redis.Redis.from_url(url) as r:
@@ -300,10 +320,10 @@ def _break(url: str, entity: int, how: str) -> None:
         else:
             r.delete(key)
             r.set(key, b"not a hash")
-        _announce(r, [entity])
+        _announce(r, [entity], servers)
 
 
-def _mend(url: str, entities: set[int]) -> None:
+def _mend(url: str, entities: set[int], servers: Sequence[ServingProcess]) -> None:
     """Write the broken entities' data again (announced), for the next example."""
     if not entities:
         return
@@ -312,7 +332,7 @@ def _mend(url: str, entities: set[int]) -> None:
     with FeatureStore.connect(url, sample.registry()) as store:
         store.write(GROUP, [row for row in sample.rows(N) if row[0] in entities])
     with redis.Redis.from_url(url) as r:
-        _announce(r, sorted(entities))
+        _announce(r, sorted(entities), servers)
 
 
 def _copy(url: str, entity: int, source: int) -> None:

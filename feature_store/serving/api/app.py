@@ -233,6 +233,7 @@ def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
         "entries": 0 if cache is None else cache.size()[0],
         "bytes": 0 if cache is None else cache.size()[1],
         "front_entries": 0 if cache is None or cache.mirror is None else cache.mirror.own_size()[0],
+        "notices": 0 if runtime.listener is None else runtime.listener.received,
         "counters": stats,
         "shadow": {
             "fraction": reader.shadow_fraction,

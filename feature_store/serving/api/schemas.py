@@ -171,6 +171,11 @@ class CacheSummary(BaseModel):
         description="of the entries, those the native fronts loaded and hold alone (no "
         "Python object): a miss or a refresh ahead they read themselves"
     )
+    notices: int = Field(
+        default=0,
+        description="invalidation notices this worker has applied from the channel since it "
+        "started (0 without a cache, which does not follow the channel)",
+    )
     counters: dict[str, int] = Field(description="the cache counters of /metrics, this worker")
     shadow: ShadowSummary
     generations: dict[str, float] = Field(
