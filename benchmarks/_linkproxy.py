@@ -102,7 +102,8 @@ async def pipe(
     release = 0.0
     try:
         while chunk := await src.read(CHUNK):
-            if not back and b"SUBSCRIBE" in chunk.upper():
+            # a connection is told once: its chunks are not searched again after
+            if not back and not conn.subscriber and b"SUBSCRIBE" in chunk.upper():
                 conn.subscriber = True
             if link.cut(conn):
                 continue
