@@ -211,8 +211,8 @@ class Windows:
     def answer(self, data: bytes, now_ms: int) -> tuple[list[bytes | None], int | None]: ...
 
 class HitCache:
-    """Lookups on the fronts' threads (native/src/hits/): the L1's entries mirrored, or
-    (``planning``) the Redis commands and answers of lookups without the L1."""
+    """Lookups on the fronts' threads (native/src/hits/): the worker's L1, or (``planning``)
+    the Redis commands and answers of lookups without the L1."""
 
     def __init__(
         self,
@@ -254,14 +254,48 @@ class HitCache:
     def put_many(
         self,
         items: list[
-            tuple[bytes, bytes | None, bytes | None, bytes, int | None, bool, float, float]
+            tuple[
+                bytes,
+                bytes | None,
+                bytes | None,
+                bytes | None,
+                bytes,
+                int | None,
+                float,
+                float,
+                float,
+                float,
+            ]
         ],
-    ) -> None: ...
-    def put_fault(self, key: bytes, ttl: float) -> None: ...
-    def discard(self, key: bytes) -> None: ...
+    ) -> int: ...
+    def put_fault(self, key: bytes, ttl: float, fault: bytes) -> None: ...
+    def entry(
+        self, key: bytes, touch: bool = True
+    ) -> (
+        tuple[
+            bytes | None,
+            bytes | None,
+            bytes | None,
+            bytes,
+            int | None,
+            float,
+            float,
+            float,
+            bytes | None,
+            bool,
+            bool,
+        ]
+        | None
+    ): ...
+    def add_answers(
+        self, key: bytes, json: bytes | None = None, wire: bytes | None = None
+    ) -> tuple[bool, int]: ...
+    def discard(self, key: bytes) -> bool: ...
     def clear(self) -> None: ...
     def expire_all(self) -> None: ...
     def notice_group(self, group: int) -> None: ...
+    def notice_again(self, key: bytes, notice_in: float) -> None: ...
+    def mark_shadowed(self, key: bytes) -> None: ...
     def __len__(self) -> int: ...
     def drain(
         self,
@@ -271,7 +305,7 @@ class HitCache:
         int,
         list[bytes],
         list[bytes],
-        tuple[int, int, int, int, int, int, list[bytes], int, int, int],
+        tuple[int, int, int, int, int, int, int, int, int],
     ]: ...
     def load_misses(
         self,
@@ -279,18 +313,15 @@ class HitCache:
         negative_ttl: float,
         jitter: float,
         refresh_ahead: float,
-        max_bytes: int,
-        max_entries: int,
         wait: float,
         max_stale: float,
     ) -> bool: ...
-    def bound(self, max_bytes: int, max_entries: int) -> None: ...
-    def own_size(self) -> tuple[int, int]: ...
-    def own_keys(self, group: int) -> list[bytes]: ...
-    def refresh_outdated(self, keys: list[bytes], front: FrontRedis) -> int: ...
-    def adopt(
-        self, key: bytes
-    ) -> tuple[bytes | None, bytes | None, bytes | None, bytes, int | None, float] | None: ...
+    def bound(self, max_bytes: int, max_entries: int) -> int: ...
+    def size(self) -> tuple[int, int, int]: ...
+    def keys(self, group: int) -> list[bytes]: ...
+    def refresh_outdated(
+        self, keys: list[bytes], front: FrontRedis | None = None
+    ) -> list[bytes]: ...
     def answer(self, body: bytes, grpc: bool = False, feast: bool = False) -> bytes | None: ...
     def missing(
         self, body: bytes, grpc: bool = False, feast: bool = False

@@ -16,11 +16,12 @@ import redis.asyncio
 
 from feature_store.connection import AsyncClient, RedisTarget
 from feature_store.errors import StoreError, StorePermissionError
+from feature_store.native import native_enabled
 from feature_store.registry import Registry
 from feature_store.serving.config import ServingSettings
 from feature_store.serving.feature_log import FeatureLog
 from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
-from feature_store.serving.l1.cache import LRUCache
+from feature_store.serving.l1.cache import L1Store, LRUCache
 from feature_store.serving.l1.invalidation import (
     InvalidationListener,
     RedisPublisher,
@@ -40,26 +41,24 @@ log = logging.getLogger(__name__)
 
 
 class ServingRuntime:
-    def __init__(self, registry: Registry, target: RedisTarget, settings: ServingSettings) -> None:
+    """``reference_l1``: the L1 in Python (``LRUCache``, the reference of the native one's
+    semantics) even where the extension is built: for tests of the policy's own state."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        target: RedisTarget,
+        settings: ServingSettings,
+        *,
+        reference_l1: bool = False,
+    ) -> None:
         self.registry = registry
         self.target = target
         self.settings = settings
         self.store = AsyncFeatureStore(registry, _client(target))
         client = self.store.client
         round_trip = round_trip_for(client, target)
-        cache = (
-            LRUCache(
-                max_bytes=settings.cache_max_bytes,
-                max_entries=settings.cache_max_entries,
-                ttl=settings.cache_ttl,
-                negative_ttl=settings.cache_negative_ttl,
-                jitter=settings.cache_jitter,
-                max_stale=settings.cache_max_stale,
-                keep_answers=settings.cache_form == "answers",
-            )
-            if settings.cache
-            else None
-        )
+        cache = _l1(registry, settings, reference_l1) if settings.cache else None
         self.reader = CachedReader(
             registry,
             round_trip,
@@ -226,6 +225,32 @@ class ServingRuntime:
         if isinstance(self.reader.reads.round_trip, ClusterRoundTrip):
             await self.reader.reads.round_trip.aclose()
         await self.store.close()
+
+
+def _l1(registry: Registry, settings: ServingSettings, reference: bool) -> L1Store:
+    """The worker's L1: in the extension, shared with the native fronts (native_cache.py),
+    or, with ``FEATURE_STORE_NATIVE=off`` (or ``reference``), the pure-Python reference."""
+    bounds = dict(
+        max_bytes=settings.cache_max_bytes,
+        max_entries=settings.cache_max_entries,
+        ttl=settings.cache_ttl,
+        negative_ttl=settings.cache_negative_ttl,
+        jitter=settings.cache_jitter,
+        max_stale=settings.cache_max_stale,
+        keep_answers=settings.cache_form == "answers",
+    )
+    if reference or not native_enabled():
+        return LRUCache(**bounds)  # type: ignore[arg-type]
+    from feature_store.serving.l1.native_cache import NativeCache
+    from feature_store.serving.l1.spec import GroupSpec
+
+    formats = {name: GroupSpec.of(g, registry).fmt for name, g in registry.groups.items()}
+    return NativeCache(
+        formats,
+        max_ids=settings.max_entities,
+        shadow_fraction=settings.shadow_fraction,
+        **bounds,  # type: ignore[arg-type]
+    )
 
 
 def _client(target: RedisTarget) -> AsyncClient:

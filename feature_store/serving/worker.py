@@ -22,6 +22,7 @@ from feature_store.serving.api.rest_api import RestHandlers
 from feature_store.serving.auth import Authenticator
 from feature_store.serving.fronts.hits import NativeHits
 from feature_store.serving.fronts.reads import FrontReads, planned_reads
+from feature_store.serving.l1.native_cache import NativeCache
 from feature_store.serving.runtime import ServingRuntime, tune_gc
 
 if TYPE_CHECKING:
@@ -129,6 +130,8 @@ class Fronts:
             return None
         if self.runtime.reader.cache is None:
             return FrontReads(self.runtime) if planned_reads(self.runtime) else None
+        if not isinstance(self.runtime.reader.cache, NativeCache):
+            return None  # the L1 in Python (the reference): Python answers every lookup
         return NativeHits(self.runtime) if settings.native_hits else None
 
     def _fail_planned(self, call: RestCall, error: BaseException, t0: float) -> None:

@@ -18,12 +18,20 @@ from feature_store.client import AsyncGrpcFeatureClient, FeatureClient
 from feature_store.connection import RedisTarget
 from feature_store.errors import StoreTimeoutError
 from feature_store.layout import entity_key
+from feature_store.native import native_enabled
 from feature_store.proto.v1 import serving_pb2 as pb
 from feature_store.serving.api.grpc_server import FeatureServicer
 from feature_store.serving.api.rest_api import RestHandlers
 from feature_store.serving.auth import Authenticator
 from feature_store.serving.config import ServingSettings
-from feature_store.serving.l1.cache import BYTES_OBJECT, CacheKey, entry_size
+from feature_store.serving.l1.cache import (
+    BYTES_OBJECT,
+    CacheKey,
+    Entry,
+    L1Store,
+    LRUCache,
+    entry_size,
+)
 from feature_store.serving.l1.loader import settled
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
@@ -58,20 +66,34 @@ def write_sample(url: str, n: int = 100) -> None:
         store.write(GROUP, sample.rows(n))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+def same_load(a: Entry, b: Entry) -> bool:
+    """Whether two entries are one load's: the native cache makes an ``Entry`` on each
+    look, with its read time on Python's clock (to within its conversion)."""
+    return a.raw == b.raw and abs(a.loaded_at - b.loaded_at) < 1e-3
 
 
-@pytest.fixture
-async def runtime(redis_url: str) -> AsyncIterator[ServingRuntime]:
+# each test of the cache's policy runs on both stores: the one in the extension, and the
+# pure-Python reference of its semantics
+STORES = [
+    pytest.param(
+        "native",
+        marks=pytest.mark.skipif(not native_enabled(), reason="the extension is off"),
+    ),
+    "reference",
+]
+
+
+@pytest.fixture(params=STORES)
+async def runtime(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ServingRuntime]:
     settings = ServingSettings(
         invalidation=False, cache_negative_ttl=5.0, xfetch_beta=0.0, shadow_fraction=0.0
     )
-    rt = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
+    rt = ServingRuntime(
+        sample.registry(),
+        RedisTarget.parse(redis_url),
+        settings,
+        reference_l1=request.param == "reference",
+    )
     await rt.start()
     yield rt
     await rt.stop()
@@ -104,38 +126,53 @@ async def test_an_entry_keeps_the_answer_of_the_api_whose_lookup_loaded_it(
     request = pb.GetFeaturesRequest(entity_type=ENTITY, groups=[GROUP], int_ids=[1, 2])
     rest = RestHandlers(runtime, Authenticator((), ()))
     grpc = FeatureServicer(runtime)
-    (by_grpc,) = await runtime.reader.get([key(1)], proto=True)
-    (by_rest,) = await runtime.reader.get([key(2)])
-    g, r = by_grpc.entry, by_rest.entry
+    await runtime.reader.get([key(1)], proto=True)
+    await runtime.reader.get([key(2)])
+    g, r = cache.peek(key(1)), cache.peek(key(2))
+    assert g is not None
     assert g.raw is not None
+    assert r is not None
     assert r.raw is not None
     assert (g.json, g.wire) == (None, g.fmt.proto(g.raw))
     assert (r.json, r.wire) == (r.fmt.json(r.raw), None)
     before = cache.bytes
     answer = await rest.get(None, body)
     assert answer.status == 200
+    g = cache.peek(key(1))
+    assert g is not None
+    assert g.raw is not None
     assert g.json == g.fmt.json(g.raw)  # made by the REST answer, and kept
     assert cache.bytes == before + len(g.json) + BYTES_OBJECT
-    assert g.size == entry_size(g) + cache.mirror_entry
+    if isinstance(cache, LRUCache):
+        assert g.size == entry_size(g)
     assert [row["values"] for row in orjson.loads(answer.body)["results"]] == [
         orjson.loads(g.json),
-        orjson.loads(r.json),
+        orjson.loads(cast(bytes, r.json)),
     ]
     await grpc.answer(request, None, 0.0)
+    r = cache.peek(key(2))
+    assert r is not None
+    assert r.raw is not None
     assert r.wire == r.fmt.proto(r.raw)
     assert cache.bytes == before + len(g.json) + len(r.wire) + 2 * BYTES_OBJECT
     # a refresh: the entry loaded for gRPC and never answered over REST stays records alone
     (only_grpc,) = await runtime.reader.get([key(3)], proto=True)
     runtime.reader._reload(key(3))
-    for _ in range(100):
-        if cache.peek(key(3)) is not only_grpc.entry:
-            break
-        await asyncio.sleep(0.01)
+    await _reloaded(cache, key(3), only_grpc.entry.loaded_at)
     reloaded = cache.peek(key(3))
     assert reloaded is not None
-    assert reloaded is not only_grpc.entry
     assert reloaded.json is None
     assert reloaded.wire is not None
+
+
+async def _reloaded(cache: L1Store, k: CacheKey, loaded_at: float) -> None:
+    """Wait for the entry of ``k`` to be one read after ``loaded_at`` (a reload's)."""
+    for _ in range(100):
+        entry = cache.peek(k)
+        if entry is not None and entry.loaded_at > loaded_at:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{k!r} was not reloaded")
 
 
 async def test_entries_loaded_for_an_answer_from_the_packed_values_keep_no_answer_bytes(
@@ -151,26 +188,25 @@ async def test_entries_loaded_for_an_answer_from_the_packed_values_keep_no_answe
     service = runtime.service
     feast = await service.lookup(ENTITY, [1], groups=[GROUP], answers=False)
     picked = await service.lookup(ENTITY, [2], features=["float_00", "embedding_0"])
-    for lookup in (feast, picked):
+    for i, lookup in ((1, feast), (2, picked)):
         ((resolved,),) = lookup.entries
-        entry = resolved.entry
-        assert entry.raw is not None
-        assert (entry.json, entry.wire) == (None, None)
-        assert entry.size == entry_size(entry) + cache.mirror_entry
-    bare = feast.entries[0][0].entry
+        for entry in (resolved.entry, cache.peek(key(i))):
+            assert entry is not None
+            assert entry.raw is not None
+            assert (entry.json, entry.wire) == (None, None)
+            if isinstance(cache, LRUCache):
+                assert entry.size == entry_size(entry)
     body = orjson.dumps({"entity_type": ENTITY, "groups": [GROUP], "ids": [1]})
     before = cache.bytes
     assert (await RestHandlers(runtime, Authenticator((), ())).get(None, body)).status == 200
+    bare = cache.peek(key(1))
+    assert bare is not None
     assert bare.json == bare.fmt.json(cast(bytes, bare.raw))
     assert cache.bytes == before + len(bare.json) + BYTES_OBJECT
     runtime.reader._reload(key(2))
-    for _ in range(100):
-        if cache.peek(key(2)) is not picked.entries[0][0].entry:
-            break
-        await asyncio.sleep(0.01)
+    await _reloaded(cache, key(2), picked.entries[0][0].entry.loaded_at)
     reloaded = cache.peek(key(2))
     assert reloaded is not None
-    assert reloaded is not picked.entries[0][0].entry
     assert (reloaded.json, reloaded.wire) == (None, None)
 
 
@@ -282,14 +318,14 @@ async def test_a_failed_load_nobody_waits_for_leaves_no_unretrieved_error(
     assert "never retrieved" not in caplog.text
 
 
-async def test_missing_entities_are_cached_with_their_own_ttl(redis_url: str) -> None:
-    clock = Clock()
+@pytest.mark.parametrize("store", STORES)
+async def test_missing_entities_are_cached_with_their_own_ttl(redis_url: str, store: str) -> None:
     settings = ServingSettings(
-        invalidation=False, cache_negative_ttl=2.0, cache_ttl=60.0, cache_jitter=0.0
+        invalidation=False, cache_negative_ttl=0.3, cache_ttl=60.0, cache_jitter=0.0
     )
-    rt = ServingRuntime(sample.registry(), RedisTarget.parse(redis_url), settings)
+    target = RedisTarget.parse(redis_url)
+    rt = ServingRuntime(sample.registry(), target, settings, reference_l1=store == "reference")
     assert rt.reader.cache is not None
-    rt.reader.cache.clock = rt.reader.clock = clock
     try:
         reset_stats(redis_url)
         for _ in range(3):
@@ -297,7 +333,7 @@ async def test_missing_entities_are_cached_with_their_own_ttl(redis_url: str) ->
             assert r.entry.negative
         assert entity_reads(redis_url) == 1
         assert rt.reader.cache.stats.negative_hits == 2
-        clock.now += 2.5  # past the negative TTL, far from the positive one
+        await asyncio.sleep(0.4)  # past the negative TTL, far from the positive one
         await rt.reader.get([key(777)])
         assert entity_reads(redis_url) == 2
     finally:
@@ -341,7 +377,9 @@ async def test_a_lookup_handed_on_after_a_load_takes_what_the_load_settled(
     with settled({key(1): loaded, key(2): failure, key(3): failure}):
         (again, fresh) = await reader.get([key(1), key(3)])
         assert again is loaded
-        assert fresh.entry is cache.peek(key(3))
+        held = cache.peek(key(3))
+        assert held is not None
+        assert same_load(fresh.entry, held)
         assert not fresh.stale
         with pytest.raises(StoreTimeoutError) as raised:
             await reader.get([key(2)])
@@ -363,7 +401,7 @@ async def test_bypass_reads_redis_and_sees_writes_made_elsewhere(
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, [(2, {"int_0": 424242})])  # not through serving: no invalidation
     cached = await service.lookup(ENTITY, [2], ["int_0"])
-    assert cached.entries[0][0].entry is before.entries[0][0].entry
+    assert same_load(cached.entries[0][0].entry, before.entries[0][0].entry)  # cached
     fresh = await service.lookup(ENTITY, [2], ["int_0"], bypass=True)
     values = fresh.entries[0][0].entry.values
     assert values is not None

@@ -24,6 +24,7 @@ from feature_store.client import (
 from feature_store.connection import RedisTarget
 from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.config import ServingSettings
+from feature_store.serving.l1.cache import Entry, L1Store
 from feature_store.serving.process import ServingProcess
 from feature_store.serving.runtime import ServingRuntime
 from feature_store.store import FeatureStore
@@ -38,6 +39,12 @@ SERVER_ENV = {
     "FEATURE_SERVING_BREAKER_OPEN": "0.2",
     "FEATURE_SERVING_BREAKER_OPEN_MAX": "0.5",
 }
+
+
+def _held(cache: L1Store) -> list[Entry]:
+    """The entries a cache holds (either store: ``keys`` then ``peek``)."""
+    entries = [cache.peek(k) for k in cache.keys(None)]
+    return [e for e in entries if e is not None]
 
 
 def test_redis_killed_gives_stale_values_or_503_then_recovers(own_redis: EmbeddedRedis) -> None:
@@ -213,7 +220,7 @@ async def test_losing_the_invalidation_channel_expires_the_cache(own_redis: Embe
         await rt.service.lookup(ENTITY, [1, 2], ["int_0"])
         cache = rt.reader.cache
         assert cache is not None
-        assert all(e.expires_at > cache.clock() + 500 for e in cache._entries.values())
+        assert all(e.expires_at > cache.clock() + 500 for e in _held(cache))
         own_redis.kill()
         for _ in range(500):  # bounded: the listener notices the lost connection
             if not rt.listener.subscribed.is_set():
@@ -222,7 +229,7 @@ async def test_losing_the_invalidation_channel_expires_the_cache(own_redis: Embe
         own_redis.restart()
         await asyncio.wait_for(rt.listener.subscribed.wait(), 30)
         assert len(cache) == 2  # kept, for stale-on-error
-        assert all(e.expires_at <= cache.clock() for e in cache._entries.values())
+        assert all(e.expires_at <= cache.clock() for e in _held(cache))
         again = await rt.service.lookup(ENTITY, [1], ["int_0"])
         assert again.entries[0][0].entry.expires_at > cache.clock() + 500  # reloaded
     finally:
@@ -335,7 +342,7 @@ async def test_a_silent_partition_of_the_subscription_is_detected_and_expires_th
         await rt.service.lookup(ENTITY, [1, 2], ["int_0"])
         cache = rt.reader.cache
         assert cache is not None
-        assert all(e.expires_at > cache.clock() + 500 for e in cache._entries.values())
+        assert all(e.expires_at > cache.clock() + 500 for e in _held(cache))
         await asyncio.sleep(HEALTH_DEADLINE)  # quiet, but healthy: PONGs keep it
         assert rt.listener.gaps == {}
         received = rt.listener.received
@@ -352,7 +359,7 @@ async def test_a_silent_partition_of_the_subscription_is_detected_and_expires_th
         assert rt.listener.received == received  # the notice never came
         assert detected < HEALTH_DEADLINE + 3.0
         # every entry expired: the next lookup reloads what the lost notice was about
-        assert all(e.expires_at <= cache.clock() for e in cache._entries.values())
+        assert all(e.expires_at <= cache.clock() for e in _held(cache))
         # the metric (read from its registry: a scrape's text depends on the process's
         # multiprocess mode, which other tests of the session may have set)
         gaps = rt.metrics.registry.get_sample_value(

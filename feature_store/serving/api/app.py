@@ -232,7 +232,7 @@ def cache_summary_of(runtime: ServingRuntime) -> dict[str, object]:
         "form": runtime.settings.cache_form,
         "entries": 0 if cache is None else cache.size()[0],
         "bytes": 0 if cache is None else cache.size()[1],
-        "front_entries": 0 if cache is None or cache.mirror is None else cache.mirror.own_size()[0],
+        "front_entries": 0 if cache is None else cache.front_entries(),
         "notices": 0 if runtime.listener is None else runtime.listener.received,
         "counters": stats,
         "shadow": {

@@ -58,7 +58,7 @@ class QueuedCalls:
         self.tasks: set[asyncio.Task[None]] = set()
         self.front: Any = None  # the extension's front: take() and stop(grace)
         self.reads: FrontReads | None = None  # where its planned lookups are sent
-        self.mirror: NativeHits | None = None  # the L1 its lookups' missing keys load into
+        self.l1: NativeHits | None = None  # the L1 its lookups' missing keys load into
         self.proto = False  # whether its answers are gRPC's (a load makes their records)
 
     def start(self, make: Callable[[int], Any], port: str) -> None:
@@ -95,8 +95,8 @@ class QueuedCalls:
         front answers it from there; the handler answers it where they cannot be (Redis
         failing, an entity's data broken: it names why, or serves what is stale), with
         what the load resolved for them."""
-        assert self.mirror is not None
-        resolved = await self.mirror.fill(call.keys, self.proto)
+        assert self.l1 is not None
+        resolved = await self.l1.fill(call.keys, self.proto)
         if resolved is None:
             call.loaded()
             return

@@ -61,7 +61,7 @@ class NativeFront(QueuedCalls):
         self.servicer = servicer
         self.backend = backend  # grpc.aio's loopback port
         self.reads = hits if isinstance(hits, FrontReads) else None
-        self.mirror = hits if isinstance(hits, NativeHits) else None
+        self.l1 = hits if isinstance(hits, NativeHits) else None
         self.proto = True
         self.parse = parser(pb.GetFeaturesRequest)
         settings = servicer.runtime.settings

@@ -1,23 +1,25 @@
 """Cache hits answered on the native fronts' threads (``native/src/hits/``): REST, gRPC,
 and Feast's ``/get-online-features`` (its columns written from the entries' JSON).
 
-A lookup whose every entity is a fresh L1 entry needs nothing of Python but bytes it made
-when the entries were loaded. ``NativeHits`` keeps the extension's ``HitCache`` in step
-with the worker's ``LRUCache`` (the cache calls it on every put, growth, drop and clear:
-the cache's ``mirror``), and teaches it each request form that Python answered with one
-group's values, or with several groups' of one entity (``learner(api)``). The
-fronts then answer such a request without taking the GIL (gRPC only for a caller whose key
-may read) from entries that hold the answer bytes of its API: an entry keeps those of the
-API whose lookup loaded it (JSON, or gRPC records), and the other API's are made on its
-first use there. In a compact cache (``CACHE_FORM=compact``) an entry holds its packed
-values alone, and the front writes each answer's JSON or gRPC records from them with the
-group's value types (taught by ``define_read``). A lookup in such a form with entities
-missing, expired or without its API's answer bytes yet hands Python only those keys
-(``fill``): they load through the cache's own policy (single-flight, coalescing, the
-counters) and the front answers the whole lookup from the mirror, so a batch of 1,000 ids
-with 100 misses costs Python 100 loads, not 1,000 lookups. Where they do not all load
-(Redis failing, an entity's data broken, an entry not kept) and for every other request (a
-form not seen yet, anything Python would refuse) the handler answers, as before.
+The worker's L1 is one cache in the extension (``l1/native_cache.py``): the fronts answer
+from its entries and load their misses into it, and Python's lookups use the same entries.
+``NativeHits`` teaches it each request form that Python answered with one group's values,
+or with several groups' of one entity (``learner(api)``). The fronts then answer such a
+request without taking the GIL (gRPC only for a caller whose key may read) from entries
+that hold the answer bytes of its API: an entry keeps those of the API whose lookup loaded
+it (JSON, or gRPC records), and the other API's are made on its first use. In a compact
+cache (``CACHE_FORM=compact``) an entry holds its packed values alone, and the front writes
+each answer's JSON or gRPC records from them with the group's value types (taught by
+``define_read``). A lookup in such a form with entities missing or expired is loaded by the
+front itself, on its own Redis connections (``load.rs``: single flight, decoded and stored
+there, no Python). Where the front cannot load them (no connection of its own: a TLS or
+unix-socket URL; a cluster's redirect; a reply only Python reads) or an entry lacks its
+API's answer bytes, it hands Python only those keys (``fill``): they load through the
+cache's policy (single-flight, coalescing, the counters) into the same cache, and the front
+answers the whole lookup from it, so a batch of 1,000 ids with 100 misses costs Python 100
+loads, not 1,000 lookups. Where they do not all load (Redis failing, an entity's data
+broken, an entry not kept) and for every other request (a form not seen yet, anything
+Python would refuse) the handler answers, as before.
 
 What a hit decides besides its answer stays here, decided by the code that decides it for
 hits in Python: every DRAIN_EVERY seconds ``drain`` takes what the front served (hits for
@@ -37,8 +39,7 @@ stays theirs then too. Differences from a hit in Python:
   said no would leave the entry to expire, since the front notes it only once (under load,
   when round trips are slow and XFetch's horizon is wider than refresh ahead's window, a
   quarter of the hot entries expired that way and their lookups waited for Redis);
-- a hit there does not move the entry in the LRU order; a hot entry moves when it is
-  refreshed ahead, once per TTL.
+- a hit there marks the entry for CLOCK's second chance, as a hit in Python does.
 
 ``NATIVE_HITS=off`` (or the cache off, or the extension off) answers every lookup in Python.
 """
@@ -49,7 +50,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
@@ -60,28 +61,18 @@ from feature_store.native import FEAST, REST
 from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.api import wire
 from feature_store.serving.fronts.links import FrontLinks
-from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, entry_json, keeper
+from feature_store.serving.l1.cache import entry_json, keeper
+from feature_store.serving.l1.native_cache import NativeCache
 from feature_store.serving.l1.roundtrip import ClusterRoundTrip, NativeRoundTrip
 
 if TYPE_CHECKING:
-    from feature_store._native import FrontRedis
+    from feature_store._native import FrontRedis, HitCache
     from feature_store.serving.l1.loader import Settled
     from feature_store.serving.runtime import ServingRuntime
     from feature_store.serving.service import Layout, Learn, Projection
 
 log = logging.getLogger(__name__)
 
-# RSS the mirror adds per cached entity (hash table slot, key, expiry, the held objects'
-# references), measured with benchmarks/l1_memory.py --python-hits: 2,770 against 2,606 B
-# (benchmarks/results/l1_memory_hits.md), 170 B; since then the slot for where its JSON's
-# elements end was added and the entry shrunk by as much (a pointer for the slot, a write
-# time without an Option: 88 bytes to 64; benchmarks/results/l1_memory_forms.md, 38 to 40
-# B less RSS per entity). Not counted: those ends themselves, once a picked or Feast hit
-# has split the entry (Feast's lookups: 169 B more RSS per entity than without the slot,
-# benchmarks/results/l1_memory_spans.md). The entry has grown since by 72 bytes (the packed
-# values, an eviction mark, a fault mark and room for bytes of its own: native/src/hits/
-# load.rs), counted here as they are
-MIRROR_ENTRY = 242
 DRAIN_EVERY = 0.02  # seconds between takes of what the fronts served
 MAX_FORMS = 1024  # request forms taught (the extension's bound, every API together)
 API_NAMES = ("rest", "grpc", "feast")  # as the metrics name them
@@ -133,18 +124,31 @@ class FrontLookups:
     metrics. ``NativeHits`` answers the L1's hits there; ``front_reads.FrontReads``, without
     the L1, the lookups whose Redis commands the front writes."""
 
-    def __init__(self, runtime: ServingRuntime, *, planning: bool, compact: bool = False) -> None:
+    def __init__(
+        self,
+        runtime: ServingRuntime,
+        *,
+        planning: bool,
+        compact: bool = False,
+        native: HitCache | None = None,
+    ) -> None:
         from feature_store import _native
 
         reader, settings = runtime.reader, runtime.settings
         self.reader = reader
-        self.native = _native.HitCache(
-            settings.max_entities,
-            MAX_STRING_ID_BYTES,
-            reader.shadow_fraction,
-            random.getrandbits(64),
-            planning,
-            compact,
+        # the worker's L1 (``NativeCache``'s), or, without it, one of its own
+        self.owns_native = native is None
+        self.native = (
+            native
+            if native is not None
+            else _native.HitCache(
+                settings.max_entities,
+                MAX_STRING_ID_BYTES,
+                reader.shadow_fraction,
+                random.getrandbits(64),
+                planning,
+                compact,
+            )
         )
         # a key in the extension: the group's index (2 bytes) and the entity's Redis key
         names = sorted(runtime.registry.groups)
@@ -167,18 +171,7 @@ class FrontLookups:
         # the fronts' own Redis connections, where they read on them (planned reads, loads)
         self.links: FrontLinks | None = None
         # the misses the fronts loaded themselves since the last drain (``HitCache.drain``)
-        self.loads: tuple[int, int, int, int, int, int, list[bytes], int, int, int] = (
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            [],
-            0,
-            0,
-            0,
-        )
+        self.loads: tuple[int, int, int, int, int, int, int, int, int] = (0,) * 9
 
     # --- the handler's side ----------------------------------------------------------
 
@@ -346,29 +339,22 @@ class FrontLookups:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.drain()
-        self.native.clear()
+        if self.owns_native:
+            self.native.clear()
 
 
 class NativeHits(FrontLookups):
-    """The fronts' mirror of one worker's L1 (see the module's text)."""
+    """The fronts' lookups of one worker's L1 (see the module's text)."""
 
     def __init__(self, runtime: ServingRuntime) -> None:
         cache = runtime.reader.cache
-        if cache is None:
-            raise ValueError("native hits need the L1 cache")
-        super().__init__(runtime, planning=False, compact=not cache.keep_answers)
-        self.cache: LRUCache = cache
+        if not isinstance(cache, NativeCache):
+            raise ValueError("native hits need the L1 cache in the extension")
+        super().__init__(
+            runtime, planning=False, compact=not cache.keep_answers, native=cache.native
+        )
+        self.cache: NativeCache = cache
         self.clock = cache.clock
-        assert self.reader.refresher is not None  # there is one wherever there is a cache
-        self.refresher = self.reader.refresher  # when a hit here is noted (``drawn_window``)
-        cache.mirror = self
-        cache.mirror_entry = MIRROR_ENTRY  # counted against the cache's byte bound
-        held = cache.entries()  # what it holds already (the warm start's)
-        for entry in held:
-            entry.size += MIRROR_ENTRY
-        cache.bytes += MIRROR_ENTRY * len(held)
-        self.put_many(held)
-        self._bounds = (-1, -1)  # the bounds last given to the fronts' own entries
         if front_loads(runtime):
             self._load_misses(runtime)
 
@@ -388,108 +374,11 @@ class NativeHits(FrontLookups):
             cache.negative_ttl,
             cache.jitter,
             settings.cache_refresh_ahead,
-            cache.max_bytes,
-            cache.max_entries,
             settings.redis_timeout_max,
             cache.max_stale,
         )
-
-    # --- the cache's side ------------------------------------------------------------
-
-    def put(self, entry: Entry) -> None:
-        """An entry was stored or grew its other API's answer bytes (``LRUCache.put``,
-        ``charge``): the fronts answer from it until it expires."""
-        self.put_many((entry,))
-
-    def put_many(self, entries: Iterable[Entry]) -> None:
-        """``put`` of entries stored together (``LRUCache.put_many``: a round trip's), handed
-        to the mirror in one call."""
-        tags, native, now = self.tags, self.native, self.clock()
-        compact = not self.cache.keep_answers
-        drawn_window = self.refresher.drawn_window
-        items = []
-        for entry in entries:
-            group, key = entry.key
-            tag = tags.get(group)
-            if tag is None:
-                continue
-            # an entry keeps the answer of the API that loaded it (JSON, or gRPC records);
-            # the mirror answers the other once Python has made it (``fill``); an entry with
-            # neither yet (Feast's handler loaded it) is there all the same, so that the
-            # fronts ask Python for its bytes rather than read it again
-            values = (entry.raw or b"") if compact else entry.json
-            ttl = entry.expires_at - now
-            if entry.fault is not None:  # Python answers it, without the fronts reading it
-                native.put_fault(tag + key, ttl)
-                continue
-            negative = entry.raw is None
-            window = 0.0 if negative else drawn_window(entry)
-            items.append(
-                (tag + key, values, entry.wire, entry.present, entry.written_at, negative, ttl,
-                 ttl - window)
-            )  # fmt: skip
-        if items:
-            native.put_many(items)
-
-    def discard(self, key: CacheKey) -> None:
-        tag = self.tags.get(key[0])
-        if tag is not None:
-            self.native.discard(tag + key[1])
-
-    def clear(self) -> None:
-        self.native.clear()
-
-    def expire_all(self) -> None:
-        self.native.expire_all()
-
-    def own_size(self) -> tuple[int, int]:
-        return self.native.own_size()
-
-    def adopt(self, key: CacheKey, now: float) -> Entry | None:
-        """The entry the fronts loaded for ``key`` themselves, as the cache's ``Entry``."""
-        tag = self.tags.get(key[0])
-        found = self.native.adopt(tag + key[1]) if tag is not None else None
-        if found is None:
-            return None
-        raw, values, wire, present, written_at, left = found
-        fmt = self.specs[key[0]].fmt
-        compact = not self.cache.keep_answers
-        json = None if compact else values
-        entry = Entry(key, fmt, raw, present, json, written_at, wire=None if compact else wire)
-        entry.expires_at = now + left
-        # loaded at most one TTL (with its jitter) before it expires: the earliest it can have
-        # been, so that an entry read before an announced batch write is never taken as newer
-        cache = self.cache
-        ttl = cache.negative_ttl if raw is None else cache.ttl
-        entry.loaded_at = entry.expires_at - ttl * (1.0 + cache.jitter / 2)
-        return entry
-
-    def own_keys(self, group: str) -> list[CacheKey]:
-        index = self.index.get(group)
-        if index is None:
-            return []
-        return [(group, tagged[2:]) for tagged in self.native.own_keys(index)]
-
-    def refresh_outdated(self, keys: Sequence[CacheKey]) -> int | None:
-        """Have the fronts read again those of ``keys`` that are entries of their own
-        outdated by a batch write of their group (``Refresher``'s sweep, at its pace): how
-        many they took (counted in ``generation_refreshes`` once stored). None where no front
-        reads on connections of its own."""
-        fronts = self.links.fronts if self.links is not None else []
-        if not fronts:
-            return None
-        tags = self.tags
-        tagged = [tags[group] + key for group, key in keys if group in tags]
-        return self.native.refresh_outdated(tagged, fronts[0])
-
-    def notice_group(self, group: str) -> None:
-        """A batch write of ``group`` was announced: the next hits of Python's entries go
-        through the policy; the fronts' own entries are outdated, read again by the fronts
-        on their next hit or when the policy's sweep hands them over
-        (``refresh_outdated``)."""
-        index = self.index.get(group)
-        if index is not None:
-            self.native.notice_group(index)
+        fronts = links.fronts
+        cache.refreshing_front = lambda: fronts[0] if fronts else None
 
     # --- the fronts' misses -----------------------------------------------------------
 
@@ -498,7 +387,7 @@ class NativeHits(FrontLookups):
         API's answer bytes: gRPC records, ``proto``, or JSON) into the cache, through the
         reader's own policy (``CachedReader.get``: single-flight, coalescing, the
         counters), loaded in that API's form. None: the front answers the lookup from the
-        mirror. Otherwise what the load resolved for each key, for the handler to answer
+        cache. Otherwise what the load resolved for each key, for the handler to answer
         with (``loader.settled``): a read failed (served stale, or its error), an entity's
         data is broken (the handler names it), or an entry was not kept (dropped in
         flight, a negative TTL of 0)."""
@@ -511,11 +400,11 @@ class NativeHits(FrontLookups):
         cache = self.cache
         charge = keeper(cache)
         for key, (entry, stale) in zip(keys, resolved, strict=True):
-            if stale or entry.fault is not None or cache.peek(key) is not entry:
+            if stale or entry.fault is not None or not cache.holds(key, entry):
                 return dict(zip(keys, resolved, strict=True))
             if charge is None:
                 continue
-            # the mirror's copy gets them (``put``)
+            # the cache's entry keeps them (``charge``)
             if proto and entry.wire is None:
                 wire.entry_values(entry, charge)
             elif not proto and entry.json is None:
@@ -540,13 +429,10 @@ class NativeHits(FrontLookups):
             round_trips,
             evicted,
             stale,
-            replaced,
             refreshed,
             outdated,
             passed,
         ) = self.loads
-        for tagged in replaced:  # the fronts hold a newer entry of their own: one copy
-            cache.forget((self.names[tagged[:2]], tagged[2:]))
         stats.misses += misses
         stats.deduplicated += deduplicated
         stats.keys_loaded += loaded
@@ -556,14 +442,6 @@ class NativeHits(FrontLookups):
         stats.stale_serves += stale
         stats.early_refreshes += refreshed  # refreshed ahead by the fronts themselves
         stats.generation_refreshes += outdated  # read again by them after a batch write
-        if self.links is not None:  # the fronts' own entries: what Python's leave
-            bounds = (
-                max(0, cache.max_bytes - cache.bytes),
-                max(0, cache.max_entries - len(cache)),
-            )
-            if bounds != self._bounds:
-                self._bounds = bounds
-                self.native.bound(*bounds)
         if refresh:
             now = self.clock()
             noted = self.reader.noted_hit
@@ -577,8 +455,7 @@ class NativeHits(FrontLookups):
         return refresh, shadow, hits, negative
 
     async def close(self) -> None:
-        """Stop mirroring (the fronts have stopped) and count what they served last."""
+        """The fronts have stopped: count what they served last (the cache stays the
+        worker's)."""
         await super().close()
-        if self.cache.mirror is self:
-            self.cache.mirror = None
-            self.cache.mirror_entry = 0
+        self.cache.refreshing_front = None

@@ -82,7 +82,7 @@ class NativeRestFront(QueuedCalls):
         lookups = [(i, LOOKUPS[path]) for i, path in enumerate(fast.routes) if path in LOOKUPS]
         self.hits = hits if lookups else None
         self.reads = hits if isinstance(hits, FrontReads) else None
-        self.mirror = hits if isinstance(hits, NativeHits) else None
+        self.l1 = hits if isinstance(hits, NativeHits) else None
         self.fail = fail
         self.start(
             lambda wake: _native.RestFront(

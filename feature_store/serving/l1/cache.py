@@ -1,4 +1,4 @@
-"""The L1 cache's storage: entity-group entries in an LRU bounded by bytes and entries.
+"""The L1 cache's storage: entity-group entries bounded by bytes and entries.
 
 The unit cached is one entity's whole feature group (every feature of the group plus the
 group's write timestamp), keyed by (group, entity key). Any request for any subset of a
@@ -8,9 +8,15 @@ from the timestamp, so that a value turns stale in the cache exactly when it wou
 Expired entries are not dropped at once: they stay (evictable as usual) for
 ``max_stale`` seconds so that a Redis failure can still be answered with them, marked stale.
 
-This is a small OrderedDict LRU rather than a library (cachetools et al.) because it needs
-three things those do not combine: a byte bound with per-entry sizes, entries kept past
-their TTL for stale-on-error, and XFetch's per-entry recompute time.
+``L1Store`` is what the read path's policy (loader.py, flight.py, refresh.py, shadow.py,
+warm.py) asks of a store. It has two: the worker's one cache in the extension
+(native_cache.py: the same entries the native fronts answer from and load into), and
+``LRUCache`` here, the pure-Python reference of the same semantics, used with
+``FEATURE_STORE_NATIVE=off`` (or without the extension) and by the tests of the policy.
+
+``LRUCache`` is a small OrderedDict LRU rather than a library (cachetools et al.) because it
+needs three things those do not combine: a byte bound with per-entry sizes, entries kept
+past their TTL for stale-on-error, and XFetch's per-entry recompute time.
 """
 
 from __future__ import annotations
@@ -19,9 +25,8 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from feature_store.batch import Fault
 from feature_store.native import GroupFormat
@@ -42,7 +47,7 @@ class Entry:
     """One entity's values of one group, as stored: one packed ``bytes`` (``raw``) and the
     answer of the API whose lookup loaded it, made once when loaded: the values' JSON for
     REST, their gRPC records (``wire``) for gRPC. The other API's is made from ``raw`` on
-    its first use and kept (``LRUCache.charge``), so an entity only gRPC asks for holds no
+    its first use and kept (``L1Store.charge``), so an entity only gRPC asks for holds no
     JSON. ``raw`` None: the entity has none (negative). In a compact cache
     (``keep_answers`` False) an entry holds neither: each answer writes them.
 
@@ -92,9 +97,9 @@ def entry_size(entry: Entry) -> int:
     return size
 
 
-def keeper(cache: LRUCache | None) -> Callable[[Entry], None] | None:
+def keeper(cache: L1Store | None) -> Callable[[Entry], None] | None:
     """What keeps an answer form made on first use on its entry and counts it against the
-    byte bound (``LRUCache.charge``): None without the L1, or in a compact cache, whose
+    byte bound (``L1Store.charge``): None without the L1, or in a compact cache, whose
     answers write their bytes each time."""
     return cache.charge if cache is not None and cache.keep_answers else None
 
@@ -139,43 +144,10 @@ class CacheStats:
     warm_loaded: int = 0  # entries loaded by the warm start
 
 
-class Mirror(Protocol):
-    """A copy of the cache's entries kept elsewhere (``hits.NativeHits``: the native
-    fronts'), told of every change: it never holds an entry the cache has dropped."""
-
-    def put(self, entry: Entry) -> None: ...
-    def put_many(self, entries: Iterable[Entry]) -> None: ...
-    def discard(self, key: CacheKey) -> None: ...
-    def clear(self) -> None: ...
-    def expire_all(self) -> None:
-        """Every entry of its own due for reload, kept for stale-on-error; the copies of
-        this cache's dropped."""
-        ...
-
-    def notice_group(self, group: str) -> None: ...
-    def own_size(self) -> tuple[int, int]:
-        """The entries it loaded itself, which this cache does not hold, and their bytes."""
-        ...
-
-    def own_keys(self, group: str) -> list[CacheKey]:
-        """The keys of the entries of ``group`` it loaded itself."""
-        ...
-
-    def adopt(self, key: CacheKey, now: float) -> Entry | None:
-        """The entry of ``key`` it loaded itself, as an entry of this cache (its expiry on
-        this clock, ``now``); None where it holds none of its own."""
-        ...
-
-    def refresh_outdated(self, keys: Sequence[CacheKey]) -> int | None:
-        """Read again those of ``keys`` it loaded itself that a batch write of their group
-        outdated, on its own (how many it took); None where it cannot (this cache adopts and
-        reloads them)."""
-        ...
-
-
 @dataclass
-class LRUCache:
-    """Entries by key, least recently used first; bounded by bytes and by count."""
+class L1Store:
+    """What the read path's policy asks of the L1's storage (see the module's text): the
+    settings and counters both stores share, and how an entry's lifetime is drawn."""
 
     max_bytes: int
     max_entries: int
@@ -186,71 +158,17 @@ class LRUCache:
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
     stats: CacheStats = field(default_factory=CacheStats)
-    bytes: int = 0
-    mirror: Mirror | None = None
-    # bytes the mirror holds per entry besides the entry's own objects (it shares those)
-    mirror_entry: int = 0
     # False (CACHE_FORM=compact): an entry keeps its packed values only, no answer bytes
     keep_answers: bool = True
-    _entries: OrderedDict[CacheKey, Entry] = field(default_factory=OrderedDict)
+    # seconds before an entry's expiry from which a hit on a front is noted for Python's
+    # refresh policy (``Refresher.drawn_window``; set by the reader)
+    notice_window: Callable[[Entry], float] | None = None
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def size(self) -> tuple[int, int]:
-        """Entries and bytes of the whole L1: these, and those the mirror (the native
-        fronts) loaded itself."""
-        entries, held = len(self._entries), self.bytes
-        if self.mirror is not None:
-            own, own_bytes = self.mirror.own_size()
-            entries, held = entries + own, held + own_bytes
-        return entries, held
-
-    def get(self, key: CacheKey) -> Entry | None:
-        """The entry, fresh or expired (callers compare ``expires_at``), and mark it used."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-            return entry
-        return self._adopt(key)
-
-    def entries(self) -> list[Entry]:
-        """A snapshot of the entries this cache holds, least recently used first."""
-        return list(self._entries.values())
-
-    def peek(self, key: CacheKey) -> Entry | None:
-        entry = self._entries.get(key)
-        return entry if entry is not None else self._adopt(key)
-
-    def view(self, key: CacheKey) -> Entry | None:
-        """The entry of ``key`` where it is, without marking it used or taking the mirror's
-        own into this cache: the mirror's (an entry the native fronts loaded) as a copy that
-        this cache does not hold. For a reader that only looks (a shadow check)."""
-        entry = self._entries.get(key)
-        if entry is not None or self.mirror is None:
-            return entry
-        return self.mirror.adopt(key, self.clock())
-
-    def _adopt(self, key: CacheKey) -> Entry | None:
-        """The entry the mirror (the native fronts) loaded itself for ``key``, held here
-        from now on: the mirror then holds this cache's bytes objects in place of its own,
-        so the entry is still held once. None where it has none."""
-        if self.mirror is None:
-            return None
-        entry = self.mirror.adopt(key, self.clock())
-        if entry is None:
-            return None
-        entry.size = entry_size(entry) + self.mirror_entry
-        self._entries[key] = entry
-        self.bytes += entry.size
-        self.mirror.put_many((entry,))
-        self._evict()
-        return entry
-
-    def keys(self, group: str | None = None, *, most_recent_first: bool = False) -> list[CacheKey]:
-        """A snapshot of the keys (of one group), least recently used first by default."""
-        keys = reversed(self._entries) if most_recent_first else iter(self._entries)
-        return [k for k in keys if group is None or k[0] == group]
+    def lifetime(self, negative: bool) -> float:
+        base = self.negative_ttl if negative else self.ttl
+        if self.jitter:
+            base *= 1.0 + self.jitter * (self.rng.random() - 0.5)
+        return base
 
     def stale_fallback(self, key: CacheKey, now: float) -> Entry | None:
         """An entry that may still be served, marked stale, while Redis is failing."""
@@ -259,86 +177,58 @@ class LRUCache:
             return None
         return entry
 
-    def lifetime(self, negative: bool) -> float:
-        base = self.negative_ttl if negative else self.ttl
-        if self.jitter:
-            base *= 1.0 + self.jitter * (self.rng.random() - 0.5)
-        return base
-
     def put(self, entry: Entry, now: float | None = None) -> Entry:
-        """Store an entry loaded ``now``; its expiry and size are set here."""
+        """Store an entry loaded ``now``; its expiry (and size) are set here."""
         self.put_many((entry,), self.clock() if now is None else now)
         return entry
 
-    def put_many(self, entries: Iterable[Entry], now: float) -> None:
-        """Store entries loaded together ``now`` (a round trip's) as ``put`` of each in
-        turn would, except that the bounds are enforced once, after the last: an entry the
-        batch replaces or shrinks does not push older ones out first, so what stays is what
-        ``put`` of each would keep and perhaps more of the least recently used. The mirror
-        is told of the kept ones at once."""
-        mirror = self.mirror
-        kept: dict[CacheKey, Entry] = {}
-        for entry in entries:
-            key = entry.key
-            ttl = self.lifetime(entry.raw is None)
-            entry.expires_at = min(now + ttl, entry.until)
-            entry.loaded_at = now
-            if not self.keep_answers and entry.raw is not None:
-                entry.json = entry.wire = None  # answers are written from ``raw`` on each hit
-            entry.size = entry_size(entry) + self.mirror_entry
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.bytes -= old.size
-            if ttl > 0:  # a negative TTL of 0 means: do not cache missing entities
-                self._entries[key] = entry
-                self.bytes += entry.size
-                kept[key] = entry
-            elif old is not None and mirror is not None:
-                kept.pop(key, None)
-                mirror.discard(key)
-        if mirror is not None and kept:
-            mirror.put_many(kept.values())
-        self._evict()
+    # --- the store's own ------------------------------------------------------------------
 
-    def _evict(self) -> None:
-        entries = self._entries
-        while self.bytes > self.max_bytes or len(entries) > self.max_entries:
-            key, old = entries.popitem(last=False)
-            self.bytes -= old.size
-            self.stats.evictions += 1
-            if self.mirror is not None:
-                self.mirror.discard(key)
+    def __len__(self) -> int:
+        return self.size()[0]
+
+    def size(self) -> tuple[int, int]:
+        """Entries and bytes held."""
+        raise NotImplementedError
+
+    def front_entries(self) -> int:
+        """Of the entries, those the native fronts loaded themselves."""
+        return 0
+
+    def get(self, key: CacheKey) -> Entry | None:
+        """The entry, fresh or expired (callers compare ``expires_at``), marked used."""
+        raise NotImplementedError
+
+    def peek(self, key: CacheKey) -> Entry | None:
+        """The entry, fresh or expired, not marked used."""
+        raise NotImplementedError
+
+    def view(self, key: CacheKey) -> Entry | None:
+        """The entry where it is, for a reader that only looks (a shadow check)."""
+        return self.peek(key)
+
+    def holds(self, key: CacheKey, entry: Entry) -> bool:
+        """Whether ``entry``, just stored for ``key``, was kept (a negative TTL of 0 keeps
+        nothing; an invalidation in flight drops it)."""
+        raise NotImplementedError
+
+    def keys(self, group: str | None = None, *, most_recent_first: bool = False) -> list[CacheKey]:
+        """A snapshot of the keys (of one group), least recently used first by default."""
+        raise NotImplementedError
+
+    def put_many(self, entries: Iterable[Entry], now: float) -> None:
+        """Store entries loaded together ``now`` (a round trip's), each with its lifetime
+        (``lifetime``, capped by ``Entry.until``), the bounds enforced once, after the last."""
+        raise NotImplementedError
 
     def charge(self, entry: Entry) -> None:
         """Count what an entry grew by (the answer form it was not loaded with, made on
         first use: its gRPC records, or its JSON)."""
-        if not self.keep_answers:
-            entry.json = entry.wire = None
-            return
-        size = entry_size(entry) + self.mirror_entry
-        if self._entries.get(entry.key) is entry and size != entry.size:
-            self.bytes += size - entry.size
-            entry.size = size
-            if self.mirror is not None:
-                self.mirror.put(entry)
-            self._evict()
+        raise NotImplementedError
 
     def discard(self, key: CacheKey) -> bool:
-        """Drop the entry of ``key``, here and in the mirror (which may hold one of its
-        own: an entry the native fronts loaded). Whether this cache held one."""
-        if self.mirror is not None:
-            self.mirror.discard(key)
-        entry = self._entries.pop(key, None)
-        if entry is None:
-            return False
-        self.bytes -= entry.size
-        return True
-
-    def forget(self, key: CacheKey) -> None:
-        """Drop the entry of ``key`` here alone: the mirror holds a newer one of its own."""
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.bytes -= entry.size
+        """Drop the entry of ``key``; whether there was one."""
+        raise NotImplementedError
 
     def expire_all(self, now: float | None = None) -> None:
         """Make every entry due for reload while keeping it for stale-on-error.
@@ -346,17 +236,115 @@ class LRUCache:
         Used when invalidation messages may have been missed (the subscription dropped):
         clearing would send every key to Redis at once, expiring lets them reload as asked.
         """
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        raise NotImplementedError
+
+    def mark_shadowed(self, key: CacheKey) -> None:
+        """A shadow check was drawn for the entry of ``key`` (``Entry.shadowed``)."""
+
+    def notice_group(self, group: str) -> None:
+        """A batch write of ``group`` was announced (the fronts' hits of its entries are
+        noted for Python's policy, or read again by the fronts)."""
+
+    def notice_again(self, key: CacheKey, entry: Entry) -> None:
+        """Note ``entry`` for the refresh policy again at its refresh window (a note for a
+        batch write it is newer than)."""
+
+    def refresh_outdated(self, keys: list[CacheKey]) -> list[CacheKey]:
+        """Have the native fronts read again those of ``keys`` (a batch write's sweep) whose
+        entries they loaded; the keys left for Python's policy to reload."""
+        return keys
+
+
+@dataclass
+class LRUCache(L1Store):
+    """Entries by key, least recently used first; bounded by bytes and by count: the
+    pure-Python reference store (see the module's text)."""
+
+    bytes: int = 0
+    _entries: OrderedDict[CacheKey, Entry] = field(default_factory=OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def size(self) -> tuple[int, int]:
+        return len(self._entries), self.bytes
+
+    def get(self, key: CacheKey) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def entries(self) -> list[Entry]:
+        """A snapshot of the entries this cache holds, least recently used first."""
+        return list(self._entries.values())
+
+    def peek(self, key: CacheKey) -> Entry | None:
+        return self._entries.get(key)
+
+    def holds(self, key: CacheKey, entry: Entry) -> bool:
+        return self._entries.get(key) is entry
+
+    def keys(self, group: str | None = None, *, most_recent_first: bool = False) -> list[CacheKey]:
+        keys = reversed(self._entries) if most_recent_first else iter(self._entries)
+        return [k for k in keys if group is None or k[0] == group]
+
+    def put_many(self, entries: Iterable[Entry], now: float) -> None:
+        """Store entries loaded together ``now`` (a round trip's) as ``put`` of each in
+        turn would, except that the bounds are enforced once, after the last: an entry the
+        batch replaces or shrinks does not push older ones out first, so what stays is what
+        ``put`` of each would keep and perhaps more of the least recently used."""
+        for entry in entries:
+            key = entry.key
+            ttl = self.lifetime(entry.raw is None)
+            entry.expires_at = min(now + ttl, entry.until)
+            entry.loaded_at = now
+            if not self.keep_answers and entry.raw is not None:
+                entry.json = entry.wire = None  # answers are written from ``raw`` on each hit
+            entry.size = entry_size(entry)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old.size
+            if ttl > 0:  # a negative TTL of 0 means: do not cache missing entities
+                self._entries[key] = entry
+                self.bytes += entry.size
+        self._evict()
+
+    def _evict(self) -> None:
+        entries = self._entries
+        while self.bytes > self.max_bytes or len(entries) > self.max_entries:
+            _, old = entries.popitem(last=False)
+            self.bytes -= old.size
+            self.stats.evictions += 1
+
+    def charge(self, entry: Entry) -> None:
+        if not self.keep_answers:
+            entry.json = entry.wire = None
+            return
+        size = entry_size(entry)
+        if self._entries.get(entry.key) is entry and size != entry.size:
+            self.bytes += size - entry.size
+            entry.size = size
+            self._evict()
+
+    def discard(self, key: CacheKey) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self.bytes -= entry.size
+        return True
+
+    def expire_all(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
         for entry in self._entries.values():
             entry.expires_at = min(entry.expires_at, now)
-        if self.mirror is not None:
-            self.mirror.expire_all()
 
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0
-        if self.mirror is not None:
-            self.mirror.clear()
 
 
 def should_refresh_early(entry: Entry, now: float, beta: float, rng: random.Random) -> bool:

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
-from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
 from feature_store.serving.l1.reads import (
     CircuitOpenError,
     Resolved,
@@ -72,7 +72,7 @@ class Load:
 class SingleFlight:
     """The L1's loads: one per key in flight, queued loads flushed once per loop tick."""
 
-    def __init__(self, reads: StoreReads, cache: LRUCache, own: Own) -> None:
+    def __init__(self, reads: StoreReads, cache: L1Store, own: Own) -> None:
         self.reads = reads
         self.cache = cache
         self.own = own
@@ -163,8 +163,8 @@ class SingleFlight:
         stats.keys_loaded += len(shared)
         stats.coalesced += len(shared) - 1
         now = self.reads.clock()
-        # every load's entry first, then the kept ones stored together (the mirror told
-        # once, the bounds enforced once), then the callers woken
+        # every load's entry first, then the kept ones stored together (the bounds enforced
+        # once), then the callers woken
         entry_of, inflight = self.reads.entry, self.inflight
         stored: list[Entry] = []
         settled: list[tuple[Load, Entry]] = []

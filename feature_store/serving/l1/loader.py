@@ -46,7 +46,7 @@ from contextvars import ContextVar
 from feature_store.errors import StoreError
 from feature_store.registry import Registry
 from feature_store.serving.l1.breaker import AdaptiveTimeouts, CircuitBreaker
-from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache
+from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
 from feature_store.serving.l1.flight import Batches, SingleFlight
 from feature_store.serving.l1.reads import CircuitOpenError, Resolved, StoreReads
 from feature_store.serving.l1.refresh import Refresher
@@ -87,7 +87,7 @@ class CachedReader:
         registry: Registry,
         round_trip: RoundTrip,
         *,
-        cache: LRUCache | None,
+        cache: L1Store | None,
         breaker: CircuitBreaker | None = None,
         timeout: AdaptiveTimeouts | None = None,
         xfetch_beta: float = 1.0,
@@ -133,6 +133,8 @@ class CachedReader:
                 refresh_ahead=refresh_ahead,
                 refresh_rate=refresh_rate,
             )
+            # where the fronts answer a hit, it is noted for the policy from this window
+            cache.notice_window = self.refresher.drawn_window
             self.shadow = ShadowChecker(
                 cache.stats,
                 self.specs,
@@ -142,6 +144,7 @@ class CachedReader:
                 self._own,
                 self._clock,
                 shadow_max_per_second,
+                cache.mark_shadowed,
             )
 
     # the parts' shared settings, which tests (and the metrics) set after construction
@@ -275,32 +278,28 @@ class CachedReader:
 
     def noted_hit(self, key: CacheKey, now: float) -> None:
         """A hit answered elsewhere (the native fronts, hits.py), noted inside the refresh
-        window the mirror chose for the entry, or after a batch write of its group."""
+        window chosen for the entry when it was stored (``notice_window``), or after a batch
+        write of its group."""
         if self.cache is None or self.refresher is None or self.flight is None:
             return
-        entry = self.cache.get(key)  # also marks it used (and adopts the fronts' own)
+        entry = self.cache.get(key)  # also marks it used
         if entry is None or entry.raw is None or now >= entry.expires_at:
             return
         if key in self.flight.inflight or self.refresher.on_notice(key, entry, now):
             return
-        mirror = self.cache.mirror
-        if mirror is not None:  # noted for a batch write it is newer than: note it again
-            mirror.put(entry)  # at its refresh window
+        # noted for a batch write it is newer than: noted again at its refresh window
+        self.cache.notice_again(key, entry)
 
     def shadow_sample(self, key: CacheKey) -> None:
         """A hit answered elsewhere (the native fronts), sampled there for a shadow check:
-        each entry at most once per load (the fronts draw it so), then within the worker's
-        budget. The entry is looked at where it is: one the fronts loaded stays theirs
-        (``LRUCache.view``), rather than being taken into Python's cache by a check that
-        the budget then skips."""
+        each entry at most once per load (the fronts draw it so: the draw marks the entry
+        shadowed, in the one cache a hit in Python reads too), then within the worker's
+        budget. The entry is looked at where it is (``view``: not marked used)."""
         shadow, cache = self.shadow, self.cache
         if shadow is None or cache is None or not shadow.admits():
             return
         entry = cache.view(key)
         if entry is not None and entry.raw is not None:
-            if entry.shadowed:  # Python's, checked since it was loaded
-                shadow.stats.shadow_skipped += 1
-                return
             shadow.check(key, entry)
 
     async def _wait(
@@ -375,9 +374,8 @@ class CachedReader:
         announced: entries read before it are refreshed in the background (refresh.py)."""
         if self.refresher is not None:
             assert self.cache is not None
-            mirror = self.cache.mirror
-            if self.refresher.new_generation(group, generation) and mirror is not None:
-                mirror.notice_group(group)  # its hits elsewhere come here (hits.py)
+            if self.refresher.new_generation(group, generation):
+                self.cache.notice_group(group)  # its hits on the fronts come here (hits.py)
         elif group in self.specs and generation > self._generations.get(group, 0):
             self._generations[group] = generation  # the metrics report it
 

@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable
 
-from feature_store.serving.l1.cache import CacheKey, Entry, LRUCache, should_refresh_early
+from feature_store.serving.l1.cache import CacheKey, Entry, L1Store, should_refresh_early
 
 REFRESH_BATCH = 500  # keys per round trip of a background refresh after a batch write
 REFRESH_TICK = 0.05  # seconds: refreshes of entries near expiry are sent together this often
@@ -40,7 +40,7 @@ class Refresher:
 
     def __init__(
         self,
-        cache: LRUCache,
+        cache: L1Store,
         groups: frozenset[str],
         reload: Callable[[CacheKey], object],
         loading: Callable[[CacheKey], bool],
@@ -84,7 +84,7 @@ class Refresher:
             self.soon(key)
 
     def drawn_window(self, entry: Entry) -> float:
-        """Seconds before expiry from which a hit answered elsewhere (the fronts' mirror,
+        """Seconds before expiry from which a hit answered elsewhere (the native fronts,
         hits.py) is noted for ``on_notice``: refresh ahead's window, or XFetch's when it is
         longer, drawn once now (cost x beta x -ln u; 1 - random() is in (0, 1], so -ln of
         it is in [0, 36.8], inside ``on_notice``'s horizon)."""
@@ -92,8 +92,8 @@ class Refresher:
         return max(self.ahead * (entry.expires_at - entry.loaded_at), xfetch)
 
     def on_notice(self, key: CacheKey, entry: Entry, now: float) -> bool:
-        """A hit answered elsewhere (the fronts' mirror, hits.py), noted at the point the
-        mirror chose when the entry was stored (refresh ahead's window, or XFetch's drawn
+        """A hit answered elsewhere (the native fronts, hits.py), noted at the point chosen
+        when the entry was stored (refresh ahead's window, or XFetch's drawn
         once), or after a batch write of its group was announced: refresh what is due.
         False when nothing is (an entry read after the batch write, not near expiry)."""
         if self._marks and self.outdated(key[0], entry):
@@ -148,20 +148,14 @@ class Refresher:
         return True
 
     async def _sweep(self, group: str) -> None:
-        cache, mirror = self.cache, self.cache.mirror
+        cache = self.cache
         batch = max(1, min(REFRESH_BATCH, int(self.refresh_rate)))
         keys = cache.keys(group, most_recent_first=True)  # the hottest first
         for start in range(0, len(keys), batch):
-            self._refresh_outdated(group, keys[start : start + batch])
-            await asyncio.sleep(batch / self.refresh_rate)
-        # then those the native fronts loaded themselves: read again by the fronts (they
-        # were outdated by the announcement: ``notice_group``), or, where they cannot,
-        # adopted here (``peek``) and reloaded
-        own = mirror.own_keys(group) if mirror is not None else []
-        for start in range(0, len(own), batch):
-            chunk = own[start : start + batch]
-            if mirror is None or mirror.refresh_outdated(chunk) is None:
-                self._refresh_outdated(group, chunk)
+            # the entries the native fronts loaded themselves are read again by the fronts
+            # (the announcement outdated them: ``notice_group``); the others here
+            left = cache.refresh_outdated(keys[start : start + batch])
+            self._refresh_outdated(group, left)
             await asyncio.sleep(batch / self.refresh_rate)
 
     def _refresh_outdated(self, group: str, keys: list[CacheKey]) -> None:

@@ -66,6 +66,7 @@ class ShadowChecker:
         spawn: Callable[[asyncio.Task[None]], None],
         clock: Callable[[], float],
         max_per_second: float = 0.0,
+        mark: Callable[[CacheKey], None] | None = None,
     ) -> None:
         self.stats = stats
         self.specs = specs
@@ -74,6 +75,7 @@ class ShadowChecker:
         self.timeout = timeout
         self.spawn = spawn  # the reader owns the task (and cancels it at close)
         self.clock = clock
+        self.mark = mark  # tells the cache a check was drawn for an entry (``Entry.shadowed``)
         self.budget = ShadowBudget(max_per_second, clock)
         self.on_mismatch: Callable[[float], None] | None = None  # the entry's age then
         self._queue: deque[tuple[CacheKey, Entry]] = deque(maxlen=SHADOW_QUEUE)
@@ -100,6 +102,8 @@ class ShadowChecker:
     def check(self, key: CacheKey, entry: Entry) -> None:
         """Read ``entry``'s key again and compare, off the caller's way."""
         entry.shadowed = True
+        if self.mark is not None:
+            self.mark(key)
         self._queue.append((key, entry))  # a full queue drops its oldest sample
         if self._wakeup is None:
             self._wakeup = asyncio.Event()

@@ -53,10 +53,7 @@ class WarmStart:
             return 0
         written = 0
         for group, fingerprint in self.fingerprints.items():
-            keys = cache.keys(group, most_recent_first=True)
-            if cache.mirror is not None:  # then those the native fronts loaded themselves
-                keys += cache.mirror.own_keys(group)
-            keys = keys[: self.max_keys]
+            keys = cache.keys(group, most_recent_first=True)[: self.max_keys]
             if not keys:
                 continue
             doc = {

@@ -1,16 +1,16 @@
-//! `HitCache`, the mirror as Python holds it: forms learned from Python's answers, reads
-//! defined, entries put and discarded as the L1 changes, and what was served drained.
+//! `HitCache`, the worker's L1 as Python holds it: forms learned from Python's answers,
+//! reads defined, the entries Python stores and looks at (`store.rs`), and what was served
+//! drained.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use once_cell::race::OnceBox;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::entry::{Held, Hit, BATCH_NOTICE, NOT_WRITTEN, OUTDATED};
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
+use super::store::{PutItem, View};
 use super::{
     form_key, Hits, Key, Loading, Looked, Map, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
 };
@@ -31,18 +31,6 @@ type WindowShare = (
 /// One part of a form `HitCache::learn` learns (see there).
 type PartItem = (u16, Option<i64>, Option<Vec<usize>>, Vec<u8>);
 
-/// One entry `HitCache::put_many` stores (see there).
-type PutItem<'py> = (
-    Bound<'py, PyBytes>,
-    Option<Bound<'py, PyBytes>>,
-    Option<Bound<'py, PyBytes>>,
-    Bound<'py, PyBytes>,
-    Option<i64>,
-    bool,
-    f64,
-    f64,
-);
-
 /// What Python drains: per API (REST, gRPC, Feast) the answers' times, the entities answered and
 /// how many of the answers were read on the front's own connections; hit and negative-hit
 /// counts; the keys hit in their refresh window and sampled for shadow
@@ -58,12 +46,12 @@ pub(super) type Drained = (
 
 /// The misses the front loaded itself since the last drain: keys missed, of them those that
 /// waited for another lookup's load, keys stored, round trips, entries evicted, entries served
-/// stale; the keys of Python's entries its loads replaced (Python drops its own copy); its
-/// own entries it refreshed ahead of their expiry, and after their group's batch write; and
-/// the keys it loaded and did not store (the admission refused them: `load::admitted`).
-pub(super) type Loads = (u64, u64, u64, u64, u64, u64, Vec<Vec<u8>>, u64, u64, u64);
+/// stale; its own entries it refreshed ahead of their expiry, and after their group's batch
+/// write; and the keys it loaded and did not store (the admission refused them:
+/// `load::admitted`).
+pub(super) type Loads = (u64, u64, u64, u64, u64, u64, u64, u64, u64);
 
-/// The mirror of one worker's L1 (see the module's text), shared with its REST front.
+/// One worker's L1 (see the module's text), shared with its fronts.
 #[pyclass(frozen, module = "feature_store._native")]
 pub struct HitCache {
     pub(crate) hits: Arc<Hits>,
@@ -238,147 +226,71 @@ impl HitCache {
         ))
     }
 
-    /// Store entries, under one lock (a round trip's): per item its key (group index, 2
-    /// bytes big-endian, then the Redis key), values (JSON, or packed in a compact cache;
-    /// None: not made yet), gRPC records (None: not made yet), present pattern and
-    /// write time, whether it is negative, and that it is fresh for `ttl` seconds from now,
-    /// noted for Python from `notice_in` seconds.
-    fn put_many(&self, items: Vec<PutItem<'_>>) {
-        let now = Instant::now();
-        let after = |s: f64| self.hits.ticks(now + crate::time::seconds(s));
-        let mut old = Vec::with_capacity(items.len());
-        let hits: Vec<(Key, Hit)> = items
-            .into_iter()
-            .map(
-                |(key, values, wire, present, written_at, negative, ttl, notice_in)| {
-                    let hit = Hit {
-                        values: values.as_ref().map(Held::new),
-                        wire: wire.as_ref().map(Held::new),
-                        raw: None,
-                        present: Held::new(&present),
-                        written: written_at.unwrap_or(NOT_WRITTEN),
-                        negative,
-                        fault: false,
-                        expires: after(ttl),
-                        notice_at: after(notice_in.min(ttl)),
-                        noticed: AtomicBool::new(false),
-                        visited: AtomicBool::new(false),
-                        shadowed: AtomicBool::new(false),
-                        ends: OnceBox::new(),
-                    };
-                    (Key::new(key.as_bytes()), hit)
-                },
-            )
-            .collect();
-        {
-            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            for (key, hit) in hits {
-                if let Some(replaced) = entries.get(key.as_slice()) {
-                    self.hits.forget_own(&key, replaced);
-                }
-                old.push(entries.insert(key, hit));
-            }
-        }
+    /// Store entries Python loaded (see `store::PutItem`), under one lock (a round trip's),
+    /// counted against the bounds with every other entry: how many entries that evicted.
+    fn put_many(&self, items: Vec<PutItem<'_>>) -> u64 {
+        let (old, evicted) = self.hits.put_python(items);
         drop(old); // their bytes objects are released here, with the GIL
+        evicted
     }
 
     /// Python found the data of the entity at `key` broken and keeps that for `ttl`
-    /// seconds: the fronts hand its lookups to Python (which answers the fault) instead of
-    /// loading it again.
-    fn put_fault(&self, key: &[u8], ttl: f64) {
-        let now = Instant::now();
-        let expires = self.hits.ticks(now + crate::time::seconds(ttl));
-        let hit = Hit {
-            values: None,
-            wire: None,
-            raw: None,
-            present: Held::Own(Box::default()),
-            written: NOT_WRITTEN,
-            negative: true,
-            fault: true,
-            expires,
-            notice_at: expires,
-            noticed: AtomicBool::new(false),
-            visited: AtomicBool::new(false),
-            shadowed: AtomicBool::new(false),
-            ends: OnceBox::new(),
-        };
-        let old = {
-            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            if let Some(replaced) = entries.get(key) {
-                self.hits.forget_own(key, replaced);
-            }
-            entries.insert(key.into(), hit)
-        };
-        drop(old);
+    /// seconds (`fault`: its reason and message, as `NativeCache` writes them): the fronts
+    /// hand its lookups to Python (which answers the fault) instead of loading it again.
+    fn put_fault(&self, key: &[u8], ttl: f64, fault: &Bound<'_, PyBytes>) {
+        drop(self.hits.put_fault(key, ttl, fault));
     }
 
-    fn discard(&self, key: &[u8]) {
-        let old = {
-            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            entries.remove(key)
-        };
-        if let Some(hit) = &old {
-            self.hits.forget_own(key, hit);
-        }
-        self.hits.disown(Some(key));
-        drop(old);
+    /// The entry at `key` as Python sees it (`store::View`); `touch`: a hit (the
+    /// eviction's second chance). None where there is none.
+    #[pyo3(signature = (key, touch=true))]
+    fn entry<'py>(&self, py: Python<'py>, key: &[u8], touch: bool) -> Option<View<'py>> {
+        self.hits.view(py, key, touch)
     }
 
+    /// Keep the answer bytes Python made on first use for the entry at `key` (its values
+    /// JSON, its gRPC records), counted against the bounds; false where there is none.
+    #[pyo3(signature = (key, json=None, wire=None))]
+    fn add_answers(
+        &self,
+        key: &[u8],
+        json: Option<Bound<'_, PyBytes>>,
+        wire: Option<Bound<'_, PyBytes>>,
+    ) -> (bool, usize) {
+        let (held, evicted) = self.hits.add_answers(key, json.as_ref(), wire.as_ref());
+        (held, evicted.len())
+    }
+
+    /// Drop the entry at `key` (an invalidation); a load of it in flight does not store
+    /// what it read. Whether there was one.
+    fn discard(&self, key: &[u8]) -> bool {
+        self.hits.drop_entry(key).is_some()
+    }
+
+    /// Drop every entry; loads in flight store nothing.
     fn clear(&self) {
-        let old = {
-            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            let old = std::mem::take(&mut *entries);
-            self.hits.forget_all_own();
-            old
-        };
-        self.hits.disown(None);
-        drop(old);
+        drop(self.hits.drop_all());
     }
 
-    /// Every entry due for reload, as when invalidations may have been missed (Python's
-    /// `LRUCache.expire_all`): the front's own entries expire where they are, so that a
-    /// lookup loads them again and, if Redis fails, is answered with them stale (as
-    /// Python's expired entries are); Python's are dropped (Python keeps them, expired).
-    /// Loads in flight are not stored.
+    /// Every entry due for reload, kept for stale-on-error (invalidations may have been
+    /// missed); loads in flight are not stored.
     fn expire_all(&self) {
-        let now = self.hits.ticks(Instant::now());
-        let old: Vec<Hit> = {
-            let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-            let mut pythons = Vec::new();
-            for (key, hit) in entries.iter_mut() {
-                if hit.own() {
-                    hit.expires = hit.expires.min(now);
-                } else {
-                    pythons.push(key.clone());
-                }
-            }
-            pythons
-                .iter()
-                .filter_map(|key| entries.remove(key))
-                .collect()
-        };
-        self.hits.disown(None);
-        drop(old); // their bytes objects are released here, with the GIL
+        self.hits.expire_every();
     }
 
     /// Load the misses of the fronts' lookups on their own Redis connections (`load.rs`),
     /// with these settings: the TTLs in seconds (a negative TTL of 0: missing entities are
     /// not kept), the jitter (a share: a TTL varies by +- half of it), the last share of a
-    /// TTL in which a hit is noted for a refresh, the bounds of the entries loaded so (bytes,
-    /// entries), the seconds a lookup waits for another's load of its keys, and the seconds
-    /// past its expiry an entry is served stale when Redis fails on a load. Every
-    /// group's whole read must be defined (`define_read`, read = group index). Set once:
-    /// False the second time.
-    #[allow(clippy::too_many_arguments)]
+    /// TTL in which a hit is noted for a refresh, the seconds a lookup waits for another's
+    /// load of its keys, and the seconds past its expiry an entry is served stale when
+    /// Redis fails on a load. Every group's whole read must be defined (`define_read`, read
+    /// = group index). Set once: False the second time.
     fn load_misses(
         &self,
         ttl: f64,
         negative_ttl: f64,
         jitter: f64,
         refresh_ahead: f64,
-        max_bytes: usize,
-        max_entries: usize,
         wait: f64,
         max_stale: f64,
     ) -> bool {
@@ -395,109 +307,58 @@ impl HitCache {
             } else {
                 0.0
             },
-            max_bytes: max_bytes.into(),
-            max_entries: max_entries.into(),
             wait: crate::time::seconds(wait),
             max_stale,
         })
     }
 
-    /// New bounds of the entries the fronts loaded themselves (bytes, entries): what the
-    /// cache's bounds leave of Python's own entries.
-    fn bound(&self, max_bytes: usize, max_entries: usize) {
-        self.hits.bound(max_bytes, max_entries);
+    /// The bounds of every entry (bytes, entries), enforced at once: how many that evicted.
+    fn bound(&self, max_bytes: usize, max_entries: usize) -> usize {
+        let evicted = self.hits.set_bounds(max_bytes, max_entries);
+        evicted.len()
     }
 
-    /// The entries the fronts loaded themselves: how many, and the bytes they count for.
-    fn own_size(&self) -> (usize, usize) {
-        self.hits.own_size()
+    /// The entries: how many, the bytes they are counted for, and how many of them the
+    /// fronts loaded themselves.
+    fn size(&self) -> (usize, usize, usize) {
+        self.hits.size()
     }
 
-    /// The entry the fronts loaded themselves at `key`, for Python to adopt: its packed
-    /// values (None: negative), values JSON and gRPC records (None: not made), present
-    /// pattern, write time, and the seconds it stays fresh (negative: expired that long).
-    /// None where the entry there is not the fronts' own.
-    #[allow(clippy::type_complexity)]
-    fn adopt<'py>(
-        &self,
-        py: Python<'py>,
-        key: &[u8],
-    ) -> Option<(
-        Option<Bound<'py, PyBytes>>,
-        Option<Bound<'py, PyBytes>>,
-        Option<Bound<'py, PyBytes>>,
-        Bound<'py, PyBytes>,
-        Option<i64>,
-        f64,
-    )> {
-        let now = self.hits.ticks(Instant::now());
-        let entries = self.hits.entries.read().unwrap_or_else(|e| e.into_inner());
-        let hit = entries.get(key).filter(|hit| hit.own())?;
-        let bytes = |held: &Option<Held>| held.as_ref().map(|h| PyBytes::new(py, h.bytes()));
-        let raw = if hit.negative {
-            None
-        } else if self.hits.compact {
-            bytes(&hit.values)
-        } else {
-            Some(bytes(&hit.raw)?)
-        };
-        let values = if self.hits.compact {
-            None
-        } else {
-            bytes(&hit.values)
-        };
-        let left = if hit.expires >= now {
-            (hit.expires - now) as f64 / 1e9
-        } else {
-            -((now - hit.expires) as f64 / 1e9)
-        };
-        Some((
-            raw,
-            values,
-            bytes(&hit.wire),
-            PyBytes::new(py, hit.present.bytes()),
-            hit.written_at(),
-            left,
-        ))
+    /// The keys (group index, 2 bytes, then the Redis key) of group `group`'s entries,
+    /// those stored last first.
+    fn keys<'py>(&self, py: Python<'py>, group: u16) -> Vec<Bound<'py, PyBytes>> {
+        let keys = self.hits.group_keys(group);
+        keys.iter().map(|key| PyBytes::new(py, key)).collect()
     }
 
-    /// The keys (group index, 2 bytes, then the Redis key) of the entries of group `group`
-    /// the fronts loaded themselves.
-    fn own_keys<'py>(&self, py: Python<'py>, group: u16) -> Vec<Bound<'py, PyBytes>> {
-        let prefix = group.to_be_bytes();
-        let entries = self.hits.entries.read().unwrap_or_else(|e| e.into_inner());
-        entries
-            .iter()
-            .filter(|(key, hit)| key.starts_with(&prefix) && hit.own())
-            .map(|(key, _)| PyBytes::new(py, key))
-            .collect()
-    }
-
-    /// A batch write of `group` was announced: every entry of Python's is noted on its next
-    /// hit, for Python's policy; every one of the front's own is outdated (`OUTDATED`), read
-    /// again by the front on its next hit or when Python's sweep queues it
-    /// (`refresh_outdated`).
+    /// A batch write of `group` was announced (`Hits::notice_group`).
     fn notice_group(&self, group: u16) {
-        let prefix = group.to_be_bytes();
-        let mut entries = self.hits.entries.write().unwrap_or_else(|e| e.into_inner());
-        for (key, hit) in entries.iter_mut() {
-            if key.starts_with(&prefix) {
-                hit.notice_at = if hit.own() { OUTDATED } else { BATCH_NOTICE };
-                *hit.noticed.get_mut() = false;
-            }
-        }
+        self.hits.notice_group(group);
+    }
+
+    /// Note the entry at `key` for Python's policy again in `notice_in` seconds.
+    fn notice_again(&self, key: &[u8], notice_in: f64) {
+        self.hits.notice_again(key, notice_in);
+    }
+
+    /// A shadow check was drawn for the entry at `key`.
+    fn mark_shadowed(&self, key: &[u8]) {
+        self.hits.mark_shadowed(key);
     }
 
     /// Have `front` read again those of `keys` (group index, 2 bytes, then the Redis key)
     /// that are the fronts' own entries outdated by their group's batch write and not
     /// queued yet (Python's sweep, at its pace): stored as a refresh is, counted as a batch
-    /// write's once stored. How many were queued.
-    fn refresh_outdated(&self, keys: Vec<Vec<u8>>, front: &FrontRedis) -> usize {
-        let queued = self.hits.queue_outdated(&keys);
-        if queued > 0 {
-            front.refresh(&self.hits);
+    /// write's once stored. Those of `keys` whose entries Python stored, for Python's policy
+    /// (with `front` None: every one a front did not load).
+    #[pyo3(signature = (keys, front=None))]
+    fn refresh_outdated(&self, keys: Vec<Vec<u8>>, front: Option<&FrontRedis>) -> Vec<Vec<u8>> {
+        if let Some(front) = front {
+            if self.hits.queue_outdated(&keys) > 0 {
+                front.refresh(&self.hits);
+            }
         }
-        queued
+        self.hits.not_own(keys)
     }
 
     fn __len__(&self) -> usize {
@@ -530,7 +391,6 @@ impl HitCache {
                 s.round_trips,
                 s.evictions,
                 s.stale_serves,
-                s.replaced,
                 s.refreshed,
                 s.generation_refreshed,
                 s.passed,

@@ -1,6 +1,6 @@
-//! One L1 entry of the extension's (`Hit`, 136 bytes besides its key): a Python entry's own
-//! bytes objects held without copies, or bytes of its own (an entry the front loaded), its
-//! write time, expiry and refresh notice.
+//! One L1 entry (`Hit`, 144 bytes besides its key): the bytes objects of an entry Python
+//! loaded, held without copies, or bytes of its own (an entry a front loaded), its write
+//! time, expiry and refresh notice, and what Python's policy reads of it (`cost`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -50,6 +50,12 @@ impl Held {
         }
     }
 
+    /// The bytes it takes: its contents, and a Python object's header (CPython 3.11's
+    /// `PyBytesObject`: 33 bytes; `BYTES_OBJECT` in serving/l1/cache.py).
+    pub(super) fn size(&self) -> usize {
+        self.bytes().len() + if self.own() { 0 } else { 33 }
+    }
+
     /// Whether these are the entry's own bytes (the front loaded it).
     pub(super) fn own(&self) -> bool {
         matches!(self, Held::Own(_))
@@ -70,6 +76,7 @@ pub(super) struct Hit {
     pub(super) present: Held,
     pub(super) written: i64, // the group's last write (unix seconds); NOT_WRITTEN for none (`written_at`)
     pub(super) expires: u64, // `Hits::ticks`
+    pub(super) loaded: u64,  // `Hits::ticks`: when it was read from Redis
     pub(super) notice_at: u64, // `Hits::ticks`: from here on a hit is noted for Python (once per load)
     pub(super) negative: bool,
     // Python found the entity's data broken (its cached fault): the front does not load it
@@ -79,6 +86,9 @@ pub(super) struct Hit {
     pub(super) visited: AtomicBool,
     // drawn for a shadow check since it was loaded: a check per entry per load at most
     pub(super) shadowed: AtomicBool,
+    // how long its load took, in units of COST_UNIT seconds (saturating): XFetch's delta,
+    // for Python's policy (an entry a front loaded: 0)
+    pub(super) cost: u16,
     // where each element of the JSON `values` ends, found by the first hit that splits
     // them (a lookup of some features, Feast's columns) and kept for the next ones: about
     // 100 bytes for the standard shape. Empty: the JSON is past u16 offsets or not an
@@ -88,8 +98,26 @@ pub(super) struct Hit {
 }
 
 // Every cached entity has one, in a hash table that grows by doubling: its size is most
-// of what the table costs per entity (MIRROR_ENTRY in serving/fronts/hits.py; OWN_ENTRY).
-const _: () = assert!(std::mem::size_of::<Hit>() <= 136);
+// of what the table costs per entity (`load::ENTRY`).
+const _: () = assert!(std::mem::size_of::<Hit>() <= 144);
+
+/// `Hit::cost`'s unit: 10 µs, so that two bytes hold loads of up to 0.65 s.
+const COST_UNIT: f64 = 1e-5;
+
+/// A load's time in seconds as `Hit::cost` holds it.
+pub(super) fn cost_units(seconds: f64) -> u16 {
+    let units = (seconds / COST_UNIT).round();
+    if units.is_finite() && units > 0.0 {
+        units.min(f64::from(u16::MAX)) as u16
+    } else {
+        0
+    }
+}
+
+/// `Hit::cost` in seconds.
+pub(super) fn cost_seconds(units: u16) -> f64 {
+    f64::from(units) * COST_UNIT
+}
 
 /// `Hit::notice_at` of an entry of Python's whose group's batch write was announced
 /// (`notice_group`): its next hit is noted for Python's policy (which reloads it if it was
@@ -107,7 +135,8 @@ pub(super) const OUTDATED: u64 = 1;
 pub(super) const NOT_WRITTEN: i64 = i64::MIN;
 
 impl Hit {
-    /// Whether the front loaded it (its bytes are its own, counted in `load::Owned`).
+    /// Whether a front loaded it (its bytes are its own): the fronts refresh it themselves,
+    /// where Python's policy refreshes an entry Python stored.
     pub(super) fn own(&self) -> bool {
         self.present.own() && !self.fault
     }
@@ -140,10 +169,10 @@ impl Hit {
         !compact && !self.negative && self.raw.is_none() && self.present.own()
     }
 
-    /// The bytes it holds besides its fixed size.
+    /// The bytes it holds besides its fixed size (a Python object's with its header).
     pub(super) fn held_bytes(&self) -> usize {
-        let len = |h: &Option<Held>| h.as_ref().map_or(0, |h| h.bytes().len());
-        len(&self.values) + len(&self.wire) + len(&self.raw) + self.present.bytes().len()
+        let len = |h: &Option<Held>| h.as_ref().map_or(0, Held::size);
+        len(&self.values) + len(&self.wire) + len(&self.raw) + self.present.size()
     }
 
     pub(super) fn written_at(&self) -> Option<i64> {

@@ -35,7 +35,7 @@
 //!   trip's timeout, the TTLs, and what counts (drained with what the front served). A
 //!   round trip that fails serves the lookup's expired entries stale (`Hits::stale`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -57,13 +57,13 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<[Vec<u8>; 4]> = std::cell::RefCell::new(Default::default());
 }
 
-/// What an entry the front loaded costs besides its key and bytes: the entry and its key's
-/// box in the table's slot (a table that grows by doubling is up to half empty), the
-/// eviction ring's copy of the key, and the allocator's share of each of its five boxes.
-/// Measured with benchmarks/l1_memory.py: charged 192 bytes, an entry took 1.42x the bytes
-/// counted in RSS and the byte bound did not hold; charged 640, 1.06x, and it holds
+/// What an entry costs besides its key and bytes: the entry and its key's box in the
+/// table's slot (a table that grows by doubling is up to half empty), the eviction ring's
+/// copy of the key, and the allocator's share of each of its five boxes. Measured with
+/// benchmarks/l1_memory.py: charged 192 bytes, an entry took 1.42x the bytes counted in
+/// RSS and the byte bound did not hold; charged 640, 1.06x, and it holds
 /// (benchmarks/results/l1_memory_loads.md).
-pub(super) const OWN_ENTRY: usize = 640;
+pub(super) const ENTRY: usize = 640;
 
 /// Python's settings for the misses the front loads (`HitCache::load_misses`).
 pub struct Loading {
@@ -71,11 +71,8 @@ pub struct Loading {
     pub negative_ttl: f64,
     pub jitter: f64,
     pub refresh_ahead: f64, // the last share of a TTL in which a hit is noted for a refresh
-    // the bounds of the front's own entries: what the cache's bounds leave of Python's
-    pub max_bytes: AtomicUsize,
-    pub max_entries: AtomicUsize,
-    pub wait: Duration, // how long a lookup waits for another's load of its keys
-    pub max_stale: f64, // seconds past its expiry an entry is served stale when a load fails
+    pub wait: Duration,     // how long a lookup waits for another's load of its keys
+    pub max_stale: f64,     // seconds past its expiry an entry is served stale when a load fails
 }
 
 /// Entries a lookup loaded that were not stored (`admitted`): they answer that lookup
@@ -206,6 +203,7 @@ pub(super) enum Made {
 /// An entry loaded now is fresh for `ttl` seconds, and noted for a refresh in the last
 /// `refresh_ahead` share of them.
 fn live(hit: &mut Hit, ttl: f64, loading: &Loading, after: &impl Fn(f64) -> u64) {
+    hit.loaded = after(0.0);
     hit.expires = after(ttl);
     let window = if hit.negative {
         0.0
@@ -424,7 +422,7 @@ impl Hits {
             let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
             keys.iter()
                 .zip(&waited)
-                .map(|(key, &waited)| !waited && first_load(&owned, key, loading))
+                .map(|(key, &waited)| !waited && first_load(&owned, key))
                 .collect()
         };
         let reads = self.reads.read().unwrap_or_else(|e| e.into_inner());
@@ -606,11 +604,13 @@ impl Hits {
                     negative,
                     fault: false,
                     expires: 0,
+                    loaded: 0,
                     notice_at: 0,
                     noticed: AtomicBool::new(false),
                     visited: AtomicBool::new(false),
                     shadowed: AtomicBool::new(false),
                     ends: OnceBox::new(),
+                    cost: 0,
                 };
                 (Made::New(hit), ttl)
             })
@@ -631,7 +631,6 @@ impl Hits {
         }
         let after = |s: f64| self.ticks(now + crate::time::seconds(s));
         let mut old = Vec::with_capacity(made.len());
-        let mut pythons = Vec::new();
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
         for (key, (made, ttl), waited) in made {
@@ -642,9 +641,8 @@ impl Hits {
                         && (!admitted(
                             &mut owned,
                             key,
-                            OWN_ENTRY + key.len() + hit.held_bytes(),
+                            Owned::charge(key, hit.held_bytes()),
                             entries.contains_key(key),
-                            loading,
                         ) || hit.thin(self.compact)) =>
                 {
                     passing.push((Key::new(key), hit));
@@ -669,82 +667,40 @@ impl Hits {
                 }
             };
             live(&mut hit, ttl, loading, &after);
-            owned.bytes += OWN_ENTRY + key.len() + hit.held_bytes();
-            owned.count += 1;
-            // an entry of the key's replaced in place: its key is not boxed again
+            // an entry of the key's replaced in place: its key is not boxed again (and is
+            // in the ring already)
             let replaced = match entries.get_mut(key) {
                 Some(slot) => Some(std::mem::replace(slot, hit)),
                 None => entries.insert(key.into(), hit),
             };
-            match replaced {
-                Some(replaced) if replaced.own() => {
-                    owned.bytes -= OWN_ENTRY + key.len() + replaced.held_bytes();
-                    owned.count -= 1;
-                    old.push(replaced); // its key is in the ring already
-                }
-                replaced => {
-                    owned.ring.push_back(key.into());
-                    if replaced.as_ref().map_or(false, |hit| !hit.fault) {
-                        pythons.push(key.to_vec()); // Python holds it too: it drops its copy
-                    }
-                    old.extend(replaced);
-                }
+            if let Some(replaced) = &replaced {
+                owned.remove(key, replaced);
             }
+            if let Some(hit) = entries.get(key) {
+                owned.add(key, hit, replaced.is_some());
+            }
+            old.extend(replaced);
         }
-        let evicted = evict(&mut entries, &mut owned, loading, &self.flights);
+        let mut evicted = evict(&mut entries, &mut owned, &self.flights);
         drop(owned);
         drop(entries);
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-        served.evictions += evicted;
-        if served.replaced.len() < super::MAX_NOTED {
-            served.replaced.append(&mut pythons);
-        }
-        drop(served);
-        drop(old); // the entries replaced (Python's bytes are released when it next holds the GIL)
+        self.served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .evictions += evicted.len() as u64;
+        // the entries replaced and evicted (Python's bytes are released when it next holds
+        // the GIL)
+        old.append(&mut evicted);
+        drop(old);
         passing.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Passing(passing)
     }
 
-    /// An entry's key was dropped or replaced by Python (`HitCache::discard`, `put_many`,
-    /// `clear`): what it held no longer counts against the front's bounds.
-    pub(super) fn forget_own(&self, key: &[u8], hit: &Hit) {
-        if hit.own() {
-            let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-            owned.bytes -= OWN_ENTRY + key.len() + hit.held_bytes();
-            owned.count -= 1;
-        }
-    }
-
-    /// Every entry was dropped (`HitCache::clear`).
-    pub(super) fn forget_all_own(&self) {
-        *self.owned.lock().unwrap_or_else(|e| e.into_inner()) = Owned::default();
-    }
-
-    /// New bounds of the front's own entries (bytes, entries), enforced at once.
-    pub(super) fn bound(&self, max_bytes: usize, max_entries: usize) {
-        let loading = match self.loading.get() {
-            Some(loading) => loading,
-            None => return,
-        };
-        loading.max_bytes.store(max_bytes, Ordering::Relaxed);
-        loading.max_entries.store(max_entries, Ordering::Relaxed);
-        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        let evicted = evict(&mut entries, &mut owned, loading, &self.flights);
-        drop(owned);
-        drop(entries);
-        if evicted > 0 {
-            self.served
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .evictions += evicted;
-        }
-    }
-
-    /// The front's own entries: how many, and the bytes they are counted for.
-    pub(super) fn own_size(&self) -> (usize, usize) {
+    /// The entries: how many, the bytes they are counted for, and how many of them the
+    /// fronts loaded themselves.
+    pub(super) fn size(&self) -> (usize, usize, usize) {
         let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        (owned.count, owned.bytes)
+        (owned.count, owned.bytes, owned.own)
     }
 
     /// A draw in [0, 1) (the TTL's jitter).

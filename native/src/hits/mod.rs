@@ -37,6 +37,7 @@ mod key;
 mod load;
 mod plan;
 mod split;
+mod store;
 mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,9 +90,8 @@ struct Served {
     keys_loaded: u64,
     round_trips: u64,
     evictions: u64,
-    stale_serves: u64,      // expired entries served stale: Redis failing on a load
-    replaced: Vec<Vec<u8>>, // keys of Python's entries the front's loads replaced
-    refreshed: u64,         // the front's own entries it refreshed ahead of their expiry
+    stale_serves: u64, // expired entries served stale: Redis failing on a load
+    refreshed: u64,    // the front's own entries it refreshed ahead of their expiry
     // the front's own entries it read again after their group's batch write (`OUTDATED`)
     generation_refreshed: u64,
     // keys loaded while the front's entries were at their bounds and not stored: their
