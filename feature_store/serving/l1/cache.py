@@ -25,8 +25,9 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from feature_store.batch import Fault
 from feature_store.native import GroupFormat
@@ -144,6 +145,12 @@ class CacheStats:
     warm_loaded: int = 0  # entries loaded by the warm start
 
 
+class Claimed(Protocol):
+    """Keys a load of Python's claimed (``L1Store.claim``), until it has stored them."""
+
+    def end(self) -> None: ...
+
+
 @dataclass
 class L1Store:
     """What the read path's policy asks of the L1's storage (see the module's text): the
@@ -240,6 +247,12 @@ class L1Store:
 
     def clear(self) -> None:
         raise NotImplementedError
+
+    def claim(self, keys: Sequence[CacheKey]) -> Claimed | None:
+        """Claim ``keys``, which a load of Python's is about to read, where others load into
+        this store too (the native fronts): those that miss one meanwhile wait for this
+        load. None where no one else loads."""
+        return None
 
     def mark_shadowed(self, key: CacheKey) -> None:
         """A shadow check was drawn for the entry of ``key`` (``Entry.shadowed``)."""

@@ -27,6 +27,7 @@ from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailable
 from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
 from feature_store.serving.l1.reads import (
     CircuitOpenError,
+    EntityReads,
     Resolved,
     StoreReads,
     by_entity,
@@ -150,6 +151,18 @@ class SingleFlight:
             else:
                 same.append(load)
         entities = by_entity(shared, self.reads.specs)
+        # the keys this flush stores, claimed where the native fronts load too: a front's
+        # lookup that misses one meanwhile waits for this read instead of making its own
+        claim = self.cache.claim([k for k, same in shared.items() if any(ld.store for ld in same)])
+        try:
+            await self._read(loads, shared, entities)
+        finally:
+            if claim is not None:
+                claim.end()
+
+    async def _read(
+        self, loads: list[Load], shared: dict[CacheKey, list[Load]], entities: EntityReads
+    ) -> None:
         try:
             replies, cost = await self.reads.send(commands(entities), len(shared))
         except StoreError as error:

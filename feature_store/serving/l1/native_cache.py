@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from feature_store.batch import Fault, FaultReason
@@ -30,7 +30,7 @@ from feature_store.native import GroupFormat
 from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
 
 if TYPE_CHECKING:
-    from feature_store._native import FrontRedis, HitCache
+    from feature_store._native import FrontRedis, HitCache, PythonLoad
 
 
 def fault_bytes(fault: Fault) -> bytes:
@@ -214,6 +214,11 @@ class NativeCache(L1Store):
 
     def clear(self) -> None:
         self.native.clear()
+
+    def claim(self, keys: Sequence[CacheKey]) -> PythonLoad | None:
+        tags = self.tags
+        tagged = [tags[group] + key for group, key in keys if group in tags]
+        return self.native.claim(tagged) if tagged else None
 
     def mark_shadowed(self, key: CacheKey) -> None:
         tag = self.tags.get(key[0])

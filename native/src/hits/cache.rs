@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
+use super::load::PythonLoad;
 use super::store::{PutItem, View};
 use super::{
     form_key, Hits, Key, Loading, Looked, Map, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
@@ -259,6 +260,16 @@ impl HitCache {
     ) -> (bool, usize) {
         let (held, evicted) = self.hits.add_answers(key, json.as_ref(), wire.as_ref());
         (held, evicted.len())
+    }
+
+    /// Claim the keys (group index, 2 bytes, then the Redis key) a load of Python's is
+    /// about to read, so that a front's lookup missing one waits for it (`PythonLoad`);
+    /// those a front is loading already are left out (Python reads them all the same).
+    fn claim(&self, mut keys: Vec<Vec<u8>>) -> PythonLoad {
+        keys.sort_unstable();
+        keys.dedup();
+        let keys: Vec<Key> = keys.iter().map(|k| Key::new(k)).collect();
+        PythonLoad::claim(&self.hits, &keys)
     }
 
     /// Drop the entry at `key` (an invalidation); a load of it in flight does not store

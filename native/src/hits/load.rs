@@ -36,10 +36,11 @@
 //!   round trip that fails serves the lookup's expired entries stale (`Hits::stale`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use once_cell::race::OnceBox;
+use pyo3::prelude::*;
 use tokio::sync::watch;
 
 use super::bounds::{admitted, evict, first_load, Owned};
@@ -157,6 +158,61 @@ pub struct Pinned<'h> {
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
         unpin(self.flights, &self.keys, &self.waited);
+    }
+}
+
+/// The keys a load of Python's reads (`HitCache::claim`), claimed as a front's lookup
+/// claims its misses: a front's lookup that misses one of them meanwhile waits for
+/// Python's load (up to `Loading::wait`) instead of reading it again. Its claims end with
+/// `end`, once Python has stored what it read, or when it is dropped, whatever happened.
+#[pyclass(module = "feature_store._native")]
+pub struct PythonLoad {
+    hits: Arc<Hits>,
+    mine: Vec<Key>,
+    senders: Vec<watch::Sender<()>>,
+}
+
+impl PythonLoad {
+    /// Claim those of `keys` (sorted, each once) that no front is loading: the others are
+    /// Python's to read all the same (it does not wait for a front's load).
+    pub(super) fn claim(hits: &Arc<Hits>, keys: &[Key]) -> Self {
+        let mut claim = hits.claim_keys(keys);
+        let mine = std::mem::take(&mut claim.mine);
+        let senders = std::mem::take(&mut claim.senders);
+        drop(claim); // unpins the keys in flight elsewhere
+        PythonLoad {
+            hits: Arc::clone(hits),
+            mine,
+            senders,
+        }
+    }
+
+    fn finish(&mut self) {
+        let flights = &self.hits.flights;
+        loaded(flights, &self.mine);
+        unpin(flights, &self.mine, &[]);
+        self.mine.clear();
+        self.senders.clear(); // the fronts' waiters wake: their `changed()` ends
+    }
+}
+
+#[pymethods]
+impl PythonLoad {
+    /// Python's load has stored what it read (or failed): the fronts' lookups waiting for
+    /// it go on, and answer from the cache.
+    fn end(&mut self) {
+        self.finish();
+    }
+
+    /// How many of the keys this load claimed (the others a front was loading already).
+    fn __len__(&self) -> usize {
+        self.mine.len()
+    }
+}
+
+impl Drop for PythonLoad {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

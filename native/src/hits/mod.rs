@@ -54,7 +54,7 @@ use self::writer::HitWriter;
 use crate::codecs::{json_i64, same};
 use crate::time::unix_now;
 pub(crate) use cache::HitCache;
-pub(crate) use load::{Loading, Passing};
+pub(crate) use load::{Loading, Passing, PythonLoad};
 pub(crate) use plan::Commands;
 
 /// The L1's maps (entries, loads in flight, forms, reads, the doorkeeper): foldhash, keyed
