@@ -1,12 +1,13 @@
 """The L1 cache's memory: RSS per cached entity against what the cache accounts, and a long
-zipfian load against the byte bound; this checkout and (--baseline REV) an older one,
-(--python-hits) this checkout without the fronts' mirror of the L1 (NATIVE_HITS=off),
-(--compact) with the L1 keeping each entry's packed values only (CACHE_FORM=compact), and
-the first step again with the entities looked up over gRPC (--grpc) or through Feast's API
-(--feast) instead of REST (this checkout, and the baseline if one is given).
+zipfian load against the byte bound; this checkout and (--baseline REV) an older one; each
+of them also (--python-hits) with Python answering every lookup (NATIVE_HITS=off: its
+entries are Python's loads), (--python-loads) with the fronts answering and Python loading
+their misses (NATIVE_LOADS=off), and the first step again with the entities looked up over
+gRPC (--grpc) or through Feast's API (--feast) instead of REST; and (--compact) this
+checkout with the L1 keeping each entry's packed values only (CACHE_FORM=compact).
 
-    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--compact] [--grpc]
-        [--feast] [--entities 200000] [--seconds 45] [--out FILE]
+    python3 benchmarks/l1_memory.py [--baseline REV] [--python-hits] [--python-loads]
+        [--compact] [--grpc] [--feast] [--entities 200000] [--seconds 45] [--out FILE]
 
 1. A worker with the cache on (TTL 3,600 s) reads the first 40,000 entities of the
    standard shape, 1,000 ids per REST request. RSS (VmRSS of /proc/<pid>/status) before
@@ -211,7 +212,12 @@ def main() -> int:
     parser.add_argument(
         "--python-hits",
         action="store_true",
-        help="also this checkout with NATIVE_HITS=off (no mirror of the L1 for the fronts)",
+        help="also with NATIVE_HITS=off (Python answers every lookup; its loads fill the L1)",
+    )
+    parser.add_argument(
+        "--python-loads",
+        action="store_true",
+        help="also with NATIVE_LOADS=off (the fronts answer; Python loads their misses)",
     )
     parser.add_argument(
         "--compact",
@@ -238,27 +244,32 @@ def main() -> int:
     outcomes = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)
-        outcomes.append(measure("this checkout", redis, ROOT, args.entities, args.seconds))
-        if args.python_hits:
-            off = {"FEATURE_SERVING_NATIVE_HITS": "off"}
-            label = "this checkout, NATIVE_HITS=off"
-            outcomes.append(measure(label, redis, ROOT, args.entities, args.seconds, off))
-        if args.compact:
-            compact = {"FEATURE_SERVING_CACHE_FORM": "compact"}
-            outcomes.append(measure(COMPACT, redis, ROOT, args.entities, args.seconds, compact))
+        variants = [
+            (f", {name}=off", {f"FEATURE_SERVING_{name}": "off"})
+            for name, wanted in (
+                ("NATIVE_HITS", args.python_hits),
+                ("NATIVE_LOADS", args.python_loads),
+            )
+            if wanted
+        ]
         apis = [api for api in LOOKUPS if getattr(args, api)]
-        for api in apis:
-            label = lookups_label("this checkout", api)
-            outcomes.append(measure(label, redis, ROOT, args.entities, args.seconds, api=api))
+
+        def each(side: str, tree: Path) -> None:
+            outcomes.append(measure(side, redis, tree, args.entities, args.seconds))
+            for suffix, env in variants:
+                label = side + suffix
+                outcomes.append(measure(label, redis, tree, args.entities, args.seconds, env))
+            if side == "this checkout" and args.compact:
+                compact = {"FEATURE_SERVING_CACHE_FORM": "compact"}
+                outcomes.append(measure(COMPACT, redis, tree, args.entities, args.seconds, compact))
+            for api in apis:
+                label = lookups_label(side, api)
+                outcomes.append(measure(label, redis, tree, args.entities, args.seconds, api=api))
+
+        each("this checkout", ROOT)
         if args.baseline:
             with worktree(args.baseline, Path(tmp) / "baseline") as tree:
-                label = f"baseline {args.baseline}"
-                outcomes.append(measure(label, redis, tree, args.entities, args.seconds))
-                for api in apis:
-                    label = lookups_label(f"baseline {args.baseline}", api)
-                    outcomes.append(
-                        measure(label, redis, tree, args.entities, args.seconds, api=api)
-                    )
+                each(f"baseline {args.baseline}", tree)
     lines = [
         *header(
             f"One worker, cache TTL 3,600 s; {args.entities:,} entities of the standard "

@@ -16,7 +16,7 @@
 //! - `time`: durations, the clock, write times, Feast's event timestamps
 //! - `windows`: window aggregations answered from an entity's stored tiles
 //! - `logrows`: the serving log's rows, as Arrow's buffers, from the answers' bytes
-//! - `hits`: the L1's mirror and planned reads: lookups answered without Python
+//! - `hits`: the worker's L1 and planned reads: lookups answered without Python
 //! - `front`: the gRPC and REST ports on threads of their own
 
 mod codecs;

@@ -63,7 +63,7 @@ struct Shared {
     max_request: usize,
     keys: Keys,
     role: u8,                // the role a lookup answered here needs
-    hits: Option<Arc<Hits>>, // the L1's mirror, whose hits are answered here
+    hits: Option<Arc<Hits>>, // the worker's L1, whose hits are answered here
     direct: Arc<Direct>,     // Redis connections of the front's own (planned reads)
     served: Arc<Served>,     // request ids, and the log of answers given here
 }
@@ -105,7 +105,7 @@ impl GrpcFront {
     /// `tls`: PEM bytes of the certificate chain, its private key and optionally a client
     /// CA (mutual TLS); None serves plaintext HTTP/2. `keys`: the API keys, (key, role)
     /// pairs, and the role everyone has without keys; `role`: the role a lookup answered
-    /// here needs. `hits`: the L1's mirror, whose hits are answered here for callers whose
+    /// here needs. `hits`: the worker's L1, whose hits are answered here for callers whose
     /// key has that role. `served`: the worker's request ids and serving log.
     #[new]
     #[pyo3(signature = (listen_fd, wake_fd, method, backend, max_request, keys, role, served, tls=None, hits=None))]

@@ -31,7 +31,7 @@ pub(crate) enum Outcome<A> {
     Ended(Waited<A>),
 }
 
-/// The lookup of `api` in `request` against the mirror (`hits`) or, without the L1, on
+/// The lookup of `api` in `request` against the L1 (`hits`) or, without the L1, on
 /// the front's Redis connections (`direct`); `python` queues work for Python and waits
 /// for its reply.
 pub(crate) async fn lookup<A, Q, F>(

@@ -83,7 +83,7 @@ struct Shared {
     client: Client<HttpConnector, Body>,
     max_body: usize,
     body_timeout: Duration,
-    hits: Option<(Lookups, Arc<Hits>)>, // the lookup routes, and the L1's mirror
+    hits: Option<(Lookups, Arc<Hits>)>, // the lookup routes, and the worker's L1
     direct: Arc<Direct>,                // Redis connections of the front's own (planned reads)
     served: Arc<Served>,                // request ids, and the log of answers given here
 }
@@ -138,7 +138,7 @@ impl RestFront {
     /// `keys`: the API keys, (key, role) pairs, and the role everyone has without keys.
     /// `tls`: PEM bytes of the certificate chain, its key and optionally a client CA; None
     /// serves plaintext. `hits`: the lookup routes, each (its index, its API: `hits::REST`
-    /// or `hits::FEAST`), and the L1's mirror, whose hits (or, without the L1, planned
+    /// or `hits::FEAST`), and the worker's L1, whose hits (or, without the L1, planned
     /// reads) are answered here. `served`: the worker's request ids and serving log.
     #[new]
     #[pyo3(signature = (listen_fd, wake_fd, routes, keys, backend, max_body, body_timeout, header_timeout, served, tls=None, hits=None))]

@@ -7,8 +7,16 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::entry::Hit;
-use super::load::{Flights, ENTRY};
+use super::flight::Flights;
 use super::{Key, Map, Set};
+
+/// What an entry costs besides its key and bytes: the entry and its key's box in the
+/// table's slot (a table that grows by doubling is up to half empty), the eviction ring's
+/// copy of the key, and the allocator's share of each of its five boxes. Measured with
+/// benchmarks/l1_memory.py: charged 192 bytes, an entry took 1.42x the bytes counted in
+/// RSS and the byte bound did not hold; charged 640, 1.06x, and it holds
+/// (benchmarks/results/l1_memory_loads.md).
+pub(super) const ENTRY: usize = 640;
 
 /// The L1's entries: what they hold, the bounds (bytes, entries), the eviction's ring of
 /// their keys (every entry's key is in it at least once), and the admission's doorkeeper.

@@ -9,8 +9,8 @@ use std::time::Instant;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::flight::PythonLoad;
 use super::form::{column_order, form_widths, Form, GroupRead, Part};
-use super::load::PythonLoad;
 use super::store::{PutItem, View};
 use super::{
     form_key, Hits, Key, Loading, Looked, Map, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
@@ -409,7 +409,7 @@ impl HitCache {
         )
     }
 
-    /// The answer this mirror would give to a REST `body`, None where Python answers (for
+    /// The answer the L1 would give to a REST `body`, None where Python answers (for
     /// tests); with `grpc`, to a `GetFeaturesRequest` message; with `feast`, to a Feast
     /// `/get-online-features` body.
     #[pyo3(signature = (body, grpc=false, feast=false))]

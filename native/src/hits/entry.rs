@@ -70,7 +70,7 @@ pub(super) struct Hit {
     // records from them
     pub(super) values: Option<Held>,
     pub(super) wire: Option<Held>, // as gRPC records, once a load or a gRPC answer made them
-    // the values packed, of an entry the front loaded (Python adopts it from them: `adopt`);
+    // the values packed (a reload compares them; Python answers from them: `HitCache::entry`);
     // None for Python's (its entry holds them) and in a compact cache (`values` are them)
     pub(super) raw: Option<Held>,
     pub(super) present: Held,
@@ -98,7 +98,7 @@ pub(super) struct Hit {
 }
 
 // Every cached entity has one, in a hash table that grows by doubling: its size is most
-// of what the table costs per entity (`load::ENTRY`).
+// of what the table costs per entity (`bounds::ENTRY`).
 const _: () = assert!(std::mem::size_of::<Hit>() <= 144);
 
 /// `Hit::cost`'s unit: 10 µs, so that two bytes hold loads of up to 0.65 s.

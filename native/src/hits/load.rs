@@ -3,51 +3,50 @@
 //! of their own (`Held::Own`: no Python object, one copy) and the lookup answered from
 //! them, with no Python on the way.
 //!
-//! - **Single flight.** A key being loaded is claimed (`claim`): a lookup on any front that
-//!   misses it meanwhile waits for that load instead of reading it again, up to the
-//!   policy's wait (`Loading::wait`); a claim ends when its load stores or fails, or when
-//!   the lookup that made it is dropped (`Claim`'s `Drop`), so nothing stays locked. A key
-//!   dropped while it loads (an invalidation: `disown`) is not stored.
+//! - **Single flight** (`flight.rs`). A key being loaded is claimed (`claim`): a lookup on
+//!   any front that misses it meanwhile waits for that load instead of reading it again, up
+//!   to the policy's wait (`Loading::wait`), and so does one that misses a key a load of
+//!   Python's claimed (`PythonLoad`); a claim ends when its load stores or fails, or when
+//!   the lookup that made it is dropped, so nothing stays locked. A key dropped while it
+//!   loads (an invalidation: `disown`) is not stored.
 //! - **What is stored** is what Python's loads store: the answer bytes of the API that asked
 //!   (a JSON array, or gRPC records; both where the entry replaced had the other's; a
-//!   compact cache's packed values), the packed values (Python adopts the entry from them:
-//!   `HitCache::adopt`), the present pattern and write time; an entity with nothing of the
-//!   group is a negative entry (its own TTL; at 0 it answers only the lookup that loaded
-//!   it); an aggregated group's answer holds until its next tile boundary. A key whose
-//!   reply is an error, or holds a value or write time the native core does not read, is
-//!   not stored: the lookup then takes Python's path, which names the fault.
+//!   compact cache's packed values), the packed values (a reload compares them, and Python
+//!   answers from them: `HitCache::entry`), the present pattern and write time; an entity
+//!   with nothing of the group is a negative entry (its own TTL; at 0 it answers only the
+//!   lookup that loaded it); an aggregated group's answer holds until its next tile
+//!   boundary. A key whose reply is an error, or holds a value or write time the native
+//!   core does not read, is not stored: the lookup then takes Python's path, which names
+//!   the fault.
 //! - **A reload that finds what the entry held.** An entry of the front's own, expired and
 //!   read again, whose stored values are those it packed (compared in place: `packs`), is
 //!   kept as it is, with its new lifetime and write time: no answer bytes are made, copied
 //!   or freed. Between a group's writes (a nightly job's, say) that is every reload; a
 //!   value changed in Redis, noticed or not, makes a new entry.
-//! - **Bounds** (`bounds.rs`). The front's entries count against what Python's own entries
-//!   leave of the cache's bounds in bytes and entries (`Loading`, set again by Python as
-//!   its cache changes). At the bounds a new key is stored only at its second load (the
-//!   doorkeeper: its first answers the lookup that made it, `Passing`, an entry made thin,
-//!   without the packed values only a stored entry keeps), and entries past
-//!   them are evicted by CLOCK (second chance): a hit marks its entry, and the hand passes
-//!   over marked entries once before evicting them, and over the keys of loads whose
-//!   lookups have not yet answered from them (`Pinned`): under a bound smaller than the
-//!   loads in flight, a load is not evicted by the next one before it is served. Python's
-//!   entries are bounded by Python's cache, which drops them here when it evicts them.
+//! - **Bounds** (`bounds.rs`). Every entry, loaded by a front or stored by Python, counts
+//!   against the one cache's bounds in bytes and entries. At the bounds a new key a front
+//!   loads is stored only at its second load (the doorkeeper: its first answers the lookup
+//!   that made it, `Passing`, an entry made thin, without the packed values only a stored
+//!   entry keeps), and entries past them are evicted by CLOCK (second chance): a hit marks
+//!   its entry, and the hand passes over marked entries once before evicting them, and over
+//!   the keys of loads whose lookups have not yet answered from them (`Pinned`): under a
+//!   bound smaller than the loads in flight, a load is not evicted by the next one before
+//!   it is served.
 //! - The policy stays Python's: which nodes the front may read (the circuit), each round
 //!   trip's timeout, the TTLs, and what counts (drained with what the front served). A
 //!   round trip that fails serves the lookup's expired entries stale (`Hits::stale`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use once_cell::race::OnceBox;
-use pyo3::prelude::*;
-use tokio::sync::watch;
 
 use super::bounds::{admitted, evict, first_load, Owned};
 use super::entry::{Held, Hit, NOT_WRITTEN, OUTDATED};
+use super::flight::Claim;
 use super::form::GroupRead;
 use super::plan::{push_command, write_time, Commands};
-use super::{Due, Hits, Key, Map, GRPC, REST};
+use super::{Due, Hits, Key, GRPC, REST};
 use crate::codecs::packs;
 use crate::group::write_values;
 use crate::time::unix_now_ms;
@@ -57,14 +56,6 @@ thread_local! {
     /// its answer bytes, packed values, present pattern, and the other API's answer bytes.
     static SCRATCH: std::cell::RefCell<[Vec<u8>; 4]> = std::cell::RefCell::new(Default::default());
 }
-
-/// What an entry costs besides its key and bytes: the entry and its key's box in the
-/// table's slot (a table that grows by doubling is up to half empty), the eviction ring's
-/// copy of the key, and the allocator's share of each of its five boxes. Measured with
-/// benchmarks/l1_memory.py: charged 192 bytes, an entry took 1.42x the bytes counted in
-/// RSS and the byte bound did not hold; charged 640, 1.06x, and it holds
-/// (benchmarks/results/l1_memory_loads.md).
-pub(super) const ENTRY: usize = 640;
 
 /// Python's settings for the misses the front loads (`HitCache::load_misses`).
 pub struct Loading {
@@ -97,153 +88,6 @@ impl Passing {
 
     fn len(&self) -> usize {
         self.0.len()
-    }
-}
-
-/// A key being loaded: what its waiters watch (its sender is dropped when the load ends),
-/// and whether its entry was dropped while it loaded (an invalidation: what the load read
-/// may be older than the write, so it is not stored).
-pub(super) struct Flight {
-    done: watch::Receiver<()>,
-    disowned: bool,
-    loading: bool, // its load runs (else: loaded or failed, and pinned only)
-    pins: usize,   // the lookups that load or wait for it and have not answered yet
-}
-
-pub(super) type Flights = Mutex<Map<Key, Flight>>;
-
-/// The keys of one lookup's misses: those it loads (`mine`), and the loads of others it
-/// waits for (`waited`, `waiting`). Dropping it ends its own claims, whatever happened to
-/// the load.
-pub struct Claim<'h> {
-    flights: &'h Flights,
-    pub mine: Vec<Key>,
-    senders: Vec<watch::Sender<()>>,
-    pub waiting: Vec<watch::Receiver<()>>,
-    waited: Vec<Key>,
-}
-
-impl<'h> Claim<'h> {
-    /// The claims' loads are stored: their waiters go on, and the keys stay pinned (the
-    /// eviction passes over them) until every lookup that loaded them or waited for them
-    /// has answered from them (`Pinned`'s `Drop`), so that under a small bound a load is
-    /// not evicted by the next before it is served.
-    pub fn end(mut self) -> Pinned<'h> {
-        loaded(self.flights, &self.mine);
-        self.senders.clear(); // the waiters wake: their `changed()` ends
-        Pinned {
-            flights: self.flights,
-            keys: std::mem::take(&mut self.mine),
-            waited: std::mem::take(&mut self.waited),
-        }
-    }
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        loaded(self.flights, &self.mine); // (failed: `end` takes them when stored)
-        unpin(self.flights, &self.mine, &self.waited);
-        self.senders.clear(); // the waiters wake: their `changed()` ends
-    }
-}
-
-/// The keys a lookup loaded and stored, and those it waited for, pinned until it has
-/// answered (`Claim::end`).
-pub struct Pinned<'h> {
-    flights: &'h Flights,
-    pub keys: Vec<Key>, // sorted
-    waited: Vec<Key>,
-}
-
-impl Drop for Pinned<'_> {
-    fn drop(&mut self) {
-        unpin(self.flights, &self.keys, &self.waited);
-    }
-}
-
-/// The keys a load of Python's reads (`HitCache::claim`), claimed as a front's lookup
-/// claims its misses: a front's lookup that misses one of them meanwhile waits for
-/// Python's load (up to `Loading::wait`) instead of reading it again. Its claims end with
-/// `end`, once Python has stored what it read, or when it is dropped, whatever happened.
-#[pyclass(module = "feature_store._native")]
-pub struct PythonLoad {
-    hits: Arc<Hits>,
-    mine: Vec<Key>,
-    senders: Vec<watch::Sender<()>>,
-}
-
-impl PythonLoad {
-    /// Claim those of `keys` (sorted, each once) that no front is loading: the others are
-    /// Python's to read all the same (it does not wait for a front's load).
-    pub(super) fn claim(hits: &Arc<Hits>, keys: &[Key]) -> Self {
-        let mut claim = hits.claim_keys(keys);
-        let mine = std::mem::take(&mut claim.mine);
-        let senders = std::mem::take(&mut claim.senders);
-        drop(claim); // unpins the keys in flight elsewhere
-        PythonLoad {
-            hits: Arc::clone(hits),
-            mine,
-            senders,
-        }
-    }
-
-    fn finish(&mut self) {
-        let flights = &self.hits.flights;
-        loaded(flights, &self.mine);
-        unpin(flights, &self.mine, &[]);
-        self.mine.clear();
-        self.senders.clear(); // the fronts' waiters wake: their `changed()` ends
-    }
-}
-
-#[pymethods]
-impl PythonLoad {
-    /// Python's load has stored what it read (or failed): the fronts' lookups waiting for
-    /// it go on, and answer from the cache.
-    fn end(&mut self) {
-        self.finish();
-    }
-
-    /// How many of the keys this load claimed (the others a front was loading already).
-    fn __len__(&self) -> usize {
-        self.mine.len()
-    }
-}
-
-impl Drop for PythonLoad {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-/// The loads of `mine` ended (stored, or failed): a lookup that misses them now loads them
-/// again rather than wait.
-fn loaded(flights: &Flights, mine: &[Key]) {
-    if mine.is_empty() {
-        return;
-    }
-    let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
-    for key in mine {
-        if let Some(flight) = flights.get_mut(key.as_slice()) {
-            flight.loading = false;
-        }
-    }
-}
-
-/// A lookup is done with `mine` and `waited`: a key no other lookup still pins is no
-/// longer in flight.
-fn unpin(flights: &Flights, mine: &[Key], waited: &[Key]) {
-    if mine.is_empty() && waited.is_empty() {
-        return;
-    }
-    let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
-    for key in mine.iter().chain(waited) {
-        if let Some(flight) = flights.get_mut(key.as_slice()) {
-            flight.pins -= 1;
-            if flight.pins == 0 {
-                flights.remove(key.as_slice());
-            }
-        }
     }
 }
 
@@ -375,52 +219,6 @@ impl Hits {
         queued
     }
 
-    fn claim_keys(&self, keys: &[Key]) -> Claim<'_> {
-        let mut claim = Claim {
-            flights: &self.flights,
-            mine: Vec::with_capacity(keys.len()),
-            senders: Vec::new(),
-            waiting: Vec::new(),
-            waited: Vec::new(),
-        };
-        // one channel for the claim's keys: their load ends together
-        let (tx, done) = watch::channel(());
-        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
-        for key in keys {
-            match flights.get_mut(key.as_slice()) {
-                Some(flight) if flight.loading => {
-                    flight.pins += 1;
-                    claim.waiting.push(flight.done.clone());
-                    claim.waited.push(key.clone());
-                }
-                // its load ended, and the lookups it answers pin it still: this one loads it
-                // again (its entry expired since, or went)
-                Some(flight) => {
-                    flight.pins += 1;
-                    flight.loading = true;
-                    flight.disowned = false;
-                    flight.done = done.clone();
-                    claim.mine.push(key.clone());
-                }
-                None => {
-                    let flight = Flight {
-                        done: done.clone(),
-                        disowned: false,
-                        loading: true,
-                        pins: 1,
-                    };
-                    flights.insert(key.clone(), flight);
-                    claim.mine.push(key.clone());
-                }
-            }
-        }
-        if !claim.mine.is_empty() {
-            claim.senders.push(tx);
-        }
-        drop(flights);
-        claim
-    }
-
     /// The commands reading `keys` (a group index, 2 bytes, then the Redis key): each
     /// group's whole read, one command per key. None where a group's read is not defined.
     pub fn load_commands(&self, keys: &[Key]) -> Option<Commands> {
@@ -431,22 +229,6 @@ impl Hits {
             push_command(&mut commands, read, &key[2..]);
         }
         Some(commands)
-    }
-
-    /// A key's entry was dropped (an invalidation, `HitCache::discard`; all of them:
-    /// None): a load of it in flight does not store what it read.
-    pub(super) fn disown(&self, key: Option<&[u8]>) {
-        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
-        match key {
-            Some(key) => {
-                if let Some(flight) = flights.get_mut(key) {
-                    flight.disowned = true;
-                }
-            }
-            None => flights
-                .values_mut()
-                .for_each(|flight| flight.disowned = true),
-        }
     }
 
     /// Store the entries of `claim`'s keys from Redis's replies to their `load_commands`
@@ -471,7 +253,7 @@ impl Hits {
         let loading = self.loading.get()?;
         // keys whose entry will most likely answer this lookup only (the doorkeeper's first
         // loads at the bounds): made without the packed values, which only a stored entry
-        // keeps (for a reload's compare and Python's adopt); a compact entry's are its answer
+        // keeps (for a reload's compare and Python's answers); a compact entry's are its answer
         let first: Vec<bool> = if self.compact {
             vec![false; keys.len()]
         } else {

@@ -1,30 +1,34 @@
-//! Lookups answered on the fronts' threads, without the GIL: L1 hits from its mirror, and
-//! (without the L1) planned reads.
+//! The worker's one L1, and lookups answered on the fronts' threads without the GIL: L1
+//! hits, the L1's misses loaded on the fronts' own connections, and (without the L1)
+//! planned reads.
 //!
-//! `HitCache` mirrors the L1's entries (`feature_store.serving.fronts.hits.NativeHits` keeps it in
-//! step with `cache.LRUCache`): per (group, entity key) the entry's values JSON and gRPC
-//! records, whichever it has made (the Python entry's own bytes objects, held, not copied:
-//! an entry loaded for one API makes the other's on first use), its present pattern, its
-//! write time and its expiry. A `POST /v1/features/get` in the common form (one group's
-//! features, ids of the entity's type, no bypass) whose every entity is a fresh entry is
-//! answered here from those bytes, as are gRPC's and Feast's lookups of one group, and
-//! lookups over several groups of one entity (a form's `Part`s: each group's values
-//! picked from its entries, gathered in `Cells`, written as Feast's columns or as rows,
-//! `Rows`). With the L1 compact (`CACHE_FORM=compact`) an entry holds its packed values
-//! instead, and each answer writes the values' JSON or gRPC records from them, as Python's
-//! `GroupCodec` does. A request of a known form with entries missing or expired (or without
-//! its API's answer bytes yet) sends Python those keys alone (`Looked::Missing`): Python
-//! loads them into the L1, through its policy, and the front answers from the mirror
-//! (`Hits::replay`). Any other request (an id Python would refuse, a form not seen yet, a
-//! malformed body, keys that did not load) goes to Python as before, which answers it and
-//! stays the one place where errors, misses and the cache's policy are decided.
+//! `Hits` holds the L1's entries: per (group, entity key) the values' JSON and gRPC records,
+//! whichever it has made, its packed values, present pattern, write time, expiry and the
+//! refresh policy's notice. An entry a front loaded holds bytes of its own; one Python stored
+//! (`store.rs`: a form's first lookups, the warm start, a miss only Python reads) holds
+//! Python's own bytes objects, not copied; both live in one table under one bound
+//! (`bounds.rs`), and Python sees either as its `Entry` (`HitCache::entry`). A `POST
+//! /v1/features/get` in the common form (one group's features, ids of the entity's type, no
+//! bypass) whose every entity is a fresh entry is answered here from those bytes, as are
+//! gRPC's and Feast's lookups of one group, and lookups over several groups of one entity
+//! (a form's `Part`s: each group's values picked from its entries, gathered in `Cells`,
+//! written as Feast's columns or as rows, `Rows`). With the L1 compact (`CACHE_FORM=compact`)
+//! an entry holds its packed values instead, and each answer writes the values' JSON or gRPC
+//! records from them, as Python's `GroupCodec` does. A request of a known form with entries
+//! missing or expired is loaded by the front (`load.rs`, single flight: `flight.rs`); the
+//! keys it cannot load (or whose entries lack its API's answer bytes) go to Python alone
+//! (`Looked::Missing`), which loads them into the same L1 through its policy, and the front
+//! answers from it (`Hits::replay`). Any other request (an id Python would refuse, a form
+//! not seen yet, a malformed body, keys that did not load) goes to Python as before, which
+//! answers it and stays the one place where errors and the cache's policy are decided.
 //!
-//! The policy stays Python's: a hit here on an entry inside its refresh window (refresh
-//! ahead, XFetch, an announced batch write) and a sample of hits (shadow checks) are noted
-//! for Python, which runs the same `Refresher.on_hit` and `ShadowChecker.sample` a hit in
-//! Python would; but the front's own entries, hit inside their refresh-ahead window, it
-//! reads again itself (`front/lookup.rs`: `take_due`), so that a hot entry stays its own. A form is learned from Python's own answer to it: the head of the answer
-//! and how an id becomes a key are Python's bytes, not rebuilt here.
+//! The policy stays Python's: a hit here on an entry Python stored, inside its refresh
+//! window (refresh ahead, XFetch, an announced batch write), and a sample of hits (shadow
+//! checks) are noted for Python, which runs the same `Refresher.on_notice` and
+//! `ShadowChecker.check` a hit in Python would; but the fronts' own entries, hit inside
+//! their refresh-ahead window, they read again themselves (`front/lookup.rs`: `take_due`),
+//! so that a hot entry stays theirs. A form is learned from Python's own answer to it: the
+//! head of the answer and how an id becomes a key are Python's bytes, not rebuilt here.
 
 mod answer;
 mod asked;
@@ -32,6 +36,7 @@ mod bounds;
 mod cache;
 mod cells;
 mod entry;
+mod flight;
 mod form;
 mod key;
 mod load;
@@ -54,7 +59,8 @@ use self::writer::HitWriter;
 use crate::codecs::{json_i64, same};
 use crate::time::unix_now;
 pub(crate) use cache::HitCache;
-pub(crate) use load::{Loading, Passing, PythonLoad};
+pub(crate) use flight::PythonLoad;
+pub(crate) use load::{Loading, Passing};
 pub(crate) use plan::Commands;
 
 /// The L1's maps (entries, loads in flight, forms, reads, the doorkeeper): foldhash, keyed
@@ -115,7 +121,7 @@ impl Due {
     }
 }
 
-/// What a lookup found in the mirror.
+/// What a lookup found in the L1.
 pub enum Looked {
     /// every entity a fresh entry: the answer
     Answer(Vec<u8>),
@@ -148,7 +154,7 @@ pub struct Hits {
     /// the front loads misses itself (`load.rs`), with these settings of Python's
     loading: OnceCell<Loading>,
     owned: Mutex<bounds::Owned>,
-    flights: load::Flights,
+    flights: flight::Flights,
     /// the front's own entries hit inside their refresh window, to be read again by the
     /// front (`take_due`), each with the API whose answer bytes it holds and whether it is
     /// read again for its group's batch write (`OUTDATED`)

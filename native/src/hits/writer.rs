@@ -1,4 +1,4 @@
-//! One lookup's answer written from the mirror's entries, entity by entity (`HitWriter`),
+//! One lookup's answer written from the L1's entries, entity by entity (`HitWriter`),
 //! some features picked from an entry's answer bytes (`Picked`).
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use super::split::value_records;
 use super::{Map, FEAST, GRPC};
 use crate::group::{packed_picks, write_packed, write_packed_picks};
 
-/// Writes one lookup's answer from the mirror's entries, entity by entity (`entity`), then
+/// Writes one lookup's answer from the L1's entries, entity by entity (`entity`), then
 /// closes it (`finish`): rows of this API's REST or gRPC answer, or Feast's columns.
 pub(super) struct HitWriter<'f> {
     api: u8,
