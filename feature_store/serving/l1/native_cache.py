@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from feature_store.batch import Fault, FaultReason
 from feature_store.layout import MAX_STRING_ID_BYTES
@@ -31,6 +31,14 @@ from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
 
 if TYPE_CHECKING:
     from feature_store._native import FrontRedis, HitCache, PythonLoad
+
+
+# what the extension stores of an entry (``HitCache.put_many``): its key, packed values, JSON,
+# gRPC records, present pattern, write time, seconds fresh, seconds to its notice, seconds
+# since its read, and the read's seconds
+PutItem: TypeAlias = tuple[
+    bytes, bytes | None, bytes | None, bytes | None, bytes, int | None, float, float, float, float
+]
 
 
 def fault_bytes(fault: Fault) -> bytes:
@@ -164,7 +172,10 @@ class NativeCache(L1Store):
         ago = max(0.0, clock_now - now)
         window = self.notice_window
         native, tags = self.native, self.tags
-        items = []
+        # per key, what its last entry of the batch asks: kept, kept as a fault, or dropped
+        items: dict[bytes, PutItem] = {}
+        faults: dict[bytes, tuple[float, bytes]] = {}
+        dropped: set[bytes] = set()
         for entry in entries:
             tag = tags.get(entry.key[0])
             if tag is None:
@@ -176,24 +187,29 @@ class NativeCache(L1Store):
             if not self.keep_answers and entry.raw is not None:
                 entry.json = entry.wire = None  # answers are written from ``raw`` on each hit
             left = entry.expires_at - clock_now
+            items.pop(key, None)
+            faults.pop(key, None)
+            dropped.discard(key)
             if ttl <= 0:
-                native.discard(key)
-                continue
-            if entry.fault is not None:
-                native.put_fault(key, left, fault_bytes(entry.fault))
-                continue
-            if entry.raw is None:
-                notice_in = left
+                dropped.add(key)
+            elif entry.fault is not None:
+                faults[key] = (left, fault_bytes(entry.fault))
             else:
-                notice_in = left - (window(entry) if window is not None else 0.0)
-            json = entry.json if self.keep_answers else None
-            wire = entry.wire if self.keep_answers else None
-            items.append(
-                (key, entry.raw, json, wire, entry.present, entry.written_at, left, notice_in,
-                 ago, entry.cost)
-            )  # fmt: skip
+                notice_in = left
+                if entry.raw is not None and window is not None:
+                    notice_in -= window(entry)
+                json = entry.json if self.keep_answers else None
+                wire = entry.wire if self.keep_answers else None
+                items[key] = (
+                    key, entry.raw, json, wire, entry.present, entry.written_at, left, notice_in,
+                    ago, entry.cost,
+                )  # fmt: skip
+        for key in dropped:
+            native.discard(key)
+        for key, (left, fault) in faults.items():
+            native.put_fault(key, left, fault)
         if items:
-            self.stats.evictions += native.put_many(items)
+            self.stats.evictions += native.put_many(list(items.values()))
 
     def charge(self, entry: Entry) -> None:
         if not self.keep_answers:
