@@ -21,8 +21,8 @@ cells alone, both sides with CACHE_FORM=compact (every hit writes its answer fro
 entry's packed values); with ``--misses`` or ``--feast``, the
 L1 cells of those. ``--misses``: the miss path alone, REST with the L1 on at batches of
 10, 100 and 1,000 and a TTL of 1 ms (unless ``--ttl`` says otherwise), so that nearly
-every lookup misses and is loaded through the L1's policy (single-flight, the cache and
-its mirror) before it is answered: the cost of a cold key, a refresh, a restart. Its
+every lookup misses and is loaded through the L1's policy (single-flight and the cache)
+before it is answered: the cost of a cold key, a refresh, a restart. Its
 figure is server CPU per entity read from Redis (HMGET and HGETALL calls, as Redis counts
 them), beside the share of the entities looked up that were read. ``--feast``: lookups
 answered from the packed values, at batch 10: Feast's ``/get-online-features`` (all 50

@@ -55,7 +55,7 @@ PATHS = {  # frame name prefixes -> what they stand for
     ("NativeHits.drain",): "hits the fronts answered, counted (metrics, refresh notes)",
     ("QueuedCalls.load",): "a front's lookup with misses: its keys loaded into the L1",
     ("GroupSpec.entry",): "loaded values to a cache entry (the native decode included)",
-    ("LRUCache.put_many",): "entries stored in the L1 and its native mirror",
+    ("LRUCache.put_many", "NativeCache.put_many"): "entries stored in the L1",
     ("HttpToolsProtocol", "RequestResponseCycle.send"): "uvicorn: HTTP parsing, socket writes",
 }
 

@@ -218,7 +218,7 @@ def test_native_hits_off_leaves_every_lookup_to_python(
 
 
 def test_redis_keys_untouched_by_reads(redis_server: object) -> None:
-    """The mirror reads nothing from Redis of its own: a front hit sends no command."""
+    """A hit on the front reads nothing from Redis: it sends no command."""
     url = redis_server.url  # type: ignore[attr-defined]
     client = redis.Redis.from_url(url)
     body = {"entity_type": ENTITY, "ids": [11, 12], "groups": [GROUP]}
