@@ -230,26 +230,31 @@ class ServingRuntime:
 def _l1(registry: Registry, settings: ServingSettings, reference: bool) -> L1Store:
     """The worker's L1: in the extension, shared with the native fronts (native_cache.py),
     or, with ``FEATURE_STORE_NATIVE=off`` (or ``reference``), the pure-Python reference."""
-    bounds = dict(
+    keep_answers = settings.cache_form == "answers"
+    if reference or not native_enabled():
+        return LRUCache(
+            settings.cache_max_bytes,
+            settings.cache_max_entries,
+            settings.cache_ttl,
+            settings.cache_negative_ttl,
+            settings.cache_jitter,
+            settings.cache_max_stale,
+            keep_answers=keep_answers,
+        )
+    from feature_store.serving.l1.native_cache import NativeCache
+    from feature_store.serving.l1.spec import GroupSpec
+
+    return NativeCache(
+        {name: GroupSpec.of(g, registry).fmt for name, g in registry.groups.items()},
         max_bytes=settings.cache_max_bytes,
         max_entries=settings.cache_max_entries,
         ttl=settings.cache_ttl,
         negative_ttl=settings.cache_negative_ttl,
         jitter=settings.cache_jitter,
         max_stale=settings.cache_max_stale,
-        keep_answers=settings.cache_form == "answers",
-    )
-    if reference or not native_enabled():
-        return LRUCache(**bounds)  # type: ignore[arg-type]
-    from feature_store.serving.l1.native_cache import NativeCache
-    from feature_store.serving.l1.spec import GroupSpec
-
-    formats = {name: GroupSpec.of(g, registry).fmt for name, g in registry.groups.items()}
-    return NativeCache(
-        formats,
+        keep_answers=keep_answers,
         max_ids=settings.max_entities,
         shadow_fraction=settings.shadow_fraction,
-        **bounds,  # type: ignore[arg-type]
     )
 
 

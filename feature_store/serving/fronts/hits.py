@@ -62,7 +62,7 @@ from feature_store.serialization.answers import TYPE_CODES
 from feature_store.serving.api import wire
 from feature_store.serving.fronts.links import FrontLinks
 from feature_store.serving.l1.cache import entry_json, keeper
-from feature_store.serving.l1.native_cache import NativeCache
+from feature_store.serving.l1.native_cache import NativeCache, group_tags
 from feature_store.serving.l1.roundtrip import ClusterRoundTrip, NativeRoundTrip
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class FrontLookups:
         # planned reads of anything but one whole group (per group, the indices of the
         # features read): read ids after the groups' own
         self.read_ids: dict[tuple[Share, ...], int] = {}
-        self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
+        self.tags = group_tags(names)
         self.names = {tag: name for name, tag in self.tags.items()}
         self.metrics = runtime.metrics
         self.how = "read" if planning else "hit"

@@ -41,6 +41,12 @@ PutItem: TypeAlias = tuple[
 ]
 
 
+def group_tags(groups: Iterable[str]) -> dict[str, bytes]:
+    """How the extension names each group in a key: its index among the sorted names, in
+    2 bytes (a key is that, then the entity's Redis key)."""
+    return {name: i.to_bytes(2, "big") for i, name in enumerate(sorted(groups))}
+
+
 def fault_bytes(fault: Fault) -> bytes:
     """A fault as the extension keeps it (``NativeCache.put_many``): its reason, then its
     message."""
@@ -93,10 +99,8 @@ class NativeCache(L1Store):
             not keep_answers,
         )
         self.native.bound(max_bytes, max_entries)
-        names = sorted(formats)
         self.formats = formats
-        # a key in the extension: the group's index (2 bytes) and the entity's Redis key
-        self.tags = {name: i.to_bytes(2, "big") for i, name in enumerate(names)}
+        self.tags = group_tags(formats)
         self.names = {tag: name for name, tag in self.tags.items()}
         # the front whose connections read again the fronts' own entries a batch write
         # outdated (``refresh_outdated``): set by the fronts, when they load misses
