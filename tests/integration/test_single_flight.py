@@ -1,6 +1,8 @@
 """One read per key across everything that loads into the worker's one L1: a native front's
 lookup that misses a key Python is loading (a form Python answers, a miss the front handed
-over) waits for Python's read instead of making its own (``HitCache.claim``)."""
+over) waits for Python's read instead of making its own (``HitCache.claim``), and a load
+of Python's that misses a key a front is loading waits for the front's read
+(``PythonLoad.notify``)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,35 @@ def test_a_front_waits_for_pythons_load_of_a_key_instead_of_reading_it_again(
         # the learned form, on the front: entity 7 is Python's to load, and the front waits
         front = threading.Thread(target=_post, args=(server, {**WHOLE, "ids": [7]}, statuses))
         front.start()
+        python.join(10)
+        front.join(10)
+        assert statuses == [200] * 4
+        assert _reads(client) == 1
+
+
+def test_pythons_load_waits_for_a_fronts_load_of_a_key_instead_of_reading_it_again(
+    redis_url: str,
+) -> None:
+    with FeatureStore.connect(redis_url, sample.registry()) as store:
+        store.write(GROUP, sample.rows(20))
+    with (
+        ServingProcess(redis_url, env=ENV, grpc=False) as server,
+        redis.Redis.from_url(redis_url) as client,
+    ):
+        statuses: list[int] = []
+        _post(server, {**WHOLE, "ids": [0]}, statuses)  # Python answers: the front learns it
+        _post(server, {**WHOLE, "ids": [0]}, statuses)  # a hit on the front
+        client.config_resetstat()
+        client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
+        # the learned form, on the front: it loads entity 7, and its read waits for Redis
+        front = threading.Thread(target=_post, args=(server, {**WHOLE, "ids": [7]}, statuses))
+        front.start()
+        threading.Event().wait(PAUSE_MS / 4000)
+        # a form the front has not learned: Python's handler misses entity 7, which the
+        # front is loading, and waits for that load
+        body = {"entity_type": ENTITY, "features": ALL[::-1], "ids": [7]}
+        python = threading.Thread(target=_post, args=(server, body, statuses))
+        python.start()
         python.join(10)
         front.join(10)
         assert statuses == [200] * 4

@@ -254,6 +254,14 @@ class L1Store:
         load. None where no one else loads."""
         return None
 
+    def elsewhere(self, claim: Claimed | None) -> list[CacheKey]:
+        """Of the keys ``claim`` asked for, those another loader (a native front) was
+        loading already: waited for (``wait_elsewhere``), not read again."""
+        return []
+
+    async def wait_elsewhere(self, claim: Claimed | None, within: float) -> None:
+        """Until the loads of ``elsewhere(claim)`` end, or ``within`` seconds pass."""
+
     def mark_shadowed(self, key: CacheKey) -> None:
         """A shadow check was drawn for the entry of ``key`` (``Entry.shadowed``)."""
 

@@ -7,7 +7,9 @@ one flush.
   every load queued by the requests running in that tick goes out in one pipeline; groups
   of one entity share one HMGET. A load's entry goes into the cache unless the load was
   disowned (invalidation: a read that started before a write must not put the pre-write
-  value back).
+  value back). Where the native fronts load into the same cache, a flush claims the keys
+  it stores there, so that a front's lookup that misses one waits for it, and waits in
+  turn for the keys a front is loading already (``L1Store.claim``, ``wait_elsewhere``).
 - ``Batches``: without a cache, each request's keys are queued the same way and read in
   round trips of up to FLUSH_KEYS keys: a thousand concurrent requests cost a few round
   trips, not a thousand (and not a thousand pooled connections). Each read is sent after
@@ -24,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from feature_store.errors import FeatureStoreError, StoreError, StoreUnavailableError
-from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
+from feature_store.serving.l1.cache import CacheKey, Claimed, Entry, L1Store
 from feature_store.serving.l1.reads import (
     CircuitOpenError,
     EntityReads,
@@ -53,7 +55,7 @@ def _failure(error: BaseException, what: str) -> BaseException:
 
 
 class Load:
-    __slots__ = ("bare", "future", "key", "proto", "store")
+    __slots__ = ("bare", "future", "key", "proto", "store", "waited")
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class Load:
         self.store = store  # False once disowned, and for bypass loads
         self.proto = proto  # the entry keeps gRPC records, not JSON (``GroupSpec.entry``)
         self.bare = bare  # the entry keeps neither (its packed values alone)
+        self.waited = False  # it waited for a front's load of its key once, which stored none
 
 
 class SingleFlight:
@@ -150,15 +153,61 @@ class SingleFlight:
                 shared[load.key] = [load]
             else:
                 same.append(load)
-        entities = by_entity(shared, self.reads.specs)
         # the keys this flush stores, claimed where the native fronts load too: a front's
-        # lookup that misses one meanwhile waits for this read instead of making its own
+        # lookup that misses one meanwhile waits for this read instead of making its own,
+        # and a key a front is loading already is waited for here in turn (``_wait_fronts``)
         claim = self.cache.claim([k for k, same in shared.items() if any(ld.store for ld in same)])
         try:
-            await self._read(loads, shared, entities)
+            waits: dict[CacheKey, list[Load]] = {}
+            for key in self.cache.elsewhere(claim):
+                waiting = [ld for ld in shared.get(key, ()) if ld.store and not ld.waited]
+                if waiting:
+                    waits[key] = waiting
+                    rest = [ld for ld in shared[key] if ld not in waiting]
+                    if rest:
+                        shared[key] = rest
+                    else:
+                        del shared[key]
+            reading = [ld for same in shared.values() for ld in same]
+            entities = by_entity(shared, self.reads.specs)
+            if not waits:
+                await self._read(reading, shared, entities)
+            elif not shared:
+                await self._wait_fronts(claim, waits)
+            else:
+                await asyncio.gather(
+                    self._read(reading, shared, entities), self._wait_fronts(claim, waits)
+                )
         finally:
             if claim is not None:
                 claim.end()
+
+    async def _wait_fronts(self, claim: Claimed | None, waits: dict[CacheKey, list[Load]]) -> None:
+        """The loads of keys a native front was loading already: resolved with the entry that
+        load stored, once it ends (at most the longest round trip's timeout); those it did
+        not store (its read failed, an invalidation, an entry not admitted) are read in the
+        next flush, without waiting again."""
+        await self.cache.wait_elsewhere(claim, self.reads.timeout.cap)
+        now = self.reads.clock()
+        again: list[Load] = []
+        for key, waiting in waits.items():
+            entry = self.cache.peek(key)
+            if entry is None or now >= entry.expires_at or entry.fault is not None:
+                for load in waiting:
+                    load.waited = True
+                again += [load for load in waiting if not load.future.done()]
+                continue
+            for load in waiting:
+                if self.inflight.get(key) is load:
+                    del self.inflight[key]
+                if not load.future.done():
+                    load.future.set_result(entry)
+        if again:
+            self._pending += again
+            if not self._scheduled:
+                self._scheduled = True
+                self._loop = asyncio.get_running_loop()
+                self._loop.call_soon(self._flush)
 
     async def _read(
         self, loads: list[Load], shared: dict[CacheKey, list[Load]], entities: EntityReads
@@ -194,7 +243,8 @@ class SingleFlight:
                 settled.append((load, entry))
         self.cache.put_many(stored, now)
         for load, entry in settled:
-            load.future.set_result(entry)
+            if not load.future.done():
+                load.future.set_result(entry)
 
     def fail(self, loads: Iterable[Load], error: BaseException) -> None:
         self.cache.stats.failed_loads += 1

@@ -19,15 +19,18 @@ same semantics, used with ``FEATURE_STORE_NATIVE=off``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import os
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from feature_store.batch import Fault, FaultReason
 from feature_store.layout import MAX_STRING_ID_BYTES
 from feature_store.native import GroupFormat
-from feature_store.serving.l1.cache import CacheKey, Entry, L1Store
+from feature_store.serving.l1.cache import CacheKey, Claimed, Entry, L1Store
 
 if TYPE_CHECKING:
     from feature_store._native import FrontRedis, HitCache, PythonLoad
@@ -239,6 +242,35 @@ class NativeCache(L1Store):
         tags = self.tags
         tagged = [tags[group] + key for group, key in keys if group in tags]
         return self.native.claim(tagged) if tagged else None
+
+    def elsewhere(self, claim: Claimed | None) -> list[CacheKey]:
+        if claim is None:
+            return []
+        return [self.untagged(k) for k in cast("PythonLoad", claim).elsewhere()]
+
+    async def wait_elsewhere(self, claim: Claimed | None, within: float) -> None:
+        """Waited for on a front's runtime (``PythonLoad.notify``), which writes an eventfd
+        this loop reads once those loads end: no thread, no polling."""
+        front = self.refreshing_front() if self.refreshing_front is not None else None
+        if claim is None or front is None:
+            return  # no front loads on connections of its own: nothing to wait for
+        loop = asyncio.get_running_loop()
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        done: asyncio.Future[None] = loop.create_future()
+
+        def woken() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, woken)
+        try:
+            cast("PythonLoad", claim).notify(front, fd, within)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within + 1.0):  # the front writes by ``within``
+                    await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
 
     def mark_shadowed(self, key: CacheKey) -> None:
         tag = self.tags.get(key[0])

@@ -450,6 +450,11 @@ impl FrontRedis {
         }
     }
 
+    /// Run `task` on the front's runtime.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.direct.handle.spawn(task);
+    }
+
     /// Read again, on the front's runtime, the entries `hits` has due (`front::lookup::
     /// refresh`), where the front may answer no lookup to start it.
     pub(crate) fn refresh(&self, hits: &Arc<Hits>) {

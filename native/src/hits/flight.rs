@@ -75,35 +75,42 @@ impl Drop for Pinned<'_> {
 
 /// The keys a load of Python's reads (`HitCache::claim`), claimed as a front's lookup
 /// claims its misses: a front's lookup that misses one of them meanwhile waits for
-/// Python's load (up to `Loading::wait`) instead of reading it again. Its claims end with
-/// `end`, once Python has stored what it read, or when it is dropped, whatever happened.
+/// Python's load (up to `Loading::wait`) instead of reading it again. The keys a front was
+/// loading already are Python's to wait for in turn (`elsewhere`, `notify`), pinned until
+/// it has. Its claims end with `end`, once Python has stored what it read, or when it is
+/// dropped, whatever happened.
 #[pyclass(module = "feature_store._native")]
 pub struct PythonLoad {
     hits: Arc<Hits>,
     mine: Vec<Key>,
     senders: Vec<watch::Sender<()>>,
+    waited: Vec<Key>, // the keys a front was loading, sorted
+    waiting: Vec<watch::Receiver<()>>,
 }
 
 impl PythonLoad {
-    /// Claim those of `keys` (sorted, each once) that no front is loading: the others are
-    /// Python's to read all the same (it does not wait for a front's load).
+    /// Claim `keys` (sorted, each once): those no front is loading are this load's; the
+    /// others are waited for (`notify`).
     pub(super) fn claim(hits: &Arc<Hits>, keys: &[Key]) -> Self {
         let mut claim = hits.claim_keys(keys);
-        let mine = std::mem::take(&mut claim.mine);
-        let senders = std::mem::take(&mut claim.senders);
-        drop(claim); // unpins the keys in flight elsewhere
-        PythonLoad {
+        let load = PythonLoad {
             hits: Arc::clone(hits),
-            mine,
-            senders,
-        }
+            mine: std::mem::take(&mut claim.mine),
+            senders: std::mem::take(&mut claim.senders),
+            waited: std::mem::take(&mut claim.waited),
+            waiting: std::mem::take(&mut claim.waiting),
+        };
+        drop(claim); // holds nothing now
+        load
     }
 
     fn finish(&mut self) {
         let flights = &self.hits.flights;
         loaded(flights, &self.mine);
-        unpin(flights, &self.mine, &[]);
+        unpin(flights, &self.mine, &self.waited);
         self.mine.clear();
+        self.waited.clear();
+        self.waiting.clear();
         self.senders.clear(); // the fronts' waiters wake: their `changed()` ends
     }
 }
@@ -119,6 +126,49 @@ impl PythonLoad {
     /// How many of the keys this load claimed (the others a front was loading already).
     fn __len__(&self) -> usize {
         self.mine.len()
+    }
+
+    /// The keys a front was loading already (group index, 2 bytes, then the Redis key).
+    fn elsewhere<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, pyo3::types::PyBytes>> {
+        let keys = self.waited.iter();
+        keys.map(|k| pyo3::types::PyBytes::new(py, k)).collect()
+    }
+
+    /// Write 1 to the eventfd `fd` once the fronts' loads of `elsewhere` have ended, or
+    /// `timeout` seconds have passed: waited for on `front`'s runtime, without the GIL. The
+    /// write goes to a duplicate of `fd`, closed after it, so that Python may close its own
+    /// at any time (its wait given up) without the number reaching another file.
+    fn notify(
+        &mut self,
+        front: &crate::front::redis::FrontRedis,
+        fd: i32,
+        timeout: f64,
+    ) -> PyResult<()> {
+        use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: dup of a descriptor Python holds open for this call; the duplicate is
+        // this task's alone, closed when the task ends (run or dropped at shutdown)
+        let own = unsafe { libc::dup(fd) };
+        if own < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: `own` is a new descriptor nothing else owns
+        let own = unsafe { OwnedFd::from_raw_fd(own) };
+        let waiting = std::mem::take(&mut self.waiting);
+        let wait = crate::time::seconds(timeout);
+        front.spawn(async move {
+            let loads = async {
+                for mut rx in waiting {
+                    let _ = rx.changed().await; // ends when that load's claim does
+                }
+            };
+            let _ = tokio::time::timeout(wait, loads).await;
+            let one: u64 = 1;
+            // SAFETY: `own` is this task's duplicate of an eventfd, open while it lives; an
+            // eventfd write of 8 bytes is never partial (a full counter: EAGAIN, and Python
+            // has been woken already)
+            unsafe { libc::write(own.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        });
+        Ok(())
     }
 }
 
