@@ -166,7 +166,13 @@ impl PythonLoad {
             // SAFETY: `own` is this task's duplicate of an eventfd, open while it lives; an
             // eventfd write of 8 bytes is never partial (a full counter: EAGAIN, and Python
             // has been woken already)
-            unsafe { libc::write(own.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+            unsafe {
+                libc::write(
+                    own.as_raw_fd(),
+                    &one as *const u64 as *const libc::c_void,
+                    8,
+                )
+            };
         });
         Ok(())
     }
