@@ -44,9 +44,15 @@ def _post(server: ServingProcess, body: dict[str, object], out: list[int]) -> No
     out.append(r.status_code)
 
 
-def test_a_front_waits_for_pythons_load_of_a_key_instead_of_reading_it_again(
-    redis_url: str,
-) -> None:
+# entity 7 through the front (the form it learned) and through Python's handler (a form
+# it has not: the features in another order)
+ON_THE_FRONT = {**WHOLE, "ids": [7]}
+IN_PYTHON = {"entity_type": ENTITY, "features": ALL[::-1], "ids": [7]}
+
+
+def _reads_of_two_lookups(redis_url: str, first: dict[str, object], then: dict[str, object]) -> int:
+    """Redis's reads for ``first`` and ``then`` of entity 7, ``then`` sent while ``first``'s
+    read waits for Redis (paused), once the front has learned the whole group's form."""
     with FeatureStore.connect(redis_url, sample.registry()) as store:
         store.write(GROUP, sample.rows(20))
     with (
@@ -58,47 +64,27 @@ def test_a_front_waits_for_pythons_load_of_a_key_instead_of_reading_it_again(
         _post(server, {**WHOLE, "ids": [0]}, statuses)  # a hit on the front
         client.config_resetstat()
         client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
-        # a form the front has not learned (the features in another order): Python's
-        # handler loads entity 7, and its read waits for Redis
-        python = threading.Thread(
-            target=_post,
-            args=(server, {"entity_type": ENTITY, "features": ALL[::-1], "ids": [7]}, statuses),
-        )
-        python.start()
-        threading.Event().wait(PAUSE_MS / 4000)
-        # the learned form, on the front: entity 7 is Python's to load, and the front waits
-        front = threading.Thread(target=_post, args=(server, {**WHOLE, "ids": [7]}, statuses))
-        front.start()
-        python.join(10)
-        front.join(10)
+        threads = [
+            threading.Thread(target=_post, args=(server, b, statuses)) for b in (first, then)
+        ]
+        threads[0].start()
+        threading.Event().wait(PAUSE_MS / 4000)  # the first's read is sent, and waits
+        threads[1].start()
+        for thread in threads:
+            thread.join(10)
         assert statuses == [200] * 4
-        assert _reads(client) == 1
+        return _reads(client)
+
+
+def test_a_front_waits_for_pythons_load_of_a_key_instead_of_reading_it_again(
+    redis_url: str,
+) -> None:
+    # Python's handler loads entity 7; the front's lookup of it waits for that read
+    assert _reads_of_two_lookups(redis_url, IN_PYTHON, ON_THE_FRONT) == 1
 
 
 def test_pythons_load_waits_for_a_fronts_load_of_a_key_instead_of_reading_it_again(
     redis_url: str,
 ) -> None:
-    with FeatureStore.connect(redis_url, sample.registry()) as store:
-        store.write(GROUP, sample.rows(20))
-    with (
-        ServingProcess(redis_url, env=ENV, grpc=False) as server,
-        redis.Redis.from_url(redis_url) as client,
-    ):
-        statuses: list[int] = []
-        _post(server, {**WHOLE, "ids": [0]}, statuses)  # Python answers: the front learns it
-        _post(server, {**WHOLE, "ids": [0]}, statuses)  # a hit on the front
-        client.config_resetstat()
-        client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
-        # the learned form, on the front: it loads entity 7, and its read waits for Redis
-        front = threading.Thread(target=_post, args=(server, {**WHOLE, "ids": [7]}, statuses))
-        front.start()
-        threading.Event().wait(PAUSE_MS / 4000)
-        # a form the front has not learned: Python's handler misses entity 7, which the
-        # front is loading, and waits for that load
-        body = {"entity_type": ENTITY, "features": ALL[::-1], "ids": [7]}
-        python = threading.Thread(target=_post, args=(server, body, statuses))
-        python.start()
-        python.join(10)
-        front.join(10)
-        assert statuses == [200] * 4
-        assert _reads(client) == 1
+    # the front loads entity 7; Python's handler misses it, and waits for the front's read
+    assert _reads_of_two_lookups(redis_url, ON_THE_FRONT, IN_PYTHON) == 1
