@@ -299,10 +299,6 @@ class LRUCache(L1Store):
             self._entries.move_to_end(key)
         return entry
 
-    def entries(self) -> list[Entry]:
-        """A snapshot of the entries this cache holds, least recently used first."""
-        return list(self._entries.values())
-
     def peek(self, key: CacheKey) -> Entry | None:
         return self._entries.get(key)
 
