@@ -43,7 +43,9 @@ feature_groups:
 feature_services:
   ranking: [consumer_daily:orders, store_daily]
 """
-NOW = time.time()
+# a whole second: write times are kept to the millisecond, so a fraction past .9995 would
+# be stored, and stamped, as the next second
+NOW = float(int(time.time()))
 
 
 @pytest.fixture(scope="module")

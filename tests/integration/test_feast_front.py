@@ -58,7 +58,9 @@ feature_services:
   both: [consumer_daily:orders, store_daily]
   across: [consumer_weekly:spend, consumer_daily:tags, consumer_weekly:visits]
 """
-NOW = time.time()
+# a whole second: write times are kept to the millisecond, so a fraction past .9995 would
+# be stored, and stamped, as the next second
+NOW = float(int(time.time()))
 BROKEN = 4  # its key holds a string, not a hash: the handler answers INVALID
 UNTIMED = 8  # a value without the write time that this project's writers write with it
 LOOKUPS = "feature_serving_front_lookups_total"
@@ -259,7 +261,7 @@ def test_every_status_is_written_by_the_front(
     assert tags["values"] == [[1, 2], None, None, None, None, [1, 2]]
     assert tags["statuses"][1] == "NULL_VALUE"
     assert orders["event_timestamps"][3] == "1970-01-01T00:00:00Z"
-    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(NOW - 7200)))
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 7200))
     assert orders["event_timestamps"][2] == written
 
 
