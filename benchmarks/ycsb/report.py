@@ -183,7 +183,7 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
         if cpu(base):
             line += f", store CPU per lookup x{cpu(other) / cpu(base):.2f}"
         out.append(line + f" (above 1: {base} is better){flag(other, base)}")
-    for api in ("serving", "serving-nocache"):
+    for api in ("serving", "serving-nocache", "serving-grpc", "serving-grpc-nocache"):
         if not (ok(api) and ok("hash") and ms("hash", avg)):
             continue
         out.append(

@@ -41,6 +41,7 @@ from feature_store.serving.process import ServingProcess  # noqa: E402
 WORKLOADS = {"read": "batchread", "mix": "batchmix"}  # table column -> workload file
 ENTITY, GROUP, PREFIX = "ycsb_user", "ycsb", "u"
 PACKAGE = "featurestore.ycsb"
+SERVING = ("ServingClient", "GrpcServingClient")  # the bindings of the serving API
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,21 @@ ROWS = [
         "serving-nocache",
         "serving API (REST), --no-cache",
         "ServingClient",
+        "redis",
+        loads=False,
+        serve_flags=("--no-cache",),
+    ),
+    RowSpec(
+        "serving-grpc",
+        "serving API (gRPC), L1 cache on (default)",
+        "GrpcServingClient",
+        "redis",
+        loads=False,
+    ),
+    RowSpec(
+        "serving-grpc-nocache",
+        "serving API (gRPC), --no-cache",
+        "GrpcServingClient",
         "redis",
         loads=False,
         serve_flags=("--no-cache",),
@@ -116,11 +132,19 @@ def build(quiet: bool = True) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise servers.ServerError("Maven (mvn) was not found; install it (apt-get install maven)")
-    cmd = [mvn, "-B", "-q", "package"] if quiet else [mvn, "-B", "package"]
-    print("building the YCSB module (mvn package) ...", flush=True)
-    done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=1200)
-    if done.returncode != 0:
-        raise servers.ServerError(f"mvn package failed:\n{(done.stdout + done.stderr)[-4000:]}")
+    flags = ["-B", "-q"] if quiet else ["-B"]
+    # the gRPC binding's client, the project's own (clients/java), into the local repository
+    steps = [
+        ("the Java client (mvn install)", REPO / "clients" / "java", ["install", "-DskipTests"]),
+        ("the YCSB module (mvn package)", HERE, ["package"]),
+    ]
+    for what, where, goals in steps:
+        print(f"building {what} ...", flush=True)
+        cmd = [mvn, *flags, *goals]
+        done = subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=1200)
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr)[-4000:]
+            raise servers.ServerError(f"{shlex.join(cmd)} in {where} failed:\n{tail}")
 
 
 def classpath() -> str:
@@ -357,13 +381,14 @@ def run_row(
             props = {"redis.port": str(single.port)}
             if spec.loads:
                 flush([single.port])
-        if spec.db == "ServingClient":
+        if spec.db in SERVING:
+            grpc = spec.db == "GrpcServingClient"
             flags = ["--workers", str(args.serving_workers), *spec.serve_flags]
             serving = ServingProcess(
                 single.url,
                 registry=work / "features.yaml",
                 args=flags,
-                grpc=False,  # the binding speaks REST
+                grpc=grpc,
                 log_path=s.raw_dir / "serving.server.log",
                 ready_path="/readyz",
                 start_timeout=60.0,
@@ -371,9 +396,13 @@ def run_row(
             stack.enter_context(serving)
             assert serving.process is not None
             api_pid = serving.process.pid
-            props = {"serving.url": serving.rest_url}
+            if grpc:
+                props = {"serving.grpc": serving.grpc_target}
+            else:
+                props = {"serving.url": serving.rest_url}
+            api = "" if grpc else "--no-grpc "
             result.notes.append(
-                f"`feature-store serve --no-grpc {' '.join(flags)}` on a free loopback port, with "
+                f"`feature-store serve {api}{' '.join(flags)}` on free loopback ports, with "
                 "the run's registry (entity ycsb_user, group ycsb of field0..field9: string) and "
                 "Redis"
             )
