@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import sweeps
 import ycsb_output
 
 BATCH = "BATCH_READ"
@@ -20,6 +21,9 @@ class MeasuredLike(Protocol):
     store_cpu_s: float
     api_cpu_s: float | None
     wall_s: float
+    threads: int
+    target: int
+    client_cpu_s: float
 
 
 class SettingsLike(Protocol):
@@ -29,6 +33,9 @@ class SettingsLike(Protocol):
     threads: int
     batch_keys: int
     batch_fields: int
+    seconds: int | None
+    sweep: tuple[int, ...]
+    workloads: tuple[str, ...]
 
 
 @dataclass
@@ -40,6 +47,9 @@ class RowResult:
     not_run: str | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    # each workload's runs of a sweep: unthrottled at each thread count, then fixed rates
+    sweeps: dict[str, list[MeasuredLike]] = field(default_factory=dict)
+    memory_per_record: float | None = None  # Redis's used_memory after the load, per record
 
     def batch(self, run: str) -> ycsb_output.Operation | None:
         m = self.runs.get(run)
@@ -119,6 +129,33 @@ def table(rows: list[RowResult], s: SettingsLike) -> list[str]:
             f"| {tput} | {_num(r.cpu_us_per_lookup('read', lookups), '.3f')} "
             f"| {_num(cpu_pct, '.0f')} | {_num(api, '.2f')} |"
         )
+    return out
+
+
+def single_table(rows: list[RowResult], workloads: list[str]) -> list[str]:
+    """Each row's runs of YCSB's single-record workloads: throughput, and the read's and the
+    write's latencies."""
+    out = [
+        "| row | workload | ops/s | read avg / p95 / p99 (ms) | write avg / p99 (ms) |",
+        "|---|---|---:|---|---|",
+    ]
+    for r in rows:
+        for w in workloads:
+            m = r.runs.get(w)
+            if m is None:
+                why = f"not run: {r.not_run}" if r.not_run else "FAILED (see below)"
+                out.append(f"| {r.label} | {w} | {why} |  |  |")
+                continue
+            ops = m.output.operations
+            write = next((ops[n] for n in ("UPDATE", "INSERT") if n in ops), None)
+            written = "-"
+            if write is not None:
+                avg, p99 = write.ms("AverageLatency(us)"), write.ms("99thPercentileLatency(us)")
+                written = f"{avg:.2f} / {p99:.2f}"
+            out.append(
+                f"| {r.label} | {w} | {m.output.throughput:,.0f} | {_lat(ops.get('READ'))} "
+                f"| {written} |"
+            )
     return out
 
 
@@ -202,6 +239,8 @@ def render(
     sizes: str,
     env: list[str],
 ) -> str:
+    if s.sweep:
+        return render_sweep(args, rows, s, sizes, env)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     target = f"{s.target} ops/s" if s.target else "none (as fast as possible)"
     lines = [
@@ -224,6 +263,14 @@ def render(
         "100% read run, including everything else the server did meanwhile.",
         "",
     ]
+    singles = [w for w in s.workloads if w not in ("read", "mix")]
+    if singles:
+        lines += [
+            "Single-record workloads (YCSB's own):",
+            "",
+            *single_table(rows, singles),
+            "",
+        ]
     lines += ["CPU of every run:", "", *cpu_table(rows), ""]
     rat = ratios({r.name: r for r in rows}, s)
     if rat:
@@ -232,6 +279,72 @@ def render(
     failures = [r for r in rows if r.error]
     if notes:
         lines += ["Notes:", "", *[f"- {r.name}: {n}" for r, n in notes], ""]
+    if failures:
+        lines += ["Failures:", ""]
+        for r in failures:
+            lines += [f"- {r.name}:", "", "```", (r.error or "").strip(), "```", ""]
+    return "\n".join(lines)
+
+
+WORKLOAD_NAMES = {
+    "read": "batch reads",
+    "mix": "95% batch reads, 5% updates of a whole record",
+    "a": "YCSB A: 50% reads, 50% updates",
+    "b": "YCSB B: 95% reads, 5% updates",
+    "c": "YCSB C: reads only",
+    "f": "YCSB F: 50% reads, 50% read-modify-writes",
+    "d": "YCSB D: 95% reads of the latest records, 5% inserts",
+}
+
+
+def render_sweep(
+    args: argparse.Namespace,
+    rows: list[RowResult],
+    s: SettingsLike,
+    sizes: str,
+    env: list[str],
+) -> str:
+    """The results of sweeps: best unthrottled throughput per row and workload, with the
+    latencies at it and at fixed shares of it."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = os.getloadavg()
+    lookups = s.batch_keys * s.batch_fields
+    shares = " and ".join(f"{share:.0%}" for share in sweeps.SHARES)
+    lines = [
+        "# YCSB: the storage layouts and the serving API, unthrottled and at fixed rates",
+        "",
+        f"Command: `{args.command}` ({now}); load average at the end: "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        "",
+        *[f"- {e}" for e in env],
+        f"- {s.records:,} records of 10 fields; each workload run unthrottled for "
+        f"{s.seconds} s at each of {', '.join(map(str, s.sweep))} client threads, then at "
+        f"{shares} of the best of those throughputs (its threads); zipfian requests "
+        "(D: the latest records)",
+        f"- batch reads of {s.batch_keys} keys x {s.batch_fields} fields = {lookups:,} lookups "
+        "per operation; the single-record workloads read all 10 fields of one record",
+        f"- value sizes from benchmarks/ycsb/histogram.py: {sizes}",
+        "- workloads: "
+        + "; ".join(f"`{w}`: {WORKLOAD_NAMES[w]}" for w in s.workloads)
+        + ". YCSB's E (short scans) has no counterpart in a feature store: not run",
+        "- this machine's 2 cores are shared by the store, the client and other work: compare "
+        "the rows of one run, not absolute figures across runs or machines",
+        "",
+        *sweeps.table(rows, s.workloads, lookups),
+        "",
+        "Latencies are YCSB's, in the client, of the read (a batch read, or one record's read) "
+        "only. Store CPU is utime+stime of the store's processes (Redis's, the cluster's "
+        "masters summed, PostgreSQL's) over the run, per operation; client CPU is the YCSB "
+        "JVM's, start and warm-up included; API CPU is `feature-store serve`'s (the serving rows, "
+        "whose store is Redis).",
+        "",
+        *sweeps.loads(rows, s.records),
+        "",
+    ]
+    notes = [(r, n) for r in rows for n in r.notes]
+    if notes:
+        lines += ["Notes:", "", *[f"- {r.name}: {n}" for r, n in notes], ""]
+    failures = [r for r in rows if r.error]
     if failures:
         lines += ["Failures:", ""]
         for r in failures:

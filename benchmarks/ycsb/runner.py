@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ sys.path.insert(0, str(REPO))
 import histogram  # noqa: E402
 import report  # noqa: E402
 import servers  # noqa: E402
+import sweeps  # noqa: E402
 import ycsb_output  # noqa: E402
 
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port  # noqa: E402
@@ -38,7 +40,28 @@ from feature_store.errors import FeatureStoreError  # noqa: E402
 from feature_store.registry import parse_registry  # noqa: E402
 from feature_store.serving.process import ServingProcess  # noqa: E402
 
-WORKLOADS = {"read": "batchread", "mix": "batchmix"}  # table column -> workload file
+# table column -> workload file: the batch read and the 95/5 mix of batch reads and updates,
+# then YCSB's standard A, B, C, F and D on single records (D last: it inserts records; E,
+# short scans, has no counterpart in a feature store)
+WORKLOADS = {
+    "read": "batchread",
+    "mix": "batchmix",
+    "a": "workloada",
+    "b": "workloadb",
+    "c": "workloadc",
+    "f": "workloadf",
+    "d": "workloadd",
+}
+BATCH_WORKLOADS = ("read", "mix")
+SWEEP = (1, 4, 16, 64)  # client threads of the unthrottled runs
+BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
+# --quick: a few minutes on a 2-core machine
+QUICK: dict[str, object] = {
+    "records": 100_000,
+    "workloads": "read,mix,c",
+    "sweep": "4,32",
+    "seconds": 3,
+}
 ENTITY, GROUP, PREFIX = "ycsb_user", "ycsb", "u"
 PACKAGE = "featurestore.ycsb"
 SERVING = ("ServingClient", "GrpcServingClient")  # the bindings of the serving API
@@ -105,7 +128,7 @@ ROW_NAMES = [r.name for r in ROWS]
 
 # PostgreSQL may lose the last commits on a crash, as Redis's AOF with everysec may lose the
 # last second: both durable to the OS, fsync in the background.
-POSTGRES_SETTINGS = {"synchronous_commit": "off", "max_connections": "50"}
+POSTGRES_SETTINGS = {"synchronous_commit": "off", "max_connections": "100"}  # 64 threads
 
 
 def registry_text(fields: int) -> str:
@@ -170,6 +193,9 @@ class Measured:
     store_cpu_s: float
     api_cpu_s: float | None
     wall_s: float
+    threads: int = 0
+    target: int = 0  # ops/s asked for; 0: unthrottled
+    client_cpu_s: float = 0.0  # the YCSB JVM's own CPU
 
 
 @dataclass
@@ -183,6 +209,10 @@ class Settings:
     histogram: Path
     timeout_s: int
     raw_dir: Path
+    seconds: int | None = None  # each run bounded by this time instead of an operation count
+    sweep: tuple[int, ...] = ()  # threads of the unthrottled runs; () runs each workload once
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    load_threads: int = 4
 
 
 def run_ycsb(
@@ -192,32 +222,47 @@ def run_ycsb(
     props: dict[str, str],
     store_pids: list[int],
     api_pid: int | None,
+    threads: int | None = None,
+    target: int | None = None,
 ) -> Measured:
+    """One YCSB process: the load (``phase`` "load") or a run of one workload, at ``threads``
+    and ``target`` ops/s (the settings' by default), bounded by the settings' seconds if any.
+    """
     workload = WORKLOADS.get(phase, "batchread")
+    threads = s.threads if threads is None else threads
+    target = s.target if target is None else target
+    bounded = phase != "load" and s.seconds is not None
     all_props = {
         "recordcount": str(s.records),
-        "operationcount": str(s.operations),
+        "operationcount": str(BOUNDLESS if bounded else s.operations),
         "batchkeys": str(s.batch_keys),
         "batchfields": str(s.batch_fields),
         "fieldlengthhistogram": str(s.histogram),
-        "maxexecutiontime": str(s.timeout_s),
+        "maxexecutiontime": str(s.seconds if bounded else s.timeout_s),
         "fs.prefix": PREFIX,
         "fs.group": GROUP,
         "fs.entity": ENTITY,
         **spec.props,
         **props,
     }
-    target = 0 if phase == "load" else s.target  # the load runs flat out: it is timed
-    cmd = ycsb_command(spec.db, phase, workload, all_props, s.threads, target)
-    raw = s.raw_dir / f"{spec.name}.{phase}.txt"
+    if phase == "load":
+        target, threads = 0, s.load_threads  # the load runs flat out: it is timed
+    cmd = ycsb_command(spec.db, phase, workload, all_props, threads, target)
+    # a workload run once is named by it alone; a sweep's by its threads and target too
+    run = (
+        "" if phase == "load" or not s.sweep else f".t{threads}" + (f".r{target}" if target else "")
+    )
+    raw = s.raw_dir / f"{spec.name}.{phase}{run}.txt"
     cpu0 = servers.cpu_seconds(store_pids)
     api0 = servers.cpu_seconds([api_pid]) if api_pid else None
+    client0 = children_cpu()
     t0 = time.monotonic()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s + 120)
     except subprocess.TimeoutExpired as e:
         raise ycsb_output.YCSBRunFailed(f"YCSB did not finish within {s.timeout_s + 120} s") from e
     wall = time.monotonic() - t0
+    client = children_cpu() - client0
     time.sleep(0.5)  # let PostgreSQL reap the backends of the closed connections
     cpu1 = servers.cpu_seconds(store_pids)
     api1 = servers.cpu_seconds([api_pid]) if api_pid else None
@@ -225,18 +270,34 @@ def run_ycsb(
         f"$ {shlex.join(cmd)}\n# exit {done.returncode}\n\n{done.stdout}\n"
         f"# ---- stderr ----\n{done.stderr}"
     )
-    expected = s.records if phase == "load" else s.operations
+    expected = s.records if phase == "load" else (None if bounded else s.operations)
     if done.returncode != 0:
         raise ycsb_output.YCSBRunFailed(
             f"YCSB exited {done.returncode}; see {raw}\n{done.stderr[-1500:]}"
         )
     api_cpu = None if api0 is None or api1 is None else api1 - api0
+
+    def measured(out: ycsb_output.Output) -> Measured:
+        return Measured(out, cpu1 - cpu0, api_cpu, wall, threads, target, client)
+
     try:
         out = ycsb_output.check(done.stdout, expected, done.stderr)
     except ycsb_output.YCSBRunFailed as e:
-        measured = None if e.output is None else Measured(e.output, cpu1 - cpu0, api_cpu, wall)
-        raise PhaseFailed(f"{phase}: {e} (raw output: {raw})", measured) from e
-    return Measured(out, cpu1 - cpu0, api_cpu, wall)
+        partial = None if e.output is None else measured(e.output)
+        raise PhaseFailed(f"{phase}{run}: {e} (raw output: {raw})", partial) from e
+    return measured(out)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended: a YCSB process's own, read
+    before and after it (the servers, which run on, are not among them)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def redis_memory(ports: list[int]) -> int:
+    """Bytes Redis holds for data and overhead (``used_memory``), summed over ``ports``."""
+    return sum(int(redis.Redis(port=p).info("memory")["used_memory"]) for p in ports)
 
 
 class PhaseFailed(Exception):
@@ -290,6 +351,10 @@ def run_all(args: argparse.Namespace) -> int:
         histogram=hist,
         timeout_s=args.max_seconds,
         raw_dir=raw_dir,
+        seconds=args.seconds if args.sweep else None,
+        sweep=args.sweep,
+        workloads=args.workloads,
+        load_threads=args.load_threads,
     )
     registry_file = work / "features.yaml"
     registry_file.write_text(registry_text(10))
@@ -341,6 +406,8 @@ def _run_rows(
     table = report.render(args, list(results.values()), settings, sizes, env_info)
     out = args.results_dir / f"{args.name}.md"
     out.write_text(table)
+    if settings.sweep:
+        sweeps.plot(out.with_suffix(".png"), list(results.values()), settings.workloads)
     print("\n" + table)
     print(f"wrote {out} and the raw YCSB output in {raw_dir}/")
     failed = [r.name for r in results.values() if r.error]
@@ -362,6 +429,7 @@ def run_row(
 ) -> None:
     props: dict[str, str] = {}
     api_pid = None
+    ports: list[int] = []  # the Redis nodes a loading row fills: their memory per record
     with contextlib.ExitStack() as stack:
         if spec.store == "postgres":
             assert pg is not None
@@ -374,6 +442,7 @@ def run_row(
             props = {"redis.port": str(ports[0]), "redis.cluster": "true"}
             if spec.loads:
                 flush(ports)
+            ports = ports if spec.loads else []
         else:
             assert single.process is not None
             assert single.port is not None
@@ -381,6 +450,7 @@ def run_row(
             props = {"redis.port": str(single.port)}
             if spec.loads:
                 flush([single.port])
+                ports = [single.port]
         if spec.db in SERVING:
             grpc = spec.db == "GrpcServingClient"
             flags = ["--workers", str(args.serving_workers), *spec.serve_flags]
@@ -406,24 +476,35 @@ def run_row(
                 "the run's registry (entity ycsb_user, group ycsb of field0..field9: string) and "
                 "Redis"
             )
-        failures = []
+        failures: list[str] = []
         if spec.loads:
             print(f"[{spec.name}] load {s.records:,} records ...", flush=True)
+            empty = redis_memory(ports)
             try:
                 result.load = run_ycsb(spec, "load", s, props, store_pids, api_pid)
             except PhaseFailed as e:
                 # the runs would read records that are not there: stop this row
                 raise ycsb_output.YCSBRunFailed(str(e)) from e
-        for column in WORKLOADS:
-            print(f"[{spec.name}] {WORKLOADS[column]} {s.operations:,} operations ...", flush=True)
+            if ports:
+                result.memory_per_record = (redis_memory(ports) - empty) / s.records
+
+        def run(column: str, threads: int | None, target: int | None) -> Measured | None:
+            at = "" if threads is None else f" at {threads} threads, target {target or 'none'}"
+            print(f"[{spec.name}] {WORKLOADS[column]}{at} ...", flush=True)
             try:
-                result.runs[column] = run_ycsb(spec, column, s, props, store_pids, api_pid)
+                return run_ycsb(spec, column, s, props, store_pids, api_pid, threads, target)
             except PhaseFailed as e:
-                # keep what it measured, marked as failed, and still run the other workload
+                # keep what it measured, marked as failed, and still run the other workloads
                 print(f"[{spec.name}] FAILED: {e}", flush=True)
                 failures.append(str(e))
-                if e.measured is not None:
-                    result.runs[column] = e.measured
+                return e.measured
+
+        for column in s.workloads:
+            if s.sweep:
+                runs = sweeps.sweep(lambda t, target: run(column, t, target), s.sweep)  # noqa: B023
+                result.sweeps[column] = runs
+            elif (once := run(column, None, None)) is not None:
+                result.runs[column] = once
         if failures:
             result.error = "\n".join(failures)
 
@@ -434,12 +515,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Build, start the servers, load and run every binding x workload, "
         "and write the table to benchmarks/results/. See docs/ycsb.md.",
     )
-    p.add_argument("--records", type=int, default=10_000, help="records (entities) to load")
-    p.add_argument("--operations", type=int, default=10_000, help="operations per workload run")
+    p.add_argument("--records", type=int, default=1_000_000, help="records (entities) to load")
     p.add_argument(
-        "--target", type=int, default=125, help="target ops/s of every run (0: as fast as possible)"
+        "--sweep",
+        default=",".join(map(str, SWEEP)),
+        help="client threads of each workload's unthrottled runs, then runs at "
+        + " and ".join(f"{share:.0%}" for share in sweeps.SHARES)
+        + " of the best throughput; 'none': each workload once, at --threads and --target",
     )
-    p.add_argument("--threads", type=int, default=4, help="YCSB client threads")
+    p.add_argument("--seconds", type=int, default=20, help="length of each run of a sweep")
+    p.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated workloads, of: {', '.join(WORKLOADS)}",
+    )
+    p.add_argument(
+        "--operations", type=int, default=10_000, help="operations per run, with --sweep none"
+    )
+    p.add_argument(
+        "--target", type=int, default=0, help="target ops/s of each run with --sweep none (0: none)"
+    )
+    p.add_argument("--threads", type=int, default=4, help="YCSB client threads with --sweep none")
+    p.add_argument("--load-threads", type=int, default=16, help="YCSB client threads of the loads")
     p.add_argument("--batch-keys", type=int, default=100, help="keys per batch read (K)")
     p.add_argument("--batch-fields", type=int, default=10, help="fields per key (F)")
     p.add_argument(
@@ -451,7 +548,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="CI mode: 1,000 records, 1,000 operations per run, 2 threads, no target",
+        help="CI mode: 1,000 records, each workload once: 1,000 operations, 2 threads, no target",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a few minutes: {QUICK['records']:,} records, the workloads "
+        f"{', '.join(QUICK['workloads'])}, sweeps of {QUICK['sweep']} threads, runs of "
+        f"{QUICK['seconds']} s",
     )
     p.add_argument("--name", help="result name: <results-dir>/<name>.md (default ycsb, ycsb_smoke)")
     p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
@@ -459,9 +563,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=int, default=900, help="bound of each YCSB run")
     p.add_argument("--skip-build", action="store_true", help="use the classes already built")
     args = p.parse_args(argv)
+    if args.smoke and args.quick:
+        p.error("--smoke and --quick are two sizes: give one")
     if args.smoke:
         args.records, args.operations, args.threads, args.target = 1000, 1000, 2, 0
-    args.name = args.name or ("ycsb_smoke" if args.smoke else "ycsb")
+        args.sweep, args.load_threads = "none", 2
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    args.name = args.name or (
+        "ycsb_smoke" if args.smoke else "ycsb_quick" if args.quick else "ycsb"
+    )
+    try:
+        args.sweep = () if args.sweep == "none" else tuple(int(t) for t in args.sweep.split(","))
+    except ValueError:
+        p.error(f"--sweep takes thread counts such as 1,4,16,64, or none; not {args.sweep!r}")
+    if any(t < 1 for t in args.sweep):
+        p.error("--sweep: thread counts are at least 1")
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if bad := sorted(set(args.workloads) - set(WORKLOADS)):
+        p.error(f"unknown workload(s) {', '.join(bad)}; known: {', '.join(WORKLOADS)}")
+    args.workloads = tuple(w for w in WORKLOADS if w in args.workloads)  # D last: it inserts
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(args.rows) - set(ROW_NAMES))
     if unknown:

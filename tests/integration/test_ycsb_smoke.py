@@ -72,7 +72,7 @@ def _raw(results: Path, row: str, phase: str) -> tuple[str, str]:
 def test_smoke_row_has_no_failed_operations(smoke: tuple[Path, str], row: str) -> None:
     results, _ = smoke
     spec = next(r for r in runner.ROWS if r.name == row)
-    phases = (["load"] if spec.loads else []) + ["read", "mix"]
+    phases = (["load"] if spec.loads else []) + list(runner.WORKLOADS)
     for phase in phases:
         stdout, stderr = _raw(results, row, phase)
         expected = SMOKE_RECORDS if phase == "load" else SMOKE_OPERATIONS
@@ -82,6 +82,12 @@ def test_smoke_row_has_no_failed_operations(smoke: tuple[Path, str], row: str) -
         if phase == "mix":
             assert out.count("BATCH_READ") + out.count("UPDATE") == SMOKE_OPERATIONS
             assert out.count("UPDATE") > 0
+        if phase in ("a", "b", "c", "d", "f"):  # single records, every read of all 10 fields
+            assert out.count("READ") > 0
+            assert "BATCH_READ" not in out.operations
+        writes = {"a": "UPDATE", "b": "UPDATE", "d": "INSERT", "f": "READ-MODIFY-WRITE"}
+        if phase in writes:
+            assert out.operations[writes[phase]].metrics["Operations"] > 0
     table = (results / "ycsb_smoke.md").read_text()
     assert spec.label in table
 
@@ -112,6 +118,62 @@ def test_admin_tools_are_found_off_path(monkeypatch: pytest.MonkeyPatch) -> None
     assert found in {f"{d}/runuser" for d in servers.SYSTEM_DIRS}
     with pytest.raises(servers.ServerError, match="apt-get install -y no-such-package"):
         servers.system_tool("no-such-tool", "no-such-package")
+
+
+RMW = """\
+[OVERALL], RunTime(ms), 900
+[READ], Operations, 100
+[READ], Return=OK, 100
+[READ-MODIFY-WRITE], Operations, 48
+[READ-MODIFY-WRITE], 99thPercentileLatency(us), 3479
+[CLEANUP], Operations, 2
+[UPDATE], Operations, 48
+[UPDATE], Return=OK, 48
+"""
+
+
+def test_a_read_modify_write_is_one_operation() -> None:
+    """YCSB returns an RMW's read and update under READ and UPDATE: 100 operations, not 148."""
+    assert ycsb_output.check(RMW, 100).done == 100
+    with pytest.raises(ycsb_output.YCSBRunFailed, match="148 operations returned"):
+        ycsb_output.check(RMW.replace("[READ-MODIFY-WRITE], Operations, 48\n", ""), 100)
+
+
+def test_a_run_bounded_by_time_needs_some_operations() -> None:
+    assert ycsb_output.check(GOOD, None).done == 100
+    empty = "[OVERALL], RunTime(ms), 900\n[OVERALL], Throughput(ops/sec), 0\n"
+    with pytest.raises(ycsb_output.YCSBRunFailed, match="no operation returned"):
+        ycsb_output.check(empty, None)
+
+
+def _run(threads: int, target: int, throughput: float) -> object:
+    out = ycsb_output.parse(
+        f"[OVERALL], RunTime(ms), 1000\n[OVERALL], Throughput(ops/sec), {throughput}\n"
+        "[READ], Return=OK, 10\n"
+    )
+    return runner.Measured(out, 0.0, None, 1.0, threads, target)
+
+
+def test_sweep_runs_at_shares_of_the_best_unthrottled_run() -> None:
+    sweeps = _module("sweeps")
+    throughputs = {1: 1000.0, 4: 3000.0, 16: 4001.0, 64: 3500.0}
+    asked: list[tuple[int, int]] = []
+
+    def run(threads: int, target: int) -> object:
+        asked.append((threads, target))
+        if threads == 64 and target == 0:
+            return None  # failed without a figure: left out
+        got = throughputs[threads] if target == 0 else target * 0.99
+        return _run(threads, target, got)
+
+    runs = sweeps.sweep(run, (1, 4, 16, 64))
+    # unthrottled at each count, then 50% and 90% of the best (16 threads, 4,001 ops/s)
+    assert asked == [(1, 0), (4, 0), (16, 0), (64, 0), (16, 2000), (16, 3601)]
+    assert len(runs) == 5
+    assert sweeps.best(runs).threads == 16
+    assert sweeps.fixed(runs, 0.5).target == 2000
+    assert sweeps.fixed(runs, 0.9).target == 3601
+    assert sweeps.sweep(lambda t, target: None, (1, 4)) == []
 
 
 def test_check_accepts_a_clean_run() -> None:

@@ -58,11 +58,10 @@ public class FlatClient extends DB implements BatchReader {
   @Override
   public Status read(String table, String key, Set<String> fields,
                      Map<String, ByteIterator> result) {
-    if (fields == null) {
-      return Status.BAD_REQUEST;  // the flat layout cannot list an entity's features
-    }
+    // all fields: the record's, as the core workload names them (the flat layout does not list an entity's features)
+    List<String> names = fields == null ? layout.allFields : new ArrayList<>(fields);
     List<Map<String, ByteIterator>> rows = new ArrayList<>(1);
-    Status status = batchRead(table, List.of(key), new ArrayList<>(fields), rows);
+    Status status = batchRead(table, List.of(key), names, rows);
     if (!rows.isEmpty()) {
       result.putAll(rows.get(0));
     }

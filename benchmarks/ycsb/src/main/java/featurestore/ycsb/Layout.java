@@ -1,6 +1,8 @@
 package featurestore.ycsb;
 
 import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.List;
 import java.nio.charset.StandardCharsets;
 import java.util.Properties;
 
@@ -34,6 +36,8 @@ final class Layout {
   final String entity;
   final long ttlSeconds;
   final byte[] freshnessField;
+  /** A record's field names, as YCSB's core workload names them ("read all fields"). */
+  final List<String> allFields;
 
   Layout(Properties p) {
     prefix = p.getProperty(PREFIX_PROPERTY, "u");
@@ -41,6 +45,13 @@ final class Layout {
     entity = p.getProperty(ENTITY_PROPERTY, "ycsb_user");
     ttlSeconds = Long.parseLong(p.getProperty(TTL_PROPERTY, "604800"));
     freshnessField = field("__written_at__:" + group);
+    int count = Integer.parseInt(p.getProperty("fieldcount", "10"));
+    String namePrefix = p.getProperty("fieldnameprefix", "field");
+    List<String> names = new ArrayList<>(count);
+    for (int i = 0; i < count; i++) {
+      names.add(namePrefix + i);
+    }
+    allFields = List.copyOf(names);
   }
 
   byte[] entityKey(String id) {

@@ -1,0 +1,168 @@
+"""The tables and the plot of a sweep: each row's best unthrottled throughput per workload,
+the latency at it, and the latencies at fixed shares of it (``benchmarks/ycsb/run``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from report import MeasuredLike, RowResult
+
+BATCH = "BATCH_READ"
+SHARES = (0.5, 0.9)  # the fixed-rate runs, as shares of the best unthrottled throughput
+P50, P99 = "50thPercentileLatency(us)", "99thPercentileLatency(us)"
+# what a run's latency is read from: the batch read, or a single record's read
+READS = (BATCH, "READ")
+
+
+def read_op(m: MeasuredLike) -> str | None:
+    return next((name for name in READS if name in m.output.operations), None)
+
+
+def latency(m: MeasuredLike | None, metric: str) -> float | None:
+    if m is None or (name := read_op(m)) is None:
+        return None
+    value = m.output.operations[name].metrics.get(metric)
+    return None if value is None else value / 1000.0
+
+
+def sweep(
+    run: Callable[[int, int], MeasuredLike | None], threads: Sequence[int]
+) -> list[MeasuredLike]:
+    """A workload's runs: unthrottled at each count of ``threads``, then at each share of
+    SHARES of the best of those throughputs, with that run's threads. ``run(threads,
+    target)`` makes one, or None where it failed without a figure."""
+    found = [m for t in threads if (m := run(t, 0)) is not None]
+    if not found:
+        return found
+    top = max(found, key=lambda m: m.output.throughput)
+    for share in SHARES:
+        at = run(top.threads, target_of(top, share))
+        if at is not None:
+            found.append(at)
+    return found
+
+
+def target_of(top: MeasuredLike, share: float) -> int:
+    """The target ops/s of the run at ``share`` of the unthrottled run ``top``."""
+    return max(1, round(top.output.throughput * share))
+
+
+def best(runs: Sequence[MeasuredLike]) -> MeasuredLike | None:
+    """The unthrottled run of the highest throughput."""
+    free = [m for m in runs if m.target == 0]
+    return max(free, key=lambda m: m.output.throughput, default=None)
+
+
+def fixed(runs: Sequence[MeasuredLike], share: float) -> MeasuredLike | None:
+    """The run at ``share`` of the best throughput (its target, rounded as the runner does)."""
+    top = best(runs)
+    if top is None:
+        return None
+    target = target_of(top, share)
+    return next((m for m in runs if m.target == target), None)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _at(m: MeasuredLike | None) -> str:
+    if m is None:
+        return "-"
+    return f"{m.output.throughput:,.0f} ops/s: {_ms(latency(m, P50))} / {_ms(latency(m, P99))}"
+
+
+def table(rows: Sequence[RowResult], workloads: Sequence[str], lookups: int) -> list[str]:
+    """One line per row and workload."""
+    out = [
+        "| row | workload | best ops/s (threads) | p99 at best (ms) "
+        "| at 50%: ops/s, p50 / p99 (ms) | at 90%: ops/s, p50 / p99 (ms) "
+        "| store CPU per op at best (µs) | API CPU per op at best (µs) "
+        "| client CPU per op at best (µs) |",
+        "|---|---|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r.not_run:
+            out.append(f"| {r.label} | - | not run: {r.not_run} |  |  |  |  |  |  |")
+            continue
+        for w in workloads:
+            runs = r.sweeps.get(w, [])
+            top = best(runs)
+            if top is None:
+                out.append(f"| {r.label} | {w} | FAILED (see below) |  |  |  |  |  |  |")
+                continue
+            n = top.output.done
+            store = top.store_cpu_s * 1e6 / n if n else None
+            client = top.client_cpu_s * 1e6 / n if n else None
+            api = None if top.api_cpu_s is None or not n else top.api_cpu_s * 1e6 / n
+            if store is not None and read_op(top) == BATCH:
+                store_cell = f"{store:,.0f} ({store / lookups:.3f} per lookup)"
+            else:
+                store_cell = "-" if store is None else f"{store:,.1f}"
+            failed = " **had failed operations**" if r.error and w in r.error else ""
+            out.append(
+                f"| {r.label}{failed} | {w} | {top.output.throughput:,.0f} ({top.threads}) "
+                f"| {_ms(latency(top, P99))} | {_at(fixed(runs, 0.5))} | {_at(fixed(runs, 0.9))} "
+                f"| {store_cell} | {'-' if api is None else f'{api:,.1f}'} "
+                f"| {'-' if client is None else f'{client:,.0f}'} |"
+            )
+    return out
+
+
+def loads(rows: Sequence[RowResult], records: int) -> list[str]:
+    """Each loading row's load time and Redis memory per record."""
+    out = [
+        f"| row | load of {records:,} records (s) | Redis memory per record (B) |",
+        "|---|---:|---:|",
+    ]
+    for r in rows:
+        if r.load is None:
+            continue
+        memory = "-" if r.memory_per_record is None else f"{r.memory_per_record:,.0f}"
+        out.append(f"| {r.label} | {r.load.output.runtime_s:,.1f} | {memory} |")
+    return out
+
+
+def plot(path: Path, rows: Sequence[RowResult], workloads: Sequence[str]) -> None:
+    """Throughput against p99 of the read, one panel per workload, one line per row through
+    its unthrottled runs (by threads), its fixed-rate runs as hollow markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(workloads))
+    lines = (len(workloads) + cols - 1) // cols
+    fig, axes = plt.subplots(lines, cols, figsize=(5 * cols, 3.8 * lines), squeeze=False)
+    for ax, w in zip(axes.flat, workloads, strict=False):
+        for i, r in enumerate(rows):
+            runs = r.sweeps.get(w, [])
+            free = sorted((m for m in runs if m.target == 0), key=lambda m: m.threads)
+            points = [(m.output.throughput, latency(m, P99)) for m in free]
+            points = [(x, y) for x, y in points if y]
+            if not points:
+                continue
+            color = f"C{i % 10}"
+            ax.plot(*zip(*points, strict=True), marker="o", color=color, label=r.name)
+            held = [(m.output.throughput, latency(m, P99)) for m in runs if m.target]
+            held = [(x, y) for x, y in held if y]
+            if held:
+                ax.scatter(*zip(*held, strict=True), facecolors="none", edgecolors=color)
+        ax.set_title(f"workload {w}")
+        ax.set_xlabel("throughput (ops/s)")
+        ax.set_ylabel("p99 of the read (ms)")
+        ax.set_yscale("log")
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.set_visible(False)
+    legend = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    labels, handles = list(legend), list(legend.values())
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels) or 1), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
