@@ -55,12 +55,14 @@ WORKLOADS = {
 BATCH_WORKLOADS = ("read", "mix")
 SWEEP = (1, 4, 16, 64)  # client threads of the unthrottled runs
 BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
-# --quick: a few minutes on a 2-core machine
+WARMUP_S = 5  # an unmeasured run of each row before its sweeps
+# --quick: about 15 minutes on a 2-core machine (runs shorter than this measure the JVM's
+# warm-up more than the store)
 QUICK: dict[str, object] = {
     "records": 100_000,
-    "workloads": "read,mix,c",
+    "workloads": "read,c",
     "sweep": "4,32",
-    "seconds": 3,
+    "seconds": 8,
 }
 ENTITY, GROUP, PREFIX = "ycsb_user", "ycsb", "u"
 PACKAGE = "featurestore.ycsb"
@@ -224,21 +226,24 @@ def run_ycsb(
     api_pid: int | None,
     threads: int | None = None,
     target: int | None = None,
+    seconds: int | None = None,
+    tag: str | None = None,
 ) -> Measured:
     """One YCSB process: the load (``phase`` "load") or a run of one workload, at ``threads``
-    and ``target`` ops/s (the settings' by default), bounded by the settings' seconds if any.
-    """
+    and ``target`` ops/s (the settings' by default), bounded by ``seconds`` (the settings' if
+    any). ``tag`` names its raw output file in place of its threads and target."""
     workload = WORKLOADS.get(phase, "batchread")
     threads = s.threads if threads is None else threads
     target = s.target if target is None else target
-    bounded = phase != "load" and s.seconds is not None
+    seconds = s.seconds if seconds is None else seconds
+    bounded = phase != "load" and seconds is not None
     all_props = {
         "recordcount": str(s.records),
         "operationcount": str(BOUNDLESS if bounded else s.operations),
         "batchkeys": str(s.batch_keys),
         "batchfields": str(s.batch_fields),
         "fieldlengthhistogram": str(s.histogram),
-        "maxexecutiontime": str(s.seconds if bounded else s.timeout_s),
+        "maxexecutiontime": str(seconds if bounded else s.timeout_s),
         "fs.prefix": PREFIX,
         "fs.group": GROUP,
         "fs.entity": ENTITY,
@@ -249,9 +254,11 @@ def run_ycsb(
         target, threads = 0, s.load_threads  # the load runs flat out: it is timed
     cmd = ycsb_command(spec.db, phase, workload, all_props, threads, target)
     # a workload run once is named by it alone; a sweep's by its threads and target too
-    run = (
-        "" if phase == "load" or not s.sweep else f".t{threads}" + (f".r{target}" if target else "")
-    )
+    run = ""
+    if tag is not None:
+        run = f".{tag}"
+    elif phase != "load" and s.sweep:
+        run = f".t{threads}" + (f".r{target}" if target else "")
     raw = s.raw_dir / f"{spec.name}.{phase}{run}.txt"
     cpu0 = servers.cpu_seconds(store_pids)
     api0 = servers.cpu_seconds([api_pid]) if api_pid else None
@@ -499,6 +506,15 @@ def run_row(
                 failures.append(str(e))
                 return e.measured
 
+        if s.sweep and s.workloads:
+            # unmeasured: the JVM's and the servers' warm-up (a serving worker learns its
+            # request forms, its L1 fills) out of the first measured run
+            first = s.workloads[0]
+            print(f"[{spec.name}] warm-up: {WORKLOADS[first]} for {WARMUP_S} s ...", flush=True)
+            try:
+                run_ycsb(spec, first, s, props, store_pids, api_pid, 4, 0, WARMUP_S, "warmup")
+            except PhaseFailed as e:
+                failures.append(f"warm-up: {e}")
         for column in s.workloads:
             if s.sweep:
                 runs = sweeps.sweep(lambda t, target: run(column, t, target), s.sweep)  # noqa: B023
@@ -553,7 +569,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"a few minutes: {QUICK['records']:,} records, the workloads "
+        help=f"about 15 minutes: {QUICK['records']:,} records, the workloads "
         f"{', '.join(QUICK['workloads'])}, sweeps of {QUICK['sweep']} threads, runs of "
         f"{QUICK['seconds']} s",
     )

@@ -61,8 +61,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return results, output
 
 
-def _raw(results: Path, row: str, phase: str) -> tuple[str, str]:
-    text = (results / "ycsb_smoke" / f"{row}.{phase}.txt").read_text()
+def _raw(results: Path, row: str, phase: str, name: str = "ycsb_smoke") -> tuple[str, str]:
+    text = (results / name / f"{row}.{phase}.txt").read_text()
     stdout, _, stderr = text.partition("# ---- stderr ----")
     return stdout, stderr
 
@@ -99,6 +99,40 @@ def test_smoke_table_has_every_row(smoke: tuple[Path, str]) -> None:
     assert "FAILED" not in table, output[-4000:]
     for spec in runner.ROWS:
         assert f"| {spec.label} |" in table
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_runs_unthrottled_then_at_fixed_rates(
+    smoke: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The sweep (the default and --quick profiles), at its smallest: one row, one workload,
+    two thread counts, then 50% and 90% of the better one's throughput."""
+    done = subprocess.run(
+        [
+            str(YCSB / "run"), "--skip-build", "--rows", "hash", "--workloads", "c",
+            "--sweep", "1,2", "--seconds", "2", "--records", "500", "--results-dir",
+            str(tmp_path), "--name", "sweep",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    raw = tmp_path / "sweep"
+    runs = {p.name[len("hash.c.") : -len(".txt")] for p in raw.glob("hash.c.*.txt")}
+    assert {"warmup", "t1", "t2"} <= runs
+    measured = {
+        r: ycsb_output.check(_raw(tmp_path, "hash", f"c.{r}", "sweep")[0], None)
+        for r in ("t1", "t2")
+    }
+    top = max(measured, key=lambda r: measured[r].throughput)
+    targets = sorted(int(r.split(".r")[1]) for r in runs if ".r" in r)
+    best = measured[top].throughput
+    assert targets == [max(1, round(best * 0.5)), max(1, round(best * 0.9))]
+    assert all(r.startswith(f"{top}.r") for r in runs if ".r" in r)  # at the best's threads
+    table = (tmp_path / "sweep.md").read_text()
+    assert f"| Redis, hash per entity (project layout) | c | {best:,.0f} (" in table
+    assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
 GOOD = """\
