@@ -56,7 +56,7 @@ BATCH_WORKLOADS = ("read", "mix")
 SWEEP = (1, 4, 16, 64)  # client threads of the unthrottled runs
 BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
 WARMUP_S = 5  # an unmeasured run of each row before its sweeps
-# --quick: about 15 minutes on a 2-core machine (runs shorter than this measure the JVM's
+# --quick: about 15 minutes on a 2-core machine (much shorter runs measure the JVM's
 # warm-up more than the store)
 QUICK: dict[str, object] = {
     "records": 100_000,
@@ -539,7 +539,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         + " and ".join(f"{share:.0%}" for share in sweeps.SHARES)
         + " of the best throughput; 'none': each workload once, at --threads and --target",
     )
-    p.add_argument("--seconds", type=int, default=20, help="length of each run of a sweep")
+    p.add_argument("--seconds", type=int, default=10, help="length of each run of a sweep")
     p.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),
