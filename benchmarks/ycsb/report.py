@@ -113,7 +113,7 @@ def table(rows: list[RowResult], s: SettingsLike) -> list[str]:
             out.append(f"| {r.label} | {why} |  |  |  |  |  |  |  |")
             continue
         label = f"{r.label} (**had failed operations**, see below)" if r.error else r.label
-        load = f"{r.load.output.runtime_s:.2f}" if r.load else "- (reads the hash row's data)"
+        load = f"{r.load.output.runtime_s:.2f}" if r.load else "- (reads another row's records)"
         mix, read = r.runs.get("mix"), r.runs.get("read")
         update = mix.output.operations.get("UPDATE") if mix else None
         upd = f"{update.ms('AverageLatency(us)'):.2f}" if update else "-"
@@ -220,14 +220,16 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
         if cpu(base):
             line += f", store CPU per lookup x{cpu(other) / cpu(base):.2f}"
         out.append(line + f" (above 1: {base} is better){flag(other, base)}")
-    for api in ("serving", "serving-nocache", "serving-grpc", "serving-grpc-nocache"):
-        if not (ok(api) and ok("hash") and ms("hash", avg)):
+    serving = [n for n in rows if n.startswith("serving")]
+    for api in serving:
+        base = "hash-cluster" if api.endswith(("-cluster", "-cluster-nocache")) else "hash"
+        if not (ok(api) and ok(base) and ms(base, avg)):
             continue
         out.append(
-            f"- {api} / hash, 100% batch read: "
-            f"avg latency x{ms(api, avg) / ms('hash', avg):.2f}"
-            f" (+{ms(api, avg) - ms('hash', avg):.2f} ms per batch of {lookups:,} lookups), "
-            f"p99 +{ms(api, p99) - ms('hash', p99):.2f} ms{flag(api, 'hash')}"
+            f"- {api} / {base}, 100% batch read: "
+            f"avg latency x{ms(api, avg) / ms(base, avg):.2f}"
+            f" (+{ms(api, avg) - ms(base, avg):.2f} ms per batch of {lookups:,} lookups), "
+            f"p99 +{ms(api, p99) - ms(base, p99):.2f} ms{flag(api, base)}"
         )
     return out
 

@@ -76,7 +76,8 @@ class RowSpec:
     db: str  # binding class
     store: str  # "redis", "cluster" or "postgres": whose CPU is measured
     props: dict[str, str] = field(default_factory=dict)
-    loads: bool = True  # False: reads the records the hash row loaded
+    loads: bool = True  # False: reads the records the row ``reads`` loaded
+    reads: str = "hash"
     serve_flags: tuple[str, ...] = ()  # extra options of feature-store serve
 
 
@@ -121,6 +122,20 @@ ROWS = [
         {"flat.batch": "pipeline"},
     ),
     RowSpec("hash-cluster", "Redis Cluster (3 masters), hash", "HashClient", "cluster"),
+    *(
+        RowSpec(
+            f"serving{'-grpc' if grpc else ''}-cluster{'-nocache' if off else ''}",
+            f"serving API ({'gRPC' if grpc else 'REST'}) on the Redis Cluster, "
+            + ("--no-cache" if off else "L1 cache on (default)"),
+            "GrpcServingClient" if grpc else "ServingClient",
+            "cluster",
+            loads=False,
+            reads="hash-cluster",
+            serve_flags=("--no-cache",) if off else (),
+        )
+        for grpc in (False, True)
+        for off in (False, True)
+    ),
     RowSpec(
         "flat-cluster", "Redis Cluster (3 masters), flat, pipelined GETs", "FlatClient", "cluster"
     ),
@@ -401,8 +416,10 @@ def _run_rows(
         for spec in rows:
             result = report.RowResult(spec.name, spec.label)
             results[spec.name] = result
-            if not spec.loads and "hash" not in results:
-                result.not_run = "it reads the records the hash row loads; run that row too"
+            if not spec.loads and spec.reads not in results:
+                result.not_run = (
+                    f"it reads the records the {spec.reads} row loads; run that row too"
+                )
                 continue
             try:
                 run_row(spec, settings, result, single, cluster, pg, args, work)
@@ -461,8 +478,9 @@ def run_row(
         if spec.db in SERVING:
             grpc = spec.db == "GrpcServingClient"
             flags = ["--workers", str(args.serving_workers), *spec.serve_flags]
+            assert cluster is not None or spec.store != "cluster"
             serving = ServingProcess(
-                single.url,
+                cluster.url if cluster is not None and spec.store == "cluster" else single.url,
                 registry=work / "features.yaml",
                 args=flags,
                 grpc=grpc,
@@ -481,7 +499,7 @@ def run_row(
             result.notes.append(
                 f"`feature-store serve {api}{' '.join(flags)}` on free loopback ports, with "
                 "the run's registry (entity ycsb_user, group ycsb of field0..field9: string) and "
-                "Redis"
+                + ("the Redis Cluster" if spec.store == "cluster" else "Redis")
             )
         failures: list[str] = []
         if spec.loads:
