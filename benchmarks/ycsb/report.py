@@ -277,15 +277,7 @@ def render(
     rat = ratios({r.name: r for r in rows}, s)
     if rat:
         lines += ["Ratios (same run):", "", *rat, ""]
-    notes = [(r, n) for r in rows for n in r.notes]
-    failures = [r for r in rows if r.error]
-    if notes:
-        lines += ["Notes:", "", *[f"- {r.name}: {n}" for r, n in notes], ""]
-    if failures:
-        lines += ["Failures:", ""]
-        for r in failures:
-            lines += [f"- {r.name}:", "", "```", (r.error or "").strip(), "```", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + notes_and_failures(rows))
 
 
 WORKLOAD_NAMES = {
@@ -343,6 +335,12 @@ def render_sweep(
         *sweeps.loads(rows, s.records),
         "",
     ]
+    return "\n".join(lines + notes_and_failures(rows))
+
+
+def notes_and_failures(rows: list[RowResult]) -> list[str]:
+    """The rows' notes, then each failed row with what failed."""
+    lines: list[str] = []
     notes = [(r, n) for r in rows for n in r.notes]
     if notes:
         lines += ["Notes:", "", *[f"- {r.name}: {n}" for r, n in notes], ""]
@@ -351,4 +349,4 @@ def render_sweep(
         lines += ["Failures:", ""]
         for r in failures:
             lines += [f"- {r.name}:", "", "```", (r.error or "").strip(), "```", ""]
-    return "\n".join(lines)
+    return lines
