@@ -330,7 +330,7 @@ def render_sweep(
         "only. Store CPU is utime+stime of the store's processes (Redis's, the cluster's "
         "masters summed, PostgreSQL's) over the run, per operation; client CPU is the YCSB "
         "JVM's, start and warm-up included; API CPU is `feature-store serve`'s (the serving rows, "
-        "whose store is Redis).",
+        "whose store is Redis or the cluster).",
         "",
         *sweeps.loads(rows, s.records),
         "",
