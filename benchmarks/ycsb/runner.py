@@ -56,7 +56,7 @@ BATCH_WORKLOADS = ("read", "mix")
 SWEEP = (1, 4, 16, 64)  # client threads of the unthrottled runs
 BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
 WARMUP_S = 5  # an unmeasured run of each row before its sweeps
-# --quick: about 15 minutes on a 2-core machine (much shorter runs measure the JVM's
+# --quick: about 20 minutes on a 2-core machine (much shorter runs measure the JVM's
 # warm-up more than the store)
 QUICK: dict[str, object] = {
     "records": 100_000,
@@ -587,7 +587,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"about 15 minutes: {QUICK['records']:,} records, the workloads "
+        help=f"about 20 minutes: {QUICK['records']:,} records, the workloads "
         f"{', '.join(QUICK['workloads'])}, sweeps of {QUICK['sweep']} threads, runs of "
         f"{QUICK['seconds']} s",
     )
