@@ -554,7 +554,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sweep",
         default=",".join(map(str, SWEEP)),
         help="client threads of each workload's unthrottled runs, then runs at "
-        + " and ".join(f"{share:.0%}" for share in sweeps.SHARES)
+        + " and ".join(f"{share:.0%}%" for share in sweeps.SHARES)
         + " of the best throughput; 'none': each workload once, at --threads and --target",
     )
     p.add_argument("--seconds", type=int, default=10, help="length of each run of a sweep")
