@@ -47,6 +47,7 @@ class RowResult:
     not_run: str | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    reads: str | None = None  # a row that loads nothing: the row whose records it reads
     # each workload's runs of a sweep: unthrottled at each thread count, then fixed rates
     sweeps: dict[str, list[MeasuredLike]] = field(default_factory=dict)
     memory_per_record: float | None = None  # Redis's used_memory after the load, per record
@@ -220,9 +221,7 @@ def ratios(rows: dict[str, RowResult], s: SettingsLike) -> list[str]:
         if cpu(base):
             line += f", store CPU per lookup x{cpu(other) / cpu(base):.2f}"
         out.append(line + f" (above 1: {base} is better){flag(other, base)}")
-    serving = [n for n in rows if n.startswith("serving")]
-    for api in serving:
-        base = "hash-cluster" if api.endswith(("-cluster", "-cluster-nocache")) else "hash"
+    for api, base in [(n, r.reads) for n, r in rows.items() if r.reads is not None]:
         if not (ok(api) and ok(base) and ms(base, avg)):
             continue
         out.append(
@@ -265,7 +264,7 @@ def render(
         "100% read run, including everything else the server did meanwhile.",
         "",
     ]
-    singles = [w for w in s.workloads if w not in ("read", "mix")]
+    singles = [w for w in s.workloads if w not in sweeps.BATCH_WORKLOADS]
     if singles:
         lines += [
             "Single-record workloads (YCSB's own):",

@@ -52,7 +52,6 @@ WORKLOADS = {
     "f": "workloadf",
     "d": "workloadd",
 }
-BATCH_WORKLOADS = ("read", "mix")
 SWEEP = (1, 4, 16, 64)  # client threads of the unthrottled runs
 BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
 WARMUP_S = 5  # an unmeasured run of each row before its sweeps
@@ -414,7 +413,8 @@ def _run_rows(
         env_info = report.environment(pg.version() if pg else None)
 
         for spec in rows:
-            result = report.RowResult(spec.name, spec.label)
+            reads = None if spec.loads else spec.reads
+            result = report.RowResult(spec.name, spec.label, reads=reads)
             results[spec.name] = result
             if not spec.loads and spec.reads not in results:
                 result.not_run = (

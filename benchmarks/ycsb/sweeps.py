@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from report import MeasuredLike, RowResult
 
 BATCH = "BATCH_READ"
+BATCH_WORKLOADS = ("read", "mix")  # the workloads of batch reads; the others read one record
 SHARES = (0.5, 0.9)  # the fixed-rate runs, as shares of the best unthrottled throughput
 P50, P99 = "50thPercentileLatency(us)", "99thPercentileLatency(us)"
 # what a run's latency is read from: the batch read, or a single record's read
