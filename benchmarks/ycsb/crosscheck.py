@@ -53,7 +53,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-import runner  # noqa: E402
+import invoke  # noqa: E402
 import servers  # noqa: E402
 import ycsb_output  # noqa: E402
 
@@ -136,7 +136,7 @@ PIN: list[str] = []  # taskset's prefix for the clients (--pin): the core Redis 
 
 
 def ycsb(phase: str, props: dict[str, str], clients: int) -> None:
-    cmd = PIN + runner.ycsb_command("HashClient", phase, "single", props, clients, 0)
+    cmd = PIN + invoke.ycsb_command("HashClient", phase, "single", props, clients, 0)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"YCSB {phase} exited {done.returncode}:\n{done.stderr[-2000:]}")
@@ -171,7 +171,7 @@ def main() -> int:
     cores = sorted(os.sched_getaffinity(0))
     if args.pin and len(cores) >= 2:
         PIN[:] = ["taskset", "-c", ",".join(str(c) for c in cores[1:])]
-    runner.build()
+    invoke.build()
     fresh = field("__written_at__:ycsb")
     rows: list[tuple[str, Measured, Measured, int, Measured]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,6 +36,7 @@ class SettingsLike(Protocol):
     seconds: int | None
     sweep: tuple[int, ...]
     workloads: tuple[str, ...]
+    bound_ms: int
 
 
 @dataclass
@@ -323,12 +324,14 @@ def render_sweep(
         "- this machine's 2 cores are shared by the store, the client and other work: compare "
         "the rows of one run, not absolute figures across runs or machines",
         "",
-        *sweeps.table(rows, s.workloads, lookups),
+        *sweeps.table(rows, s.workloads, lookups, s.bound_ms),
         "",
         "Latencies are YCSB's, in the client, of the read (a batch read, or one record's read) "
-        "only. Store CPU is utime+stime of the store's processes (Redis's, the cluster's "
-        "masters summed, PostgreSQL's) over the run, per operation; client CPU is the YCSB "
-        "JVM's, start and warm-up included; API CPU is `feature-store serve`'s (the serving rows, "
+        "only; the maximum is YCSB's MaxLatency, and the reads past the bound are counted in "
+        "the HdrHistogram log YCSB writes of every read (`LatencyTail`). Store CPU is "
+        "utime+stime of the store's processes (Redis's, the cluster's masters summed, "
+        "PostgreSQL's) over the run, per operation; client CPU is the YCSB JVM's, start and "
+        "warm-up included; API CPU is `feature-store serve`'s (the serving rows, "
         "whose store is Redis or the cluster).",
         "",
         *sweeps.loads(rows, s.records),

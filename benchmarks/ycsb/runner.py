@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import resource
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -34,26 +30,15 @@ import report  # noqa: E402
 import servers  # noqa: E402
 import sweeps  # noqa: E402
 import ycsb_output  # noqa: E402
+from invoke import WORKLOADS, Measured, PhaseFailed, Settings, build, run_ycsb  # noqa: E402
+from rows import POSTGRES_SETTINGS, ROW_NAMES, ROWS, SERVING, RowSpec, registry_text  # noqa: E402
 
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port  # noqa: E402
 from feature_store.errors import FeatureStoreError  # noqa: E402
 from feature_store.registry import parse_registry  # noqa: E402
 from feature_store.serving.process import ServingProcess  # noqa: E402
 
-# table column -> workload file: the batch read and the 95/5 mix of batch reads and updates,
-# then YCSB's standard A, B, C, F and D on single records (D last: it inserts records; E,
-# short scans, has no counterpart in a feature store)
-WORKLOADS = {
-    "read": "batchread",
-    "mix": "batchmix",
-    "a": "workloada",
-    "b": "workloadb",
-    "c": "workloadc",
-    "f": "workloadf",
-    "d": "workloadd",
-}
-SWEEP = (1, 4, 16, 64)  # client threads of the unthrottled runs
-BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
+SWEEP = (1, 4, 16, 64, 256)  # client threads (connections) of the unthrottled runs
 WARMUP_S = 5  # an unmeasured run of each row before its sweeps
 # --quick: about 20 minutes on a 2-core machine (much shorter runs measure the JVM's
 # warm-up more than the store)
@@ -63,270 +48,11 @@ QUICK: dict[str, object] = {
     "sweep": "4,32",
     "seconds": 8,
 }
-ENTITY, GROUP, PREFIX = "ycsb_user", "ycsb", "u"
-PACKAGE = "featurestore.ycsb"
-SERVING = ("ServingClient", "GrpcServingClient")  # the bindings of the serving API
-
-
-@dataclass(frozen=True)
-class RowSpec:
-    name: str
-    label: str
-    db: str  # binding class
-    store: str  # "redis", "cluster" or "postgres": whose CPU is measured
-    props: dict[str, str] = field(default_factory=dict)
-    loads: bool = True  # False: reads the records the row ``reads`` loaded
-    reads: str = "hash"
-    serve_flags: tuple[str, ...] = ()  # extra options of feature-store serve
-
-
-ROWS = [
-    RowSpec("hash", "Redis, hash per entity (project layout)", "HashClient", "redis"),
-    RowSpec(
-        "serving",
-        "serving API (REST), L1 cache on (default)",
-        "ServingClient",
-        "redis",
-        loads=False,
-    ),
-    RowSpec(
-        "serving-nocache",
-        "serving API (REST), --no-cache",
-        "ServingClient",
-        "redis",
-        loads=False,
-        serve_flags=("--no-cache",),
-    ),
-    RowSpec(
-        "serving-grpc",
-        "serving API (gRPC), L1 cache on (default)",
-        "GrpcServingClient",
-        "redis",
-        loads=False,
-    ),
-    RowSpec(
-        "serving-grpc-nocache",
-        "serving API (gRPC), --no-cache",
-        "GrpcServingClient",
-        "redis",
-        loads=False,
-        serve_flags=("--no-cache",),
-    ),
-    RowSpec("flat", "Redis, flat strings, MGET", "FlatClient", "redis", {"flat.batch": "mget"}),
-    RowSpec(
-        "flat-pipeline",
-        "Redis, flat strings, pipelined GETs",
-        "FlatClient",
-        "redis",
-        {"flat.batch": "pipeline"},
-    ),
-    RowSpec("hash-cluster", "Redis Cluster (3 masters), hash", "HashClient", "cluster"),
-    *(
-        RowSpec(
-            f"serving{'-grpc' if grpc else ''}-cluster{'-nocache' if off else ''}",
-            f"serving API ({'gRPC' if grpc else 'REST'}) on the Redis Cluster, "
-            + ("--no-cache" if off else "L1 cache on (default)"),
-            "GrpcServingClient" if grpc else "ServingClient",
-            "cluster",
-            loads=False,
-            reads="hash-cluster",
-            serve_flags=("--no-cache",) if off else (),
-        )
-        for grpc in (False, True)
-        for off in (False, True)
-    ),
-    RowSpec(
-        "flat-cluster", "Redis Cluster (3 masters), flat, pipelined GETs", "FlatClient", "cluster"
-    ),
-    RowSpec("postgres", "PostgreSQL, key-value table, IN (...)", "PostgresClient", "postgres"),
-]
-ROW_NAMES = [r.name for r in ROWS]
-
-# PostgreSQL may lose the last commits on a crash, as Redis's AOF with everysec may lose the
-# last second: both durable to the OS, fsync in the background.
-POSTGRES_SETTINGS = {"synchronous_commit": "off", "max_connections": "100"}  # 64 threads
-
-
-def registry_text(fields: int) -> str:
-    features = "".join(f"      field{i}: string\n" for i in range(fields))
-    return (
-        "# Written by benchmarks/ycsb/run: YCSB's records as a feature group.\n"
-        "version: 1\n"
-        "entities:\n"
-        f"  {ENTITY}:\n"
-        f"    prefix: {PREFIX}\n"
-        "    id_type: string\n"
-        "    ttl: 7d\n"
-        "feature_groups:\n"
-        f"  {GROUP}:\n"
-        f"    entity: {ENTITY}\n"
-        "    features:\n" + features
-    )
-
-
-# --- building and invoking YCSB ---------------------------------------------------------
-
-
-def build(quiet: bool = True) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise servers.ServerError("Maven (mvn) was not found; install it (apt-get install maven)")
-    flags = ["-B", "-q"] if quiet else ["-B"]
-    # the gRPC binding's client, the project's own (clients/java), into the local repository
-    steps = [
-        ("the Java client (mvn install)", REPO / "clients" / "java", ["install", "-DskipTests"]),
-        ("the YCSB module (mvn package)", HERE, ["package"]),
-    ]
-    for what, where, goals in steps:
-        print(f"building {what} ...", flush=True)
-        cmd = [mvn, *flags, *goals]
-        done = subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=1200)
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr)[-4000:]
-            raise servers.ServerError(f"{shlex.join(cmd)} in {where} failed:\n{tail}")
-
-
-def classpath() -> str:
-    return f"{HERE / 'target' / 'classes'}{os.pathsep}{HERE / 'target' / 'lib' / '*'}"
-
-
-def ycsb_command(
-    db: str, phase: str, workload: str, props: dict[str, str], threads: int, target: int
-) -> list[str]:
-    cmd = ["java", "-Xms256m", "-Xmx1g", "-cp", classpath(), "site.ycsb.Client"]
-    cmd += ["-load" if phase == "load" else "-t", "-db", f"{PACKAGE}.{db}"]
-    cmd += ["-P", str(HERE / "workloads" / workload), "-threads", str(threads)]
-    if target > 0:
-        cmd += ["-target", str(target)]
-    for k, v in props.items():
-        cmd += ["-p", f"{k}={v}"]
-    return cmd
-
-
-@dataclass
-class Measured:
-    output: ycsb_output.Output
-    store_cpu_s: float
-    api_cpu_s: float | None
-    wall_s: float
-    threads: int = 0
-    target: int = 0  # ops/s asked for; 0: unthrottled
-    client_cpu_s: float = 0.0  # the YCSB JVM's own CPU
-
-
-@dataclass
-class Settings:
-    records: int
-    operations: int
-    target: int
-    threads: int
-    batch_keys: int
-    batch_fields: int
-    histogram: Path
-    timeout_s: int
-    raw_dir: Path
-    seconds: int | None = None  # each run bounded by this time instead of an operation count
-    sweep: tuple[int, ...] = ()  # threads of the unthrottled runs; () runs each workload once
-    workloads: tuple[str, ...] = tuple(WORKLOADS)
-    load_threads: int = 4
-
-
-def run_ycsb(
-    spec: RowSpec,
-    phase: str,
-    s: Settings,
-    props: dict[str, str],
-    store_pids: list[int],
-    api_pid: int | None,
-    threads: int | None = None,
-    target: int | None = None,
-    seconds: int | None = None,
-    tag: str | None = None,
-) -> Measured:
-    """One YCSB process: the load (``phase`` "load") or a run of one workload, at ``threads``
-    and ``target`` ops/s (the settings' by default), bounded by ``seconds`` (the settings' if
-    any). ``tag`` names its raw output file in place of its threads and target."""
-    workload = WORKLOADS.get(phase, "batchread")
-    threads = s.threads if threads is None else threads
-    target = s.target if target is None else target
-    seconds = s.seconds if seconds is None else seconds
-    bounded = phase != "load" and seconds is not None
-    all_props = {
-        "recordcount": str(s.records),
-        "operationcount": str(BOUNDLESS if bounded else s.operations),
-        "batchkeys": str(s.batch_keys),
-        "batchfields": str(s.batch_fields),
-        "fieldlengthhistogram": str(s.histogram),
-        "maxexecutiontime": str(seconds if bounded else s.timeout_s),
-        "fs.prefix": PREFIX,
-        "fs.group": GROUP,
-        "fs.entity": ENTITY,
-        **spec.props,
-        **props,
-    }
-    if phase == "load":
-        target, threads = 0, s.load_threads  # the load runs flat out: it is timed
-    cmd = ycsb_command(spec.db, phase, workload, all_props, threads, target)
-    # a workload run once is named by it alone; a sweep's by its threads and target too
-    run = ""
-    if tag is not None:
-        run = f".{tag}"
-    elif phase != "load" and s.sweep:
-        run = f".t{threads}" + (f".r{target}" if target else "")
-    raw = s.raw_dir / f"{spec.name}.{phase}{run}.txt"
-    cpu0 = servers.cpu_seconds(store_pids)
-    api0 = servers.cpu_seconds([api_pid]) if api_pid else None
-    client0 = children_cpu()
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s + 120)
-    except subprocess.TimeoutExpired as e:
-        raise ycsb_output.YCSBRunFailed(f"YCSB did not finish within {s.timeout_s + 120} s") from e
-    wall = time.monotonic() - t0
-    client = children_cpu() - client0
-    time.sleep(0.5)  # let PostgreSQL reap the backends of the closed connections
-    cpu1 = servers.cpu_seconds(store_pids)
-    api1 = servers.cpu_seconds([api_pid]) if api_pid else None
-    raw.write_text(
-        f"$ {shlex.join(cmd)}\n# exit {done.returncode}\n\n{done.stdout}\n"
-        f"# ---- stderr ----\n{done.stderr}"
-    )
-    expected = s.records if phase == "load" else (None if bounded else s.operations)
-    if done.returncode != 0:
-        raise ycsb_output.YCSBRunFailed(
-            f"YCSB exited {done.returncode}; see {raw}\n{done.stderr[-1500:]}"
-        )
-    api_cpu = None if api0 is None or api1 is None else api1 - api0
-
-    def measured(out: ycsb_output.Output) -> Measured:
-        return Measured(out, cpu1 - cpu0, api_cpu, wall, threads, target, client)
-
-    try:
-        out = ycsb_output.check(done.stdout, expected, done.stderr)
-    except ycsb_output.YCSBRunFailed as e:
-        partial = None if e.output is None else measured(e.output)
-        raise PhaseFailed(f"{phase}{run}: {e} (raw output: {raw})", partial) from e
-    return measured(out)
-
-
-def children_cpu() -> float:
-    """CPU seconds of this process's children that have ended: a YCSB process's own, read
-    before and after it (the servers, which run on, are not among them)."""
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
 
 
 def redis_memory(ports: list[int]) -> int:
     """Bytes Redis holds for data and overhead (``used_memory``), summed over ``ports``."""
     return sum(int(redis.Redis(port=p).info("memory")["used_memory"]) for p in ports)
-
-
-class PhaseFailed(Exception):
-    """A load or run with failed operations; ``measured`` holds its figures if it finished."""
-
-    def __init__(self, message: str, measured: Measured | None) -> None:
-        super().__init__(message)
-        self.measured = measured
 
 
 # --- the servers ---------------------------------------------------------------------------
@@ -376,6 +102,7 @@ def run_all(args: argparse.Namespace) -> int:
         sweep=args.sweep,
         workloads=args.workloads,
         load_threads=args.load_threads,
+        bound_ms=args.bound_ms,
     )
     registry_file = work / "features.yaml"
     registry_file.write_text(registry_text(10))
@@ -478,6 +205,8 @@ def run_row(
         if spec.db in SERVING:
             grpc = spec.db == "GrpcServingClient"
             flags = ["--workers", str(args.serving_workers), *spec.serve_flags]
+            if "--no-cache" not in flags:
+                flags += ["--cache-ttl", f"{args.serving_ttl:g}"]
             assert cluster is not None or spec.store != "cluster"
             serving = ServingProcess(
                 cluster.url if cluster is not None and spec.store == "cluster" else single.url,
@@ -580,6 +309,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--serving-workers", type=int, default=1, help="workers of feature-store serve")
     p.add_argument(
+        "--serving-ttl",
+        type=float,
+        default=2.0,
+        help="the serving rows' L1 TTL in seconds (feature-store serve --cache-ttl): several "
+        "TTLs inside each run, so that a run measures the cache's steady state",
+    )
+    p.add_argument(
+        "--bound-ms", type=int, default=50, help="reads slower than this are counted per run"
+    )
+    p.add_argument(
         "--smoke",
         action="store_true",
         help="CI mode: 1,000 records, each workload once: 1,000 operations, 2 threads, no target",
@@ -588,7 +327,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help=f"about 20 minutes: {QUICK['records']:,} records, the workloads "
-        f"{', '.join(QUICK['workloads'])}, sweeps of {QUICK['sweep']} threads, runs of "
+        f"{QUICK['workloads']}, sweeps of {QUICK['sweep']} threads, runs of "
         f"{QUICK['seconds']} s",
     )
     p.add_argument("--name", help="result name: <results-dir>/<name>.md (default ycsb, ycsb_smoke)")

@@ -14,6 +14,8 @@ BATCH = "BATCH_READ"
 BATCH_WORKLOADS = ("read", "mix")  # the workloads of batch reads; the others read one record
 SHARES = (0.5, 0.9)  # the fixed-rate runs, as shares of the best unthrottled throughput
 P50, P99 = "50thPercentileLatency(us)", "99thPercentileLatency(us)"
+MAX = "MaxLatency(us)"
+PAST = "PastBound(ops)"  # LatencyTail's count of the operations slower than the run's bound
 # what a run's latency is read from: the batch read, or a single record's read
 READS = (BATCH, "READ")
 
@@ -27,6 +29,17 @@ def latency(m: MeasuredLike | None, metric: str) -> float | None:
         return None
     value = m.output.operations[name].metrics.get(metric)
     return None if value is None else value / 1000.0
+
+
+def past(m: MeasuredLike | None) -> str:
+    """The reads slower than the run's bound, as a count and a share of the reads."""
+    if m is None or (name := read_op(m)) is None:
+        return "-"
+    op = m.output.operations[name]
+    n, ops = op.metrics.get(PAST), op.metrics.get("Operations")
+    if n is None or not ops:
+        return "-"
+    return f"{n:,.0f} ({n / ops:.2%})"
 
 
 def sweep(
@@ -76,24 +89,27 @@ def _at(m: MeasuredLike | None) -> str:
     return f"{m.output.throughput:,.0f} ops/s: {_ms(latency(m, P50))} / {_ms(latency(m, P99))}"
 
 
-def table(rows: Sequence[RowResult], workloads: Sequence[str], lookups: int) -> list[str]:
+def table(
+    rows: Sequence[RowResult], workloads: Sequence[str], lookups: int, bound_ms: int
+) -> list[str]:
     """One line per row and workload."""
     out = [
-        "| row | workload | best ops/s (threads) | p99 at best (ms) "
+        "| row | workload | best ops/s (threads) | p99 / max at best (ms) "
         "| at 50%: ops/s, p50 / p99 (ms) | at 90%: ops/s, p50 / p99 (ms) "
+        f"| reads past {bound_ms} ms at best / at 90% "
         "| store CPU per op at best (µs) | API CPU per op at best (µs) "
         "| client CPU per op at best (µs) |",
-        "|---|---|---:|---:|---|---|---:|---:|---:|",
+        "|---|---|---:|---:|---|---|---|---:|---:|---:|",
     ]
     for r in rows:
         if r.not_run:
-            out.append(f"| {r.label} | - | not run: {r.not_run} |  |  |  |  |  |  |")
+            out.append(f"| {r.label} | - | not run: {r.not_run} |  |  |  |  |  |  |  |")
             continue
         for w in workloads:
             runs = r.sweeps.get(w, [])
             top = best(runs)
             if top is None:
-                out.append(f"| {r.label} | {w} | FAILED (see below) |  |  |  |  |  |  |")
+                out.append(f"| {r.label} | {w} | FAILED (see below) |  |  |  |  |  |  |  |")
                 continue
             n = top.output.done
             store = top.store_cpu_s * 1e6 / n if n else None
@@ -106,7 +122,9 @@ def table(rows: Sequence[RowResult], workloads: Sequence[str], lookups: int) -> 
             failed = " **had failed operations**" if r.error and w in r.error else ""
             out.append(
                 f"| {r.label}{failed} | {w} | {top.output.throughput:,.0f} ({top.threads}) "
-                f"| {_ms(latency(top, P99))} | {_at(fixed(runs, 0.5))} | {_at(fixed(runs, 0.9))} "
+                f"| {_ms(latency(top, P99))} / {_ms(latency(top, MAX))} "
+                f"| {_at(fixed(runs, 0.5))} | {_at(fixed(runs, 0.9))} "
+                f"| {past(top)} / {past(fixed(runs, 0.9))} "
                 f"| {store_cell} | {'-' if api is None else f'{api:,.1f}'} "
                 f"| {'-' if client is None else f'{client:,.0f}'} |"
             )

@@ -38,7 +38,8 @@ def _module(name: str) -> ModuleType:
 
 ycsb_output = _module("ycsb_output")
 histogram = _module("histogram")
-runner = _module("runner")
+rows = _module("rows")
+invoke = _module("invoke")
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +69,11 @@ def _raw(results: Path, row: str, phase: str, name: str = "ycsb_smoke") -> tuple
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("row", runner.ROW_NAMES)
+@pytest.mark.parametrize("row", rows.ROW_NAMES)
 def test_smoke_row_has_no_failed_operations(smoke: tuple[Path, str], row: str) -> None:
     results, _ = smoke
-    spec = next(r for r in runner.ROWS if r.name == row)
-    phases = (["load"] if spec.loads else []) + list(runner.WORKLOADS)
+    spec = next(r for r in rows.ROWS if r.name == row)
+    phases = (["load"] if spec.loads else []) + list(invoke.WORKLOADS)
     for phase in phases:
         stdout, stderr = _raw(results, row, phase)
         expected = SMOKE_RECORDS if phase == "load" else SMOKE_OPERATIONS
@@ -97,7 +98,7 @@ def test_smoke_table_has_every_row(smoke: tuple[Path, str]) -> None:
     results, output = smoke
     table = (results / "ycsb_smoke.md").read_text()
     assert "FAILED" not in table, output[-4000:]
-    for spec in runner.ROWS:
+    for spec in rows.ROWS:
         assert f"| {spec.label} |" in table
 
 
@@ -133,6 +134,29 @@ def test_a_sweep_runs_unthrottled_then_at_fixed_rates(
     table = (tmp_path / "sweep.md").read_text()
     assert f"| Redis, hash per entity (project layout) | c | {best:,.0f} (" in table
     assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert "| reads past 50 ms at best / at 90% |" in table
+
+
+def test_latency_tail_counts_the_reads_past_the_bound(
+    smoke: tuple[Path, str], tmp_path: Path
+) -> None:
+    """With a bound of 0 ms every read is past it: LatencyTail's count, read from the
+    HdrHistogram log YCSB wrote, is YCSB's own count of reads."""
+    done = subprocess.run(
+        [
+            str(YCSB / "run"), "--skip-build", "--rows", "hash", "--workloads", "c",
+            "--sweep", "none", "--operations", "300", "--records", "200", "--threads", "2",
+            "--bound-ms", "0", "--results-dir", str(tmp_path), "--name", "tail",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    out = ycsb_output.parse(_raw(tmp_path, "hash", "c", "tail")[0])
+    read = out.operations["READ"]
+    assert read.metrics["Bound(us)"] == 0
+    assert read.metrics["PastBound(ops)"] == read.metrics["Operations"] == 300
 
 
 GOOD = """\
@@ -185,7 +209,7 @@ def _run(threads: int, target: int, throughput: float) -> object:
         f"[OVERALL], RunTime(ms), 1000\n[OVERALL], Throughput(ops/sec), {throughput}\n"
         "[READ], Return=OK, 10\n"
     )
-    return runner.Measured(out, 0.0, None, 1.0, threads, target)
+    return invoke.Measured(out, 0.0, None, 1.0, threads, target)
 
 
 def test_sweep_runs_at_shares_of_the_best_unthrottled_run() -> None:
@@ -252,11 +276,11 @@ def test_histogram_is_what_ycsb_reads(tmp_path: Path) -> None:
 def test_hash_binding_writes_the_project_layout(redis_url: str, tmp_path: Path) -> None:
     """Records loaded by the Java hash binding read back through the project's store client."""
     if not (YCSB / "target" / "classes" / "featurestore").exists():
-        runner.build()
+        invoke.build()
     hist = tmp_path / "hist"
     histogram.write_histogram(hist, entities=50)
     port = redis_url.rsplit(":", 1)[1].split("/")[0]
-    cmd = runner.ycsb_command(
+    cmd = invoke.ycsb_command(
         "HashClient",
         "load",
         "batchread",
@@ -265,8 +289,8 @@ def test_hash_binding_writes_the_project_layout(redis_url: str, tmp_path: Path) 
             "operationcount": "1",
             "fieldlengthhistogram": str(hist),
             "redis.port": port,
-            "fs.prefix": runner.PREFIX,
-            "fs.group": runner.GROUP,
+            "fs.prefix": rows.PREFIX,
+            "fs.group": rows.GROUP,
         },
         threads=1,
         target=0,
@@ -275,16 +299,16 @@ def test_hash_binding_writes_the_project_layout(redis_url: str, tmp_path: Path) 
     ycsb_output.check(done.stdout, 50, done.stderr)
 
     r = redis.Redis.from_url(redis_url)
-    keys = sorted(k.decode() for k in r.scan_iter(match=f"{runner.PREFIX}:*"))
+    keys = sorted(k.decode() for k in r.scan_iter(match=f"{rows.PREFIX}:*"))
     assert len(keys) == 50
     assert all(0 < r.ttl(k) <= 7 * 86400 for k in keys)
     ids = [k.split(":", 1)[1] for k in keys]
-    registry = parse_registry(runner.registry_text(10))
+    registry = parse_registry(rows.registry_text(10))
     with FeatureStore.connect(redis_url, registry) as store:
-        result = store.read(runner.ENTITY, ids, groups=[runner.GROUP])
+        result = store.read(rows.ENTITY, ids, groups=[rows.GROUP])
     assert len(result.features) == 10
     for row in result.rows:
         assert row.statuses == [Status.PRESENT] * 10
-        assert row.ages[runner.GROUP] is not None
-        assert 0 <= row.ages[runner.GROUP] < 600
+        assert row.ages[rows.GROUP] is not None
+        assert 0 <= row.ages[rows.GROUP] < 600
         assert all(isinstance(v, str) for v in row.values)

@@ -7,7 +7,6 @@ import java.util.Map;
 import java.util.Set;
 import java.util.Vector;
 
-import redis.clients.jedis.AbstractPipeline;
 import redis.clients.jedis.Response;
 import redis.clients.jedis.UnifiedJedis;
 import redis.clients.jedis.exceptions.JedisException;
@@ -25,7 +24,8 @@ import site.ycsb.Status;
  *
  * <p>A batch read of K keys x F fields is one MGET of K*F keys ({@code flat.batch=mget}, the
  * default on a standalone server) or one pipeline of K*F GETs ({@code flat.batch=pipeline}, and
- * always on a Redis Cluster, where one MGET cannot span slots).
+ * always on a Redis Cluster, where one MGET cannot span slots: one pipeline per node,
+ * {@link Batch}).
  *
  * <p>Properties: redis.host, redis.port, redis.cluster, redis.timeout (ms), fs.prefix,
  * fs.ttl (s), flat.batch.
@@ -84,11 +84,11 @@ public class FlatClient extends DB implements BatchReader {
         values = redis.mget(flatKeys);
       } else {
         List<Response<byte[]>> replies = new ArrayList<>(flatKeys.length);
-        try (AbstractPipeline p = redis.pipelined()) {
+        try (Batch batch = RedisClients.batch(redis)) {
           for (byte[] k : flatKeys) {
-            replies.add(p.get(k));
+            replies.add(batch.on(k).get(k));
           }
-          p.sync();
+          batch.sync();
         }
         values = new ArrayList<>(flatKeys.length);
         for (Response<byte[]> r : replies) {
@@ -129,12 +129,12 @@ public class FlatClient extends DB implements BatchReader {
   @Override
   public Status insert(String table, String key, Map<String, ByteIterator> values) {
     List<Response<String>> replies = new ArrayList<>(values.size());
-    try (AbstractPipeline p = redis.pipelined()) {
+    try (Batch batch = RedisClients.batch(redis)) {
       for (Map.Entry<String, ByteIterator> e : values.entrySet()) {
-        replies.add(p.setex(layout.flatKey(key, e.getKey()), layout.ttlSeconds,
-            e.getValue().toArray()));
+        byte[] flatKey = layout.flatKey(key, e.getKey());
+        replies.add(batch.on(flatKey).setex(flatKey, layout.ttlSeconds, e.getValue().toArray()));
       }
-      p.sync();
+      batch.sync();
       for (Response<String> r : replies) {
         if (!"OK".equals(r.get())) {
           return Status.ERROR;

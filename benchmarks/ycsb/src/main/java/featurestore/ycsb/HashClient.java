@@ -23,7 +23,7 @@ import site.ycsb.Status;
  * EXPIRE on every write, exactly as {@code feature_store.batch.plan_write} writes it. A batch
  * read is one pipeline of HMGET (one per key, the requested fields then the freshness field),
  * which is what {@code plan_read} sends. Works on a standalone server or a Redis Cluster
- * ({@code redis.cluster=true}; Jedis's cluster pipeline groups the commands by node).
+ * ({@code redis.cluster=true}: one pipeline per node, {@link Batch}).
  *
  * <p>Properties: redis.host, redis.port, redis.cluster, redis.timeout (ms), fs.prefix,
  * fs.group, fs.ttl (s).
@@ -98,11 +98,12 @@ public class HashClient extends DB implements BatchReader {
                           List<Map<String, ByteIterator>> result) {
     byte[][] args = fieldArgs(fields);
     List<Response<List<byte[]>>> replies = new ArrayList<>(keys.size());
-    try (AbstractPipeline p = redis.pipelined()) {
+    try (Batch batch = RedisClients.batch(redis)) {
       for (String key : keys) {
-        replies.add(p.hmget(layout.entityKey(key), args));
+        byte[] entityKey = layout.entityKey(key);
+        replies.add(batch.on(entityKey).hmget(entityKey, args));
       }
-      p.sync();
+      batch.sync();
       Status status = Status.OK;
       for (Response<List<byte[]>> reply : replies) {
         List<byte[]> values = reply.get();
@@ -151,10 +152,11 @@ public class HashClient extends DB implements BatchReader {
       hash.put(field(e.getKey()), e.getValue().toArray());
     }
     hash.put(layout.freshnessField, Layout.timestamp());
-    try (AbstractPipeline p = redis.pipelined()) {
+    try (Batch batch = RedisClients.batch(redis)) {
+      AbstractPipeline p = batch.on(entityKey);
       Response<Long> hset = p.hset(entityKey, hash);
       Response<Long> expire = p.expire(entityKey, layout.ttlSeconds);
-      p.sync();
+      batch.sync();
       hset.get();
       return expire.get() == 1L ? Status.OK : Status.ERROR;
     } catch (JedisException e) {

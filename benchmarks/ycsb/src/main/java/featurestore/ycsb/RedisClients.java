@@ -1,5 +1,6 @@
 package featurestore.ycsb;
 
+import java.time.Duration;
 import java.util.HashSet;
 import java.util.Properties;
 import java.util.Set;
@@ -7,10 +8,12 @@ import java.util.Set;
 import org.apache.commons.pool2.impl.GenericObjectPoolConfig;
 
 import redis.clients.jedis.Connection;
+import redis.clients.jedis.DefaultJedisClientConfig;
 import redis.clients.jedis.HostAndPort;
 import redis.clients.jedis.JedisCluster;
 import redis.clients.jedis.JedisPooled;
 import redis.clients.jedis.UnifiedJedis;
+import redis.clients.jedis.providers.ClusterConnectionProvider;
 
 /**
  * One Redis client shared by the YCSB threads of a process, with a connection pool as large as
@@ -18,7 +21,7 @@ import redis.clients.jedis.UnifiedJedis;
  */
 final class RedisClients {
   private static UnifiedJedis client;
-  private static boolean cluster;
+  private static ClusterConnectionProvider cluster;  // null: a standalone server
   private static int users;
 
   private RedisClients() {
@@ -33,11 +36,13 @@ final class RedisClients {
       GenericObjectPoolConfig<Connection> pool = new GenericObjectPoolConfig<>();
       pool.setMaxTotal(Math.max(8, threads * 2));
       pool.setMaxIdle(Math.max(8, threads * 2));
-      cluster = Boolean.parseBoolean(p.getProperty("redis.cluster", "false"));
-      if (cluster) {
+      if (Boolean.parseBoolean(p.getProperty("redis.cluster", "false"))) {
         Set<HostAndPort> nodes = new HashSet<>();
         nodes.add(new HostAndPort(host, port));
-        client = new JedisCluster(nodes, timeoutMs, timeoutMs, 3, pool);
+        DefaultJedisClientConfig config = DefaultJedisClientConfig.builder()
+            .connectionTimeoutMillis(timeoutMs).socketTimeoutMillis(timeoutMs).build();
+        cluster = new ClusterConnectionProvider(nodes, config, pool);
+        client = new JedisCluster(cluster, 3, Duration.ofMillis(3L * timeoutMs));
       } else {
         client = new JedisPooled(pool, host, port, timeoutMs);
       }
@@ -47,14 +52,24 @@ final class RedisClients {
   }
 
   static synchronized boolean isCluster() {
-    return cluster;
+    return cluster != null;
+  }
+
+  /** A batch of pipelined commands on {@code redis} (the client this class handed out). */
+  static Batch batch(UnifiedJedis redis) {
+    ClusterConnectionProvider nodes;
+    synchronized (RedisClients.class) {
+      nodes = cluster;
+    }
+    return nodes == null ? new Batch(redis.pipelined()) : new Batch(nodes);
   }
 
   static synchronized void release() {
     users--;
     if (users == 0 && client != null) {
-      client.close();
+      client.close();  // and the cluster's provider with it
       client = null;
+      cluster = null;
     }
   }
 }
