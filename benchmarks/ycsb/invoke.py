@@ -35,6 +35,7 @@ WORKLOADS = {
 }
 BOUNDLESS = 2_000_000_000  # operationcount of a run bounded by its time
 TAIL = "# ---- LatencyTail ----"  # the raw output's section of counts past the bound
+AROUND = "# ---- measured around the run ----"  # CPU and wall time, in YCSB's line format
 PACKAGE = "featurestore.ycsb"
 
 
@@ -172,16 +173,24 @@ def run_ycsb(
         tail = latency_tail(hdr_dir, s.bound_ms)
     finally:
         shutil.rmtree(hdr_dir, ignore_errors=True)
+    api_cpu = None if api0 is None or api1 is None else api1 - api0
+    around = [
+        ("StoreCPU(s)", cpu1 - cpu0),
+        ("ClientCPU(s)", client),
+        ("Wall(s)", wall),
+        ("Threads", threads),
+        ("Target(ops/sec)", target),
+    ] + ([] if api_cpu is None else [("ApiCPU(s)", api_cpu)])
+    measured_lines = "\n".join(f"[MEASURED], {name}, {value:g}" for name, value in around)
     raw.write_text(
         f"$ {shlex.join(cmd)}\n# exit {done.returncode}\n\n{done.stdout}\n{TAIL}\n{tail}\n"
-        f"# ---- stderr ----\n{done.stderr}"
+        f"{AROUND}\n{measured_lines}\n# ---- stderr ----\n{done.stderr}"
     )
     expected = s.records if phase == "load" else (None if bounded else s.operations)
     if done.returncode != 0:
         raise ycsb_output.YCSBRunFailed(
             f"YCSB exited {done.returncode}; see {raw}\n{done.stderr[-1500:]}"
         )
-    api_cpu = None if api0 is None or api1 is None else api1 - api0
 
     def measured(out: ycsb_output.Output) -> Measured:
         return Measured(out, cpu1 - cpu0, api_cpu, wall, threads, target, client)
