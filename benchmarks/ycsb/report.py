@@ -337,6 +337,16 @@ def render_sweep(
         *sweeps.loads(rows, s.records),
         "",
     ]
+    if compared := sweeps.ratios(rows, s.workloads):
+        lines += [
+            "Ratios of two rows' best runs in this run (above 1: the first costs more, or "
+            "reaches more). The best runs are at different rates, and a store's CPU per "
+            "operation grows as its rate falls (fewer commands per wakeup: "
+            "docs/ycsb.md, the cross-check):",
+            "",
+            *compared,
+            "",
+        ]
     return "\n".join(lines + notes_and_failures(rows))
 
 

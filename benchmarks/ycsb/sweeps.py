@@ -131,6 +131,52 @@ def table(
     return out
 
 
+# (row, base row): the comparisons the table is for; a serving row is also compared with the
+# row whose records it reads (RowResult.reads), and the L1-on row with its --no-cache twin
+STORE_PAIRS = [
+    ("flat", "hash"),
+    ("flat-pipeline", "hash"),
+    ("postgres", "hash"),
+    ("hash-cluster", "hash"),
+    ("flat-cluster", "hash-cluster"),
+]
+
+
+def per_op(m: MeasuredLike, cpu_s: float | None) -> float | None:
+    n = m.output.done
+    return None if cpu_s is None or not n else cpu_s * 1e6 / n
+
+
+def ratios(rows: Sequence[RowResult], workloads: Sequence[str]) -> list[str]:
+    """Each comparison as ratios of two rows' best runs in this run: the store's CPU per
+    operation, and for the serving rows the API's, and the best throughput."""
+    by_name = {r.name: r for r in rows if not r.not_run}
+    pairs = [(a, b) for a, b in STORE_PAIRS if a in by_name and b in by_name]
+    pairs += [(r.name, r.reads) for r in by_name.values() if r.reads in by_name]
+    pairs += [(n, f"{n}-nocache") for n in by_name if f"{n}-nocache" in by_name]
+    out = []
+    for w in workloads:
+        for a, b in pairs:
+            top_a, top_b = best(by_name[a].sweeps.get(w, [])), best(by_name[b].sweeps.get(w, []))
+            if top_a is None or top_b is None or not top_b.output.throughput:
+                continue
+            parts = []
+            store_a, store_b = per_op(top_a, top_a.store_cpu_s), per_op(top_b, top_b.store_cpu_s)
+            if store_a is not None and store_b:
+                parts.append(f"store CPU per op x{store_a / store_b:.2f}")
+            api_a, api_b = per_op(top_a, top_a.api_cpu_s), per_op(top_b, top_b.api_cpu_s)
+            if api_a is not None and api_b:
+                parts.append(f"API CPU per op x{api_a / api_b:.2f}")
+            elif api_a is not None and store_b:
+                # the API's CPU and the store's together, against the direct binding's store
+                parts.append(f"API + store CPU per op x{(api_a + (store_a or 0)) / store_b:.2f}")
+            parts.append(f"best ops/s x{top_a.output.throughput / top_b.output.throughput:.2f}")
+            failed = [n for n in (a, b) if by_name[n].error]
+            flag = f" [{', '.join(failed)}: had failed operations]" if failed else ""
+            out.append(f"- `{w}`, {a} / {b}: {', '.join(parts)}{flag}")
+    return out
+
+
 def loads(rows: Sequence[RowResult], records: int) -> list[str]:
     """Each loading row's load time and Redis memory per record."""
     out = [

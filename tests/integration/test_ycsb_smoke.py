@@ -234,6 +234,45 @@ def test_sweep_runs_at_shares_of_the_best_unthrottled_run() -> None:
     assert sweeps.sweep(lambda t, target: None, (1, 4)) == []
 
 
+def _cpu_run(throughput: float, store_s: float, api_s: float | None) -> object:
+    out = ycsb_output.parse(
+        f"[OVERALL], RunTime(ms), 1000\n[OVERALL], Throughput(ops/sec), {throughput}\n"
+        "[READ], Return=OK, 1000\n"
+    )
+    return invoke.Measured(out, store_s, api_s, 1.0, 4, 0)
+
+
+def test_sweep_ratios_compare_the_rows_best_runs() -> None:
+    """flat against hash by the store's CPU per operation; the serving row against the row
+    whose records it reads (API and store CPU together) and against its --no-cache twin."""
+    sweeps, report = _module("sweeps"), _module("report")
+
+    def row(name: str, reads: str | None, *runs: object) -> object:
+        r = report.RowResult(name, name, reads=reads)
+        r.sweeps["c"] = list(runs)
+        return r
+
+    rows = [
+        row("hash", None, _cpu_run(2000.0, 0.010, None), _cpu_run(1000.0, 0.009, None)),
+        row("flat", None, _cpu_run(1000.0, 0.020, None)),
+        row("serving", "hash", _cpu_run(500.0, 0.001, 0.030)),
+        row("serving-nocache", "hash", _cpu_run(400.0, 0.010, 0.040)),
+    ]
+    lines = sweeps.ratios(rows, ["c"])
+    # per op: hash 10 µs store at its best (2,000 ops/s); flat 20 µs
+    assert "- `c`, flat / hash: store CPU per op x2.00, best ops/s x0.50" in lines
+    # serving: 1 µs store + 30 µs API against hash's 10 µs store
+    assert (
+        "- `c`, serving / hash: store CPU per op x0.10, API + store CPU per op x3.10, "
+        "best ops/s x0.25" in lines
+    )
+    assert (
+        "- `c`, serving / serving-nocache: store CPU per op x0.10, API CPU per op x0.75, "
+        "best ops/s x1.25" in lines
+    )
+    assert not any("hash / flat" in line for line in lines)
+
+
 def test_check_accepts_a_clean_run() -> None:
     out = ycsb_output.check(GOOD, 100)
     assert out.count("BATCH_READ") == 95
