@@ -173,9 +173,10 @@ def run_ycsb(
         tail = latency_tail(hdr_dir, s.bound_ms)
     finally:
         shutil.rmtree(hdr_dir, ignore_errors=True)
+    store_cpu = cpu1 - cpu0
     api_cpu = None if api0 is None or api1 is None else api1 - api0
     around = [
-        ("StoreCPU(s)", cpu1 - cpu0),
+        ("StoreCPU(s)", store_cpu),
         ("ClientCPU(s)", client),
         ("Wall(s)", wall),
         ("Threads", threads),
@@ -193,7 +194,7 @@ def run_ycsb(
         )
 
     def measured(out: ycsb_output.Output) -> Measured:
-        return Measured(out, cpu1 - cpu0, api_cpu, wall, threads, target, client)
+        return Measured(out, store_cpu, api_cpu, wall, threads, target, client)
 
     try:
         out = ycsb_output.check(f"{done.stdout}\n{tail}", expected, done.stderr)

@@ -89,6 +89,12 @@ def _at(m: MeasuredLike | None) -> str:
     return f"{m.output.throughput:,.0f} ops/s: {_ms(latency(m, P50))} / {_ms(latency(m, P99))}"
 
 
+def per_op(m: MeasuredLike, cpu_s: float | None) -> float | None:
+    """``cpu_s`` of the run ``m`` per operation, in µs."""
+    n = m.output.done
+    return None if cpu_s is None or not n else cpu_s * 1e6 / n
+
+
 def table(
     rows: Sequence[RowResult], workloads: Sequence[str], lookups: int, bound_ms: int
 ) -> list[str]:
@@ -111,10 +117,8 @@ def table(
             if top is None:
                 out.append(f"| {r.label} | {w} | FAILED (see below) |  |  |  |  |  |  |  |")
                 continue
-            n = top.output.done
-            store = top.store_cpu_s * 1e6 / n if n else None
-            client = top.client_cpu_s * 1e6 / n if n else None
-            api = None if top.api_cpu_s is None or not n else top.api_cpu_s * 1e6 / n
+            store, api = per_op(top, top.store_cpu_s), per_op(top, top.api_cpu_s)
+            client = per_op(top, top.client_cpu_s)
             if store is not None and read_op(top) == BATCH:
                 store_cell = f"{store:,.0f} ({store / lookups:.3f} per lookup)"
             else:
@@ -140,11 +144,6 @@ STORE_PAIRS = [
     ("hash-cluster", "hash"),
     ("flat-cluster", "hash-cluster"),
 ]
-
-
-def per_op(m: MeasuredLike, cpu_s: float | None) -> float | None:
-    n = m.output.done
-    return None if cpu_s is None or not n else cpu_s * 1e6 / n
 
 
 def ratios(rows: Sequence[RowResult], workloads: Sequence[str]) -> list[str]:
