@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +17,7 @@ import redis
 
 from feature_store.batch import Status
 from feature_store.registry import parse_registry
+from feature_store.serving.process import ServingProcess
 from feature_store.store import FeatureStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -351,3 +353,68 @@ def test_hash_binding_writes_the_project_layout(redis_url: str, tmp_path: Path) 
         assert row.ages[rows.GROUP] is not None
         assert 0 <= row.ages[rows.GROUP] < 600
         assert all(isinstance(v, str) for v in row.values)
+
+
+def _load(binding_props: dict[str, str], records: int, tmp_path: Path) -> Path:
+    """Loads ``records`` records with the Java hash binding; returns the value histogram."""
+    if not (YCSB / "target" / "classes" / "featurestore").exists():
+        invoke.build()
+    hist = tmp_path / "hist"
+    histogram.write_histogram(hist, entities=50)
+    props = {"recordcount": str(records), "operationcount": "1", "fieldlengthhistogram": str(hist)}
+    cmd = invoke.ycsb_command(
+        "HashClient", "load", "batchread", {**props, **binding_props}, threads=1, target=0
+    )
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    ycsb_output.check(done.stdout, records, done.stderr)
+    return hist
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("binding", ["ServingClient", "GrpcServingClient"])
+def test_a_write_the_server_skips_as_superseded_is_ok(
+    binding: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The serving API keeps the newest event: a YCSB update that reaches Redis after a newer
+    write of its record is skipped, which the serving bindings count as OK (superseded), not
+    as a failed operation; the newer values stay."""
+    records, updates = 20, 40
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    store_props = {"redis.port": port, "fs.prefix": "sup", "fs.group": rows.GROUP}
+    hist = _load(store_props, records, tmp_path)
+    keys = sorted(k.decode() for k in redis.Redis.from_url(redis_url).scan_iter(match="sup:*"))
+    assert len(keys) == records
+    ids = [k.split(":", 1)[1] for k in keys]
+    registry_text = rows.registry_text(10).replace(f"prefix: {rows.PREFIX}\n", "prefix: sup\n")
+    assert "prefix: sup\n" in registry_text
+    registry_path = tmp_path / "registry.yaml"
+    registry_path.write_text(registry_text)
+    registry = parse_registry(registry_text)
+    newer = {f"field{i}": "newer" for i in range(10)}
+    with FeatureStore.connect(redis_url, registry) as store:
+        stats = store.write(rows.GROUP, [(i, newer) for i in ids], event_time=time.time() + 3600)
+    assert stats.values_written == records * 10
+    with ServingProcess(redis_url, registry=registry_path, args=["--no-cache"]) as server:
+        serving = (
+            {"serving.grpc": server.grpc_target}
+            if binding == "GrpcServingClient"
+            else {"serving.url": server.rest_url}
+        )
+        props = {
+            "recordcount": str(records),
+            "operationcount": str(updates),
+            "readproportion": "0",
+            "updateproportion": "1",
+            "fieldlengthhistogram": str(hist),
+            "fs.prefix": "sup",
+            "fs.group": rows.GROUP,
+            "serving.timeout": "30000",  # a busy machine's first gRPC connection is slow
+            **serving,
+        }
+        cmd = invoke.ycsb_command(binding, "run", "workloada", props, threads=2, target=0)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    ycsb_output.check(done.stdout, updates, done.stderr)
+    assert f"[writes] {updates} writes skipped by the server" in done.stderr
+    with FeatureStore.connect(redis_url, registry) as store:
+        result = store.read(rows.ENTITY, ids, groups=[rows.GROUP])
+    assert all(row.values == ["newer"] * 10 for row in result.rows)

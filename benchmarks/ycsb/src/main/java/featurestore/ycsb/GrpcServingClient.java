@@ -134,7 +134,7 @@ public class GrpcServingClient extends DB implements BatchReader {
     values.forEach((name, value) -> row.put(name, value.toString()));
     try {
       WriteStats stats = client.write(layout.group, List.of(new WriteRow(key, row, null)));
-      return stats.valuesWritten() == values.size() ? Status.OK : Status.ERROR;
+      return Writes.outcome("serving-grpc", stats.valuesWritten(), stats.skipped(), values.size());
     } catch (FeatureStoreException e) {
       Errors.report("serving-grpc", "write", e);
       return Status.ERROR;

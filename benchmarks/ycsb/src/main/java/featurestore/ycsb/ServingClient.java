@@ -168,7 +168,13 @@ public class ServingClient extends DB implements BatchReader {
     try {
       JsonNode resp = post(writeUri, body);
       JsonNode written = resp.get("values_written");
-      return written != null && written.asInt() == values.size() ? Status.OK : Status.ERROR;
+      JsonNode skipped = resp.get("skipped");
+      if (written == null) {
+        Errors.report("serving", "write: no values_written in " + resp);
+        return Status.ERROR;
+      }
+      return Writes.outcome("serving", written.asLong(), skipped == null ? 0 : skipped.asLong(),
+          values.size());
     } catch (IOException e) {
       Errors.report("serving", "write", e);
       return Status.ERROR;
