@@ -89,6 +89,15 @@ def _at(m: MeasuredLike | None) -> str:
     return f"{m.output.throughput:,.0f} ops/s: {_ms(latency(m, P50))} / {_ms(latency(m, P99))}"
 
 
+def failed_in(error: str | None, workload: str) -> bool:
+    """Whether a row's failures (one ``<workload>.<phase>: why`` line per failed run, each
+    followed by its stderr) include a run of this workload."""
+    if not error:
+        return False
+    head = f"{workload}."
+    return any(line.startswith(head) for line in error.splitlines())
+
+
 def per_op(m: MeasuredLike, cpu_s: float | None) -> float | None:
     """``cpu_s`` of the run ``m`` per operation, in µs."""
     n = m.output.done
@@ -123,7 +132,7 @@ def table(
                 store_cell = f"{store:,.0f} ({store / lookups:.3f} per lookup)"
             else:
                 store_cell = "-" if store is None else f"{store:,.1f}"
-            failed = " **had failed operations**" if r.error and w in r.error else ""
+            failed = " **had failed operations**" if failed_in(r.error, w) else ""
             out.append(
                 f"| {r.label}{failed} | {w} | {top.output.throughput:,.0f} ({top.threads}) "
                 f"| {_ms(latency(top, P99))} / {_ms(latency(top, MAX))} "
@@ -170,7 +179,7 @@ def ratios(rows: Sequence[RowResult], workloads: Sequence[str]) -> list[str]:
                 # the API's CPU and the store's together, against the direct binding's store
                 parts.append(f"API + store CPU per op x{(api_a + (store_a or 0)) / store_b:.2f}")
             parts.append(f"best ops/s x{top_a.output.throughput / top_b.output.throughput:.2f}")
-            failed = [n for n in (a, b) if by_name[n].error]
+            failed = [n for n in (a, b) if failed_in(by_name[n].error, w)]
             flag = f" [{', '.join(failed)}: had failed operations]" if failed else ""
             out.append(f"- `{w}`, {a} / {b}: {', '.join(parts)}{flag}")
     return out

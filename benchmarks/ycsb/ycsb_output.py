@@ -96,7 +96,9 @@ def check(text: str, expected_ops: int | None, stderr: str = "") -> Output:
     elif expected_ops is not None and done != expected_ops:
         problems.append(f"{done} operations returned, {expected_ops} were asked for")
     if problems:
-        tail = "\n".join(stderr.strip().splitlines()[-15:])
+        # YCSB's DBWrapper prints one banner per thread: without them, the bindings' reasons
+        lines = [x for x in stderr.strip().splitlines() if not x.startswith("DBWrapper:")]
+        tail = "\n".join(lines[-15:])
         detail = f"\nstderr ends with:\n{tail}" if tail else ""
         finished = out if "OVERALL" in out.operations else None
         raise YCSBRunFailed("; ".join(problems) + detail, finished)

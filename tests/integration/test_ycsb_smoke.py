@@ -275,6 +275,22 @@ def test_sweep_ratios_compare_the_rows_best_runs() -> None:
     assert not any("hash / flat" in line for line in lines)
 
 
+def test_a_row_is_flagged_only_in_the_workloads_whose_runs_failed() -> None:
+    """A failure is ``<workload>.<phase>: why`` and then its stderr; another workload's
+    letter inside that text (a "c" in YCSB's banner) flags nothing."""
+    sweeps = _module("sweeps")
+    error = (
+        "a.t64: [UPDATE] Return=ERROR, 4\nstderr ends with:\n"
+        "DBWrapper: report latency for each error is false and specific error codes\n"
+        "f.t16.r825: [UPDATE] Return=ERROR, 1"
+    )
+    assert sweeps.failed_in(error, "a")
+    assert sweeps.failed_in(error, "f")
+    assert not sweeps.failed_in(error, "c")
+    assert not sweeps.failed_in(error, "read")
+    assert not sweeps.failed_in(None, "a")
+
+
 def test_check_accepts_a_clean_run() -> None:
     out = ycsb_output.check(GOOD, 100)
     assert out.count("BATCH_READ") == 95
