@@ -213,7 +213,7 @@ def run_row(
                 registry=work / "features.yaml",
                 args=flags,
                 grpc=grpc,
-                log_path=s.raw_dir / "serving.server.log",
+                log_path=s.raw_dir / f"{spec.name}.server.log",  # one per row
                 ready_path="/readyz",
                 start_timeout=60.0,
             )
