@@ -332,28 +332,8 @@ def test_histogram_is_what_ycsb_reads(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_hash_binding_writes_the_project_layout(redis_url: str, tmp_path: Path) -> None:
     """Records loaded by the Java hash binding read back through the project's store client."""
-    if not (YCSB / "target" / "classes" / "featurestore").exists():
-        invoke.build()
-    hist = tmp_path / "hist"
-    histogram.write_histogram(hist, entities=50)
     port = redis_url.rsplit(":", 1)[1].split("/")[0]
-    cmd = invoke.ycsb_command(
-        "HashClient",
-        "load",
-        "batchread",
-        {
-            "recordcount": "50",
-            "operationcount": "1",
-            "fieldlengthhistogram": str(hist),
-            "redis.port": port,
-            "fs.prefix": rows.PREFIX,
-            "fs.group": rows.GROUP,
-        },
-        threads=1,
-        target=0,
-    )
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    ycsb_output.check(done.stdout, 50, done.stderr)
+    _load({"redis.port": port, "fs.prefix": rows.PREFIX, "fs.group": rows.GROUP}, 50, tmp_path)
 
     r = redis.Redis.from_url(redis_url)
     keys = sorted(k.decode() for k in r.scan_iter(match=f"{rows.PREFIX}:*"))
