@@ -193,7 +193,7 @@ class InvalidationListener:
                 delay = min(delay * 2, RETRY_MAX)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
     async def _follow(self, pubsub: PubSub) -> None:
         """Apply notices until the connection fails or falls silent (``SilentGap``)."""

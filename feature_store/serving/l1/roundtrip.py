@@ -586,7 +586,7 @@ class ClusterRoundTrip:
                 node_url(self.target.url, host, int(port)),
                 max_connections=self.target.max_connections,
                 timeout=CONNECTION_WAIT,
-                **self.target.connection_options(),
+                **self.target.connection_options(asynchronous=True),
             )
             master = self._masters[name] = NativeRoundTrip(redis.asyncio.Redis.from_pool(pool))
         return master
