@@ -42,7 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<front::served::ServedLog>()?;
     m.add_class::<hits::HitCache>()?;
     m.add_class::<hits::PythonLoad>()?;
-    m.add_class::<front::redis::FrontRedis>()?;
+    m.add_class::<front::links::FrontRedis>()?;
     m.add_class::<windows::Windows>()?;
     m.add_class::<logrows::LogColumns>()?;
     m.add_function(wrap_pyfunction!(front::auth::key_role, m)?)?;

@@ -1,7 +1,8 @@
 """The native fronts' own Redis connections, and the policy they are read under.
 
-The fronts read Redis on connections of their own (``native/src/front/redis.rs``,
-NATIVE_READS_CONNECTIONS per front): the L1's misses they load themselves
+The fronts read Redis on connections of their own (``native/src/front/redis.rs``, held
+through ``native/src/front/links.rs``, NATIVE_READS_CONNECTIONS per front): the L1's misses
+they load themselves
 (``native/src/hits/load.rs``) and, without the L1, their planned reads (reads.py). This
 module opens those connections with redis-py (its handshake: AUTH, SELECT, HELLO, the
 client's name) and hands their sockets over; the fronts read on them without Python. Every

@@ -249,7 +249,7 @@ class NativeCache(L1Store):
         return [self.untagged(k) for k in cast("PythonLoad", claim).elsewhere()]
 
     async def wait_elsewhere(self, claim: Claimed | None, within: float) -> None:
-        """Waited for on a front's runtime (``PythonLoad.notify``), which writes an eventfd
+        """Waited for on a front's runtime (``FrontRedis.notify``), which writes an eventfd
         this loop reads once those loads end: no thread, no polling."""
         front = self.refreshing_front() if self.refreshing_front is not None else None
         if claim is None or front is None:
@@ -264,7 +264,7 @@ class NativeCache(L1Store):
 
         loop.add_reader(fd, woken)
         try:
-            cast("PythonLoad", claim).notify(front, fd, within)
+            front.notify(cast("PythonLoad", claim), fd, within)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(within + 1.0):  # the front writes by ``within``
                     await done
@@ -295,4 +295,4 @@ class NativeCache(L1Store):
         if front is None:
             return keys  # no front reads on connections of its own: Python reloads them
         tagged = [self.tags[group] + key for group, key in keys if group in self.tags]
-        return [self.untagged(k) for k in self.native.refresh_outdated(tagged, front)]
+        return [self.untagged(k) for k in front.refresh_outdated(self.native, tagged)]

@@ -55,7 +55,7 @@ where
 
 /// Refresh ahead, on the front: the entries of its own hit inside their refresh window, or
 /// outdated by their group's batch write (hit, or queued by Python's sweep:
-/// `HitCache::refresh_outdated`), are read again on its connections while they still
+/// `FrontRedis::refresh_outdated`), are read again on its connections while they still
 /// answer (`Hits::take_due`), and stored as a miss's load is (most find the values they
 /// hold: the entry is kept, with a new lifetime). A read that fails stores nothing: the
 /// entries expire as they would have, and their next lookups load them (stale on error).

@@ -2,7 +2,7 @@
 //! thread, without Python.
 //!
 //! Python opens each connection (redis-py's handshake: AUTH, SELECT, HELLO, the client's
-//! name) and hands its socket over (`add`). The front runs one task per connection: it takes
+//! name) and hands its socket over (`add`, through `links.rs`'s `FrontRedis`). The front runs one task per connection: it takes
 //! every lookup queued on it, writes their commands in one write, reads the replies (one
 //! scan finds where each lookup's end) and hands each lookup its bytes. The policy stays
 //! Python's: whether the front may use its connections at all (the circuit closed), the
@@ -25,14 +25,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use pyo3::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
-use super::slots::{slot_of, SLOTS, UNOWNED};
-use crate::hits::{Commands, Hits};
+use super::slots::{slot_of, UNOWNED};
+use crate::hits::Commands;
 use crate::resp::resp_skip;
 
 /// Bytes asked of the socket at a time.
@@ -81,7 +80,7 @@ struct Node {
 
 /// A front's connections to Redis, per node, and the cluster's slot table.
 pub struct Direct {
-    handle: Handle, // the front's runtime, where the connections' tasks run
+    pub(super) handle: Handle, // the front's runtime, where the connections' tasks run
     nodes: RwLock<Vec<Arc<Node>>>,
     route: RwLock<Option<Arc<Vec<u16>>>>, // each slot's node; None: one Redis, node 0
     redirected: AtomicU64,                // replies that were MOVED or ASK, since taken
@@ -434,95 +433,4 @@ async fn exchange(
         return None; // bytes past the last reply
     }
     Some(ends)
-}
-
-/// A front's Redis connections, for Python: it opens them, hands over the cluster's slot
-/// table, and sets and drains their policy.
-#[pyclass(frozen, module = "feature_store._native")]
-pub struct FrontRedis {
-    direct: Arc<Direct>,
-}
-
-impl FrontRedis {
-    pub(crate) fn of(direct: &Arc<Direct>) -> Self {
-        FrontRedis {
-            direct: Arc::clone(direct),
-        }
-    }
-
-    /// Run `task` on the front's runtime.
-    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.direct.handle.spawn(task);
-    }
-
-    /// Read again, on the front's runtime, the entries `hits` has due (`front::lookup::
-    /// refresh`), where the front may answer no lookup to start it.
-    pub(crate) fn refresh(&self, hits: &Arc<Hits>) {
-        let run = super::lookup::refresh(Arc::clone(hits), Arc::clone(&self.direct));
-        self.direct.handle.spawn(run);
-    }
-}
-
-#[pymethods]
-impl FrontRedis {
-    /// Read planned lookups of node `node` (0: the only one) on this connected TCP socket
-    /// (its fd, owned from now on).
-    #[pyo3(signature = (fd, node=0))]
-    fn add(&self, fd: std::os::unix::io::RawFd, node: usize) -> PyResult<()> {
-        // SAFETY: the caller gives up the socket (socket.detach()); it is ours to close.
-        let socket =
-            unsafe { <std::net::TcpStream as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
-        Ok(self.direct.add(socket, node)?)
-    }
-
-    /// Route lookups by hash slot: `table` holds each of the 16,384 slots' node as a
-    /// little-endian u16 (65,535: no known master); None: one Redis, node 0.
-    #[pyo3(signature = (table))]
-    fn route(&self, table: Option<&[u8]>) -> PyResult<()> {
-        let table = match table {
-            None => None,
-            Some(bytes) if bytes.len() == 2 * SLOTS => Some(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
-            Some(bytes) => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "a slot table is {} bytes, not {}",
-                    2 * SLOTS,
-                    bytes.len()
-                )))
-            }
-        };
-        self.direct.route(table);
-        Ok(())
-    }
-
-    /// MOVED and ASK replies the front met since the last call (each handed its lookup to
-    /// Python): the slot table is out of date.
-    fn redirects(&self) -> u64 {
-        self.direct.redirects()
-    }
-
-    /// Whether node `node`'s connections may be read on (its circuit is closed), each size
-    /// class of round trips as (its most keys, None for the rest; its timeout in seconds),
-    /// and the most keys one round trip carries.
-    #[pyo3(signature = (allowed, timeouts, flush_keys, node=0))]
-    fn set(
-        &self,
-        allowed: bool,
-        timeouts: Vec<(Option<usize>, f64)>,
-        flush_keys: usize,
-        node: usize,
-    ) {
-        self.direct.set(node, allowed, timeouts, flush_keys);
-    }
-
-    /// `(live connections, [(seconds, keys)] of the round trips, round trips timed out)`
-    /// of node `node` since the last drain.
-    #[pyo3(signature = (node=0))]
-    fn drain(&self, node: usize) -> (usize, Vec<(f64, usize)>, u64) {
-        self.direct.drain(node)
-    }
 }

@@ -28,9 +28,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::auth::Keys;
+use super::links::FrontRedis;
 use super::lookup::{lookup, Outcome};
 use super::queue::{call_class, wait, Pending, Queue, Reply, Waited, Work};
-use super::redis::{Direct, FrontRedis};
+use super::redis::Direct;
 use super::serve::{self, Closing, Serving, Socket};
 use super::served::{Served, ServedLog};
 use super::tls::{self, TlsPem};

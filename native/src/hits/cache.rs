@@ -15,7 +15,6 @@ use super::store::{PutItem, View};
 use super::{
     form_key, Hits, Key, Loading, Looked, Map, Missing, Served, APIS, FEAST, GRPC, MAX_FORMS, REST,
 };
-use crate::front::redis::FrontRedis;
 use crate::windows::WindowSpec;
 
 /// An aggregated group's share of a read, from Python: tile ms, longest window ms, each
@@ -355,21 +354,6 @@ impl HitCache {
     /// A shadow check was drawn for the entry at `key`.
     fn mark_shadowed(&self, key: &[u8]) {
         self.hits.mark_shadowed(key);
-    }
-
-    /// Have `front` read again those of `keys` (group index, 2 bytes, then the Redis key)
-    /// that are the fronts' own entries outdated by their group's batch write and not
-    /// queued yet (Python's sweep, at its pace): stored as a refresh is, counted as a batch
-    /// write's once stored. Those of `keys` whose entries Python stored, for Python's policy
-    /// (with `front` None: every one a front did not load).
-    #[pyo3(signature = (keys, front=None))]
-    fn refresh_outdated(&self, keys: Vec<Vec<u8>>, front: Option<&FrontRedis>) -> Vec<Vec<u8>> {
-        if let Some(front) = front {
-            if self.hits.queue_outdated(&keys) > 0 {
-                front.refresh(&self.hits);
-            }
-        }
-        self.hits.not_own(keys)
     }
 
     fn __len__(&self) -> usize {

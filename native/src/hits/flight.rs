@@ -104,6 +104,12 @@ impl PythonLoad {
         load
     }
 
+    /// The fronts' loads this load waits for (`elsewhere`), taken to be waited for on a
+    /// front's runtime (`front::links::FrontRedis::notify`).
+    pub(crate) fn take_waiting(&mut self) -> Vec<watch::Receiver<()>> {
+        std::mem::take(&mut self.waiting)
+    }
+
     fn finish(&mut self) {
         let flights = &self.hits.flights;
         loaded(flights, &self.mine);
@@ -132,49 +138,6 @@ impl PythonLoad {
     fn elsewhere<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, pyo3::types::PyBytes>> {
         let keys = self.waited.iter();
         keys.map(|k| pyo3::types::PyBytes::new(py, k)).collect()
-    }
-
-    /// Write 1 to the eventfd `fd` once the fronts' loads of `elsewhere` have ended, or
-    /// `timeout` seconds have passed: waited for on `front`'s runtime, without the GIL. The
-    /// write goes to a duplicate of `fd`, closed after it, so that Python may close its own
-    /// at any time (its wait given up) without the number reaching another file.
-    fn notify(
-        &mut self,
-        front: &crate::front::redis::FrontRedis,
-        fd: i32,
-        timeout: f64,
-    ) -> PyResult<()> {
-        use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd};
-        // SAFETY: dup of a descriptor Python holds open for this call; the duplicate is
-        // this task's alone, closed when the task ends (run or dropped at shutdown)
-        let own = unsafe { libc::dup(fd) };
-        if own < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: `own` is a new descriptor nothing else owns
-        let own = unsafe { OwnedFd::from_raw_fd(own) };
-        let waiting = std::mem::take(&mut self.waiting);
-        let wait = crate::time::seconds(timeout);
-        front.spawn(async move {
-            let loads = async {
-                for mut rx in waiting {
-                    let _ = rx.changed().await; // ends when that load's claim does
-                }
-            };
-            let _ = tokio::time::timeout(wait, loads).await;
-            let one: u64 = 1;
-            // SAFETY: `own` is this task's duplicate of an eventfd, open while it lives; an
-            // eventfd write of 8 bytes is never partial (a full counter: EAGAIN, and Python
-            // has been woken already)
-            unsafe {
-                libc::write(
-                    own.as_raw_fd(),
-                    &one as *const u64 as *const libc::c_void,
-                    8,
-                )
-            };
-        });
-        Ok(())
     }
 }
 

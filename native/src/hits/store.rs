@@ -347,7 +347,7 @@ impl Hits {
     }
 
     /// Of `keys`, those whose entries a front did not load (Python's policy reloads them).
-    pub(super) fn not_own(&self, keys: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    pub(crate) fn not_own(&self, keys: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
         keys.into_iter()
             .filter(|key| entries.get(key.as_slice()).map_or(false, |hit| !hit.own()))
