@@ -31,6 +31,7 @@ import servers  # noqa: E402
 import sweeps  # noqa: E402
 import ycsb_output  # noqa: E402
 from invoke import WORKLOADS, Measured, PhaseFailed, Settings, build, run_ycsb  # noqa: E402
+from row_result import RowResult  # noqa: E402
 from rows import POSTGRES_SETTINGS, ROW_NAMES, ROWS, SERVING, RowSpec, registry_text  # noqa: E402
 
 from feature_store.embedded import EmbeddedCluster, EmbeddedRedis, free_port  # noqa: E402
@@ -123,7 +124,7 @@ def _run_rows(
     sizes: str,
     raw_dir: Path,
 ) -> int:
-    results: dict[str, report.RowResult] = {}
+    results: dict[str, RowResult] = {}
     needs = {r.store for r in rows}
     servers.ensure_redis_server()
     with contextlib.ExitStack() as stack:
@@ -141,7 +142,7 @@ def _run_rows(
 
         for spec in rows:
             reads = None if spec.loads else spec.reads
-            result = report.RowResult(spec.name, spec.label, reads=reads)
+            result = RowResult(spec.name, spec.label, reads=reads)
             results[spec.name] = result
             if not spec.loads and spec.reads not in results:
                 result.not_run = (
@@ -171,7 +172,7 @@ def _run_rows(
 def run_row(
     spec: RowSpec,
     s: Settings,
-    result: report.RowResult,
+    result: RowResult,
     single: EmbeddedRedis,
     cluster: EmbeddedCluster | None,
     pg: servers.Postgres | None,

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from report import MeasuredLike, RowResult
+from row_result import BATCH, MeasuredLike, RowResult
 
-BATCH = "BATCH_READ"
 BATCH_WORKLOADS = ("read", "mix")  # the workloads of batch reads; the others read one record
 SHARES = (0.5, 0.9)  # the fixed-rate runs, as shares of the best unthrottled throughput
 P50, P99 = "50thPercentileLatency(us)", "99thPercentileLatency(us)"

@@ -247,10 +247,10 @@ def _cpu_run(throughput: float, store_s: float, api_s: float | None) -> object:
 def test_sweep_ratios_compare_the_rows_best_runs() -> None:
     """flat against hash by the store's CPU per operation; the serving row against the row
     whose records it reads (API and store CPU together) and against its --no-cache twin."""
-    sweeps, report = _module("sweeps"), _module("report")
+    sweeps, row_result = _module("sweeps"), _module("row_result")
 
     def row(name: str, reads: str | None, *runs: object) -> object:
-        r = report.RowResult(name, name, reads=reads)
+        r = row_result.RowResult(name, name, reads=reads)
         r.sweeps["c"] = list(runs)
         return r
 
