@@ -5,7 +5,10 @@ lookups in one round trip)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
 from urllib.parse import urlparse
 
 import hiredis
@@ -13,6 +16,8 @@ import pytest
 import redis
 import redis.asyncio
 
+from feature_store.connection import RedisTarget
+from feature_store.embedded import EmbeddedRedis
 from feature_store.serving.l1 import roundtrip
 from feature_store.serving.l1.roundtrip import NativeRoundTrip, resp_scan
 
@@ -79,3 +84,27 @@ def raw_replies(url: str, protocol: int, data: bytes, count: int) -> bytes:
             buf += chunk
     hello, _ = resp_scan(buf, 0, 1)
     return buf[hello:]
+
+
+async def test_a_round_trip_that_must_connect_ends_at_its_deadline_when_redis_hangs(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """A Redis that accepts connections but does not answer (SIGSTOP, a partition): a round
+    trip that has to make its connection ends at its deadline, the connect left to finish
+    on its own. It took redis-py's handshake timeout (the socket timeout, 1 s) twice, with
+    its retry, which a lookup's 0.3 s budget knew nothing of."""
+    target = RedisTarget.parse(own_redis.url)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        own_redis.url, max_connections=4, timeout=1.0, **target.connection_options(True)
+    )
+    client = redis.asyncio.Redis.from_pool(pool)  # no connection made yet
+    assert own_redis.process is not None
+    os.kill(own_redis.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await NativeRoundTrip(client).packed(command(b"PING"), [1], 0.2)
+        assert time.monotonic() - started < 0.9  # well before one socket timeout
+    finally:
+        os.kill(own_redis.process.pid, signal.SIGCONT)
+        await client.aclose()

@@ -162,7 +162,8 @@ class PackedRoundTrip:
         return align(reads, replies)
 
     async def _send(self, data: bytes, count: int, answer_within: float) -> list[object]:
-        async with self._held() as conn, asyncio.timeout(answer_within):
+        deadline = asyncio.get_running_loop().time() + answer_within
+        async with self._held(deadline) as conn, asyncio.timeout_at(deadline):
             await conn.send_packed_command(data, check_health=False)
             replies: list[object] = []
             for _ in range(count):
@@ -173,18 +174,25 @@ class PackedRoundTrip:
         return replies
 
     @contextlib.asynccontextmanager
-    async def _held(self) -> AsyncIterator[redis.asyncio.Connection]:
+    async def _held(self, deadline: float) -> AsyncIterator[redis.asyncio.Connection]:
         """A pooled connection for one exchange, dropped when the exchange does not end
         (timed out, cancelled or failed halfway: unread replies would poison it).
 
-        A caller cut while the pool makes a new connection (a cluster read's deadline, with
-        a master that accepts connections but hangs, SIGSTOP) leaves the connect to finish
-        on its own and the connection to go back to the pool: cancelled halfway, redis-py
-        left the socket open."""
+        A connection the pool has room for is had by the exchange's ``deadline`` (the event
+        loop's time): making one is Redis's part of the round trip, and a Redis that accepts
+        connections but does not answer (SIGSTOP, a partition) would hold it for redis-py's
+        socket timeout, twice with its retry (a lookup took 2.4 s with a 0.3 s timeout).
+        Only the wait for a free one, with the pool at its bound, is the pool's own (local
+        overload, ``_connection``). A caller cut meanwhile (the deadline, or cancelled)
+        leaves the connect to finish on its own and the connection to go back to the pool:
+        cancelled halfway, redis-py left the socket open."""
+        room = getattr(self.pool, "can_get_connection", None)
+        within = deadline if room is None or room() else None
         getting = asyncio.ensure_future(self._connection())
         try:
-            conn = await asyncio.shield(getting)
-        except asyncio.CancelledError:
+            async with asyncio.timeout_at(within):
+                conn = await asyncio.shield(getting)
+        except (asyncio.CancelledError, TimeoutError):
             getting.add_done_callback(self._back_to_pool)
             raise
         try:
@@ -258,7 +266,8 @@ class NativeRoundTrip(PackedRoundTrip):
     async def _replies(
         self, data: bytes, counts: Sequence[int], answer_within: float
     ) -> tuple[bytes, list[int]]:
-        async with self._held() as conn, asyncio.timeout(answer_within):
+        deadline = asyncio.get_running_loop().time() + answer_within
+        async with self._held(deadline) as conn, asyncio.timeout_at(deadline):
             return await self._read_replies(conn, data, counts)
 
     @staticmethod
@@ -308,7 +317,8 @@ class NativeRoundTrip(PackedRoundTrip):
         """Send ``data`` (``pack``'s) and read its replies by ``plans``. ``asking``: each
         command of ``data`` is preceded by an ASKING (``pack(reads, asking=True)``: a slot
         being migrated to this node), whose replies are checked and left out."""
-        async with self._held() as conn, asyncio.timeout(answer_within):
+        deadline = asyncio.get_running_loop().time() + answer_within
+        async with self._held(deadline) as conn, asyncio.timeout_at(deadline):
             if asking:
                 buf, ends = await self._read_replies(conn, data, [2] * len(plans))
                 buf = asked(buf, ends)
