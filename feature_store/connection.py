@@ -21,7 +21,6 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
-from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
@@ -135,30 +134,26 @@ class RedisTarget:
                 self.url,
                 startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.seeds],
                 max_connections=self.max_connections,
-                **self.connection_options(asynchronous=True),
+                **self.connection_options(),
             )
         return redis.asyncio.Redis.from_url(
-            self.url,
-            max_connections=self.max_connections,
-            **self.connection_options(asynchronous=True),
+            self.url, max_connections=self.max_connections, **self.connection_options()
         )
 
-    def connection_options(self, asynchronous: bool = False) -> dict[str, Any]:
+    def connection_options(self) -> dict[str, Any]:
         """What every connection to this target is opened with (redis-py's keywords): its
-        socket and connect timeouts and its quick retries (``asynchronous``: for an asyncio
-        client, which takes asyncio's ``Retry``; redis-py 8.2 warns when given the other)."""
+        socket and connect timeouts and its quick retries."""
         return {
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.connect_timeout,
-            "retry": self._retry(asynchronous),
+            "retry": self._retry(),
         }
 
-    def _retry(self, asynchronous: bool) -> Retry | AsyncRetry:
+    def _retry(self) -> Retry:
         # redis-py 8 retries 10 times with exponential backoff by default: about 5 s before
         # a dead Redis surfaces. One quick retry covers a pooled connection that went stale
         # across a Redis restart; callers that want more (the Spark job) retry on their own.
-        kind = AsyncRetry if asynchronous else Retry
-        return kind(ConstantBackoff(0.01), self.retries)
+        return Retry(ConstantBackoff(0.01), self.retries)
 
     def __str__(self) -> str:
         return _redact(self.url) + (" (cluster)" if self.cluster else "")

@@ -273,7 +273,7 @@ def _client(target: RedisTarget) -> AsyncClient:
         target.url,
         max_connections=target.max_connections,
         timeout=CONNECTION_WAIT,
-        **target.connection_options(asynchronous=True),
+        **target.connection_options(),
     )
     return redis.asyncio.Redis.from_pool(pool)  # the client owns and closes the pool
 

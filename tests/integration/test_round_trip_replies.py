@@ -95,7 +95,7 @@ async def test_a_round_trip_that_must_connect_ends_at_its_deadline_when_redis_ha
     its retry, which a lookup's 0.3 s budget knew nothing of."""
     target = RedisTarget.parse(own_redis.url)
     pool = redis.asyncio.BlockingConnectionPool.from_url(
-        own_redis.url, max_connections=4, timeout=1.0, **target.connection_options(True)
+        own_redis.url, max_connections=4, timeout=1.0, **target.connection_options()
     )
     client = redis.asyncio.Redis.from_pool(pool)  # no connection made yet
     assert own_redis.process is not None

@@ -162,8 +162,7 @@ class PackedRoundTrip:
         return align(reads, replies)
 
     async def _send(self, data: bytes, count: int, answer_within: float) -> list[object]:
-        deadline = asyncio.get_running_loop().time() + answer_within
-        async with self._held(deadline) as conn, asyncio.timeout_at(deadline):
+        async with self._held(answer_within) as conn, asyncio.timeout(answer_within):
             await conn.send_packed_command(data, check_health=False)
             replies: list[object] = []
             for _ in range(count):
@@ -174,23 +173,23 @@ class PackedRoundTrip:
         return replies
 
     @contextlib.asynccontextmanager
-    async def _held(self, deadline: float) -> AsyncIterator[redis.asyncio.Connection]:
+    async def _held(self, answer_within: float) -> AsyncIterator[redis.asyncio.Connection]:
         """A pooled connection for one exchange, dropped when the exchange does not end
         (timed out, cancelled or failed halfway: unread replies would poison it).
 
-        A connection the pool has room for is had by the exchange's ``deadline`` (the event
-        loop's time): making one is Redis's part of the round trip, and a Redis that accepts
-        connections but does not answer (SIGSTOP, a partition) would hold it for redis-py's
-        socket timeout, twice with its retry (a lookup took 2.4 s with a 0.3 s timeout).
-        Only the wait for a free one, with the pool at its bound, is the pool's own (local
-        overload, ``_connection``). A caller cut meanwhile (the deadline, or cancelled)
-        leaves the connect to finish on its own and the connection to go back to the pool:
-        cancelled halfway, redis-py left the socket open."""
+        A connection the pool has room for is had within the exchange's own timeout
+        (``answer_within``, then the exchange has its own): making one asks Redis (the
+        handshake), and a Redis that accepts connections but does not answer (SIGSTOP, a
+        partition) held it for redis-py's socket timeout, twice with its retry (a lookup
+        took 2.4 s with a 0.3 s timeout). Only the wait for a free one, with the pool at its
+        bound, is the pool's own (local overload, ``_connection``). A caller cut meanwhile
+        (that timeout, or cancelled) leaves the connect to finish on its own and the
+        connection to go back to the pool: cancelled halfway, redis-py left the socket open."""
         room = getattr(self.pool, "can_get_connection", None)
-        within = deadline if room is None or room() else None
+        within = answer_within if room is None or room() else None
         getting = asyncio.ensure_future(self._connection())
         try:
-            async with asyncio.timeout_at(within):
+            async with asyncio.timeout(within):
                 conn = await asyncio.shield(getting)
         except (asyncio.CancelledError, TimeoutError):
             getting.add_done_callback(self._back_to_pool)
@@ -266,8 +265,7 @@ class NativeRoundTrip(PackedRoundTrip):
     async def _replies(
         self, data: bytes, counts: Sequence[int], answer_within: float
     ) -> tuple[bytes, list[int]]:
-        deadline = asyncio.get_running_loop().time() + answer_within
-        async with self._held(deadline) as conn, asyncio.timeout_at(deadline):
+        async with self._held(answer_within) as conn, asyncio.timeout(answer_within):
             return await self._read_replies(conn, data, counts)
 
     @staticmethod
@@ -317,8 +315,7 @@ class NativeRoundTrip(PackedRoundTrip):
         """Send ``data`` (``pack``'s) and read its replies by ``plans``. ``asking``: each
         command of ``data`` is preceded by an ASKING (``pack(reads, asking=True)``: a slot
         being migrated to this node), whose replies are checked and left out."""
-        deadline = asyncio.get_running_loop().time() + answer_within
-        async with self._held(deadline) as conn, asyncio.timeout_at(deadline):
+        async with self._held(answer_within) as conn, asyncio.timeout(answer_within):
             if asking:
                 buf, ends = await self._read_replies(conn, data, [2] * len(plans))
                 buf = asked(buf, ends)
@@ -596,7 +593,7 @@ class ClusterRoundTrip:
                 node_url(self.target.url, host, int(port)),
                 max_connections=self.target.max_connections,
                 timeout=CONNECTION_WAIT,
-                **self.target.connection_options(asynchronous=True),
+                **self.target.connection_options(),
             )
             master = self._masters[name] = NativeRoundTrip(redis.asyncio.Redis.from_pool(pool))
         return master
