@@ -37,7 +37,6 @@ import contextlib
 import math
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from feature_store.windows import Event, Layout, answer, apply, decode_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import header, save
-from cost import cpu_seconds, h2load, wrk
+from cost import cpu_seconds, h2load, require_tools, wrk
 
 REGISTRY = sample.activity_registry_text(
     extra_entities="  shopper: {prefix: s, id_type: int, ttl: 30d, join_key: shopper_id}\n",
@@ -364,9 +363,7 @@ def main() -> int:
     parser.add_argument("--skip-stream", action="store_true", help="memory and cost only")
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fs-aggregations-") as tmp:
         work = Path(tmp)

@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import itertools
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from feature_store.store import FeatureStore
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import PerEntity, bars, header, save, worktree
 from cluster import Load
-from cost import cpu_seconds, h2load, wrk, wrk_script
+from cost import cpu_seconds, h2load, require_tools, wrk, wrk_script
 from dataplane import batch_bodies, grpc_request
 from rest_front import SLOW, run_wrk
 
@@ -466,9 +465,7 @@ def main() -> int:
     parser.add_argument("--nightly-entities", type=int, default=100_000)
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     args = parser.parse_args()
-    for tool in ("wrk", "h2load", "redis-cli"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load", "redis-cli")
     cells: list[Cell] = []
     tails: dict[str, dict[str, float]] = {}
     fault_lines: list[str] = []

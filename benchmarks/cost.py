@@ -51,6 +51,13 @@ TICK = os.sysconf("SC_CLK_TCK")
 CONNECTIONS = 8
 
 
+def require_tools(*tools: str) -> None:
+    """Stop with what to run when a load generator (or another tool) is not installed."""
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
@@ -322,9 +329,7 @@ def main() -> int:
     )
     add_data_dir(parser)
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     cells = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)

@@ -52,7 +52,6 @@ import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the pr
 
 import argparse
 import contextlib
-import shutil
 import sys
 import tempfile
 import time
@@ -69,7 +68,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import PerEntity, bars, header, save, worktree
-from cost import children_cpu, cpu_seconds, h2load, wrk, wrk_script
+from cost import children_cpu, cpu_seconds, h2load, require_tools, wrk, wrk_script
 from native_hits import run_h2load
 from rest_front import (
     SLOW,
@@ -585,9 +584,7 @@ def main() -> int:
     tail_apis = [a for a in args.tails.split(",") if a]
     if unknown := set(tail_apis) - set(TAILS):
         parser.error(f"--tails: unknown {', '.join(sorted(unknown))}; known: {', '.join(TAILS)}")
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     full = [(b, c) for b in (10, 100) for c in (1, 8, 32)] + [(1000, 8)]
     baseline = [(10, 1), (10, 8)]
     cells: list[Cell] = []

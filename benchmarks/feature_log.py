@@ -27,7 +27,6 @@ import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the pr
 import argparse
 import random
 import resource
-import shutil
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import PerEntity, header, save
-from cost import cpu_seconds, h2load, wrk
+from cost import cpu_seconds, h2load, require_tools, wrk
 from serving import add_data_dir, ensure_data, id_batches
 
 SHAPES = {"50": None, "6": ["float_00", "float_01", "float_02", "int_0", "int_1", "embedding_0"]}
@@ -231,9 +230,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="fs-feature-log-") as tmp:
         work = Path(tmp)

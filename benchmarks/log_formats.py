@@ -43,7 +43,6 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -66,6 +65,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import bars, header, save
+from cost import require_tools
 from feature_log import bodies, cost_cell, sink_rate
 from serving import add_data_dir, ensure_data, id_batches
 
@@ -219,9 +219,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     with tempfile.TemporaryDirectory(prefix="fs-log-formats-") as tmp:
         work = Path(tmp)
         with EmbeddedRedis(args.data_dir) as r:

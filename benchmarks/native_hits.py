@@ -24,7 +24,6 @@ from __future__ import annotations
 import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the project .venv)
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from feature_store.serving.process import ServingProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import PerEntity, header, save
-from cost import cpu_seconds, h2load_log, percentile, wrk_script
+from cost import cpu_seconds, h2load_log, percentile, require_tools, wrk_script
 from rest_front import SLOW, run_wrk
 from serving import add_data_dir, ensure_data, id_batches
 
@@ -226,9 +225,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(args.data_dir) as redis:
         ensure_data(redis.url, args.entities)

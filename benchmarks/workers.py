@@ -31,7 +31,6 @@ import _project_env  # isort: skip  # noqa: F401  (first: re-runs this in the pr
 import argparse
 import contextlib
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from feature_store.serving.process import ServingProcess
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import native_hits
 from _results import header, save
-from cost import cpu_seconds
+from cost import cpu_seconds, require_tools
 from native_hits import tree_cpu
 from rest_front import SLOW
 from serving import add_data_dir, ensure_data
@@ -280,9 +279,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="markdown results; a PNG plot beside it")
     add_data_dir(parser)
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: run ./scripts/setup.sh")
+    require_tools("wrk", "h2load")
     with quota(args.share, args.period_ms * 1000):
         pass  # fail early, before the data loads, where quotas cannot be set
     cells: list[Cell] = []
