@@ -2,15 +2,14 @@
 
 The fronts read Redis on connections of their own (``native/src/front/redis.rs``, held
 through ``native/src/front/links.rs``, NATIVE_READS_CONNECTIONS per front): the L1's misses
-they load themselves
-(``native/src/hits/load.rs``) and, without the L1, their planned reads (reads.py). This
-module opens those connections with redis-py (its handshake: AUTH, SELECT, HELLO, the
-client's name) and hands their sockets over; the fronts read on them without Python. Every
-20 ms (hits.DRAIN_EVERY) ``sync`` takes their round trips into the policy of every read
-(the adaptive timeout, the breaker, the round-trip metrics) and sets what the fronts may
-do: use them only while the circuit is closed, within each size class's timeout. A round
-trip that fails drops its connection, its lookups take Python's path, and a new connection
-is opened. Only a ``redis://`` URL's (not TLS, not a unix socket).
+they load themselves (``native/src/hits/load.rs``) and, without the L1, their planned reads
+(reads.py). This module opens those connections with redis-py (its handshake: AUTH, SELECT,
+HELLO, the client's name) and hands their sockets over; the fronts read on them without
+Python. Every 20 ms (hits.DRAIN_EVERY) ``sync`` takes their round trips into the policy of
+every read (the adaptive timeout, the breaker, the round-trip metrics) and sets what the
+fronts may do: use them only while the circuit is closed, within each size class's timeout.
+A round trip that fails drops its connection, its lookups take Python's path, and a new
+connection is opened. Only a ``redis://`` URL's (not TLS, not a unix socket).
 
 On Redis Cluster (``ClusterRoundTrip``) the fronts hold connections to every master,
 ``NATIVE_READS_CONNECTIONS`` each, numbered here (``ClusterRoutes``), and the table of which

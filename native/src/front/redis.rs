@@ -2,14 +2,15 @@
 //! thread, without Python.
 //!
 //! Python opens each connection (redis-py's handshake: AUTH, SELECT, HELLO, the client's
-//! name) and hands its socket over (`add`, through `links.rs`'s `FrontRedis`). The front runs one task per connection: it takes
-//! every lookup queued on it, writes their commands in one write, reads the replies (one
-//! scan finds where each lookup's end) and hands each lookup its bytes. The policy stays
-//! Python's: whether the front may use its connections at all (the circuit closed), the
-//! time a round trip may take (the adaptive timeout of its size class), and what the round
-//! trips tell (each one's time and keys, each failure) are set and drained by Python
-//! (`serving/fronts/reads.py`). A round trip that fails or times out drops its connection
-//! (unread replies would poison it) and its lookups take Python's path; Python opens another.
+//! name) and hands its socket over (`add`, through `links.rs`'s `FrontRedis`). The front
+//! runs one task per connection: it takes every lookup queued on it, writes their commands
+//! in one write, reads the replies (one scan finds where each lookup's end) and hands each
+//! lookup its bytes. The policy stays Python's: whether the front may use its connections
+//! at all (the circuit closed), the time a round trip may take (the adaptive timeout of its
+//! size class), and what the round trips tell (each one's time and keys, each failure) are
+//! set and drained by Python (`serving/fronts/reads.py`). A round trip that fails or times
+//! out drops its connection (unread replies would poison it) and its lookups take Python's
+//! path; Python opens another.
 //!
 //! On Redis Cluster the connections and the policy are per master (a `Node` each, numbered
 //! by Python) and Python hands over the slot table (`route`): a lookup's commands are
